@@ -1,0 +1,92 @@
+"""Shared fixtures: a private state dir per test, a local backend on it, and leak checks.
+
+Every test that launches clusters gets its own state dir, and afterwards
+asserts that no supervisor or task process of that dir is left running:
+no process outlives its cluster, and no test may leave one behind.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytest_plugins: list[str] = []
+if (Path(__file__).parent / "kubeapi" / "fixtures.py").exists():
+    pytest_plugins.append("tests.kubeapi.fixtures")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def processes_of(state_dir: Path) -> list[psutil.Process]:
+    """Supervisors, tasks and TensorBoards that belong to clusters under ``state_dir``."""
+    found = []
+    marker = str(state_dir)
+    for p in psutil.process_iter(["cmdline", "pid"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            if "tfk8s_magics" not in cmd:
+                continue
+            if marker in cmd or marker in (p.environ().get("TFK8S_LOG_DIR", "") + p.environ().get("TFK8S_PROGRESS_FILE", "")):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def wait_gone(state_dir: Path, timeout: float = 20.0) -> list[psutil.Process]:
+    """Wait until no process of ``state_dir`` is alive; return the survivors."""
+    deadline = time.monotonic() + timeout
+    left = processes_of(state_dir)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    return left
+
+
+@pytest.fixture
+def state_dir(tmp_path, monkeypatch):
+    """A private TFK8S_STATE_DIR; fails the test if a cluster process outlives it."""
+    d = tmp_path / "state"
+    d.mkdir()
+    monkeypatch.setenv("TFK8S_STATE_DIR", str(d))
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    yield d
+    from tfk8s_magics.backends.local import LocalBackend
+
+    be = LocalBackend(d)
+    for st in be.list_clusters():
+        be.stop(st.name)
+        be._stop_tensorboard(be._dir(st.name))
+    left = wait_gone(d)
+    for p in left:
+        p.kill()
+    assert not left, f"processes outlived their cluster: {[p.cmdline() for p in left]}"
+
+
+@pytest.fixture
+def local(state_dir):
+    """A LocalBackend on the test's own state dir."""
+    from tfk8s_magics.backends.local import LocalBackend
+
+    return LocalBackend(state_dir)
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """Run the test (and the tasks it launches) in a fresh working directory."""
+    d = tmp_path / "work"
+    d.mkdir()
+    monkeypatch.chdir(d)
+    return d
+
+
+def snapshot(root: Path) -> set[str]:
+    """Every path under ``root`` (to prove an operation left nothing behind)."""
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -1,0 +1,90 @@
+"""tfk8s_magics: launch distributed TensorFlow clusters from Jupyter, locally or on Kubernetes.
+
+``%load_ext tfk8s_magics`` adds ``%tfcluster`` / ``%%tfcluster``.  The same
+things are one call each of the Python API, usable without IPython::
+
+    import tfk8s_magics as tk
+    cluster = tk.launch("mnist", workers=2, ps=1, script=source)
+    cluster.wait()
+    strategy = tk.connect("ig")          # in-graph: this process is the client
+
+Training scripts report progress with :func:`report_progress` or
+:func:`progress_callback`.  Heavy modules (TensorFlow, IPython, the
+Kubernetes client) are imported only when used.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    ClusterExists,
+    ClusterNotFound,
+    ClusterTimeout,
+    LaunchFailed,
+    SpecError,
+    TaskNotFound,
+    TFClusterError,
+)
+from .runtime.progress import progress_callback, report_progress
+from .spec import ClusterSpec, Resources, Task
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Cluster",
+    "ClusterExists",
+    "ClusterNotFound",
+    "ClusterSpec",
+    "ClusterTimeout",
+    "LaunchFailed",
+    "Resources",
+    "SpecError",
+    "TFClusterError",
+    "Task",
+    "TaskNotFound",
+    "connect",
+    "get",
+    "launch",
+    "list_clusters",
+    "load_ipython_extension",
+    "make_spec",
+    "progress_callback",
+    "render",
+    "report_progress",
+    "task_info",
+]
+
+_API = {"Cluster", "connect", "get", "launch", "list_clusters", "make_spec", "render", "wait_all"}
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'tfk8s_magics' has no attribute {name!r}")
+
+
+def task_info() -> dict:
+    """Inside a task: its TF_CONFIG as a dict plus ``is_chief`` (the chief, or worker 0 without one)."""
+    import json
+    import os
+
+    cfg = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
+    task = cfg.get("task", {})
+    cluster = cfg.get("cluster", {})
+    chief = "chief" in cluster
+    cfg["is_chief"] = task.get("type") == "chief" or (
+        not chief and task.get("type") == "worker" and int(task.get("index", 0)) == 0
+    )
+    return cfg
+
+
+def load_ipython_extension(ipython) -> None:
+    """Register the magics (``%load_ext tfk8s_magics``)."""
+    from .magics import TFClusterMagics
+
+    ipython.register_magics(TFClusterMagics(shell=ipython))
+
+
+def unload_ipython_extension(ipython) -> None:
+    """Nothing to undo: clusters keep running under their owner's rules."""

@@ -1,0 +1,300 @@
+"""The public Python API: everything ``%tfcluster`` does, without IPython.
+
+>>> import tfk8s_magics as tk
+>>> c = tk.launch("mnist", workers=2, ps=1, script=open("train.py").read())  # doctest: +SKIP
+>>> c.wait()                                                                  # doctest: +SKIP
+>>> print(c.logs("worker-0", tail=20))                                        # doctest: +SKIP
+>>> c.delete()                                                                # doctest: +SKIP
+
+In-graph: ``tk.launch("ig", mode="in-graph", ps=2, workers=2)`` then
+``strategy = tk.connect("ig")`` makes this process the coordinator.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from . import settings
+from .backends import Backend, ClusterStatus, Event, LogLine, Phase, TensorBoardInfo, get_backend
+from .errors import ClusterTimeout, LaunchFailed, SpecError
+from .spec import IN_GRAPH, ClusterSpec, Resources
+
+_backends: dict[str, Backend] = {}
+_lock = threading.Lock()
+
+
+def backend(name: str | Backend | None = None) -> Backend:
+    """The backend object for ``name`` (default: :func:`settings.default_backend`), shared per process."""
+    if isinstance(name, Backend):
+        return name
+    name = name or settings.default_backend()
+    with _lock:
+        if name not in _backends:
+            _backends[name] = get_backend(name)
+        return _backends[name]
+
+
+def make_spec(
+    name: str,
+    *,
+    mode: str = "between",
+    workers: int = 1,
+    ps: int = 0,
+    chief: int = 0,
+    evaluator: int = 0,
+    script: str | None = None,
+    script_path: str | None = None,
+    env: dict[str, str] | None = None,
+    cpu: str | None = None,
+    memory: str | None = None,
+    gpus: int = 0,
+    restart_budget: int | None = None,
+    ps_grace_period: float | None = None,
+    legacy_keras: bool | None = None,
+    **fields: Any,
+) -> ClusterSpec:
+    """Build a validated :class:`ClusterSpec`; defaults come from :mod:`.settings`.
+
+    ``script_path`` reads the script from a file.  ``cpu``/``memory``/``gpus``
+    apply to every role (``resources=`` gives them per role).
+    """
+    script_name = "<cell>"
+    if script_path is not None:
+        if script is not None:
+            raise SpecError("give the training script as a cell body or as --script, not both.")
+        path = Path(script_path).expanduser()
+        try:
+            script = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise SpecError(f"--script {script_path!r} does not exist: give the path of a Python file.") from None
+        except (IsADirectoryError, UnicodeDecodeError, PermissionError) as e:
+            raise SpecError(f"--script {script_path!r} cannot be read as a Python file: {e}.") from None
+        script_name = str(path)
+    if (cpu or memory or gpus) and "resources" not in fields:
+        res = Resources(cpu=cpu, memory=memory, gpus=gpus)
+        fields["resources"] = {role: res for role in ("chief", "ps", "worker", "evaluator")}
+    return ClusterSpec(
+        name=name,
+        mode=mode,
+        workers=workers,
+        ps=ps,
+        chief=chief,
+        evaluator=evaluator,
+        script=script,
+        script_name=script_name,
+        env=env or {},
+        restart_budget=settings.default_restart_budget() if restart_budget is None else restart_budget,
+        ps_grace_period=settings.default_ps_grace() if ps_grace_period is None else ps_grace_period,
+        legacy_keras=settings.default_legacy_keras() if legacy_keras is None else legacy_keras,
+        **fields,
+    )
+
+
+def launch(
+    name: str | ClusterSpec,
+    *,
+    backend_name: str | Backend | None = None,
+    detach: bool = False,
+    wait_ready: float | None = None,
+    **spec_fields: Any,
+) -> "Cluster":
+    """Launch a cluster and return its handle.
+
+    ``name`` is a cluster name (the other keyword arguments build the spec,
+    see :func:`make_spec`) or a ready :class:`ClusterSpec`.  Unless
+    ``detach``, the cluster is stopped when this process exits.  With
+    ``wait_ready`` (seconds), also wait until every task is ready.
+    """
+    spec = name if isinstance(name, ClusterSpec) else make_spec(name, **spec_fields)
+    be = backend(backend_name)
+    be.launch(spec, detach=detach)
+    cluster = Cluster(spec.name, be)
+    if wait_ready is not None:
+        cluster.wait_ready(wait_ready)
+    return cluster
+
+
+def get(name: str, backend_name: str | Backend | None = None) -> "Cluster":
+    """The handle of an existing cluster (raises ClusterNotFound)."""
+    be = backend(backend_name)
+    be.spec(name)  # raises ClusterNotFound with the known names
+    return Cluster(name, be)
+
+
+def list_clusters(backend_name: str | Backend | None = None) -> list[ClusterStatus]:
+    """The status of every cluster of this user on the backend, newest first."""
+    return backend(backend_name).list_clusters()
+
+
+def connect(name: str, backend_name: str | Backend | None = None, timeout: float = 180.0, **strategy_kwargs):
+    """Make this process the client (chief) of in-graph cluster ``name``.
+
+    Waits until its servers are ready and returns a
+    ``tf.distribute.ParameterServerStrategy``: variables created in its
+    scope live on the parameter servers, and
+    ``tf.distribute.coordinator.ClusterCoordinator(strategy).schedule``
+    runs functions on the workers.
+    """
+    return get(name, backend_name).connect(timeout=timeout, **strategy_kwargs)
+
+
+def render(spec: ClusterSpec, backend_name: str | Backend = "kubernetes") -> str:
+    """The YAML a backend would apply for ``spec``, without touching any cluster."""
+    be = backend(backend_name)
+    if not hasattr(be, "render"):
+        raise SpecError(f"the {be.name} backend has nothing to render; use --backend kubernetes.")
+    import yaml
+
+    return yaml.safe_dump_all(be.render(spec), sort_keys=False)
+
+
+_connections: dict[tuple, Any] = {}
+
+
+class Cluster:
+    """A handle on one cluster: status, logs, wait, TensorBoard, stop, delete."""
+
+    def __init__(self, name: str, backend_obj: Backend) -> None:
+        self.name = name
+        self.backend = backend_obj
+
+    def __repr__(self) -> str:
+        try:
+            st = self.status()
+        except Exception as e:  # noqa: BLE001 - a repr must not raise
+            return f"<Cluster {self.name!r} ({self.backend.name}): {e}>"
+        return f"<Cluster {self.name!r} ({st.backend}, {st.mode}): {st.phase}>"
+
+    def _repr_html_(self) -> str:
+        from .ui.render import status_html
+
+        return status_html(self.status())
+
+    @property
+    def spec(self) -> ClusterSpec:
+        """The spec it was launched with."""
+        return self.backend.spec(self.name)
+
+    def status(self) -> ClusterStatus:
+        """Its current status (phase, tasks, progress)."""
+        return self.backend.status(self.name)
+
+    def events(self) -> list[Event]:
+        """What happened to it, oldest first."""
+        return self.backend.events(self.name)
+
+    def watch(self, stop: threading.Event | None = None) -> Iterator[ClusterStatus]:
+        """Yield its status at every change until it has ended."""
+        return self.backend.watch(self.name, stop or threading.Event())
+
+    def wait(self, timeout: float | None = None) -> ClusterStatus:
+        """Wait until it has succeeded, failed or been stopped; return the final status."""
+        return self._wait(lambda st: st.terminal, timeout, "end")
+
+    def wait_ready(self, timeout: float | None = 180.0) -> ClusterStatus:
+        """Wait until every task is ready; raise LaunchFailed if the cluster ends first."""
+        st = self._wait(lambda st: st.ready or st.terminal, timeout, "be ready")
+        if not st.ready:
+            bad = [t for t in st.tasks if t.phase == Phase.FAILED]
+            details = ""
+            if bad:
+                lines = self.backend.read_logs(self.name, bad[0].name, tail=15)
+                details = f"last lines of {bad[0].name}:\n" + "\n".join(line.text for line in lines)
+            raise LaunchFailed(
+                f"cluster {self.name!r} {st.phase} before all its tasks were ready: {st.reason}.",
+                details,
+            )
+        return st
+
+    def _wait(self, done, timeout: float | None, what: str) -> ClusterStatus:
+        stop = threading.Event()
+        timer = threading.Timer(timeout, stop.set) if timeout is not None else None
+        if timer:
+            timer.daemon = True
+            timer.start()
+        try:
+            last = None
+            for st in self.backend.watch(self.name, stop):
+                last = st
+                if done(st):
+                    return st
+            last = self.status()
+            if done(last):
+                return last
+        finally:
+            if timer:
+                timer.cancel()
+        raise ClusterTimeout(
+            f"cluster {self.name!r} did not {what} within {timeout:g} s (it is {last.phase if last else '?'}); "
+            f"look at %tfcluster status {self.name} and its logs, or wait longer."
+        )
+
+    def logs(self, task: str | None = None, tail: int | None = None) -> str:
+        """Its kept log: one task's, or every task's with a ``[task]`` prefix."""
+        lines = self.backend.read_logs(self.name, task, tail)
+        if task:
+            return "\n".join(line.text for line in lines)
+        return "\n".join(f"[{line.task}] {line.text}" for line in lines)
+
+    def follow(self, stop: threading.Event | None = None, tasks: list[str] | None = None,
+               from_start: bool = True) -> Iterator[LogLine]:
+        """Yield log lines as tasks print them, until it ends (or ``stop`` is set)."""
+        return self.backend.follow_logs(self.name, stop or threading.Event(), tasks, from_start)
+
+    def tensorboard(self) -> TensorBoardInfo:
+        """Start or reuse a TensorBoard on its log dir (see :func:`tfk8s_magics.ui.show_tensorboard`)."""
+        return self.backend.tensorboard(self.name)
+
+    def stop(self) -> ClusterStatus:
+        """End its tasks; the record and logs stay."""
+        return self.backend.stop(self.name)
+
+    def delete(self, keep_logs: bool = False):
+        """Remove it and all it created (its logs too, unless ``keep_logs``)."""
+        from .watch import ClusterWatcher
+
+        ClusterWatcher.forget(self.backend, self.name)
+        return self.backend.delete(self.name, keep_logs=keep_logs)
+
+    def connect(self, timeout: float = 180.0, **strategy_kwargs):
+        """Return a ParameterServerStrategy with this process as the coordinator (in-graph only)."""
+        spec = self.spec
+        if spec.mode != IN_GRAPH:
+            raise SpecError(
+                f"cluster {self.name!r} is between-graph: its workers run the script themselves. "
+                "connect works on clusters launched with --mode in-graph."
+            )
+        self.wait_ready(timeout)
+        addresses = self.backend.addresses(self.name)
+        key = (self.backend.name, self.name, repr(sorted(addresses.items())))
+        if key in _connections:
+            return _connections[key]
+        import os
+
+        if spec.legacy_keras:
+            # Read at the first use of tf.keras, so it must be set before that.
+            os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+        import tensorflow as tf
+
+        from .tfconfig import coordinator_cluster_def
+
+        cluster = coordinator_cluster_def(spec, addresses, self.backend.coordinator_address(self.name))
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc"
+        )
+        strategy = tf.distribute.ParameterServerStrategy(resolver, **strategy_kwargs)
+        _connections[key] = strategy
+        return strategy
+
+
+def wait_all(clusters: list[Cluster], timeout: float | None = None) -> list[ClusterStatus]:
+    """Wait for several clusters to end; return their final statuses in order."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    out = []
+    for c in clusters:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        out.append(c.wait(left))
+    return out

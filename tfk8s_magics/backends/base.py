@@ -1,0 +1,251 @@
+"""The backend interface and the status types every backend reports.
+
+A backend runs clusters somewhere (processes on this machine, pods on
+Kubernetes).  The public API (:mod:`tfk8s_magics.api`), the magics and the
+dashboard talk only to this interface, so a new backend is a new module
+registered under the ``tfk8s_magics.backends`` entry point group, not an
+``if`` in every function.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterator, Mapping
+
+from ..spec import ClusterSpec
+
+
+class Phase:
+    """Phases of tasks and clusters (plain strings, so they serialise as-is)."""
+
+    PENDING = "pending"  # accepted, not started (Kubernetes: not scheduled / pulling)
+    STARTING = "starting"  # process/container started, not ready yet
+    RUNNING = "running"  # ready: server listening, or script running
+    SUCCEEDED = "succeeded"  # exited 0 (parameter servers: recycled after the workers)
+    FAILED = "failed"  # crashed past the restart budget, or could not start
+    STOPPED = "stopped"  # ended by the user (stop/delete) or by its owner exiting
+
+    ALL = (PENDING, STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED)
+    TERMINAL = frozenset({SUCCEEDED, FAILED, STOPPED})
+
+
+@dataclass
+class TaskStatus:
+    """One task's state as the backend last saw it."""
+
+    name: str
+    phase: str = Phase.PENDING
+    reason: str = ""
+    exit_code: int | None = None
+    signal: str | None = None
+    restarts: int = 0
+    host: str = ""
+    pid: int | None = None
+    started: float | None = None
+    finished: float | None = None
+
+    @property
+    def role(self) -> str:
+        return self.name.rpartition("-")[0]
+
+    @property
+    def index(self) -> int:
+        return int(self.name.rpartition("-")[2])
+
+    @property
+    def duration(self) -> float | None:
+        """Seconds from start to finish (or to now, while running)."""
+        if self.started is None:
+            return None
+        return (self.finished or time.time()) - self.started
+
+
+@dataclass
+class Progress:
+    """Training progress as reported by the script (see :mod:`.progress`)."""
+
+    step: int
+    total: int | None = None
+    rate: float | None = None  # steps per second
+    metrics: dict[str, float] = field(default_factory=dict)
+    task: str = ""
+    time: float = 0.0
+
+    @property
+    def percent(self) -> float | None:
+        if not self.total:
+            return None
+        return min(100.0, 100.0 * self.step / self.total)
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds left at the current rate, when total and rate are known."""
+        if not self.total or not self.rate:
+            return None
+        return max(0.0, (self.total - self.step) / self.rate)
+
+
+@dataclass
+class Event:
+    """Something that happened to a cluster: a restart, a recycle, a scheduling failure."""
+
+    time: float
+    task: str
+    reason: str
+    message: str
+    type: str = "Normal"  # or "Warning"
+
+
+@dataclass
+class ClusterStatus:
+    """A cluster as one snapshot: its phase and every task's."""
+
+    name: str
+    backend: str
+    mode: str
+    phase: str
+    reason: str = ""
+    created: float = 0.0
+    finished: float | None = None
+    owner: str = ""
+    detached: bool = False
+    log_dir: str = ""
+    tasks: list[TaskStatus] = field(default_factory=list)
+    progress: Progress | None = None
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the cluster has ended (succeeded, failed or stopped)."""
+        return self.phase in Phase.TERMINAL
+
+    @property
+    def ready(self) -> bool:
+        """Whether every task is running (or already done)."""
+        return bool(self.tasks) and all(
+            t.phase in (Phase.RUNNING, Phase.SUCCEEDED) for t in self.tasks
+        )
+
+    def task(self, name: str) -> TaskStatus:
+        for t in self.tasks:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ClusterStatus":
+        d = dict(d)
+        d["tasks"] = [TaskStatus(**t) for t in d.get("tasks", [])]
+        if d.get("progress"):
+            d["progress"] = Progress(**d["progress"])
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line a task printed (stdout and stderr are merged, as kubectl logs does)."""
+
+    task: str
+    text: str
+    time: float = 0.0
+
+
+@dataclass(frozen=True)
+class TensorBoardInfo:
+    """A TensorBoard serving a cluster's log dir."""
+
+    port: int
+    url: str
+    logdir: str
+    reused: bool
+    pid: int | None = None
+
+
+class Backend(abc.ABC):
+    """Where clusters run.  Implementations: ``local``, ``kubernetes``.
+
+    Every method that takes a cluster name raises
+    :class:`~tfk8s_magics.errors.ClusterNotFound` for an unknown one.
+    A launch that fails part-way rolls back what it created and raises
+    :class:`~tfk8s_magics.errors.LaunchFailed`.
+    """
+
+    #: The name users give with ``--backend``.
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def launch(self, spec: ClusterSpec, *, detach: bool = False) -> ClusterStatus:
+        """Create the cluster and start its tasks; return at once (not ready yet).
+
+        Unless ``detach`` is true, the cluster is stopped when the calling
+        process (the notebook kernel) exits.
+        """
+
+    @abc.abstractmethod
+    def status(self, name: str) -> ClusterStatus:
+        """The cluster's current status."""
+
+    @abc.abstractmethod
+    def list_clusters(self) -> list[ClusterStatus]:
+        """Every cluster this backend knows (for this user), newest first."""
+
+    @abc.abstractmethod
+    def spec(self, name: str) -> ClusterSpec:
+        """The spec the cluster was launched with."""
+
+    @abc.abstractmethod
+    def watch(self, name: str, stop: threading.Event) -> Iterator[ClusterStatus]:
+        """Yield the status now and at every change, until it is terminal or ``stop`` is set."""
+
+    @abc.abstractmethod
+    def read_logs(self, name: str, task: str | None = None, tail: int | None = None) -> list[LogLine]:
+        """The kept log of one task (or all, task by task); the last ``tail`` lines of each."""
+
+    @abc.abstractmethod
+    def follow_logs(
+        self,
+        name: str,
+        stop: threading.Event,
+        tasks: list[str] | None = None,
+        from_start: bool = True,
+    ) -> Iterator[LogLine]:
+        """Stream log lines as tasks print them, including tasks not started yet.
+
+        Ends when the cluster is terminal and every log is drained, or when
+        ``stop`` is set.
+        """
+
+    @abc.abstractmethod
+    def events(self, name: str) -> list[Event]:
+        """What happened to the cluster, oldest first."""
+
+    @abc.abstractmethod
+    def stop(self, name: str) -> ClusterStatus:
+        """End every task; keep the record and the logs."""
+
+    @abc.abstractmethod
+    def delete(self, name: str, keep_logs: bool = False) -> None:
+        """Stop and remove the cluster and all it created (logs too, unless ``keep_logs``)."""
+
+    @abc.abstractmethod
+    def addresses(self, name: str) -> dict[str, list[str]]:
+        """The cluster's servers, role → ``host:port``, as a coordinator dials them."""
+
+    @abc.abstractmethod
+    def tensorboard(self, name: str) -> TensorBoardInfo:
+        """Start (or reuse) a TensorBoard on the cluster's log dir."""
+
+    def coordinator_address(self, name: str) -> str:
+        """Where an in-graph client (this process) should listen as chief."""
+        from ..ports import free_port
+
+        return f"127.0.0.1:{free_port()}"
+
+    def close(self) -> None:
+        """Release clients and threads held by this backend object."""

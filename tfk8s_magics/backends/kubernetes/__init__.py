@@ -1,0 +1,35 @@
+"""The Kubernetes backend: every task a Pod, built by pure functions, applied with rollback.
+
+Modules, each doing one thing:
+
+* :mod:`.settings` — :class:`K8sSettings`, the few cluster-wide choices (namespace, image, ...);
+* :mod:`.manifests` — pure builders, ``ClusterSpec`` + settings → manifest dicts;
+* :mod:`.rbac` — the least-privilege Role the backend needs;
+* :mod:`.quota` — the pre-flight ResourceQuota check (pure arithmetic);
+* :mod:`.apply` — create in dependency order, roll back on any failure;
+* :mod:`.state` — pod → task status mapping and the restart decision (pure);
+* :mod:`.watch` — one pod watch per cluster, running the lifecycle;
+* :mod:`.logs` — log streaming with progress records taken out;
+* :mod:`.backend` — :class:`KubernetesBackend`, the :class:`~..base.Backend` itself.
+
+Importing this package neither imports the ``kubernetes`` client eagerly nor
+reads a kubeconfig: :class:`KubernetesBackend` is loaded on first access.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["KubernetesBackend", "render_yaml"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "KubernetesBackend":
+        from .backend import KubernetesBackend
+
+        return KubernetesBackend
+    if name == "render_yaml":
+        from .manifests import render_yaml
+
+        return render_yaml
+    raise AttributeError(name)

@@ -1,0 +1,115 @@
+"""Apply a cluster's manifests with rollback, after a pre-flight quota check.
+
+The root object is created first; every other object then gets an
+ownerReference to it, so one delete of the root removes the cluster.  Pods
+are created last, concurrently (a bounded pool: the API server, not this
+loop, is the limit).  If any request fails — forbidden (403), exists (409),
+invalid (422), over quota — everything this launch created is deleted and
+:class:`~tfk8s_magics.errors.LaunchFailed` says why in one sentence, with
+the API's own message.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from ...errors import LaunchFailed
+from .client import Api, api_reason
+from .manifests import owner_reference, with_owner
+from .quota import node_problems, quota_problems
+
+Manifest = dict[str, Any]
+#: Concurrent pod creations: enough to hide round trips, few enough to be polite.
+POD_WORKERS = 8
+
+
+def _what(m: Manifest) -> str:
+    return f"{m['kind']} {m['metadata']['name']}"
+
+
+def failure_sentence(e: ApiException, manifest: Manifest, namespace: str) -> str:
+    """One sentence saying why the API refused ``manifest``, and what to do."""
+    reason = api_reason(e)
+    what = _what(manifest)
+    if e.status == 403 and "quota" in reason.lower():
+        return (f"creating {what} would exceed the namespace's ResourceQuota ({reason}); "
+                "ask for fewer tasks or resources, or delete finished clusters.")
+    if e.status == 403:
+        return (f"the notebook's service account may not create {what} in namespace "
+                f"{namespace!r} ({reason}); ask your administrator to bind the tfk8s-backend "
+                "Role (tfk8s_magics.backends.kubernetes.rbac) to it.")
+    if e.status == 409:
+        return (f"{what} already exists in namespace {namespace!r} ({reason}); choose another "
+                "cluster name or delete the old one with `%tfcluster delete NAME`.")
+    if e.status == 422:
+        return f"the API rejected {what} as invalid ({reason}); this is a bug, please report it."
+    return f"creating {what} failed: the API answered {e.status} ({reason})."
+
+
+def preflight(api: Api, manifests: list[Manifest], check_nodes: bool = False) -> None:
+    """Raise :class:`LaunchFailed` if the manifests cannot fit the namespace's quota.
+
+    Nodes are compared too when ``check_nodes`` (listing nodes needs a
+    ClusterRole the per-user Role does not give).
+    """
+    try:
+        quotas = api.list_objects("v1", "ResourceQuota").get("items", [])
+        problems = quota_problems(manifests, quotas)
+        if check_nodes:
+            nodes = api.core.list_node(_preload_content=False, _request_timeout=api.timeout)
+            problems += node_problems(manifests, api._json(nodes).get("items", []))
+    except ApiException as e:
+        raise LaunchFailed(
+            f"could not read the quota of namespace {api.namespace!r} before launching: "
+            f"{api_reason(e)}."
+        ) from e
+    if problems:
+        raise LaunchFailed(
+            "the cluster would not fit, so nothing was created: " + " ".join(problems)
+        )
+
+
+def apply(api: Api, manifests: list[Manifest]) -> list[Manifest]:
+    """Create ``manifests`` (root first) with rollback; return the created objects."""
+    created: list[Manifest] = []
+    current = manifests[0]
+    try:
+        root = api.create(manifests[0])
+        created.append(root)
+        owner = owner_reference(root)
+        rest = [with_owner(m, owner) for m in manifests[1:]]
+        pods = [m for m in rest if m["kind"] == "Pod"]
+        for current in (m for m in rest if m["kind"] != "Pod"):
+            created.append(api.create(current))
+        with ThreadPoolExecutor(POD_WORKERS) as pool:
+            futures = [(m, pool.submit(api.create, m)) for m in pods]
+            failure: tuple[Manifest, ApiException] | None = None
+            for m, future in futures:
+                try:
+                    created.append(future.result())
+                except ApiException as e:
+                    failure = failure or (m, e)
+            if failure:
+                current = failure[0]
+                raise failure[1]
+    except ApiException as e:
+        sentence = failure_sentence(e, current, api.namespace)
+        leftovers = rollback(api, created)
+        if leftovers:
+            sentence += f" Rolling back left {', '.join(leftovers)}: delete them by hand."
+        raise LaunchFailed(sentence) from e
+    return created
+
+
+def rollback(api: Api, created: list[Manifest]) -> list[str]:
+    """Delete ``created`` newest first; return what could not be deleted."""
+    leftovers = []
+    for obj in reversed(created):
+        try:
+            api.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
+        except ApiException:
+            leftovers.append(_what(obj))
+    return leftovers

@@ -1,0 +1,127 @@
+"""Dict-in, dict-out access to the few API calls the backend makes.
+
+Wraps the official ``kubernetes`` client's typed APIs with
+``_preload_content=False``, so the backend handles the API's own JSON
+(what the pure builders and :mod:`.state` work with), and every call
+carries a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
+
+Manifest = dict[str, Any]
+
+_GROUP_API = {
+    "v1": k8s.CoreV1Api,
+    "apps/v1": k8s.AppsV1Api,
+    "networking.k8s.io/v1": k8s.NetworkingV1Api,
+}
+
+
+def _snake(kind: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", kind).lower()
+
+
+class Api:
+    """The calls the backend makes, in one namespace, with one timeout."""
+
+    def __init__(self, api_client: k8s.ApiClient, namespace: str, timeout: float = 30.0):
+        self.api_client = api_client
+        self.namespace = namespace
+        self.timeout = timeout
+        self.core = k8s.CoreV1Api(api_client)
+
+    def _typed(self, api_version: str):
+        return _GROUP_API[api_version](self.api_client)
+
+    @staticmethod
+    def _json(response) -> Any:
+        return json.loads(response.data or b"{}")
+
+    def create(self, manifest: Manifest) -> Manifest:
+        """Create ``manifest`` in the namespace; return the created object."""
+        api = self._typed(manifest["apiVersion"])
+        method = getattr(api, f"create_namespaced_{_snake(manifest['kind'])}")
+        return self._json(
+            method(self.namespace, manifest, _preload_content=False,
+                   _request_timeout=self.timeout)
+        )
+
+    def get(self, api_version: str, kind: str, name: str) -> Manifest | None:
+        """The object, or ``None`` if it does not exist."""
+        method = getattr(self._typed(api_version), f"read_namespaced_{_snake(kind)}")
+        try:
+            return self._json(
+                method(name, self.namespace, _preload_content=False,
+                       _request_timeout=self.timeout)
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def list_objects(self, api_version: str, kind: str, label_selector: str = "") -> Manifest:
+        """The list object (``items`` and ``metadata.resourceVersion``)."""
+        method = getattr(self._typed(api_version), f"list_namespaced_{_snake(kind)}")
+        return self._json(
+            method(self.namespace, label_selector=label_selector, _preload_content=False,
+                   _request_timeout=self.timeout)
+        )
+
+    def delete(self, api_version: str, kind: str, name: str,
+               propagation: str = "Background") -> bool:
+        """Delete one object (its dependents in the background); ``False`` if it was gone."""
+        method = getattr(self._typed(api_version), f"delete_namespaced_{_snake(kind)}")
+        try:
+            method(name, self.namespace, propagation_policy=propagation,
+                   _preload_content=False, _request_timeout=self.timeout)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    def delete_pods(self, label_selector: str) -> None:
+        """Delete every pod matching ``label_selector`` in one request."""
+        self.core.delete_collection_namespaced_pod(
+            self.namespace, label_selector=label_selector, _preload_content=False,
+            _request_timeout=self.timeout,
+        )
+
+    def patch(self, api_version: str, kind: str, name: str, body: Manifest) -> Manifest:
+        """Merge-patch one object."""
+        method = getattr(self._typed(api_version), f"patch_namespaced_{_snake(kind)}")
+        return self._json(
+            method(name, self.namespace, body, _preload_content=False,
+                   _request_timeout=self.timeout)
+        )
+
+    def pod_log(self, name: str, *, follow: bool = False, tail: int | None = None,
+                timeout: float | None = None):
+        """The pod's log: text, or (``follow``) the raw streaming response."""
+        kwargs: dict[str, Any] = {"_preload_content": False}
+        if tail is not None:
+            kwargs["tail_lines"] = tail
+        if follow:
+            kwargs["follow"] = True
+            kwargs["_request_timeout"] = (self.timeout, timeout) if timeout else self.timeout
+            return self.core.read_namespaced_pod_log(name, self.namespace, **kwargs)
+        kwargs["_request_timeout"] = self.timeout
+        resp = self.core.read_namespaced_pod_log(name, self.namespace, **kwargs)
+        return resp.data.decode("utf-8", "replace")
+
+
+def api_reason(e: ApiException) -> str:
+    """The API's own message for a failed request (its Status ``message``), or its reason."""
+    try:
+        body = json.loads(e.body or "{}")
+    except (TypeError, ValueError):
+        body = {}
+    message = body.get("message") if isinstance(body, dict) else None
+    return message or f"{e.status} {e.reason}"

@@ -1,0 +1,70 @@
+"""Run a command, passing its output through and appending a copy to a file.
+
+Pod entrypoint: ``python -m tfk8s_magics.backends.kubernetes.logcopy FILE -- CMD...``.
+The copy on the ``/log`` volume outlives the pod (``kubectl logs`` does not).
+No shell is involved: the command is a fixed argv built by
+:func:`~.manifests.task_command`.  The child's exit status is passed on
+unchanged (a signal death is re-raised), so the backend's restart decision
+sees the runtime's own exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def _open_copy(path: str):
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return open(path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the child
+    except OSError as e:
+        print(f"tfk8s: cannot keep a copy of this log at {path}: {e}", file=sys.stderr, flush=True)
+        return None
+
+
+def run(path: str, argv: list[str]) -> int:
+    """Run ``argv``; copy its merged stdout/stderr to our stdout and to ``path``."""
+    copy = _open_copy(path)
+    if copy is not None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        copy.write(f"--- tfk8s: {os.environ.get('HOSTNAME', '')} started {stamp}\n".encode())
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def forward(signum, _frame):  # kubelet's SIGTERM must reach the task
+        child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    out = sys.stdout.buffer
+    stream = child.stdout
+    for line in iter(stream.readline if stream else bytes, b""):
+        out.write(line)
+        out.flush()
+        if copy is not None:
+            try:
+                copy.write(line)
+            except OSError:
+                copy = None  # a full volume must not kill the task
+    rc = child.wait()
+    if rc < 0:
+        signal.signal(-rc, signal.SIG_DFL)
+        os.kill(os.getpid(), -rc)
+    return rc
+
+
+def main(args: list[str] | None = None) -> int:
+    """Parse ``FILE -- CMD...`` and run."""
+    args = list(sys.argv[1:] if args is None else args)
+    if len(args) < 3 or args[1] != "--":
+        print("usage: python -m tfk8s_magics.backends.kubernetes.logcopy FILE -- CMD...",
+              file=sys.stderr)
+        return 2
+    return run(args[0], args[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Task logs from the API: followed per pod, with progress records taken out.
+
+:func:`follow` starts one reader per task.  A reader waits (on the
+cluster's watcher, not by polling the API) until the task's pod has
+started, streams its log with ``follow=true``, and moves on to the next
+attempt's pod after a restart.  Lines go through one queue to the caller's
+iterator; ``@tfk8s-progress`` lines update the watcher's progress instead
+of being shown.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+
+from kubernetes.client.rest import ApiException
+
+from ...runtime.progress import STDOUT_MARKER, parse_record
+from ..base import LogLine, Phase, Progress
+from . import state
+from .watch import ClusterWatcher
+
+#: Pod phases whose log can be read.
+_STARTED = ("Running", "Succeeded", "Failed")
+
+
+def split_progress(watcher: ClusterWatcher, task: str, text: str) -> LogLine | None:
+    """A user-visible line, or ``None`` after recording a progress line on the watcher."""
+    if text.startswith(STDOUT_MARKER):
+        record = parse_record(text)
+        if record is not None:
+            progress = Progress(
+                step=int(record["step"]),
+                total=record.get("total"),
+                rate=record.get("rate"),
+                metrics=dict(record.get("metrics") or {}),
+                task=record.get("task") or task,
+                time=float(record.get("time") or time.time()),
+            )
+            current = watcher.progress
+            if current is None or progress.time >= current.time:
+                watcher.progress = progress
+            return None
+    return LogLine(task, text, time.time())
+
+
+def read(watcher: ClusterWatcher, tasks: list[str], tail: int | None) -> list[LogLine]:
+    """The current log of each task's newest pod (its last ``tail`` lines), task by task."""
+    latest = state.latest_pods(list(watcher.pods.values()))
+    out: list[LogLine] = []
+    for task in tasks:
+        pod = latest.get(task)
+        if pod is None or (pod.get("status") or {}).get("phase") not in _STARTED:
+            continue
+        try:
+            text = watcher.api.pod_log(pod["metadata"]["name"], tail=tail)
+        except ApiException as e:
+            if e.status in (400, 404):  # not started yet, or already deleted
+                continue
+            raise
+        lines = [split_progress(watcher, task, t) for t in text.splitlines()]
+        out += [line for line in lines if line is not None]
+    return out
+
+
+def refresh_progress(watcher: ClusterWatcher, tail: int = 50) -> None:
+    """Read the newest progress record from the lead task's log tail (one request)."""
+    spec = watcher.spec
+    lead = next((t.name for t in spec.tasks() if spec.runs_script(t)), None)
+    if lead is not None:
+        try:
+            read(watcher, [lead], tail)
+        except ApiException:
+            pass  # progress is best effort; status must not fail for it
+
+
+def follow(
+    watcher: ClusterWatcher,
+    stop: threading.Event,
+    tasks: list[str],
+    from_start: bool = True,
+    idle_timeout: float = 0.2,
+) -> Iterator[LogLine]:
+    """Yield log lines of ``tasks`` as they are printed, until done or ``stop`` is set."""
+    lines: queue.Queue[LogLine | None] = queue.Queue()
+    halt = threading.Event()
+    readers = [
+        _Reader(watcher, task, lines, halt, from_start) for task in tasks
+    ]
+    for r in readers:
+        r.thread.start()
+    try:
+        running = len(readers)
+        while running and not stop.is_set():
+            try:
+                item = lines.get(timeout=idle_timeout)
+            except queue.Empty:
+                continue
+            if item is None:
+                running -= 1
+            else:
+                yield item
+    finally:
+        halt.set()
+        for r in readers:
+            r.close()
+
+
+class _Reader:
+    """Follows one task's log across its pods' attempts."""
+
+    def __init__(self, watcher: ClusterWatcher, task: str, out: queue.Queue,
+                 halt: threading.Event, from_start: bool) -> None:
+        self.watcher = watcher
+        self.task = task
+        self.out = out
+        self.halt = halt
+        self.from_start = from_start
+        self.response = None
+        self.thread = threading.Thread(target=self._run, daemon=True,
+                                       name=f"tfk8s-log-{watcher.spec.name}-{task}")
+
+    def close(self) -> None:
+        resp = self.response
+        if resp is not None:
+            try:
+                resp.close()
+            except Exception:  # noqa: BLE001 - closing a dead stream
+                pass
+
+    def _next_pod(self, done: set[str]) -> dict | None:
+        """Wait for a started pod of this task not read yet; ``None`` when there is none to come."""
+        seen = -1
+        while not self.halt.is_set():
+            latest = state.latest_pods(list(self.watcher.pods.values())).get(self.task)
+            fresh = latest is not None and latest["metadata"]["name"] not in done
+            if fresh and (latest.get("status") or {}).get("phase") in _STARTED:
+                return latest
+            if self.watcher.deleted:
+                return None
+            status = self.watcher.snapshot()
+            task = next((t for t in status.tasks if t.name == self.task), None)
+            if status.terminal and (task is None or task.phase in Phase.TERMINAL or not fresh):
+                return None
+            seen = self.watcher.wait_change(seen, timeout=1.0)
+        return None
+
+    def _run(self) -> None:
+        done: set[str] = set()
+        try:
+            while not self.halt.is_set():
+                pod = self._next_pod(done)
+                if pod is None:
+                    return
+                name = pod["metadata"]["name"]
+                done.add(name)
+                self._stream(name)
+        finally:
+            self.out.put(None)
+
+    def _stream(self, pod: str) -> None:
+        tail = None if self.from_start else 0
+        self.from_start = True  # later attempts are new output: read them whole
+        try:
+            self.response = resp = self.watcher.api.pod_log(pod, follow=True, tail=tail)
+        except ApiException as e:
+            if e.status in (400, 404):
+                return
+            self.out.put(LogLine(self.task, f"[tfk8s: cannot read the log of {pod}: {e.reason}]"))
+            return
+        buffer = b""
+        try:
+            for chunk in resp.stream(4096, decode_content=True):
+                if self.halt.is_set():
+                    return
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                for raw in complete:
+                    self._emit(raw)
+            if buffer:
+                self._emit(buffer)
+        except Exception:  # noqa: BLE001 - the stream was closed (stop) or dropped
+            return
+        finally:
+            self.response = None
+            resp.release_conn()
+
+    def _emit(self, raw: bytes) -> None:
+        line = split_progress(self.watcher, self.task, raw.decode("utf-8", "replace").rstrip("\r"))
+        if line is not None:
+            self.out.put(line)

@@ -1,0 +1,485 @@
+"""Pure manifest builders: ``(ClusterSpec, K8sSettings)`` → Kubernetes objects as dicts.
+
+No I/O and no clock: the same spec and settings always give the same
+manifests, which is what ``%tfcluster render`` prints and what the tests
+compare against literal dicts.
+
+Per cluster (N tasks):
+
+* the **root** ConfigMap ``<cluster>`` — the training script and the spec
+  JSON (the record ``list``/``status`` read after a kernel restart); every
+  other object has an ownerReference to it, so deleting it cascades;
+* one **headless Service** ``<cluster>`` — each task pod sets
+  ``hostname: <task>`` and ``subdomain: <cluster>``, giving it the DNS name
+  ``<task>.<cluster>.<namespace>.svc``;
+* two **PVCs** ``<cluster>-data`` / ``<cluster>-log`` (ReadWriteMany) unless
+  the spec names existing claims;
+* one bare **Pod** per task ``<cluster>-<task>`` (restarts are decided by the
+  backend: see :mod:`.state`);
+* in-graph only, a **NetworkPolicy** letting the notebook (and the
+  cluster's own pods) reach the task port, and nothing else;
+* on request, a TensorBoard **Deployment** + **Service** reading ``/log``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import yaml
+
+from ...spec import IN_GRAPH, ClusterSpec, Task
+from ...tfconfig import cluster_def, tf_config
+from .settings import K8sSettings, label_value
+
+Manifest = dict[str, Any]
+
+LABEL_PREFIX = "tfk8s.io/"
+CLUSTER_LABEL = LABEL_PREFIX + "cluster"
+COMPONENT_LABEL = LABEL_PREFIX + "component"
+ROLE_LABEL = LABEL_PREFIX + "role"
+INDEX_LABEL = LABEL_PREFIX + "index"
+USER_LABEL = LABEL_PREFIX + "user"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "tfk8s"}
+#: Annotations on the root object and pods.
+OWNER_ANNOTATION = LABEL_PREFIX + "owner"
+ATTEMPT_ANNOTATION = LABEL_PREFIX + "attempt"
+STOPPED_ANNOTATION = LABEL_PREFIX + "stopped"
+FINISHED_ANNOTATION = LABEL_PREFIX + "finished"
+
+#: Mount points inside every task container.
+DATA_MOUNT = "/data"
+LOG_MOUNT = "/log"
+SCRIPT_DIR = "/etc/tfk8s"
+SCRIPT_KEY = "script.py"
+SPEC_KEY = "spec.json"
+READY_FILE = "/tmp/tfk8s-ready"
+CONTAINER = "tensorflow"
+
+
+def object_labels(spec: ClusterSpec, settings: K8sSettings, component: str) -> dict[str, str]:
+    """The labels every object of the cluster carries."""
+    return {
+        **MANAGED_BY,
+        CLUSTER_LABEL: spec.name,
+        COMPONENT_LABEL: component,
+        USER_LABEL: label_value(spec.owner or settings.user) or "unknown",
+    }
+
+
+def task_labels(spec: ClusterSpec, settings: K8sSettings, task: Task) -> dict[str, str]:
+    """A task pod's labels: the cluster's, plus its role and index."""
+    return {
+        **object_labels(spec, settings, "task"),
+        ROLE_LABEL: task.role,
+        INDEX_LABEL: str(task.index),
+    }
+
+
+def selector(name: str, component: str | None = None) -> str:
+    """A label selector string for a cluster's objects (of one component)."""
+    sel = f"app.kubernetes.io/managed-by=tfk8s,{CLUSTER_LABEL}={name}"
+    return f"{sel},{COMPONENT_LABEL}={component}" if component else sel
+
+
+def _meta(spec: ClusterSpec, settings: K8sSettings, name: str, component: str) -> Manifest:
+    return {
+        "name": name,
+        "namespace": settings.namespace,
+        "labels": object_labels(spec, settings, component),
+    }
+
+
+def pod_name(spec: ClusterSpec, task: Task, attempt: int = 0) -> str:
+    """The pod of ``task``'s ``attempt``: ``<cluster>-<task>``, then ``…-r<attempt>``."""
+    base = f"{spec.name}-{task.name}"
+    return base if attempt == 0 else f"{base}-r{attempt}"
+
+
+def task_host(spec: ClusterSpec, settings: K8sSettings, task: Task) -> str:
+    """The stable DNS name of ``task``: ``<task>.<cluster>.<namespace>.svc``."""
+    host = f"{task.name}.{spec.name}.{settings.namespace}.svc"
+    return f"{host}.{settings.cluster_domain}" if settings.cluster_domain else host
+
+
+def cluster_addresses(spec: ClusterSpec, settings: K8sSettings) -> dict[str, list[str]]:
+    """The TF_CONFIG ``cluster`` dict: role → ``host:port`` by DNS name."""
+    return cluster_def(spec, lambda t: f"{task_host(spec, settings, t)}:{settings.port}")
+
+
+def log_claim_name(spec: ClusterSpec) -> str:
+    """The claim mounted at ``/log``: the user's, or ``<cluster>-log``."""
+    return spec.log_claim or f"{spec.name}-log"
+
+
+def data_claim_name(spec: ClusterSpec) -> str:
+    """The claim mounted at ``/data``: the user's, or ``<cluster>-data``."""
+    return spec.data_claim or f"{spec.name}-data"
+
+
+def root_configmap(spec: ClusterSpec, settings: K8sSettings) -> Manifest:
+    """The root object: the script and the spec (without the script) as JSON."""
+    record = spec.to_dict()
+    record.pop("script", None)
+    data = {SPEC_KEY: json.dumps(record, sort_keys=True)}
+    if spec.script is not None:
+        data[SCRIPT_KEY] = spec.script
+    meta = _meta(spec, settings, spec.name, "root")
+    meta["annotations"] = {OWNER_ANNOTATION: spec.owner or settings.user}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+
+
+def headless_service(spec: ClusterSpec, settings: K8sSettings) -> Manifest:
+    """The headless Service giving every task pod a stable DNS name.
+
+    ``publishNotReadyAddresses``: TensorFlow tasks dial each other while
+    starting, so names must resolve before pods are ready.  The port has no
+    name, so no SRV records are made.
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(spec, settings, spec.name, "dns"),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {CLUSTER_LABEL: spec.name, COMPONENT_LABEL: "task"},
+            "ports": [{"port": settings.port, "targetPort": settings.port, "protocol": "TCP"}],
+        },
+    }
+
+
+def claims(spec: ClusterSpec, settings: K8sSettings) -> list[Manifest]:
+    """The PVCs to create: ``/data`` and ``/log``, except those the spec names."""
+    out = []
+    for component, given, size in (
+        ("data", spec.data_claim, settings.data_size),
+        ("log", spec.log_claim, settings.log_size),
+    ):
+        if given:
+            continue
+        out.append(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": _meta(spec, settings, f"{spec.name}-{component}", component),
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": settings.storage_class,
+                    "resources": {"requests": {"storage": size}},
+                },
+            }
+        )
+    return out
+
+
+def _pod_security(settings: K8sSettings) -> Manifest:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": settings.run_as_user,
+        "runAsGroup": settings.run_as_user,
+        "fsGroup": settings.run_as_user,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+_CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def _resources(spec: ClusterSpec, role: str) -> Manifest:
+    """Requests for CPU and memory; limits for memory and GPUs.
+
+    No CPU limit: throttling a TensorFlow task slows every peer waiting on
+    it, while memory over-use must end in a (retryable) OOM kill.
+    """
+    res = spec.resources_for(role)
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if res.cpu:
+        requests["cpu"] = str(res.cpu)
+    if res.memory:
+        requests["memory"] = limits["memory"] = str(res.memory)
+    if res.gpus:
+        limits["nvidia.com/gpu"] = str(res.gpus)
+    out: Manifest = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _log_mount(spec: ClusterSpec) -> Manifest:
+    mount: Manifest = {"name": "log", "mountPath": LOG_MOUNT}
+    if spec.log_claim:
+        # A claim the user shares between clusters: one directory each.
+        mount["subPath"] = spec.name
+    return mount
+
+
+def task_env(spec: ClusterSpec, settings: K8sSettings, task: Task) -> list[Manifest]:
+    """The environment of ``task``'s container (see :mod:`tfk8s_magics.runtime.task`)."""
+    env = {
+        "TF_CONFIG": tf_config(cluster_addresses(spec, settings), task),
+        "TFK8S_TASK": task.name,
+        "TFK8S_CLUSTER": spec.name,
+        "TFK8S_LOG_DIR": LOG_MOUNT,
+        "TFK8S_DATA_DIR": DATA_MOUNT,
+        "TFK8S_CHECKPOINT_DIR": f"{LOG_MOUNT}/checkpoints",
+        "TFK8S_READY_FILE": READY_FILE,
+        "HOME": "/tmp",
+        "PYTHONUNBUFFERED": "1",
+    }
+    if spec.runs_script(task):
+        env["TFK8S_SCRIPT"] = f"{SCRIPT_DIR}/{SCRIPT_KEY}"
+    if spec.legacy_keras:
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    env.update(spec.env)
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def task_command(task: Task) -> list[str]:
+    """The container command: the task runtime, its output copied to ``/log/tasks/<task>.log``.
+
+    No shell: :mod:`.logcopy` runs the runtime as a child and tees its output.
+    """
+    return [
+        "python",
+        "-m",
+        "tfk8s_magics.backends.kubernetes.logcopy",
+        f"{LOG_MOUNT}/tasks/{task.name}.log",
+        "--",
+        "python",
+        "-m",
+        "tfk8s_magics.runtime.task",
+    ]
+
+
+def task_pod(spec: ClusterSpec, settings: K8sSettings, task: Task, attempt: int = 0) -> Manifest:
+    """The Pod running ``task`` (its ``attempt``-th try; 0 is the first)."""
+    mounts: list[Manifest] = [
+        {"name": "data", "mountPath": DATA_MOUNT},
+        _log_mount(spec),
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    volumes: list[Manifest] = [
+        {"name": "data", "persistentVolumeClaim": {"claimName": data_claim_name(spec)}},
+        {"name": "log", "persistentVolumeClaim": {"claimName": log_claim_name(spec)}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    if spec.runs_script(task):
+        mounts.append({"name": "script", "mountPath": SCRIPT_DIR, "readOnly": True})
+        volumes.append(
+            {
+                "name": "script",
+                "configMap": {
+                    "name": spec.name,
+                    "items": [{"key": SCRIPT_KEY, "path": SCRIPT_KEY}],
+                },
+            }
+        )
+    container: Manifest = {
+        "name": CONTAINER,
+        "image": spec.image or settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": task_command(task),
+        "workingDir": DATA_MOUNT,
+        "env": task_env(spec, settings, task),
+        "ports": [{"name": "grpc", "containerPort": settings.port, "protocol": "TCP"}],
+        "readinessProbe": {
+            "exec": {"command": ["test", "-f", READY_FILE]},
+            "periodSeconds": 2,
+            "failureThreshold": 1,
+        },
+        "securityContext": copy.deepcopy(_CONTAINER_SECURITY),
+        "volumeMounts": mounts,
+    }
+    resources = _resources(spec, task.role)
+    if resources:
+        container["resources"] = resources
+    pod_spec: Manifest = {
+        "hostname": task.name,
+        "subdomain": spec.name,
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": _pod_security(settings),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in spec.tolerations]
+    meta = {
+        "name": pod_name(spec, task, attempt),
+        "namespace": settings.namespace,
+        "labels": task_labels(spec, settings, task),
+        "annotations": {ATTEMPT_ANNOTATION: str(attempt)},
+    }
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def network_policy(spec: ClusterSpec, settings: K8sSettings) -> Manifest:
+    """In-graph: let the notebook and the cluster's own pods reach the task port; nothing else.
+
+    Selecting the task pods isolates them, so this also closes the port to
+    every other pod of the namespace.
+    """
+    port = [{"port": settings.port, "protocol": "TCP"}]
+    tasks = {CLUSTER_LABEL: spec.name, COMPONENT_LABEL: "task"}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(spec, settings, spec.name, "network-policy"),
+        "spec": {
+            "podSelector": {"matchLabels": dict(tasks)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": dict(tasks)}}], "ports": port},
+                {
+                    "from": [{"podSelector": {"matchLabels": dict(settings.notebook_labels)}}],
+                    "ports": copy.deepcopy(port),
+                },
+            ],
+        },
+    }
+
+
+def tensorboard_name(spec: ClusterSpec) -> str:
+    """The name of the TensorBoard Deployment and Service."""
+    return f"{spec.name}-tensorboard"
+
+
+def tensorboard_deployment(spec: ClusterSpec, settings: K8sSettings) -> Manifest:
+    """A TensorBoard reading the cluster's ``/log`` volume (read-only)."""
+    labels = object_labels(spec, settings, "tensorboard")
+    match = {CLUSTER_LABEL: spec.name, COMPONENT_LABEL: "tensorboard"}
+    port = settings.tensorboard_port
+    container = {
+        "name": "tensorboard",
+        "image": spec.image or settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["tensorboard", "--logdir", LOG_MOUNT, "--bind_all", "--port", str(port)],
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": "/", "port": port}, "periodSeconds": 3},
+        "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": copy.deepcopy(_CONTAINER_SECURITY),
+        "volumeMounts": [
+            {**_log_mount(spec), "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(spec, settings, tensorboard_name(spec), "tensorboard"),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": match},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": _pod_security(settings),
+                    "containers": [container],
+                    "volumes": [
+                        {
+                            "name": "log",
+                            "persistentVolumeClaim": {
+                                "claimName": log_claim_name(spec),
+                                "readOnly": True,
+                            },
+                        },
+                        {"name": "tmp", "emptyDir": {}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def tensorboard_service(spec: ClusterSpec, settings: K8sSettings) -> Manifest:
+    """The ClusterIP Service in front of TensorBoard (reached through jupyter-server-proxy)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(spec, settings, tensorboard_name(spec), "tensorboard"),
+        "spec": {
+            "selector": {CLUSTER_LABEL: spec.name, COMPONENT_LABEL: "tensorboard"},
+            "ports": [
+                {
+                    "name": "http",
+                    "port": settings.tensorboard_port,
+                    "targetPort": "http",
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def tensorboard_manifests(spec: ClusterSpec, settings: K8sSettings) -> list[Manifest]:
+    """TensorBoard's Deployment then Service."""
+    return [tensorboard_deployment(spec, settings), tensorboard_service(spec, settings)]
+
+
+def cluster_manifests(
+    spec: ClusterSpec, settings: K8sSettings, tensorboard: bool = False
+) -> list[Manifest]:
+    """Every object of a cluster, in creation order (root first, pods last).
+
+    Pods come after the claims and Service they use, parameter servers
+    before workers (``spec.tasks()`` order), so a worker never starts
+    dialling a server whose pod was never created.
+    """
+    out = [root_configmap(spec, settings), headless_service(spec, settings)]
+    out += claims(spec, settings)
+    if spec.mode == IN_GRAPH:
+        out.append(network_policy(spec, settings))
+    if tensorboard:
+        out += tensorboard_manifests(spec, settings)
+    out += [task_pod(spec, settings, t) for t in _start_order(spec)]
+    return out
+
+
+def _start_order(spec: ClusterSpec) -> list[Task]:
+    order = {"ps": 0, "chief": 1, "worker": 2, "evaluator": 3}
+    return sorted(spec.tasks(), key=lambda t: (order[t.role], t.index))
+
+
+def owner_reference(root: Manifest) -> Manifest:
+    """An ownerReference to the created root object (it needs the uid the API assigned)."""
+    meta = root["metadata"]
+    return {
+        "apiVersion": root["apiVersion"],
+        "kind": root["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "blockOwnerDeletion": True,
+    }
+
+
+def with_owner(manifest: Manifest, owner: Manifest) -> Manifest:
+    """A copy of ``manifest`` owned by ``owner`` (an :func:`owner_reference`)."""
+    out = copy.deepcopy(manifest)
+    out["metadata"]["ownerReferences"] = [dict(owner)]
+    return out
+
+
+def render_yaml(spec: ClusterSpec, settings: K8sSettings, tensorboard: bool = False) -> str:
+    """The cluster's manifests as one multi-document YAML string.
+
+    Without ownerReferences (their uid exists only once the root is
+    created): delete a rendered cluster with
+    ``kubectl delete cm,svc,pvc,pod,netpol,deploy -l tfk8s.io/cluster=NAME``.
+    """
+    docs = cluster_manifests(spec, settings, tensorboard=tensorboard)
+    return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False)

@@ -1,0 +1,97 @@
+"""The least-privilege Role the Kubernetes backend needs in a user's namespace.
+
+Pure functions, no I/O: the hub's per-user bootstrap creates these objects,
+and the tests prove that every request the backend makes is allowed by
+:func:`role_rules` (and stays inside the user's namespace).
+
+What is *not* granted, on purpose: ``secrets`` (nothing here reads them),
+``pods/exec`` and ``pods/attach`` (logs are read, never a shell), ``nodes``
+(cluster-scoped; the node pre-flight check is opt-in and needs a separate
+ClusterRole), ``update``/``patch`` on pods, and anything in other namespaces.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Verbs to read a kind, including the watch the backend's watcher keeps open.
+_READ = ["get", "list", "watch"]
+
+
+def role_rules() -> list[dict[str, Any]]:
+    """The PolicyRules the backend needs, as Role ``rules`` (one rule per API group).
+
+    * ``configmaps`` — the root object of every cluster (spec + script);
+      ``patch`` records stop/finish times on it.
+    * ``pods`` — one bare Pod per task; ``deletecollection`` stops a cluster
+      in one request; ``pods/log`` streams logs.
+    * ``services`` — the headless Service (task DNS) and TensorBoard's.
+    * ``persistentvolumeclaims`` — ``/data`` and ``/log``; ``patch`` drops the
+      owner reference of the log claim when a delete keeps the logs.
+    * ``events`` (read) — why a pod is pending; ``resourcequotas`` (read) —
+      the launch pre-flight check.
+    * ``deployments`` — TensorBoard; ``networkpolicies`` — in-graph access
+      from the notebook to its cluster's pods.
+    """
+    return [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "verbs": [*_READ, "create", "patch", "delete"],
+        },
+        {
+            "apiGroups": [""],
+            "resources": ["pods"],
+            "verbs": [*_READ, "create", "delete", "deletecollection"],
+        },
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        {
+            "apiGroups": [""],
+            "resources": ["services", "persistentvolumeclaims"],
+            "verbs": [*_READ, "create", "patch", "delete"],
+        },
+        {"apiGroups": [""], "resources": ["events", "resourcequotas"], "verbs": _READ},
+        {
+            "apiGroups": ["apps"],
+            "resources": ["deployments"],
+            "verbs": [*_READ, "create", "delete"],
+        },
+        {
+            "apiGroups": ["networking.k8s.io"],
+            "resources": ["networkpolicies"],
+            "verbs": [*_READ, "create", "delete"],
+        },
+    ]
+
+
+def _labels() -> dict[str, str]:
+    return {"app.kubernetes.io/name": "tfk8s", "app.kubernetes.io/component": "backend-rbac"}
+
+
+def backend_role(namespace: str, name: str = "tfk8s-backend") -> dict[str, Any]:
+    """The Role granting :func:`role_rules` in ``namespace``."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": name, "namespace": namespace, "labels": _labels()},
+        "rules": role_rules(),
+    }
+
+
+def backend_role_binding(
+    namespace: str, service_account: str, role_name: str = "tfk8s-backend"
+) -> dict[str, Any]:
+    """The RoleBinding giving the notebook's ServiceAccount the backend Role in ``namespace``."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": role_name, "namespace": namespace, "labels": _labels()},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role_name,
+        },
+        "subjects": [
+            {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
+        ],
+    }

@@ -1,0 +1,97 @@
+"""The cluster-wide choices the Kubernetes manifests depend on, besides the spec.
+
+:class:`K8sSettings` is a small frozen dataclass, so every manifest builder
+takes exactly two typed objects: the :class:`~tfk8s_magics.spec.ClusterSpec`
+and these settings.  Reading the environment (namespace file, ``TFK8S_*``
+variables) happens in :func:`settings_from_env`, never at import.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+#: The task image used when neither the spec nor ``TFK8S_IMAGE`` names one.
+DEFAULT_IMAGE = "tfk8s/tensorflow-task:0.1.0"
+DEFAULT_STORAGE_CLASS = "glusterfs"
+#: Where the in-pod namespace of the notebook's ServiceAccount is mounted.
+NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+@dataclass(frozen=True)
+class K8sSettings:
+    """Choices shared by every cluster a backend launches.
+
+    ``notebook_labels`` select the notebook pod(s) an in-graph cluster's
+    NetworkPolicy lets in (KubeSpawner labels its pods
+    ``component: singleuser-server``; with one namespace per user these
+    are this user's servers only).  ``cluster_domain``, when set, makes
+    task addresses fully qualified (``….svc.cluster.local``).
+    """
+
+    namespace: str = "default"
+    image: str = DEFAULT_IMAGE
+    storage_class: str = DEFAULT_STORAGE_CLASS
+    user: str = ""
+    service_account: str | None = None
+    log_size: str = "10Gi"
+    data_size: str = "10Gi"
+    port: int = 2222
+    tensorboard_port: int = 6006
+    run_as_user: int = 1000
+    image_pull_policy: str = "IfNotPresent"
+    cluster_domain: str = ""
+    notebook_labels: Mapping[str, str] = field(
+        default_factory=lambda: {"component": "singleuser-server"}
+    )
+
+
+def label_value(text: str) -> str:
+    """``text`` made a valid label value (≤ 63 of ``[A-Za-z0-9._-]``, alphanumeric ends)."""
+    value = re.sub(r"[^A-Za-z0-9._-]", "-", text)[:63]
+    return value.strip("-._")
+
+
+def in_pod_namespace(path: str = NAMESPACE_FILE) -> str | None:
+    """The namespace of this pod's ServiceAccount, when running in a pod."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def settings_from_env(**overrides: object) -> K8sSettings:
+    """Settings from keyword ``overrides``, falling back to the environment.
+
+    ``namespace``: the in-pod namespace file, else ``TFK8S_NAMESPACE``, else
+    the kubeconfig context's namespace (read only here, lazily), else
+    ``default``.  ``image``: ``TFK8S_IMAGE``.  ``storage_class``:
+    ``TFK8S_STORAGE_CLASS``.  ``user``: ``JUPYTERHUB_USER``.
+    """
+    values = {k: v for k, v in overrides.items() if v is not None}
+    if "namespace" not in values:
+        values["namespace"] = (
+            in_pod_namespace()
+            or os.environ.get("TFK8S_NAMESPACE")
+            or _kubeconfig_namespace()
+            or "default"
+        )
+    values.setdefault("image", os.environ.get("TFK8S_IMAGE") or DEFAULT_IMAGE)
+    values.setdefault(
+        "storage_class", os.environ.get("TFK8S_STORAGE_CLASS") or DEFAULT_STORAGE_CLASS
+    )
+    values.setdefault("user", os.environ.get("JUPYTERHUB_USER") or os.environ.get("USER", ""))
+    return K8sSettings(**values)  # type: ignore[arg-type]
+
+
+def _kubeconfig_namespace() -> str | None:
+    try:
+        from kubernetes import config
+
+        _, active = config.list_kube_config_contexts()
+    except Exception:  # noqa: BLE001 - no kubeconfig is a normal case here
+        return None
+    return (active or {}).get("context", {}).get("namespace")

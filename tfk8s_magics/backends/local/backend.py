@@ -1,0 +1,427 @@
+"""The local backend: every task a process on this machine, supervised per cluster.
+
+Launching writes the cluster's record under the state dir and starts its
+supervisor (:mod:`.supervisor`), which owns the task processes.  Everything
+else here reads the files the supervisor and the tasks write, so
+``list``/``status``/``logs`` work from any process, after a kernel restart
+too.
+
+TensorFlow's gRPC servers listen on all interfaces whatever TF_CONFIG says
+(measured: ``*:PORT``); TF_CONFIG names 127.0.0.1 only, and every server
+the lab itself runs (TensorBoard) binds 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+from ...errors import BackendError, ClusterExists, ClusterNotFound, LaunchFailed, SpecError
+from ...lifeline import pid_alive
+from ...ports import free_ports, port_open
+from ...runtime.progress import parse_record
+from ...spec import ClusterSpec, missing_imports
+from ...tfconfig import cluster_def
+from ..base import (
+    Backend,
+    ClusterStatus,
+    Event,
+    LogLine,
+    Phase,
+    Progress,
+    TaskStatus,
+    TensorBoardInfo,
+)
+from . import logtail
+from .layout import ClusterDir, default_state_dir, read_json, task_log_path, write_json_atomic
+
+#: Seconds to wait for a new supervisor to report in.
+SUPERVISOR_START_TIMEOUT = 30.0
+#: Seconds to wait for a stopped cluster's processes to end.
+STOP_TIMEOUT = 20.0
+#: How often watchers look at status.json.
+WATCH_INTERVAL = 0.1
+TENSORBOARD_START_TIMEOUT = 90.0
+
+
+class LocalBackend(Backend):
+    """Run clusters as processes on 127.0.0.1.
+
+    ``state_dir`` holds every cluster's record, status and default log and
+    data dirs (default: ``$TFK8S_STATE_DIR`` or ``~/.local/share/tfk8s``).
+    """
+
+    name = "local"
+
+    def __init__(self, state_dir: str | os.PathLike | None = None) -> None:
+        self.state_dir = Path(state_dir) if state_dir else default_state_dir()
+        self.clusters_dir = self.state_dir / "clusters"
+
+    # -- helpers -----------------------------------------------------------
+    def _dir(self, name: str) -> ClusterDir:
+        cdir = ClusterDir(self.clusters_dir / name)
+        if not cdir.record.exists():
+            known = sorted(p.name for p in self.clusters_dir.glob("*") if (p / "cluster.json").exists())
+            hint = f" Known clusters: {', '.join(known)}." if known else " There are none yet."
+            raise ClusterNotFound(
+                f"no local cluster named {name!r}.{hint} Launch one with %tfcluster launch {name} ..."
+            )
+        return cdir
+
+    def _record(self, name: str) -> dict:
+        return read_json(self._dir(name).record)
+
+    def spec(self, name: str) -> ClusterSpec:
+        return ClusterSpec.from_dict(self._record(name)["spec"])
+
+    # -- launch ------------------------------------------------------------
+    def preflight(self, spec: ClusterSpec) -> None:
+        """Checks that need this machine: missing modules, unusable dirs."""
+        if spec.script is not None:
+            missing = missing_imports(spec.script)
+            if missing:
+                raise SpecError(
+                    f"the training script imports {', '.join(missing)}, which "
+                    f"{'is' if len(missing) == 1 else 'are'} not installed for {sys.executable}: "
+                    f"install {'it' if len(missing) == 1 else 'them'} (pip install ...) or fix the import."
+                )
+        for what, value in (("--log-dir", spec.log_dir), ("--data-dir", spec.data_dir)):
+            if value and Path(value).expanduser().exists() and not Path(value).expanduser().is_dir():
+                raise SpecError(f"{what} {value!r} is a file, not a directory: give a directory.")
+        if spec.log_claim or spec.data_claim:
+            raise SpecError(
+                "--log-claim/--data-claim name Kubernetes volumes; on the local backend use "
+                "--log-dir/--data-dir instead."
+            )
+
+    def launch(self, spec: ClusterSpec, *, detach: bool = False) -> ClusterStatus:
+        self.preflight(spec)
+        self.clusters_dir.mkdir(parents=True, exist_ok=True)
+        cdir = ClusterDir(self.clusters_dir / spec.name)
+        try:
+            cdir.root.mkdir()
+        except FileExistsError:
+            raise ClusterExists(
+                f"a cluster named {spec.name!r} already exists: pick another name, or remove it "
+                f"first with %tfcluster delete {spec.name}."
+            ) from None
+        created: list[Path] = [cdir.root]
+        sup: subprocess.Popen | None = None
+        try:
+            log_dir = Path(spec.log_dir).expanduser().resolve() if spec.log_dir else cdir.default_log_dir
+            data_dir = Path(spec.data_dir).expanduser().resolve() if spec.data_dir else cdir.default_data_dir
+            for d in (log_dir / "tasks", log_dir / "checkpoints", data_dir, cdir.progress_dir):
+                top = _first_missing(d)
+                d.mkdir(parents=True, exist_ok=True)
+                if top is not None and not _inside(top, cdir.root):
+                    created.append(top)
+            tasks = spec.tasks()
+            ports = dict(zip((t.name for t in tasks), free_ports(len(tasks)), strict=True))
+            addresses = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
+            if spec.script is not None:
+                cdir.script.write_text(spec.script, encoding="utf-8")
+            record = {
+                "backend": self.name,
+                "spec": spec.to_dict(),
+                "created": time.time(),
+                "owner_pid": os.getpid(),
+                "owner": spec.owner or os.environ.get("JUPYTERHUB_USER") or _user(),
+                "detached": bool(detach),
+                "addresses": addresses,
+                "cluster": cluster_def(spec, lambda t: addresses[t.name]),
+                "workdir": os.getcwd(),
+                "log_dir": str(log_dir),
+                "data_dir": str(data_dir),
+                "owned_dirs": [str(p) for p in created],
+            }
+            write_json_atomic(cdir.record, record)
+            with open(cdir.supervisor_log, "ab") as out:
+                sup = subprocess.Popen(
+                    [sys.executable, "-m", "tfk8s_magics.backends.local.supervisor", str(cdir.root)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # a kernel interrupt must not reach it
+                )
+            self._await_supervisor(cdir, sup)
+        except BaseException:
+            if sup is not None and sup.poll() is None:
+                sup.kill()  # its tasks die with it (parent-death signal)
+                sup.wait()
+            for path in reversed(created):
+                shutil.rmtree(path, ignore_errors=True)
+            raise
+        return self.status(spec.name)
+
+    def _await_supervisor(self, cdir: ClusterDir, sup: subprocess.Popen) -> None:
+        deadline = time.monotonic() + SUPERVISOR_START_TIMEOUT
+        while not cdir.status.exists():
+            if sup.poll() is not None:
+                raise LaunchFailed(
+                    f"the supervisor of {cdir.name!r} exited at start (code {sup.returncode}); "
+                    "nothing was left running.",
+                    "\n".join(logtail.tail_lines(cdir.supervisor_log, 20)),
+                )
+            if time.monotonic() > deadline:
+                raise LaunchFailed(
+                    f"the supervisor of {cdir.name!r} did not start within "
+                    f"{SUPERVISOR_START_TIMEOUT:g} s; the machine may be overloaded. Try again."
+                )
+            time.sleep(0.01)
+
+    # -- status ------------------------------------------------------------
+    def _status_from(self, cdir: ClusterDir, record: dict) -> ClusterStatus:
+        spec = record["spec"]
+        raw = read_json(cdir.status) or {}
+        tasks = [TaskStatus(**t) for t in raw.get("tasks", [])] or [
+            TaskStatus(name=t, host=a) for t, a in record["addresses"].items()
+        ]
+        phase = raw.get("phase", Phase.PENDING)
+        reason = raw.get("reason", "")
+        sup_pid = raw.get("supervisor_pid")
+        if raw and not raw.get("supervisor_done") and not pid_alive(sup_pid):
+            # The supervisor was killed: its tasks died with it (parent-death signal).
+            if phase not in Phase.TERMINAL:
+                phase, reason = Phase.FAILED, "its supervisor process died; the tasks were killed with it"
+            for t in tasks:
+                if t.phase not in Phase.TERMINAL:
+                    t.phase, t.reason, t.pid = Phase.FAILED, "supervisor died", None
+        return ClusterStatus(
+            name=spec["name"],
+            backend=self.name,
+            mode=spec["mode"],
+            phase=phase,
+            reason=reason,
+            created=record["created"],
+            finished=raw.get("finished"),
+            owner=record.get("owner", ""),
+            detached=record.get("detached", False),
+            log_dir=record["log_dir"],
+            tasks=tasks,
+            progress=self._progress(cdir, tasks),
+        )
+
+    def _progress(self, cdir: ClusterDir, tasks: list[TaskStatus]) -> Progress | None:
+        best: Progress | None = None
+        names = [t.name for t in tasks]
+        # The chief speaks for the cluster; else worker-0; else whoever is furthest.
+        preferred = [n for n in ("chief-0", "worker-0") if n in names]
+        for name in preferred + [n for n in names if n not in preferred]:
+            lines = logtail.tail_lines(cdir.progress_file(name), 1)
+            record = parse_record(lines[-1]) if lines else None
+            if record is None:
+                continue
+            p = Progress(**{k: record[k] for k in ("step", "total", "rate", "metrics", "task", "time")})
+            if name in preferred:
+                return p
+            if best is None or p.step > best.step:
+                best = p
+        return best
+
+    def status(self, name: str) -> ClusterStatus:
+        cdir = self._dir(name)
+        return self._status_from(cdir, read_json(cdir.record))
+
+    def list_clusters(self) -> list[ClusterStatus]:
+        out = []
+        for root in self.clusters_dir.glob("*"):
+            cdir = ClusterDir(root)
+            record = read_json(cdir.record)
+            if record is not None:
+                out.append(self._status_from(cdir, record))
+        return sorted(out, key=lambda s: s.created, reverse=True)
+
+    def _finished(self, cdir: ClusterDir) -> bool:
+        raw = read_json(cdir.status) or {}
+        return bool(raw.get("supervisor_done")) or (bool(raw) and not pid_alive(raw.get("supervisor_pid")))
+
+    def watch(self, name: str, stop: threading.Event) -> Iterator[ClusterStatus]:
+        cdir = self._dir(name)
+        last = None
+        while not stop.is_set():
+            try:
+                marks = [cdir.status.stat().st_mtime_ns]
+                marks += [p.stat().st_mtime_ns for p in cdir.progress_dir.glob("*.jsonl")]
+            except FileNotFoundError:
+                if not cdir.record.exists():
+                    return  # deleted
+                marks = None
+            if marks != last:
+                last = marks
+                try:
+                    st = self.status(name)
+                except ClusterNotFound:
+                    return
+                yield st
+                if st.terminal and self._finished(cdir):
+                    return
+            stop.wait(WATCH_INTERVAL)
+
+    # -- logs --------------------------------------------------------------
+    def _log_files(self, name: str, tasks: list[str] | None) -> dict[str, Path]:
+        record = self._record(name)
+        spec = ClusterSpec.from_dict(record["spec"])
+        names = [spec.task(t).name for t in tasks] if tasks else [t.name for t in spec.tasks()]
+        return {t: task_log_path(record["log_dir"], t) for t in names}
+
+    def read_logs(self, name: str, task: str | None = None, tail: int | None = None) -> list[LogLine]:
+        files = self._log_files(name, [task] if task else None)
+        out: list[LogLine] = []
+        for t, path in files.items():
+            out += [LogLine(t, line) for line in logtail.tail_lines(path, tail)]
+        return out
+
+    def follow_logs(
+        self,
+        name: str,
+        stop: threading.Event,
+        tasks: list[str] | None = None,
+        from_start: bool = True,
+    ) -> Iterator[LogLine]:
+        files = self._log_files(name, tasks)
+        cdir = self._dir(name)
+        return logtail.follow(files, stop, lambda: self._finished(cdir), from_start)
+
+    def events(self, name: str) -> list[Event]:
+        cdir = self._dir(name)
+        out = []
+        try:
+            with open(cdir.events, encoding="utf-8") as f:
+                for line in f:
+                    if line.strip():
+                        out.append(Event(**json.loads(line)))
+        except FileNotFoundError:
+            pass
+        return out
+
+    def addresses(self, name: str) -> dict[str, list[str]]:
+        return self._record(name)["cluster"]
+
+    # -- stop / delete -------------------------------------------------------
+    def stop(self, name: str) -> ClusterStatus:
+        cdir = self._dir(name)
+        raw = read_json(cdir.status) or {}
+        sup = raw.get("supervisor_pid")
+        if pid_alive(sup) and not raw.get("supervisor_done"):
+            os.kill(sup, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_TIMEOUT
+            while pid_alive(sup) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if pid_alive(sup):
+                os.kill(sup, signal.SIGKILL)  # the tasks die with it
+        # Whatever happened above, no task of this cluster may survive.
+        for t in (read_json(cdir.status) or {}).get("tasks", []):
+            if t.get("pid") and pid_alive(t["pid"]):
+                try:
+                    os.killpg(t["pid"], signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        return self.status(name)
+
+    def delete(self, name: str, keep_logs: bool = False) -> Path | None:
+        """Stop and remove the cluster; return where its logs were kept, if asked to keep them."""
+        cdir = self._dir(name)
+        record = read_json(cdir.record)
+        self.stop(name)
+        self._stop_tensorboard(cdir)
+        kept = None
+        log_dir = Path(record["log_dir"])
+        if keep_logs and _inside(log_dir, cdir.root) and log_dir.exists():
+            kept = self.state_dir / "kept-logs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(log_dir), str(kept))
+        elif keep_logs:
+            kept = log_dir
+        for owned in record.get("owned_dirs", []):
+            path = Path(owned)
+            if not (keep_logs and _inside(log_dir, path)) and path != cdir.root:
+                shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(cdir.root, ignore_errors=True)
+        return kept
+
+    # -- TensorBoard -----------------------------------------------------------
+    def tensorboard(self, name: str) -> TensorBoardInfo:
+        cdir = self._dir(name)
+        record = read_json(cdir.record)
+        info = read_json(cdir.tensorboard)
+        if info and pid_alive(info.get("pid")) and port_open(info["port"]):
+            return TensorBoardInfo(info["port"], _tb_url(info["port"]), record["log_dir"], True, info["pid"])
+        port = free_ports(1)[0]
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "tfk8s_magics.runtime.tensorboard", str(os.getpid()),
+                "--logdir", record["log_dir"], "--host", "127.0.0.1", "--port", str(port),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=open(cdir.root / "tensorboard.log", "ab"),  # noqa: SIM115 - the child owns it
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + TENSORBOARD_START_TIMEOUT
+        while not port_open(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+                tail = "\n".join(logtail.tail_lines(cdir.root / "tensorboard.log", 10))
+                raise BackendError(
+                    f"TensorBoard for {name!r} did not start (see {cdir.root / 'tensorboard.log'}):\n{tail}"
+                )
+            time.sleep(0.05)
+        write_json_atomic(cdir.tensorboard, {"pid": proc.pid, "port": port})
+        return TensorBoardInfo(port, _tb_url(port), record["log_dir"], False, proc.pid)
+
+    def _stop_tensorboard(self, cdir: ClusterDir) -> None:
+        info = read_json(cdir.tensorboard)
+        if info and pid_alive(info.get("pid")):
+            try:
+                os.kill(info["pid"], signal.SIGTERM)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + 5
+            while pid_alive(info["pid"]) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if pid_alive(info["pid"]):
+                os.kill(info["pid"], signal.SIGKILL)
+
+
+def _tb_url(port: int) -> str:
+    proxy = os.environ.get("TENSORBOARD_PROXY_URL")
+    if proxy:
+        return proxy.replace("%PORT%", str(port))
+    return f"http://127.0.0.1:{port}/"
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost ancestor of ``path`` (or itself) that does not exist yet."""
+    path = path.resolve()
+    if path.exists():
+        return None
+    while not path.parent.exists():
+        path = path.parent
+    return path
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def _user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())

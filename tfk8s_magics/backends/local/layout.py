@@ -1,0 +1,114 @@
+"""Where a local cluster keeps its files.
+
+::
+
+    <state_dir>/clusters/<name>/
+        cluster.json     the record: spec, ports, owner (written once at launch)
+        status.json      phases of the cluster and its tasks (the supervisor rewrites it)
+        events.jsonl     what happened, one JSON object per line
+        script.py        the training script (between-graph)
+        supervisor.log   the supervisor's own output
+        tensorboard.json the TensorBoard serving this cluster, if any
+        progress/<task>.jsonl  progress records (see runtime.progress)
+        logs/            the default log dir: tasks/<task>.log, checkpoints/, summaries
+        data/            the default data dir
+
+A log or data dir the user names lives where the user said and is never
+deleted by us.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def default_state_dir() -> Path:
+    """``$TFK8S_STATE_DIR``, else ``$XDG_DATA_HOME/tfk8s``, else ``~/.local/share/tfk8s``."""
+    if os.environ.get("TFK8S_STATE_DIR"):
+        return Path(os.environ["TFK8S_STATE_DIR"]).expanduser()
+    base = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
+    return Path(base) / "tfk8s"
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON so that a reader sees the old file or the new one, never half."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON file (None when it does not exist)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class ClusterDir:
+    """The paths of one local cluster."""
+
+    root: Path
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    @property
+    def record(self) -> Path:
+        return self.root / "cluster.json"
+
+    @property
+    def status(self) -> Path:
+        return self.root / "status.json"
+
+    @property
+    def events(self) -> Path:
+        return self.root / "events.jsonl"
+
+    @property
+    def script(self) -> Path:
+        return self.root / "script.py"
+
+    @property
+    def supervisor_log(self) -> Path:
+        return self.root / "supervisor.log"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard.json"
+
+    @property
+    def progress_dir(self) -> Path:
+        return self.root / "progress"
+
+    @property
+    def default_log_dir(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def default_data_dir(self) -> Path:
+        return self.root / "data"
+
+    def progress_file(self, task: str) -> Path:
+        return self.progress_dir / f"{task}.jsonl"
+
+
+def task_log_path(log_dir: str | Path, task: str) -> Path:
+    """Where a task's output is kept: ``<log_dir>/tasks/<task>.log``."""
+    return Path(log_dir) / "tasks" / f"{task}.log"

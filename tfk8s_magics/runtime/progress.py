@@ -1,0 +1,147 @@
+"""The progress protocol: how a training script tells the lab how far it is.
+
+A script calls :func:`report_progress` (or adds :func:`progress_callback` to
+``model.fit``); ``%tfcluster status`` and the dashboard then show step,
+total, percent and ETA.  Outside a tfk8s task it does nothing, so the same
+script runs anywhere.
+
+Where the records go is decided by the task's environment:
+
+* ``TFK8S_PROGRESS_FILE`` set (local backend): one JSON line per record,
+  appended to that file;
+* otherwise, inside a tfk8s task (Kubernetes): one stdout line
+  ``@tfk8s-progress {json}``, which the backend takes out of the log stream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+#: Prefix of progress records carried in a task's log stream.
+STDOUT_MARKER = "@tfk8s-progress "
+#: At most this many records per second reach the sink; the last step is always written.
+MAX_RATE_HZ = 5.0
+
+
+class _Reporter:
+    """Rate-limited writer of progress records for this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._first: tuple[float, int] | None = None
+        self._last_write = 0.0
+        self._file = None
+
+    def _sink_path(self) -> str | None:
+        return os.environ.get("TFK8S_PROGRESS_FILE") or None
+
+    def report(self, step: int, total: int | None, metrics: dict[str, Any]) -> bool:
+        now = time.time()
+        with self._lock:
+            if self._first is None or step < self._first[1]:
+                self._first = (now, step)
+            done = total is not None and step >= total
+            if not done and now - self._last_write < 1.0 / MAX_RATE_HZ:
+                return False
+            self._last_write = now
+            t0, s0 = self._first
+            rate = (step - s0) / (now - t0) if now > t0 and step > s0 else None
+            record = {
+                "step": int(step),
+                "total": None if total is None else int(total),
+                "rate": rate,
+                "metrics": {k: float(v) for k, v in metrics.items()},
+                "task": os.environ.get("TFK8S_TASK", ""),
+                "time": now,
+            }
+            line = json.dumps(record, separators=(",", ":"))
+            path = self._sink_path()
+            if path:
+                if self._file is None or self._file.name != path:
+                    self._file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+                self._file.write(line + "\n")
+            elif os.environ.get("TFK8S_TASK"):
+                sys.stdout.write(STDOUT_MARKER + line + "\n")
+                sys.stdout.flush()
+            else:
+                return False
+            return True
+
+
+_reporter = _Reporter()
+
+
+def report_progress(step: int, total: int | None = None, **metrics: float) -> bool:
+    """Report that training reached ``step`` of ``total``, with optional metrics.
+
+    Call it as often as you like: records are rate-limited to a few per
+    second (the final step is always kept).  Returns whether this call was
+    recorded.  Outside a tfk8s task it is a no-op returning False.
+
+    >>> report_progress(120, total=1000, loss=0.31)  # doctest: +SKIP
+    """
+    if step < 0:
+        raise ValueError(f"step must be ≥ 0, got {step}")
+    return _reporter.report(int(step), total, metrics)
+
+
+def parse_record(line: str) -> dict[str, Any] | None:
+    """Parse one progress record (a JSON line, with or without the stdout marker)."""
+    if line.startswith(STDOUT_MARKER):
+        line = line[len(STDOUT_MARKER) :]
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and "step" in record else None
+
+
+def progress_callback(total: int | None = None, metric_names: tuple[str, ...] = ("loss",)):
+    """A Keras callback that reports every training batch to the lab.
+
+    Works with tf-keras (``TF_USE_LEGACY_KERAS=1``, the lab's default) and
+    with Keras 3.  ``total`` defaults to ``epochs * steps_per_epoch`` when
+    Keras knows them.
+    """
+    import tensorflow as tf
+
+    base = tf.keras.callbacks.Callback
+
+    class ProgressCallback(base):  # type: ignore[misc, valid-type]
+        """Reports the global batch count and chosen metrics via :func:`report_progress`."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._step = 0
+            self._total = total
+
+        def on_train_begin(self, logs=None):
+            if self._total is None:
+                params = getattr(self, "params", None) or {}
+                epochs, steps = params.get("epochs"), params.get("steps")
+                if epochs and steps:
+                    self._total = int(epochs) * int(steps)
+
+        def on_train_batch_end(self, batch, logs=None):
+            self._step += 1
+            logs = logs or {}
+            metrics = {}
+            for k in metric_names:
+                if k in logs:
+                    try:
+                        metrics[k] = float(logs[k])
+                    except (TypeError, ValueError):
+                        pass
+            report_progress(self._step, self._total, **metrics)
+
+        def on_train_end(self, logs=None):
+            # Make sure the last step is on record even if rate-limited.
+            _reporter._last_write = 0.0
+            report_progress(self._step, self._total or self._step)
+
+    return ProgressCallback()

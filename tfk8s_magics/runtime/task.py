@@ -1,0 +1,120 @@
+"""Entry point of every task, local process or pod: ``python -m tfk8s_magics.runtime.task``.
+
+It reads its role from ``TF_CONFIG`` and either
+
+* runs the training script named by ``TFK8S_SCRIPT`` (between-graph workers,
+  chief, evaluator), or
+* starts a ``tf.distribute.Server`` and serves until stopped (parameter
+  servers, and every task of an in-graph cluster).
+
+Readiness is signalled precisely, never guessed: a server is ready once
+``Server(start=True)`` returned (its port is bound); a script task once
+TensorFlow is imported and the script is about to run.  The signal is a
+line on the file descriptor ``TFK8S_READY_FD`` (local backend) and/or a file
+at ``TFK8S_READY_FILE`` (a Kubernetes exec probe can test it).
+
+Exit codes: 0 success; 1 the script raised; :data:`EXIT_SCRIPT_BROKEN` the
+script could not be compiled or failed on an import, which no restart can
+fix; anything else is the script's own ``sys.exit`` code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import traceback
+
+#: The script cannot run at all (syntax error, missing module): do not restart it.
+EXIT_SCRIPT_BROKEN = 3
+
+
+def signal_ready() -> None:
+    """Tell whoever supervises this task that it is ready."""
+    fd = os.environ.pop("TFK8S_READY_FD", None)
+    if fd:
+        try:
+            os.write(int(fd), b"ready\n")
+            os.close(int(fd))
+        except OSError:
+            pass  # the supervisor is gone; our parent-death signal will end us
+    path = os.environ.get("TFK8S_READY_FILE")
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(str(os.getpid()))
+
+
+def run_server(tf_config: dict) -> int:
+    """Serve as one task of the cluster until killed."""
+    import tensorflow as tf
+
+    task = tf_config["task"]
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec(tf_config["cluster"]),
+        job_name=task["type"],
+        task_index=int(task["index"]),
+        protocol="grpc",
+        start=True,
+    )
+    print(f"tfk8s: {task['type']}-{task['index']} serving at {server.target}", flush=True)
+    signal_ready()
+    server.join()  # parameter servers are stopped from outside (grace period + SIGTERM)
+    return 0
+
+
+def run_script(path: str) -> int:
+    """Run the training script as ``__main__``; map its outcome to an exit code."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            code = compile(f.read(), path, "exec")
+    except (OSError, SyntaxError, ValueError) as e:
+        print(f"tfk8s: the training script cannot be compiled: {e}", file=sys.stderr, flush=True)
+        return EXIT_SCRIPT_BROKEN
+    del code
+    import tensorflow  # noqa: F401  (imported before "ready": starting = importing TF)
+
+    # Like the notebook the script came from: its working dir is importable.
+    sys.path.insert(0, os.getcwd())
+    sys.argv = [path]
+    signal_ready()
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:
+        if e.code is None:
+            return 0
+        if isinstance(e.code, int):
+            return e.code
+        print(e.code, file=sys.stderr)
+        return 1
+    except ImportError:
+        traceback.print_exc()
+        print("tfk8s: the training script failed on an import; restarting cannot fix it.",
+              file=sys.stderr, flush=True)
+        return EXIT_SCRIPT_BROKEN
+    except BaseException:  # noqa: BLE001 - report any failure of user code as exit 1
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def main() -> int:
+    """Run this task according to its environment."""
+    tf_config = json.loads(os.environ["TF_CONFIG"])
+    script = os.environ.get("TFK8S_SCRIPT")
+    code = run_script(script) if script else run_server(tf_config)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+if __name__ == "__main__":
+    import atexit
+
+    rc = main()
+    # Run the script's exit handlers, then leave without joining threads:
+    # TensorFlow's gRPC threads can hang an orderly interpreter shutdown.
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)

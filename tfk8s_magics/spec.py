@@ -1,0 +1,365 @@
+"""The cluster spec: one typed, validated description of a TensorFlow cluster.
+
+Every backend builds from a :class:`ClusterSpec` and nothing else, so a
+spec that validates here is a cluster every backend can run.  Validation
+happens once, when the spec is made, and each failure is one
+:class:`~tfk8s_magics.errors.SpecError` sentence saying what was wrong, the
+value given and what to do instead.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+from .errors import SpecError
+
+#: Replication modes.  ``between``: every worker runs the script.
+#: ``in-graph``: only servers run; the notebook kernel is the client.
+BETWEEN = "between"
+IN_GRAPH = "in-graph"
+MODES = (BETWEEN, IN_GRAPH)
+_MODE_ALIASES = {
+    "between": BETWEEN,
+    "between-graph": BETWEEN,
+    "between_graph": BETWEEN,
+    "in-graph": IN_GRAPH,
+    "in_graph": IN_GRAPH,
+    "ingraph": IN_GRAPH,
+}
+
+#: Task roles, in the order tasks are listed and started.
+ROLES = ("chief", "ps", "worker", "evaluator")
+
+#: A cluster name must leave room for ``-evaluator-0`` style suffixes in a
+#: 63-character Kubernetes name, so it is shorter than a DNS label.
+MAX_NAME_LENGTH = 40
+MAX_REPLICAS = 256
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Set by the platform for every task; a user may not override them.
+RESERVED_ENV = frozenset(
+    {
+        "TF_CONFIG",
+        "TFK8S_TASK",
+        "TFK8S_CLUSTER",
+        "TFK8S_LOG_DIR",
+        "TFK8S_DATA_DIR",
+        "TFK8S_CHECKPOINT_DIR",
+        "TFK8S_PROGRESS_FILE",
+        "TFK8S_READY_FD",
+    }
+)
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
+
+
+@dataclass(frozen=True, order=True)
+class Task:
+    """One task of a cluster: a role and an index, named ``worker-1``."""
+
+    role: str
+    index: int
+
+    @property
+    def name(self) -> str:
+        """The task's name, ``<role>-<index>``: ``ps-0``, ``worker-1``."""
+        return f"{self.role}-{self.index}"
+
+    @classmethod
+    def parse(cls, name: str) -> "Task":
+        """Parse ``worker-1`` into ``Task("worker", 1)``."""
+        role, sep, index = name.rpartition("-")
+        if not sep or role not in ROLES or not index.isdigit():
+            raise SpecError(
+                f"{name!r} is not a task name: use <role>-<index> with a role among "
+                f"{', '.join(ROLES)}, for example 'worker-0' or 'ps-1'."
+            )
+        return cls(role, int(index))
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one task asks for.  Used by the Kubernetes backend; the local
+    backend records it but cannot enforce it."""
+
+    cpu: str | None = None
+    memory: str | None = None
+    gpus: int = 0
+
+    def __post_init__(self) -> None:
+        for what, value in (("cpu", self.cpu), ("memory", self.memory)):
+            if value is not None and not _QUANTITY.match(str(value)):
+                raise SpecError(
+                    f"{what} {value!r} is not a Kubernetes quantity: use e.g. "
+                    f"{'500m or 2' if what == 'cpu' else '512Mi or 4Gi'}."
+                )
+        if not isinstance(self.gpus, int) or isinstance(self.gpus, bool) or self.gpus < 0:
+            raise SpecError(f"gpus must be a whole number ≥ 0, got {self.gpus!r}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def normalize_mode(mode: str) -> str:
+    """Map a user's spelling of a mode to ``between`` or ``in-graph``."""
+    key = str(mode).strip().lower()
+    if key not in _MODE_ALIASES:
+        raise SpecError(
+            f"unknown mode {mode!r}: use 'between' (every worker runs the script) "
+            f"or 'in-graph' (servers only; this kernel is the client)."
+        )
+    return _MODE_ALIASES[key]
+
+
+def validate_name(name: str) -> str:
+    """Check that ``name`` is a DNS-1123 label short enough for task names."""
+    if not isinstance(name, str) or not name:
+        raise SpecError("a cluster needs a name: give one such as 'mnist'.")
+    if len(name) > MAX_NAME_LENGTH or not _DNS_LABEL.match(name):
+        raise SpecError(
+            f"cluster name {name!r} is not valid: use at most {MAX_NAME_LENGTH} "
+            "lowercase letters, digits and '-', starting with a letter and not "
+            "ending with '-' (for example 'mnist-2')."
+        )
+    return name
+
+
+def check_script(source: str, filename: str = "<cell>") -> None:
+    """Raise :class:`SpecError` if ``source`` does not compile."""
+    try:
+        compile(source, filename, "exec")
+    except SyntaxError as e:
+        raise SpecError(
+            f"the training script does not compile: {e.msg} at {filename} line "
+            f"{e.lineno}; fix the script and launch again."
+        ) from None
+    except ValueError as e:  # e.g. null bytes
+        raise SpecError(f"the training script cannot be read as Python: {e}.") from None
+
+
+def missing_imports(source: str) -> list[str]:
+    """Top-level modules that ``source`` imports and this interpreter lacks.
+
+    Only absolute imports at module level are checked: an import inside a
+    ``try`` or a function may be optional, so it is left to run time.
+    """
+    tree = ast.parse(source)
+    wanted: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            wanted += [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            wanted.append(node.module.split(".")[0])
+    missing = []
+    for module in dict.fromkeys(wanted):
+        if module in sys.builtin_module_names:
+            continue
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(module)
+    return missing
+
+
+def _count(role: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            value = int(str(value), 10)
+        except ValueError:
+            raise SpecError(
+                f"--{role} {value!r} is not a whole number: give a count from {low} to {high}."
+            ) from None
+    if not low <= value <= high:
+        raise SpecError(f"--{role} {value} is out of range: give a count from {low} to {high}.")
+    return value
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A validated description of one TensorFlow cluster.
+
+    ``replicas`` maps each role (``chief``, ``ps``, ``worker``,
+    ``evaluator``) to its task count.  ``script`` is the training script's
+    source: required for between-graph, forbidden for in-graph (there the
+    notebook is the client).  Construction validates everything and raises
+    :class:`SpecError` with one actionable sentence.
+    """
+
+    name: str
+    mode: str = BETWEEN
+    workers: int = 1
+    ps: int = 0
+    chief: int = 0
+    evaluator: int = 0
+    script: str | None = None
+    script_name: str = "<cell>"
+    env: Mapping[str, str] = field(default_factory=dict)
+    resources: Mapping[str, Resources] = field(default_factory=dict)
+    image: str | None = None
+    log_dir: str | None = None
+    data_dir: str | None = None
+    log_claim: str | None = None
+    data_claim: str | None = None
+    restart_budget: int = 2
+    ps_grace_period: float = 30.0
+    legacy_keras: bool = True
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    ttl_after_finished: float | None = None
+    owner: str | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalise in place once
+        set_(self, "name", validate_name(self.name))
+        set_(self, "mode", normalize_mode(self.mode))
+        set_(self, "workers", _count("workers", self.workers, 0, MAX_REPLICAS))
+        set_(self, "ps", _count("ps", self.ps, 0, MAX_REPLICAS))
+        set_(self, "chief", _count("chief", self.chief, 0, 1))
+        set_(self, "evaluator", _count("evaluator", self.evaluator, 0, 1))
+        self._validate_shape()
+        self._validate_env()
+        self._validate_resources()
+        budget = _count("restarts", self.restart_budget, 0, 100)
+        set_(self, "restart_budget", budget)
+        try:
+            grace = float(self.ps_grace_period)
+        except (TypeError, ValueError):
+            grace = -1.0
+        if not 0 <= grace <= 86400:
+            raise SpecError(
+                f"--ps-grace {self.ps_grace_period!r} is not valid: give seconds "
+                "from 0 (stop parameter servers at once) to 86400."
+            )
+        set_(self, "ps_grace_period", grace)
+        if self.ttl_after_finished is not None:
+            ttl = float(self.ttl_after_finished)
+            if ttl < 0:
+                raise SpecError(f"ttl {ttl} must be ≥ 0 seconds.")
+            set_(self, "ttl_after_finished", ttl)
+        set_(self, "tolerations", tuple(dict(t) for t in self.tolerations))
+        set_(self, "node_selector", dict(self.node_selector))
+        for what, claim in (("log claim", self.log_claim), ("data claim", self.data_claim)):
+            if claim is not None and not re.match(r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$", claim):
+                raise SpecError(f"{what} {claim!r} is not a valid PersistentVolumeClaim name.")
+
+    def _validate_shape(self) -> None:
+        if self.mode == IN_GRAPH:
+            if self.script is not None:
+                raise SpecError(
+                    "an in-graph launch takes no cell body or --script: it starts only "
+                    "the servers, and this kernel is the client; run the training code "
+                    "in a normal cell after `%tfcluster connect NAME`."
+                )
+            if self.ps < 1 or self.workers < 1:
+                raise SpecError(
+                    f"an in-graph cluster needs at least 1 ps and 1 worker, got "
+                    f"--ps {self.ps} --workers {self.workers}: give e.g. --ps 1 --workers 2."
+                )
+            if self.chief or self.evaluator:
+                raise SpecError(
+                    "an in-graph cluster has no chief or evaluator task: the notebook "
+                    "kernel is the chief; drop --chief/--evaluator."
+                )
+        else:
+            if self.script is None or not str(self.script).strip():
+                raise SpecError(
+                    "a between-graph launch needs a training script: put it in the cell "
+                    "body of %%tfcluster launch, or give --script PATH."
+                )
+            if self.workers < 1 and not self.chief:
+                raise SpecError(
+                    f"--workers {self.workers}: a between-graph cluster needs at least "
+                    "1 worker (or a chief) to run the script."
+                )
+            check_script(self.script, self.script_name)
+
+    def _validate_env(self) -> None:
+        env = {}
+        for key, value in dict(self.env).items():
+            if not isinstance(key, str) or not _ENV_NAME.match(key):
+                raise SpecError(
+                    f"environment variable name {key!r} is not valid: use letters, "
+                    "digits and '_', not starting with a digit."
+                )
+            if key in RESERVED_ENV:
+                raise SpecError(
+                    f"{key} is set by tfk8s for every task and cannot be overridden; "
+                    "remove it from --env."
+                )
+            env[key] = str(value)
+        object.__setattr__(self, "env", env)
+
+    def _validate_resources(self) -> None:
+        out = {}
+        for role, res in dict(self.resources).items():
+            if role not in ROLES:
+                raise SpecError(
+                    f"resources given for unknown role {role!r}: use one of {', '.join(ROLES)}."
+                )
+            out[role] = res if isinstance(res, Resources) else Resources(**dict(res))
+        object.__setattr__(self, "resources", out)
+
+    # -- derived views -------------------------------------------------
+    def replicas(self) -> dict[str, int]:
+        """Task count per role, roles with no task left out."""
+        counts = {
+            "chief": self.chief,
+            "ps": self.ps,
+            "worker": self.workers,
+            "evaluator": self.evaluator,
+        }
+        return {role: n for role, n in counts.items() if n}
+
+    def tasks(self) -> list[Task]:
+        """Every task, chief first, then ps, worker, evaluator."""
+        return [Task(role, i) for role, n in self.replicas().items() for i in range(n)]
+
+    def iter_tasks(self, role: str) -> Iterator[Task]:
+        """The tasks of one role."""
+        return (Task(role, i) for i in range(self.replicas().get(role, 0)))
+
+    def runs_script(self, task: Task) -> bool:
+        """Whether ``task`` runs the training script (otherwise it is a server)."""
+        return self.mode == BETWEEN and task.role in ("chief", "worker", "evaluator")
+
+    def resources_for(self, role: str) -> Resources:
+        """The resources asked for ``role`` (empty when none were given)."""
+        return self.resources.get(role, Resources())
+
+    def task(self, name: str) -> Task:
+        """Look up a task by name; raise :class:`SpecError` if it is not in the cluster."""
+        from .errors import TaskNotFound
+
+        task = Task.parse(name)
+        if task not in self.tasks():
+            raise TaskNotFound(
+                f"cluster {self.name!r} has no task {name!r}: its tasks are "
+                f"{', '.join(t.name for t in self.tasks())}."
+            )
+        return task
+
+    # -- (de)serialisation --------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; :meth:`from_dict` reverses it."""
+        d = dataclasses.asdict(self)
+        d["resources"] = {r: res.to_dict() for r, res in self.resources.items()}
+        d["tolerations"] = [dict(t) for t in self.tolerations]
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ClusterSpec":
+        """Rebuild (and re-validate) a spec from :meth:`to_dict` output."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["tolerations"] = tuple(kwargs.get("tolerations", ()))
+        return cls(**kwargs)

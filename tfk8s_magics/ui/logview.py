@@ -1,0 +1,116 @@
+"""A live, bounded view of a cluster's logs under a notebook cell.
+
+Lines arrive from the cluster's :class:`~tfk8s_magics.watch.ClusterWatcher`
+on a background thread, so the kernel stays free to run other cells.  In
+a Jupyter kernel they are appended to an ``ipywidgets.Output`` with
+``append_stdout`` (the only way that reaches the browser reliably from a
+thread); elsewhere they are printed.  The view holds at most ``max_lines``
+lines: older ones are dropped from the notebook (the full log stays in the
+task's log file, ``%tfcluster logs NAME``).
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+
+from ..backends import ClusterStatus, LogLine
+from ..watch import ClusterWatcher
+
+
+def widgets_available() -> bool:
+    """Whether this process is a Jupyter kernel able to show ipywidgets."""
+    try:
+        from IPython import get_ipython
+
+        ip = get_ipython()
+        if ip is None or not hasattr(ip, "kernel"):
+            return False
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class LogView:
+    """Shows the live log of a cluster (all tasks, each line prefixed ``[task]``)."""
+
+    def __init__(self, backend, name: str, max_lines: int = 500, tasks: list[str] | None = None,
+                 announce_status: bool = True) -> None:
+        self.backend = backend
+        self.name = name
+        self.max_lines = max_lines
+        self.tasks = set(tasks) if tasks else None
+        self.announce_status = announce_status
+        self.lines: collections.deque[str] = collections.deque(maxlen=max_lines)
+        self.dropped = 0
+        self._shown = 0
+        self._last_phase: str | None = None
+        self._lock = threading.Lock()
+        self.output = None
+        self._unsubscribe = None
+        self.done = threading.Event()
+
+    def show(self) -> "LogView":
+        """Display the view under the current cell and start feeding it."""
+        if widgets_available():
+            import ipywidgets
+            from IPython.display import display
+
+            self.output = ipywidgets.Output(layout={"max_height": "24em", "overflow": "auto"})
+            self.output.add_class("tfk8s-logview")
+            display(self.output)
+        watcher = ClusterWatcher.of(self.backend, self.name)
+        self._unsubscribe = watcher.subscribe(
+            on_status=self._on_status if self.announce_status else None, on_logs=self._on_logs
+        )
+        threading.Thread(target=self._await_end, args=(watcher,), daemon=True).start()
+        return self
+
+    def _await_end(self, watcher: ClusterWatcher) -> None:
+        watcher.logs_done.wait()
+        watcher.status_done.wait()
+        if self._unsubscribe:
+            self._unsubscribe()
+        self.done.set()
+
+    def close(self) -> None:
+        """Stop updating."""
+        if self._unsubscribe:
+            self._unsubscribe()
+        self.done.set()
+
+    def _on_status(self, st: ClusterStatus) -> None:
+        if st.phase != self._last_phase:
+            self._last_phase = st.phase
+            reason = f" — {st.reason}" if st.reason else ""
+            self._emit([f"[tfk8s] {st.name}: {st.phase}{reason}"])
+
+    def _on_logs(self, batch: list[LogLine]) -> None:
+        self._emit([f"[{ln.task}] {ln.text}" for ln in batch if self.tasks is None or ln.task in self.tasks])
+
+    def _emit(self, texts: list[str]) -> None:
+        if not texts:
+            return
+        with self._lock:
+            for t in texts:
+                if len(self.lines) == self.max_lines:
+                    self.dropped += 1
+                self.lines.append(t)
+            chunk = "\n".join(texts) + "\n"
+            if self.output is None:
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+                return
+            self._shown += len(texts)
+            if self._shown > 2 * self.max_lines:
+                # Re-base the widget on the newest lines: what it holds stays bounded.
+                head = (f"… {self.dropped} earlier lines are in the log files "
+                        f"(%tfcluster logs {self.name})\n")
+                self.output.outputs = (
+                    {"output_type": "stream", "name": "stdout", "text": head + "\n".join(self.lines) + "\n"},
+                )
+                self._shown = len(self.lines)
+            else:
+                self.output.append_stdout(chunk)

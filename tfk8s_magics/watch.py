@@ -1,0 +1,184 @@
+"""One watcher per cluster, feeding every view of it in this process.
+
+A :class:`ClusterWatcher` runs two daemon threads — one following the
+cluster's status (``Backend.watch``), one its logs
+(``Backend.follow_logs``) — and hands what they see to subscribers: the
+live log view under a launch cell, the dashboard, the cluster list.
+However many views show a cluster, the backend is watched once.
+Subscribers get log lines in batches (at most every ``LOG_BATCH_INTERVAL``)
+so a chatty cluster costs one update per batch, not one per line.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Callable
+
+from .backends import Backend, ClusterStatus, LogLine
+
+StatusCallback = Callable[[ClusterStatus], None]
+LogsCallback = Callable[[list[LogLine]], None]
+
+#: Seconds between log batches handed to subscribers.
+LOG_BATCH_INTERVAL = 0.1
+#: Log lines kept in memory per task, for views that subscribe late.
+HISTORY_LINES = 1000
+
+
+class ClusterWatcher:
+    """Watches one cluster; see the module docstring.  Get one with :meth:`of`."""
+
+    _registry: dict[tuple[str, int, str], "ClusterWatcher"] = {}
+    _registry_lock = threading.Lock()
+
+    def __init__(self, backend: Backend, name: str) -> None:
+        self.backend = backend
+        self.name = name
+        self.status: ClusterStatus | None = None
+        self.history: dict[str, collections.deque[LogLine]] = {}
+        self._status_subs: list[StatusCallback] = []
+        self._log_subs: list[LogsCallback] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._pending: list[LogLine] = []
+        self._threads = [
+            threading.Thread(target=self._run_status, name=f"tfk8s-status-{name}", daemon=True),
+            threading.Thread(target=self._run_logs, name=f"tfk8s-logs-{name}", daemon=True),
+            threading.Thread(target=self._run_flush, name=f"tfk8s-flush-{name}", daemon=True),
+        ]
+        self._has_pending = threading.Event()
+        self.logs_done = threading.Event()
+        self.status_done = threading.Event()
+
+    @classmethod
+    def of(cls, backend: Backend, name: str) -> "ClusterWatcher":
+        """The running watcher of ``name`` on ``backend``, started if needed."""
+        key = (backend.name, id(backend), name)
+        with cls._registry_lock:
+            w = cls._registry.get(key)
+            if w is None or w._stop.is_set() or (w.logs_done.is_set() and w.status_done.is_set()
+                                                 and not _same_cluster(w)):
+                w = cls(backend, name)
+                cls._registry[key] = w
+                for t in w._threads:
+                    t.start()
+            return w
+
+    @classmethod
+    def forget(cls, backend: Backend, name: str) -> None:
+        """Stop and drop the watcher of a cluster (it is being deleted)."""
+        with cls._registry_lock:
+            w = cls._registry.pop((backend.name, id(backend), name), None)
+        if w is not None:
+            w.close()
+
+    # -- subscriptions -------------------------------------------------------
+    def subscribe(
+        self,
+        on_status: StatusCallback | None = None,
+        on_logs: LogsCallback | None = None,
+        replay: bool = True,
+    ) -> Callable[[], None]:
+        """Register callbacks; with ``replay``, get the current status and log history first.
+
+        Returns a function that unsubscribes.  Callbacks run on the
+        watcher's threads and must not block.
+        """
+        with self._lock:
+            if on_status:
+                self._status_subs.append(on_status)
+            if on_logs:
+                self._log_subs.append(on_logs)
+            status = self.status
+            history = sorted((line for q in self.history.values() for line in q), key=lambda x: x.time)
+        if replay:
+            if on_status and status is not None:
+                on_status(status)
+            if on_logs and history:
+                on_logs(history)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if on_status in self._status_subs:
+                    self._status_subs.remove(on_status)
+                if on_logs in self._log_subs:
+                    self._log_subs.remove(on_logs)
+
+        return unsubscribe
+
+    def close(self) -> None:
+        """Stop both threads (they end on their own when the cluster ends)."""
+        self._stop.set()
+
+    @property
+    def running(self) -> bool:
+        return any(t.is_alive() for t in self._threads)
+
+    # -- threads -------------------------------------------------------------
+    def _run_status(self) -> None:
+        try:
+            for st in self.backend.watch(self.name, self._stop):
+                with self._lock:
+                    self.status = st
+                    subs = list(self._status_subs)
+                for cb in subs:
+                    _safe(cb, st)
+        except Exception:  # noqa: BLE001 - the cluster was deleted under us
+            pass
+        finally:
+            self.status_done.set()
+
+    def _run_logs(self) -> None:
+        try:
+            for line in self.backend.follow_logs(self.name, self._stop):
+                with self._lock:
+                    self._pending.append(line)
+                self._has_pending.set()
+        except Exception:  # noqa: BLE001 - the cluster was deleted under us
+            pass
+        finally:
+            self.logs_done.set()
+            self._has_pending.set()
+
+    def _run_flush(self) -> None:
+        # The first line after a quiet spell goes out at once; a burst is
+        # then gathered for LOG_BATCH_INTERVAL so views update per batch.
+        while True:
+            self._has_pending.wait()
+            self._has_pending.clear()
+            self._flush()
+            if self.logs_done.is_set():
+                self._flush()
+                return
+            time.sleep(LOG_BATCH_INTERVAL)
+
+    def _flush(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, []
+            if not batch:
+                return
+            for line in batch:
+                self.history.setdefault(line.task, collections.deque(maxlen=HISTORY_LINES)).append(line)
+            subs = list(self._log_subs)
+        for cb in subs:
+            _safe(cb, batch)
+
+
+def _same_cluster(w: ClusterWatcher) -> bool:
+    """Whether a finished watcher still describes the cluster now under that name."""
+    try:
+        st = w.backend.status(w.name)
+    except Exception:  # noqa: BLE001
+        return False
+    return w.status is not None and st.created == w.status.created
+
+
+def _safe(cb, arg) -> None:
+    try:
+        cb(arg)
+    except Exception:  # noqa: BLE001 - one broken view must not stop the others
+        import traceback
+
+        traceback.print_exc()
