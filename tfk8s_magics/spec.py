@@ -237,7 +237,7 @@ class ClusterSpec:
             grace = -1.0
         if not 0 <= grace <= 86400:
             raise SpecError(
-                f"--ps-grace {self.ps_grace_period!r} is not valid: give seconds "
+                f"--ps-grace {self.ps_grace_period} is not valid: give seconds "
                 "from 0 (stop parameter servers at once) to 86400."
             )
         set_(self, "ps_grace_period", grace)

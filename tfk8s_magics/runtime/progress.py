@@ -15,6 +15,7 @@ Where the records go is decided by the task's environment:
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -36,19 +37,19 @@ class _Reporter:
         self._first: tuple[float, int] | None = None
         self._last_write = 0.0
         self._file = None
+        self._held: str | None = None  # the newest record, not yet written (rate limit)
+        self._timer: threading.Timer | None = None
 
     def _sink_path(self) -> str | None:
         return os.environ.get("TFK8S_PROGRESS_FILE") or None
 
     def report(self, step: int, total: int | None, metrics: dict[str, Any]) -> bool:
+        if not (self._sink_path() or os.environ.get("TFK8S_TASK")):
+            return False
         now = time.time()
         with self._lock:
             if self._first is None or step < self._first[1]:
                 self._first = (now, step)
-            done = total is not None and step >= total
-            if not done and now - self._last_write < 1.0 / MAX_RATE_HZ:
-                return False
-            self._last_write = now
             t0, s0 = self._first
             rate = (step - s0) / (now - t0) if now > t0 and step > s0 else None
             record = {
@@ -60,28 +61,56 @@ class _Reporter:
                 "time": now,
             }
             line = json.dumps(record, separators=(",", ":"))
-            path = self._sink_path()
-            if path:
-                if self._file is None or self._file.name != path:
-                    self._file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
-                self._file.write(line + "\n")
-            elif os.environ.get("TFK8S_TASK"):
-                sys.stdout.write(STDOUT_MARKER + line + "\n")
-                sys.stdout.flush()
-            else:
-                return False
-            return True
+            done = total is not None and step >= total
+            wait = 1.0 / MAX_RATE_HZ - (now - self._last_write)
+            if done or wait <= 0:
+                self._write(line, now)
+                return True
+            # Rate-limited: keep the newest record and write it when the limit allows,
+            # so a pause in training never leaves a stale step on display.
+            self._held = line
+            if self._timer is None:
+                self._timer = threading.Timer(wait, self._flush_held)
+                self._timer.daemon = True
+                self._timer.start()
+            return False
+
+    def _flush_held(self) -> None:
+        with self._lock:
+            self._timer = None
+            if self._held is not None:
+                self._write(self._held, time.time())
+
+    def _write(self, line: str, now: float) -> None:
+        self._held = None
+        self._last_write = now
+        path = self._sink_path()
+        if path:
+            if self._file is None or self._file.name != path:
+                self._file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+            self._file.write(line + "\n")
+        else:
+            sys.stdout.write(STDOUT_MARKER + line + "\n")
+            sys.stdout.flush()
+
+    def flush(self) -> None:
+        """Write the held record now (at exit, or at the end of training)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._flush_held()
 
 
 _reporter = _Reporter()
+atexit.register(_reporter.flush)
 
 
 def report_progress(step: int, total: int | None = None, **metrics: float) -> bool:
     """Report that training reached ``step`` of ``total``, with optional metrics.
 
     Call it as often as you like: records are rate-limited to a few per
-    second (the final step is always kept).  Returns whether this call was
-    recorded.  Outside a tfk8s task it is a no-op returning False.
+    second, and the newest one is always written (at most 0.2 s later).  Returns whether this call was
+    written at once (False: held back by the rate limit, or outside a tfk8s
+    task, where it does nothing).
 
     >>> report_progress(120, total=1000, loss=0.31)  # doctest: +SKIP
     """
@@ -140,8 +169,7 @@ def progress_callback(total: int | None = None, metric_names: tuple[str, ...] = 
             report_progress(self._step, self._total, **metrics)
 
         def on_train_end(self, logs=None):
-            # Make sure the last step is on record even if rate-limited.
-            _reporter._last_write = 0.0
             report_progress(self._step, self._total or self._step)
+            _reporter.flush()
 
     return ProgressCallback()

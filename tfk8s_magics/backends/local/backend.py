@@ -113,7 +113,7 @@ class LocalBackend(Backend):
                 f"a cluster named {spec.name!r} already exists: pick another name, or remove it "
                 f"first with %tfcluster delete {spec.name}."
             ) from None
-        created: list[Path] = [cdir.root]
+        created: list[Path] = [cdir.root]  # removed again if the launch fails
         sup: subprocess.Popen | None = None
         try:
             log_dir = Path(spec.log_dir).expanduser().resolve() if spec.log_dir else cdir.default_log_dir
@@ -140,7 +140,6 @@ class LocalBackend(Backend):
                 "workdir": os.getcwd(),
                 "log_dir": str(log_dir),
                 "data_dir": str(data_dir),
-                "owned_dirs": [str(p) for p in created],
             }
             write_json_atomic(cdir.record, record)
             with open(cdir.supervisor_log, "ab") as out:
@@ -340,10 +339,7 @@ class LocalBackend(Backend):
             shutil.move(str(log_dir), str(kept))
         elif keep_logs:
             kept = log_dir
-        for owned in record.get("owned_dirs", []):
-            path = Path(owned)
-            if not (keep_logs and _inside(log_dir, path)) and path != cdir.root:
-                shutil.rmtree(path, ignore_errors=True)
+        # A log or data dir the user named is theirs: only the cluster dir goes.
         shutil.rmtree(cdir.root, ignore_errors=True)
         return kept
 

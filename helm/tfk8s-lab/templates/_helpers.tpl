@@ -1,0 +1,43 @@
+{{/* The release-scoped name prefix of every object. */}}
+{{- define "tfk8s-lab.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels that select one component's pods. Call with (dict "root" . "component" "hub"). */}}
+{{- define "tfk8s-lab.selectorLabels" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Every label of one component's objects. */}}
+{{- define "tfk8s-lab.labels" -}}
+{{ include "tfk8s-lab.selectorLabels" . }}
+app.kubernetes.io/part-of: tfk8s-lab
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+{{- end -}}
+
+{{- define "tfk8s-lab.hub.name" -}}{{ include "tfk8s-lab.fullname" . }}-hub{{- end -}}
+{{- define "tfk8s-lab.proxyApi.name" -}}{{ include "tfk8s-lab.fullname" . }}-proxy-api{{- end -}}
+{{- define "tfk8s-lab.proxyPublic.name" -}}{{ include "tfk8s-lab.fullname" . }}-proxy-public{{- end -}}
+{{- define "tfk8s-lab.secret.name" -}}{{ include "tfk8s-lab.fullname" . }}-hub-secret{{- end -}}
+
+{{/* The hub's values file: {"lab": LabSettings traits, "hub": what tfk8s_hub.hub.configure_hub reads}. */}}
+{{- define "tfk8s-lab.hubValues" -}}
+{{- $hub := dict
+      "hubService" (include "tfk8s-lab.hub.name" .)
+      "proxyApiService" (include "tfk8s-lab.proxyApi.name" .)
+      "dbUrl" .Values.hub.db.url
+      "baseUrl" .Values.hub.baseUrl
+      "extraConfig" .Values.hub.extraConfig
+      "auth" (dict "class" .Values.auth.class "adminUsers" .Values.auth.adminUsers "allowedUsers" .Values.auth.allowedUsers "allowAll" .Values.auth.allowAll) -}}
+{{- $lab := deepCopy .Values.lab -}}
+{{- $_ := set $lab "hub_namespace" .Release.Namespace -}}
+{{- dict "lab" $lab "hub" $hub | toPrettyJson -}}
+{{- end -}}

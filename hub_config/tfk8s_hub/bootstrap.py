@@ -1,0 +1,225 @@
+"""What the hub creates in a user's namespace besides what KubeSpawner does.
+
+KubeSpawner (``enable_user_namespaces``) creates the namespace, the home PVC
+and the pod; it creates no ServiceAccount, no RBAC, no quota and no network
+policy.  The functions here build those objects as plain dicts from one typed
+:class:`BootstrapSpec` and a namespace name -- no I/O, no cluster -- so they
+are tested against literal dicts and validated against the Kubernetes
+schemas.  :mod:`tfk8s_hub.spawner` applies them.
+
+The Role is the extension's own (``tfk8s_magics.backends.kubernetes.rbac``):
+the backend that needs the permissions is the one place that lists them.
+Nothing here is cluster-scoped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tfk8s_magics.backends.kubernetes.rbac import backend_role, backend_role_binding
+
+Manifest = dict[str, Any]
+
+#: Labels of every bootstrap object (what ``kubectl get -l`` finds them by).
+BOOTSTRAP_LABELS = {
+    "app.kubernetes.io/part-of": "tfk8s-lab",
+    "app.kubernetes.io/managed-by": "tfk8s-lab-hub",
+}
+
+#: Hub and proxy pods carry this label (as in zero-to-jupyterhub): user pods accept them.
+HUB_ACCESS_LABEL = "hub.jupyter.org/network-access-singleuser"
+#: The hub pod's component label: notebook servers call the hub API on :data:`HUB_API_PORT`.
+HUB_COMPONENT = {"app.kubernetes.io/component": "hub"}
+HUB_API_PORT = 8081
+
+#: Address ranges that are never "the internet": pods, services, nodes, cloud metadata.
+PRIVATE_CIDRS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16")
+
+NETWORK_POLICY_NAME = "tfk8s-user-isolation"
+QUOTA_NAME = "tfk8s-quota"
+LIMIT_RANGE_NAME = "tfk8s-limits"
+
+
+@dataclass(frozen=True)
+class BootstrapSpec:
+    """Everything the bootstrap objects depend on (see :class:`~tfk8s_hub.settings.LabSettings`)."""
+
+    hub_namespace: str = "default"
+    service_account: str = "tfk8s-user"
+    role_name: str = "tfk8s-backend"
+    quota: dict[str, str] = field(default_factory=dict)
+    default_limits: dict[str, str] = field(default_factory=dict)
+    default_requests: dict[str, str] = field(default_factory=dict)
+    max_limits: dict[str, str] = field(default_factory=dict)
+    network_policy: bool = True
+    allow_internet: bool = True
+    api_server_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
+    api_server_ports: tuple[int, ...] = (443, 6443)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> BootstrapSpec:
+        """The spec of a :class:`~tfk8s_hub.settings.LabSettings` instance."""
+        return cls(
+            hub_namespace=settings.hub_namespace,
+            service_account=settings.service_account,
+            role_name=settings.role_name,
+            quota=dict(settings.quota),
+            default_limits=dict(settings.default_limits),
+            default_requests=dict(settings.default_requests),
+            max_limits=dict(settings.max_limits),
+            network_policy=settings.network_policy,
+            allow_internet=settings.allow_internet,
+            api_server_cidrs=tuple(settings.api_server_cidrs),
+            api_server_ports=tuple(settings.api_server_ports),
+        )
+
+
+def _meta(name: str, namespace: str) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": dict(BOOTSTRAP_LABELS)}
+
+
+def service_account(spec: BootstrapSpec, namespace: str) -> Manifest:
+    """The ServiceAccount the notebook (and so the extension's backend) runs as."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(spec.service_account, namespace),
+    }
+
+
+def role(spec: BootstrapSpec, namespace: str) -> Manifest:
+    """The backend's Role, limited to ``namespace``."""
+    obj = backend_role(namespace, name=spec.role_name)
+    obj["metadata"]["labels"] = {**obj["metadata"].get("labels", {}), **BOOTSTRAP_LABELS}
+    return obj
+
+
+def role_binding(spec: BootstrapSpec, namespace: str) -> Manifest:
+    """Binds the backend's Role to the user's ServiceAccount, in ``namespace`` only."""
+    obj = backend_role_binding(namespace, spec.service_account, role_name=spec.role_name)
+    obj["metadata"]["labels"] = {**obj["metadata"].get("labels", {}), **BOOTSTRAP_LABELS}
+    return obj
+
+
+def resource_quota(spec: BootstrapSpec, namespace: str) -> Manifest | None:
+    """The namespace's ResourceQuota (None when the administrator set no quota)."""
+    if not spec.quota:
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": _meta(QUOTA_NAME, namespace),
+        "spec": {"hard": dict(spec.quota)},
+    }
+
+
+def limit_range(spec: BootstrapSpec, namespace: str) -> Manifest | None:
+    """Per-container defaults (and maximums), so pods without limits pass a limits quota."""
+    limits: dict[str, Any] = {"type": "Container"}
+    if spec.default_limits:
+        limits["default"] = dict(spec.default_limits)
+    if spec.default_requests:
+        limits["defaultRequest"] = dict(spec.default_requests)
+    if spec.max_limits:
+        limits["max"] = dict(spec.max_limits)
+    if len(limits) == 1:
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "LimitRange",
+        "metadata": _meta(LIMIT_RANGE_NAME, namespace),
+        "spec": {"limits": [limits]},
+    }
+
+
+def _hub_namespace_selector(spec: BootstrapSpec) -> dict[str, Any]:
+    return {"matchLabels": {"kubernetes.io/metadata.name": spec.hub_namespace}}
+
+
+def network_policy(spec: BootstrapSpec, namespace: str) -> Manifest | None:
+    """Isolate the user's namespace: in from itself and the hub/proxy, out to itself and services.
+
+    Ingress: pods of the same namespace (the notebook reaches its TensorFlow
+    pods, tasks reach each other) and the hub namespace's pods labelled
+    :data:`HUB_ACCESS_LABEL` (proxy and hub reach the notebook).  Every other
+    namespace is denied -- which is what keeps users apart, since each user
+    namespace carries this policy.
+
+    Egress: the same namespace, the hub API, DNS in ``kube-system``, the
+    Kubernetes API server (``api_server_cidrs`` x ``api_server_ports``), and,
+    if ``allow_internet``, public addresses (private ranges and the cloud
+    metadata address excluded).
+    """
+    if not spec.network_policy:
+        return None
+    same_namespace = {"podSelector": {}}
+    egress: list[dict[str, Any]] = [
+        {"to": [dict(same_namespace)]},
+        {
+            "to": [
+                {
+                    "namespaceSelector": _hub_namespace_selector(spec),
+                    "podSelector": {"matchLabels": dict(HUB_COMPONENT)},
+                }
+            ],
+            "ports": [{"protocol": "TCP", "port": HUB_API_PORT}],
+        },
+        {
+            "to": [
+                {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
+                    }
+                }
+            ],
+            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+        },
+    ]
+    if spec.api_server_cidrs and spec.api_server_ports:
+        egress.append(
+            {
+                "to": [{"ipBlock": {"cidr": cidr}} for cidr in spec.api_server_cidrs],
+                "ports": [{"protocol": "TCP", "port": p} for p in spec.api_server_ports],
+            }
+        )
+    if spec.allow_internet:
+        egress.append({"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": list(PRIVATE_CIDRS)}}]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(NETWORK_POLICY_NAME, namespace),
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [
+                {
+                    "from": [
+                        dict(same_namespace),
+                        {
+                            "namespaceSelector": _hub_namespace_selector(spec),
+                            "podSelector": {"matchLabels": {HUB_ACCESS_LABEL: "true"}},
+                        },
+                    ]
+                }
+            ],
+            "egress": egress,
+        },
+    }
+
+
+def bootstrap_objects(spec: BootstrapSpec, namespace: str) -> list[Manifest]:
+    """Every object of a user namespace, in the order they must be applied.
+
+    The ServiceAccount comes before the pod that names it, the Role before
+    its binding, the quota's LimitRange before any pod that relies on defaults.
+    """
+    built = [
+        service_account(spec, namespace),
+        role(spec, namespace),
+        role_binding(spec, namespace),
+        limit_range(spec, namespace),
+        resource_quota(spec, namespace),
+        network_policy(spec, namespace),
+    ]
+    return [obj for obj in built if obj is not None]

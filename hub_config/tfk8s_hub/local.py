@@ -1,0 +1,145 @@
+"""The one-machine profile: a real JupyterHub on 127.0.0.1, no Kubernetes.
+
+Users' servers are local processes (``SimpleLocalProcessSpawner``), each
+with its own home and extension state under the lab directory::
+
+    <lab_dir>/users/<name>/home      HOME and notebook directory
+    <lab_dir>/users/<name>/tfk8s     TFK8S_STATE_DIR: the user's local clusters
+    <lab_dir>/users/<name>/ipython   IPYTHONDIR: loads the extension in every kernel
+
+The extension runs on its ``local`` backend.  When a server stops, the
+post-stop hook stops the user's clusters through the extension's public
+backend API, then ends any process still carrying the user's state dir in
+its environment (a detached TensorBoard, a task whose supervisor was killed).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .settings import LabSettings
+
+#: The IPython profile every local kernel gets (loads ``tfk8s_magics``).
+IPYTHON_PROFILE = Path(__file__).resolve().parent.parent / "ipython" / "profile_default"
+
+
+def user_dirs(lab_dir: Path, username: str) -> dict[str, Path]:
+    """The per-user directories of the local profile."""
+    root = lab_dir / "users" / username
+    return {"home": root / "home", "state": root / "tfk8s", "ipython": root / "ipython"}
+
+
+def local_environment(settings: LabSettings, lab_dir: Path, username: str) -> dict[str, str]:
+    """Environment of a user's local server: the extension on the local backend, preloaded."""
+    dirs = user_dirs(lab_dir, username)
+    env = settings.extension_environment()
+    env.update(
+        {
+            "TFK8S_BACKEND": "local",
+            "TFK8S_STATE_DIR": str(dirs["state"]),
+            "IPYTHONDIR": str(dirs["ipython"]),
+        }
+    )
+    return env
+
+
+def prepare_user(lab_dir: Path, username: str) -> dict[str, Path]:
+    """Create the user's directories and install the IPython profile that loads the extension."""
+    dirs = user_dirs(lab_dir, username)
+    for path in dirs.values():
+        path.mkdir(parents=True, exist_ok=True)
+    profile = dirs["ipython"] / "profile_default"
+    profile.mkdir(exist_ok=True)
+    shutil.copyfile(IPYTHON_PROFILE / "ipython_config.py", profile / "ipython_config.py")
+    return dirs
+
+
+def _processes_of(state_dir: Path) -> list[Any]:
+    import psutil
+
+    wanted = str(state_dir)
+    me = os.getpid()
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == me:
+            continue
+        try:
+            if proc.environ().get("TFK8S_STATE_DIR") == wanted:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def stop_local_clusters(state_dir: Path, grace: float = 5.0) -> list[str]:
+    """Stop every cluster under ``state_dir``, then end leftover processes; return what was stopped.
+
+    The extension already stops non-detached clusters when their kernel
+    exits; this also catches detached clusters and their TensorBoards.
+    """
+    import psutil
+
+    stopped = []
+    if (state_dir / "clusters").is_dir():
+        from tfk8s_magics.backends.local import LocalBackend
+
+        backend = LocalBackend(state_dir=state_dir)
+        for status in backend.list_clusters():
+            if not status.terminal:
+                backend.stop(status.name)
+                stopped.append(status.name)
+    leftovers = _processes_of(state_dir)
+    for proc in leftovers:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(leftovers, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    stopped.extend(f"pid {p.pid}" for p in leftovers)
+    return stopped
+
+
+def make_pre_spawn_hook(settings: LabSettings, lab_dir: Path) -> Callable[[Any], None]:
+    """A ``Spawner.pre_spawn_hook``: per-user directories, home and environment."""
+
+    def prepare(spawner: Any) -> None:
+        name = spawner.user.name
+        dirs = prepare_user(lab_dir, name)
+        spawner.home_dir = str(dirs["home"])
+        spawner.notebook_dir = str(dirs["home"])
+        # a new dict: the configured one may be shared by every spawner
+        spawner.environment = {**spawner.environment, **local_environment(settings, lab_dir, name)}
+
+    return prepare
+
+
+def make_post_stop_hook(settings: LabSettings, lab_dir: Path) -> Callable[[Any], Any]:
+    """A ``Spawner.post_stop_hook`` that stops the user's local clusters (if configured)."""
+
+    async def stop_user_clusters(spawner: Any) -> None:
+        if not settings.stop_clusters_on_stop:
+            return
+        import asyncio
+
+        state = user_dirs(lab_dir, spawner.user.name)["state"]
+        t0 = time.monotonic()
+        stopped = await asyncio.to_thread(stop_local_clusters, state)
+        spawner.log.info(
+            "tfk8s: stopped %s of %s in %.1fs",
+            ", ".join(stopped) or "nothing",
+            spawner.user.name,
+            time.monotonic() - t0,
+        )
+
+    return stop_user_clusters

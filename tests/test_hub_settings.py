@@ -1,0 +1,87 @@
+"""Admin settings: traitlets with help, validation, and the chart's JSON values file."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from traitlets import TraitError
+from traitlets.config import Config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hub_config"))
+
+from tfk8s_hub.settings import LabSettings, load_values_file  # noqa: E402
+
+
+def test_every_setting_has_help():
+    for name, trait in LabSettings.class_own_traits(config=True).items():
+        assert trait.help and len(trait.help) > 20, name
+
+
+def test_defaults():
+    s = LabSettings()
+    assert s.storage_class == "glusterfs"
+    assert s.default_backend == "kubernetes"
+    assert s.stop_clusters_on_stop is True
+    assert s.extension_environment() == {
+        "TFK8S_BACKEND": "kubernetes",
+        "TFK8S_IMAGE": "tfk8s/tensorflow-task:0.1.0",
+        "TFK8S_STORAGE_CLASS": "glusterfs",
+        "TF_USE_LEGACY_KERAS": "1",
+    }
+
+
+def test_hub_namespace_from_pod_namespace(monkeypatch):
+    monkeypatch.setenv("POD_NAMESPACE", "lab")
+    assert LabSettings().hub_namespace == "lab"
+
+
+def test_set_the_jupyter_way():
+    c = Config()
+    c.LabSettings.storage_class = "kadalu.gluster"
+    c.LabSettings.legacy_keras = False
+    s = LabSettings(config=c)
+    assert s.storage_class == "kadalu.gluster"
+    assert "TF_USE_LEGACY_KERAS" not in s.extension_environment()
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"quota": {"requests.cpu": "lots"}}, ["quota", "'lots'", "quantity"]),
+        ({"default_limits": {"memory": "4 GB"}}, ["default_limits", "4 GB"]),
+        ({"service_account": "Not_Valid"}, ["service_account", "Not_Valid", "lowercase"]),
+        ({"default_backend": "slurm"}, ["default_backend"]),
+    ],
+)
+def test_bad_values_are_refused_with_the_value_named(kwargs, words):
+    with pytest.raises(TraitError) as err:
+        LabSettings(**kwargs)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_values_file(tmp_path):
+    path = tmp_path / "values.json"
+    path.write_text(
+        json.dumps({"lab": {"storage_class": "cephfs", "quota": {"pods": "5"}}, "hub": {}})
+    )
+    c = Config()
+    assert load_values_file(c, path)["hub"] == {}
+    s = LabSettings(config=c)
+    assert (s.storage_class, s.quota) == ("cephfs", {"pods": "5"})
+
+
+def test_values_file_missing_is_not_an_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("TFK8S_HUB_VALUES", raising=False)
+    assert load_values_file(Config()) == {}
+    assert load_values_file(Config(), tmp_path / "nope.json") == {}
+
+
+def test_values_file_unknown_key_is_named(tmp_path):
+    path = tmp_path / "values.json"
+    path.write_text(json.dumps({"lab": {"storage_clas": "x"}}))
+    with pytest.raises(ValueError, match="storage_clas"):
+        load_values_file(Config(), path)

@@ -1,0 +1,236 @@
+"""The Kubernetes profile: the config loads in a real JupyterHub + KubeSpawner; hooks apply/stop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import kubernetes.client
+import kubernetes_asyncio.client
+import pytest
+from jupyterhub.app import JupyterHub
+from kubespawner import KubeSpawner
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "hub_config"))
+
+from tfk8s_hub.bootstrap import BootstrapSpec, bootstrap_objects  # noqa: E402
+from tfk8s_hub.settings import LabSettings  # noqa: E402
+from tfk8s_hub.spawner import Applier, kubespawner_config, make_modify_pod_hook, make_post_stop_hook  # noqa: E402
+
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters: [{name: none, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: none, user: {token: none}}]
+contexts: [{name: none, context: {cluster: none, user: none}}]
+current-context: none
+"""
+
+
+@pytest.fixture
+def kubeconfig(tmp_path, monkeypatch):
+    """A kubeconfig pointing nowhere: KubeSpawner loads it; nothing here calls it."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG)
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    # read from the environment when kubernetes_asyncio is imported: set it where it is used
+    import kubernetes_asyncio.config.kube_config as kc
+
+    monkeypatch.setattr(kc, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
+    return path
+
+
+def load_hub(config_file: Path, values: dict | None, tmp_path: Path, monkeypatch) -> JupyterHub:
+    """A real JupyterHub application with ``config_file`` loaded (not started)."""
+    if values is not None:
+        vpath = tmp_path / "values.json"
+        vpath.write_text(json.dumps(values))
+        monkeypatch.setenv("TFK8S_HUB_VALUES", str(vpath))
+    monkeypatch.setenv("POD_NAMESPACE", "jhub")
+    app = JupyterHub()
+    app.load_config_file(str(config_file))
+    return app
+
+
+def make_spawner(app: JupyterHub, name: str = "alice") -> KubeSpawner:
+    user = SimpleNamespace(
+        name=name, id=7, url=f"/user/{name}/", server_url=lambda s="": f"/user/{name}/"
+    )
+    hub = SimpleNamespace(
+        public_host="", url="http://hub:8081/hub/", base_url="/", api_url="http://hub:8081/hub/api"
+    )
+
+    async def build():
+        return KubeSpawner(config=app.config, user=user, hub=hub, _mock=True)
+
+    return asyncio.run(build())
+
+
+def test_kubespawner_config_from_settings():
+    cfg = kubespawner_config(
+        LabSettings(storage_class="kadalu.gluster", notebook_cpu_guarantee="500m")
+    )
+    assert cfg["enable_user_namespaces"] is True
+    assert cfg["storage_class"] == "kadalu.gluster"
+    assert cfg["storage_pvc_ensure"] is True
+    assert cfg["storage_access_modes"] == ["ReadWriteMany"]
+    assert cfg["service_account"] == "tfk8s-user"
+    assert cfg["automount_service_account_token"] is True
+    assert cfg["cpu_guarantee"] == 0.5
+    assert cfg["volumes"] == [
+        {"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}
+    ]
+    assert cfg["environment"]["TFK8S_STORAGE_CLASS"] == "kadalu.gluster"
+    assert cfg["environment"]["TFK8S_NAMESPACE"] == "{namespace}"
+
+
+def test_config_loads_in_jupyterhub_and_sets_kubespawner(kubeconfig, tmp_path, monkeypatch):
+    values = {
+        "lab": {
+            "storage_class": "kadalu.gluster",
+            "notebook_image": "reg/nb:1",
+            "task_image": "reg/task:1",
+        },
+        "hub": {
+            "hubService": "hub",
+            "proxyApiService": "proxy-api",
+            "auth": {"adminUsers": ["root"]},
+        },
+    }
+    app = load_hub(REPO / "hub_config" / "jupyterhub_config.py", values, tmp_path, monkeypatch)
+    assert app.config.JupyterHub.spawner_class == "kubespawner.KubeSpawner"
+    assert app.config.JupyterHub.hub_connect_url == "http://hub:8081"
+    assert app.config.ConfigurableHTTPProxy.should_start is False
+    assert app.config.Authenticator.admin_users == {"root"}
+    sp = make_spawner(app)
+    assert sp.enable_user_namespaces is True
+    assert sp.namespace == "jhub-alice"
+    assert sp.service_account == "tfk8s-user"
+    assert sp.storage_class == "kadalu.gluster"
+    assert sp.image == "reg/nb:1"
+    assert sp.pvc_name == "home-alice"
+    assert callable(sp.modify_pod_hook) and callable(sp.post_stop_hook)
+    pvc = sp.get_pvc_manifest()
+    assert pvc.spec.storage_class_name == "kadalu.gluster"
+    assert pvc.spec.access_modes == ["ReadWriteMany"]
+    sp.server = None
+    env = sp._expand_env(sp.environment)
+    assert env["TFK8S_NAMESPACE"] == "jhub-alice"
+    assert env["TFK8S_BACKEND"] == "kubernetes"
+    assert env["TFK8S_IMAGE"] == "reg/task:1"
+    assert sp.environment["TENSORBOARD_PROXY_URL"](sp) == "/user/alice/proxy/%PORT%/"
+
+
+def test_extra_config_runs_last(kubeconfig, tmp_path, monkeypatch):
+    values = {"hub": {"extraConfig": "c.KubeSpawner.start_timeout = 123"}}
+    app = load_hub(REPO / "hub_config" / "jupyterhub_config.py", values, tmp_path, monkeypatch)
+    assert app.config.KubeSpawner.start_timeout == 123
+
+
+class FakeApi:
+    """Records calls; ``fail`` maps a method name to the exception it raises once."""
+
+    def __init__(self, calls: list, fail: dict | None = None, is_async: bool = True):
+        self.calls, self.fail, self.is_async = calls, fail or {}, is_async
+
+    def __getattr__(self, method):
+        def call(*args, **kwargs):
+            self.calls.append((method, args, kwargs))
+            if method in self.fail:
+                raise self.fail.pop(method)
+            if self.is_async:
+                return asyncio.sleep(0)
+            return None
+
+        return call
+
+
+def api_of(calls, fail=None, is_async=True):
+    apis: dict = {}
+
+    def get(name):
+        return apis.setdefault(
+            name, FakeApi(calls, fail if name == "CoreV1Api" else None, is_async)
+        )
+
+    return get
+
+
+@pytest.mark.parametrize(
+    "exc_class", [kubernetes.client.ApiException, kubernetes_asyncio.client.ApiException]
+)
+def test_applier_replaces_on_conflict(exc_class):
+    calls: list = []
+    sa = bootstrap_objects(BootstrapSpec(), "ns")[0]
+    api = api_of(calls, fail={"create_namespaced_service_account": exc_class(status=409)})
+    assert asyncio.run(Applier(api).apply(sa)) == "replaced"
+    assert [c[0] for c in calls] == [
+        "create_namespaced_service_account",
+        "replace_namespaced_service_account",
+    ]
+    assert calls[1][1] == ("tfk8s-user", "ns", sa)
+
+
+def test_applier_raises_other_errors():
+    sa = bootstrap_objects(BootstrapSpec(), "ns")[0]
+    api = api_of(
+        [], fail={"create_namespaced_service_account": kubernetes.client.ApiException(status=403)}
+    )
+    with pytest.raises(kubernetes.client.ApiException) as err:
+        asyncio.run(Applier(api).apply(sa))
+    assert err.value.status == 403
+
+
+def test_applier_works_with_the_sync_client_too():
+    calls: list = []
+    assert asyncio.run(
+        Applier(api_of(calls, is_async=False)).apply(bootstrap_objects(BootstrapSpec(), "ns")[0])
+    )
+    assert calls[0][0] == "create_namespaced_service_account"
+
+
+def test_modify_pod_hook_bootstraps_the_namespace_and_returns_the_pod():
+    calls: list = []
+    hook = make_modify_pod_hook(LabSettings(hub_namespace="jhub"), api=api_of(calls))
+    spawner = SimpleNamespace(namespace="jhub-bob", log=SimpleNamespace(info=lambda *a: None))
+    pod = object()
+    assert asyncio.run(hook(spawner, pod)) is pod
+    assert [c[0] for c in calls] == [
+        "create_namespaced_service_account",
+        "create_namespaced_role",
+        "create_namespaced_role_binding",
+        "create_namespaced_limit_range",
+        "create_namespaced_resource_quota",
+        "create_namespaced_network_policy",
+    ]
+    assert all(c[1][0] == "jhub-bob" for c in calls)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_post_stop_hook_stops_the_users_clusters(enabled):
+    calls: list = []
+    hook = make_post_stop_hook(LabSettings(stop_clusters_on_stop=enabled), api=api_of(calls))
+    spawner = SimpleNamespace(namespace="jhub-bob", log=SimpleNamespace(info=lambda *a: None))
+    asyncio.run(hook(spawner))
+    if not enabled:
+        assert calls == []
+        return
+    assert [(c[0], c[1], c[2]["label_selector"]) for c in calls] == [
+        (
+            "delete_collection_namespaced_deployment",
+            ("jhub-bob",),
+            "app.kubernetes.io/managed-by=tfk8s",
+        ),
+        ("delete_collection_namespaced_pod", ("jhub-bob",), "app.kubernetes.io/managed-by=tfk8s"),
+    ]
+
+
+def test_cluster_selector_matches_the_backends_labels():
+    from tfk8s_magics.backends.kubernetes.manifests import MANAGED_BY
+
+    key, value = next(iter(MANAGED_BY.items()))
+    assert LabSettings().cluster_label_selector == f"{key}={value}"

@@ -1,0 +1,195 @@
+"""Lifecycle on the local backend: readiness, PS recycling, crashes and restarts, stop, logs, progress."""
+
+import socket
+import threading
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+import tfk8s_magics as tk
+from tfk8s_magics.backends import Phase
+from tfk8s_magics.lifeline import pid_alive
+
+pytestmark = pytest.mark.slow
+
+SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(600)\n"
+
+
+def test_ps_recycled_after_the_grace_period(local, workdir):
+    cluster = tk.launch("grace", workers=1, ps=1, ps_grace_period=3, script="print('done')\n",
+                        backend_name=local)
+    st = cluster.wait(timeout=120)
+    assert st.phase == Phase.SUCCEEDED
+    # Still alive during the grace period (it may not have finished importing TF yet).
+    assert st.task("ps-0").phase in (Phase.STARTING, Phase.RUNNING)
+    ps_pid = st.task("ps-0").pid
+    assert pid_alive(ps_pid)
+    *_, final = cluster.watch()
+    assert final.task("ps-0").phase == Phase.SUCCEEDED
+    assert final.task("ps-0").reason == "recycled after the workers finished"
+    assert not pid_alive(ps_pid)
+    events = {e.reason: e.time for e in cluster.events()}
+    waited = events["Recycled"] - events["WorkersFinished"]
+    assert 3.0 <= waited < 8.0, waited
+
+
+def test_grace_zero_stops_ps_at_once(local, workdir):
+    cluster = tk.launch("nograce", workers=1, ps=1, ps_grace_period=0, script="print('x')\n",
+                        backend_name=local)
+    cluster.wait(timeout=120)
+    *_, final = cluster.watch()
+    events = {e.reason: e.time for e in cluster.events()}
+    assert events["Recycled"] - events["WorkersFinished"] < 3.0
+    assert final.task("ps-0").phase == Phase.SUCCEEDED
+
+
+def test_crashing_worker_is_restarted_then_the_cluster_fails(local, workdir):
+    script = "import sys\nprint('crashing', flush=True)\nsys.exit(7)\n"
+    cluster = tk.launch("crash", workers=2, ps=1, restart_budget=2, script=script, backend_name=local)
+    *_, st = cluster.watch()
+    assert st.phase == Phase.FAILED
+    assert "exit code 7" in st.reason and "restart budget 2 used up" in st.reason
+    restarts = [e for e in cluster.events() if e.reason == "Restarted"]
+    assert len(restarts) == 2
+    assert sum(t.restarts for t in st.tasks) == 2
+    failed = [t for t in st.tasks if t.phase == Phase.FAILED]
+    assert failed and failed[0].exit_code == 7
+    # The rest of the cluster was stopped, and nothing is left running.
+    assert st.task("ps-0").phase == Phase.STOPPED
+    assert all(t.pid is None or not pid_alive(t.pid) for t in st.tasks)
+    # Each attempt is in the kept log.
+    assert cluster.logs(failed[0].name).count("crashing") >= 1
+
+
+def test_a_crash_within_budget_recovers(local, workdir):
+    # Crashes on the first attempt only (a marker file in the working dir).
+    script = (
+        "import os, sys\n"
+        "if not os.path.exists('attempted'):\n"
+        "    open('attempted', 'w').close()\n"
+        "    os.kill(os.getpid(), 9)\n"
+        "print('second attempt ok', flush=True)\n"
+    )
+    cluster = tk.launch("recover", workers=1, restart_budget=1, script=script, backend_name=local)
+    st = cluster.wait(timeout=120)
+    assert st.phase == Phase.SUCCEEDED
+    assert st.task("worker-0").restarts == 1
+    restart = [e for e in cluster.events() if e.reason == "Restarted"]
+    assert "killed by SIGKILL" in restart[0].message
+    assert "second attempt ok" in cluster.logs("worker-0")
+
+
+def test_script_failing_on_import_is_not_restarted(local, workdir):
+    script = "import importlib\nimportlib.import_module('no_such_module_at_runtime')\n"
+    cluster = tk.launch("broken", workers=1, restart_budget=3, script=script, backend_name=local)
+    *_, st = cluster.watch()
+    assert st.phase == Phase.FAILED
+    assert "failed on an import" in st.reason
+    assert st.task("worker-0").restarts == 0
+    assert "No module named 'no_such_module_at_runtime'" in cluster.logs("worker-0")
+
+
+def test_stop_ends_tasks_and_keeps_logs(local, workdir):
+    cluster = tk.launch("stopme", workers=2, ps=1, script=SLEEPER, backend_name=local)
+    st = cluster.wait_ready(timeout=120)
+    pids = [t.pid for t in st.tasks]
+    assert all(pid_alive(p) for p in pids)
+    st = cluster.stop()
+    assert st.phase == Phase.STOPPED
+    assert all(t.phase == Phase.STOPPED for t in st.tasks)
+    assert not any(pid_alive(p) for p in pids)
+    # The logs outlive the tasks and the record stays listable.
+    deadline = time.monotonic() + 10
+    while "started" not in cluster.logs("worker-1") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "started" in cluster.logs("worker-1")
+    assert [s.name for s in tk.list_clusters(local)] == ["stopme"]
+
+
+def test_delete_removes_everything_unless_logs_are_kept(local, workdir, state_dir):
+    a = tk.launch("gone", workers=1, script="print('bye')\n", backend_name=local)
+    a.wait(timeout=120)
+    assert a.delete() is None
+    assert not (state_dir / "clusters" / "gone").exists()
+    b = tk.launch("kept", workers=1, script="print('keep me')\n", backend_name=local)
+    b.wait(timeout=120)
+    kept = b.delete(keep_logs=True)
+    assert "keep me" in (kept / "tasks" / "worker-0.log").read_text()
+    with pytest.raises(tk.ClusterNotFound):
+        tk.get("kept", local)
+
+
+def test_user_named_log_dir_survives_delete(local, workdir, tmp_path):
+    logs = tmp_path / "mylogs"
+    c = tk.launch("own", workers=1, script="print('mine')\n", log_dir=str(logs), backend_name=local)
+    c.wait(timeout=120)
+    c.delete()
+    assert "mine" in (logs / "tasks" / "worker-0.log").read_text()
+
+
+def test_progress_gives_step_total_percent_and_eta(local, workdir):
+    script = (
+        "import time, tfk8s_magics\n"
+        "for step in range(1, 41):\n"
+        "    tfk8s_magics.report_progress(step, total=100, loss=1.0 / step)\n"
+        "    time.sleep(0.05)\n"
+        "time.sleep(600)\n"
+    )
+    cluster = tk.launch("prog", workers=1, script=script, backend_name=local)
+    deadline = time.monotonic() + 120
+    st = cluster.status()
+    while (st.progress is None or st.progress.step < 40) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        st = cluster.status()
+    p = st.progress
+    assert (p.step, p.total, p.percent) == (40, 100, 40.0)
+    assert 10 < p.rate < 25  # about 20 steps/s
+    assert 60 / 25 < p.eta < 60 / 10
+    assert p.metrics["loss"] == pytest.approx(1 / 40)
+    cluster.stop()
+
+
+def test_logs_stream_while_the_cluster_runs(local, workdir):
+    script = (
+        "import time\n"
+        "for i in range(5):\n"
+        "    print(f'tick {i} {time.time()}', flush=True)\n"
+        "    time.sleep(0.5)\n"
+        "time.sleep(600)\n"
+    )
+    cluster = tk.launch("stream", workers=1, script=script, backend_name=local)
+    stop = threading.Event()
+    got = []
+    for line in cluster.follow(stop):
+        if line.text.startswith("tick"):
+            got.append((line, time.time()))
+            if len(got) == 5:
+                break
+    stop.set()
+    assert cluster.status().phase == Phase.RUNNING  # the lines came while it ran
+    lags = [recv - float(line.text.split()[2]) for line, recv in got]
+    assert max(lags) < 1.0, lags
+    assert all(line.task == "worker-0" for line, _ in got)
+    cluster.stop()
+
+
+def test_tensorboard_binds_loopback_is_reused_and_ends_with_delete(local, workdir):
+    cluster = tk.launch("tb", workers=1, script="print(1)\n", backend_name=local)
+    first = cluster.tensorboard()
+    assert not first.reused
+    again = cluster.tensorboard()
+    assert again.reused and again.port == first.port
+    with urllib.request.urlopen(f"http://127.0.0.1:{first.port}/data/logdir", timeout=10) as r:
+        assert r.status == 200
+    listening = [c for c in psutil.Process(first.pid).net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN]
+    assert listening and all(c.laddr.ip == "127.0.0.1" for c in listening)
+    cluster.delete()
+    deadline = time.monotonic() + 10
+    while pid_alive(first.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(first.pid)
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", first.port), timeout=1).close()

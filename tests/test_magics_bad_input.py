@@ -1,0 +1,97 @@
+"""Every user mistake gets one clear sentence (UsageError) and leaves nothing behind."""
+
+import pytest
+from IPython.core.error import UsageError
+
+from tests.conftest import processes_of, snapshot
+
+
+@pytest.fixture
+def ip(state_dir, workdir):
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython() or get_ipython()  # one shell per test session
+    shell.run_line_magic("load_ext", "tfk8s_magics")
+    return shell
+
+
+def run(ip, line, cell=None):
+    if cell is None:
+        return ip.run_line_magic("tfcluster", line)
+    return ip.run_cell_magic("tfcluster", line, cell)
+
+
+SCRIPT = "print('hello')\n"
+
+BAD = [
+    ("", None, "needs a subcommand"),
+    ("frobnicate x", None, "unknown subcommand 'frobnicate'"),
+    ("launch ok --bogus 1", SCRIPT, "unrecognized arguments: --bogus 1"),
+    ("launch Bad_Name", SCRIPT, "cluster name 'Bad_Name' is not valid"),
+    ("launch " + "a" * 41, SCRIPT, "is not valid: use at most 40"),
+    ("launch ok --workers 0", SCRIPT, "needs at least 1 worker"),
+    ("launch ok --workers -3", SCRIPT, "--workers -3 is out of range"),
+    ("launch ok --ps -1", SCRIPT, "--ps -1 is out of range"),
+    ("launch ok --workers many", SCRIPT, "'many' is not a whole number"),
+    ("launch ok --mode sideways", SCRIPT, "unknown mode 'sideways'"),
+    ("launch ok --mode in-graph --ps 1 --workers 1", SCRIPT, "in-graph launch takes no cell body"),
+    ("launch ok --mode in-graph --ps 0 --workers 1", None, "needs at least 1 ps and 1 worker"),
+    ("launch ok", None, "needs a training script"),
+    ("launch ok --script /no/such/file.py", None, "does not exist"),
+    ("launch ok", "def broken(:\n", "does not compile"),
+    ("launch ok", "import no_such_module_xyz\n", "imports no_such_module_xyz, which is not installed"),
+    ("launch ok --env NOEQUALS", SCRIPT, "is not KEY=VALUE"),
+    ("launch ok --env TF_CONFIG=x", SCRIPT, "TF_CONFIG is set by tfk8s"),
+    ("launch ok --ps-grace -5", SCRIPT, "--ps-grace -5 is not valid"),
+    ("launch ok --restarts -1", SCRIPT, "--restarts -1 is out of range"),
+    ("launch ok --backend nowhere", SCRIPT, "unknown backend 'nowhere'"),
+    ("launch ok 'unclosed", SCRIPT, "check the quotes"),
+    ("logs nope", None, "no local cluster named 'nope'"),
+    ("status nope", None, "no local cluster named 'nope'"),
+    ("stop nope", None, "no local cluster named 'nope'"),
+    ("delete nope", None, "no local cluster named 'nope'"),
+    ("connect nope", None, "no local cluster named 'nope'"),
+    ("status nope", "print(1)", "takes no cell body"),
+]
+
+
+@pytest.mark.parametrize("line, cell, message", BAD, ids=[b[0] or "<empty>" for b in BAD])
+def test_bad_input_is_one_sentence_and_leaves_nothing(ip, state_dir, workdir, line, cell, message):
+    before_state, before_work = snapshot(state_dir), snapshot(workdir)
+    with pytest.raises(UsageError) as err:
+        run(ip, line, cell)
+    text = str(err.value)
+    assert message in text
+    assert "\n" not in text.strip(), "one sentence, no traceback"
+    assert snapshot(state_dir) - before_state <= {"clusters"}
+    assert not list((state_dir / "clusters").glob("*")) if (state_dir / "clusters").exists() else True
+    assert snapshot(workdir) == before_work
+    assert processes_of(state_dir) == []
+
+
+@pytest.mark.slow
+def test_name_in_use_unknown_task_and_bad_tail(ip, state_dir):
+    run(ip, "launch dup --workers 1 --ps 0 --no-follow", SCRIPT)
+    before = snapshot(state_dir)
+    with pytest.raises(UsageError, match="a cluster named 'dup' already exists"):
+        run(ip, "launch dup --workers 1 --ps 0", SCRIPT)
+    with pytest.raises(UsageError, match="has no task 'worker-9': its tasks are worker-0"):
+        run(ip, "logs dup worker-9")
+    with pytest.raises(UsageError, match="'boss-0' is not a task name"):
+        run(ip, "logs dup boss-0")
+    with pytest.raises(UsageError, match="--tail -2 must be"):
+        run(ip, "logs dup worker-0 --tail -2")
+    with pytest.raises(UsageError, match="is between-graph"):
+        run(ip, "connect dup")
+    # The existing cluster was not touched by the failed attempts.
+    assert {p for p in snapshot(state_dir) - before if not p.endswith((".log", ".json", ".jsonl"))} == set()
+    run(ip, "wait dup --timeout 120")
+    run(ip, "delete dup")
+
+
+def test_help_lists_subcommands(ip, capsys):
+    run(ip, "--help")
+    out = capsys.readouterr().out
+    for sub in ("launch", "connect", "logs", "tensorboard", "render", "delete"):
+        assert sub in out
