@@ -30,7 +30,8 @@ def processes_of(state_dir: Path) -> list[psutil.Process]:
             cmd = " ".join(p.info["cmdline"] or [])
             if "tfk8s_magics" not in cmd:
                 continue
-            if marker in cmd or marker in (p.environ().get("TFK8S_LOG_DIR", "") + p.environ().get("TFK8S_PROGRESS_FILE", "")):
+            env = p.environ()
+            if marker in cmd or marker in env.get("TFK8S_LOG_DIR", "") + env.get("TFK8S_PROGRESS_FILE", ""):
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

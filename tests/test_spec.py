@@ -112,5 +112,8 @@ def test_task_names_parse_and_unknown_tasks_are_named():
 
 
 def test_missing_imports_finds_only_absent_top_level_modules():
-    src = "import os, json\nimport no_such_module_xyz\nfrom also_missing_abc import thing\ntry:\n    import opt_missing\nexcept ImportError:\n    pass\n"
+    src = (
+        "import os, json\nimport no_such_module_xyz\nfrom also_missing_abc import thing\n"
+        "try:\n    import opt_missing\nexcept ImportError:\n    pass\n"
+    )
     assert missing_imports(src) == ["no_such_module_xyz", "also_missing_abc"]

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from . import settings
 from .backends import Backend, ClusterStatus, Event, LogLine, Phase, TensorBoardInfo, get_backend
@@ -69,7 +70,9 @@ def make_spec(
         try:
             script = path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            raise SpecError(f"--script {script_path!r} does not exist: give the path of a Python file.") from None
+            raise SpecError(
+                f"--script {script_path!r} does not exist: give the path of a Python file."
+            ) from None
         except (IsADirectoryError, UnicodeDecodeError, PermissionError) as e:
             raise SpecError(f"--script {script_path!r} cannot be read as a Python file: {e}.") from None
         script_name = str(path)
@@ -100,7 +103,7 @@ def launch(
     detach: bool = False,
     wait_ready: float | None = None,
     **spec_fields: Any,
-) -> "Cluster":
+) -> Cluster:
     """Launch a cluster and return its handle.
 
     ``name`` is a cluster name (the other keyword arguments build the spec,
@@ -117,7 +120,7 @@ def launch(
     return cluster
 
 
-def get(name: str, backend_name: str | Backend | None = None) -> "Cluster":
+def get(name: str, backend_name: str | Backend | None = None) -> Cluster:
     """The handle of an existing cluster (raises ClusterNotFound)."""
     be = backend(backend_name)
     be.spec(name)  # raises ClusterNotFound with the known names
@@ -228,7 +231,8 @@ class Cluster:
             if timer:
                 timer.cancel()
         raise ClusterTimeout(
-            f"cluster {self.name!r} did not {what} within {timeout:g} s (it is {last.phase if last else '?'}); "
+            f"cluster {self.name!r} did not {what} within {timeout:g} s "
+            f"(it is {last.phase if last else '?'}); "
             f"look at %tfcluster status {self.name} and its logs, or wait longer."
         )
 

@@ -14,8 +14,9 @@ import dataclasses
 import importlib.util
 import re
 import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from .errors import SpecError
 
@@ -71,7 +72,7 @@ class Task:
         return f"{self.role}-{self.index}"
 
     @classmethod
-    def parse(cls, name: str) -> "Task":
+    def parse(cls, name: str) -> Task:
         """Parse ``worker-1`` into ``Task("worker", 1)``."""
         role, sep, index = name.rpartition("-")
         if not sep or role not in ROLES or not index.isdigit():
@@ -357,7 +358,7 @@ class ClusterSpec:
         return d
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ClusterSpec":
+    def from_dict(cls, data: Mapping[str, Any]) -> ClusterSpec:
         """Rebuild (and re-validate) a spec from :meth:`to_dict` output."""
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}

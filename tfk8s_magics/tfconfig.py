@@ -8,7 +8,7 @@ these functions turn a :class:`~tfk8s_magics.spec.ClusterSpec` into the
 from __future__ import annotations
 
 import json
-from typing import Callable
+from collections.abc import Callable
 
 from .spec import IN_GRAPH, ClusterSpec, Task
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .backends import Backend, ClusterStatus, LogLine
 
@@ -30,7 +30,7 @@ HISTORY_LINES = 1000
 class ClusterWatcher:
     """Watches one cluster; see the module docstring.  Get one with :meth:`of`."""
 
-    _registry: dict[tuple[str, int, str], "ClusterWatcher"] = {}
+    _registry: dict[tuple[str, int, str], ClusterWatcher] = {}
     _registry_lock = threading.Lock()
 
     def __init__(self, backend: Backend, name: str) -> None:
@@ -53,7 +53,7 @@ class ClusterWatcher:
         self.status_done = threading.Event()
 
     @classmethod
-    def of(cls, backend: Backend, name: str) -> "ClusterWatcher":
+    def of(cls, backend: Backend, name: str) -> ClusterWatcher:
         """The running watcher of ``name`` on ``backend``, started if needed."""
         key = (backend.name, id(backend), name)
         with cls._registry_lock:

@@ -13,8 +13,9 @@ import abc
 import dataclasses
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterator, Mapping
+from typing import Any, ClassVar
 
 from ..spec import ClusterSpec
 
@@ -139,7 +140,7 @@ class ClusterStatus:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ClusterStatus":
+    def from_dict(cls, d: Mapping[str, Any]) -> ClusterStatus:
         d = dict(d)
         d["tasks"] = [TaskStatus(**t) for t in d.get("tasks", [])]
         if d.get("progress"):
@@ -247,5 +248,5 @@ class Backend(abc.ABC):
 
         return f"127.0.0.1:{free_port()}"
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
         """Release clients and threads held by this backend object."""

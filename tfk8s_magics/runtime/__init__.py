@@ -1,0 +1,1 @@
+"""Code that runs inside every task (a local process or a pod)."""

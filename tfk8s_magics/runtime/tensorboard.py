@@ -1,4 +1,6 @@
-"""Run TensorBoard for as long as its owner lives: ``python -m tfk8s_magics.runtime.tensorboard OWNER_PID ARGS...``.
+"""Run TensorBoard for as long as its owner lives.
+
+``python -m tfk8s_magics.runtime.tensorboard OWNER_PID ARGS...``
 
 The owner is the process (the notebook kernel) that asked for it; when the
 owner exits, so does this TensorBoard.

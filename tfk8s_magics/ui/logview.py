@@ -52,7 +52,7 @@ class LogView:
         self._unsubscribe = None
         self.done = threading.Event()
 
-    def show(self) -> "LogView":
+    def show(self) -> LogView:
         """Display the view under the current cell and start feeding it."""
         if widgets_available():
             import ipywidgets

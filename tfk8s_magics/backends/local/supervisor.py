@@ -115,7 +115,7 @@ class Supervisor:
         )
         if self.spec.legacy_keras:
             env.setdefault("TF_USE_LEGACY_KERAS", "1")
-        # TensorFlow's INFO lines drown the script's own output; --env TF_CPP_MIN_LOG_LEVEL=0 brings them back.
+        # TensorFlow's INFO lines drown the script's output; --env TF_CPP_MIN_LOG_LEVEL=0 restores them.
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
         if t.runs_script:
             env["TFK8S_SCRIPT"] = str(self.cdir.script)

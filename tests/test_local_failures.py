@@ -1,0 +1,71 @@
+"""Failures half-way: a launch that fails rolls back; a killed supervisor takes its tasks along."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import tfk8s_magics as tk
+from tests.conftest import processes_of, snapshot
+from tfk8s_magics.backends import Phase
+from tfk8s_magics.backends.local import backend as local_backend
+from tfk8s_magics.lifeline import pid_alive
+
+SLEEPER = "import time\nprint('up', flush=True)\ntime.sleep(600)\n"
+
+
+def test_a_launch_failing_half_way_rolls_back(local, state_dir, workdir, tmp_path, monkeypatch):
+    monkeypatch.setattr(local_backend, "SUPERVISOR_START_TIMEOUT", 0.0)
+    user_logs = tmp_path / "fresh" / "logs"
+    before = snapshot(state_dir)
+    with pytest.raises(tk.LaunchFailed, match="did not start within"):
+        tk.launch("half", workers=2, ps=1, script=SLEEPER, log_dir=str(user_logs), backend_name=local)
+    assert snapshot(state_dir) - before <= {"clusters"}
+    assert not (tmp_path / "fresh").exists(), "a dir the launch created must go with it"
+    assert processes_of(state_dir) == []
+    with pytest.raises(tk.ClusterNotFound):
+        local.status("half")
+
+
+@pytest.mark.slow
+def test_killing_the_supervisor_kills_its_tasks(local, workdir):
+    cluster = tk.launch("orphan", workers=2, ps=1, script=SLEEPER, backend_name=local)
+    st = cluster.wait_ready(timeout=180)
+    pids = [t.pid for t in st.tasks]
+    from tfk8s_magics.backends.local.layout import read_json
+
+    sup = read_json(local._dir("orphan").status)["supervisor_pid"]
+    os.kill(sup, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(pid_alive(p) for p in pids)
+    st = cluster.status()
+    assert st.phase == Phase.FAILED and "supervisor process died" in st.reason
+
+
+@pytest.mark.slow
+def test_cli_submit_is_detached_and_logs_follow(state_dir, workdir):
+    env = {**os.environ, "TFK8S_STATE_DIR": str(state_dir)}
+    script = workdir / "train.py"
+    script.write_text("for i in range(3):\n    print('cli line', i, flush=True)\n")
+
+    def tfk8s(*args):
+        return subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=240, cwd=workdir)
+
+    r = tfk8s("submit", "fromcli", "--script", str(script), "--workers", "1", "--ps", "0")
+    assert r.returncode == 0, r.stderr
+    # The submitting process has exited, yet the cluster ran to the end (it is detached).
+    r = tfk8s("logs", "fromcli", "-f")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[worker-0] cli line 2" in r.stdout and "fromcli: succeeded" in r.stdout
+    r = tfk8s("get", "fromcli")
+    assert "succeeded" in r.stdout
+    r = tfk8s("submit", "Bad_Name", "--script", str(script))
+    assert r.returncode == 2 and "is not valid" in r.stderr
+    assert tfk8s("delete", "fromcli").returncode == 0
+    assert "no clusters" in tfk8s("list").stdout
