@@ -24,6 +24,7 @@ def test_mwms_workers_all_reduce_across_processes_and_fit(local, workdir):
     # The Keras callback reported progress up to epochs * steps.
     assert st.progress is not None and (st.progress.step, st.progress.total) == (8, 8)
     assert st.progress.percent == 100.0
+    assert "loss" in st.progress.metrics  # the final record keeps the last batch's metrics
 
 
 def test_tf1_parameter_servers_hold_the_variables(local, workdir):
@@ -70,4 +71,8 @@ def test_in_graph_cluster_driven_from_this_process(local):
     assert weights.numpy().tolist() == [12.0] * 4
     st = cluster.status()
     assert st.phase == Phase.RUNNING and all(t.phase == Phase.RUNNING for t in st.tasks)
+    # The coordinator's own progress reports speak for the cluster.
+    tk.report_progress(12, total=12, loss=0.5)
+    p = cluster.status().progress
+    assert (p.step, p.total, p.task, p.metrics) == (12, 12, "", {"loss": 0.5})
     cluster.delete()

@@ -139,7 +139,8 @@ def connect(name: str, backend_name: str | Backend | None = None, timeout: float
     ``tf.distribute.ParameterServerStrategy``: variables created in its
     scope live on the parameter servers, and
     ``tf.distribute.coordinator.ClusterCoordinator(strategy).schedule``
-    runs functions on the workers.
+    runs functions on the workers.  From then on :func:`report_progress`
+    in this process reports the cluster's progress (as ``chief-0``).
     """
     return get(name, backend_name).connect(timeout=timeout, **strategy_kwargs)
 
@@ -290,6 +291,10 @@ class Cluster:
             tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc"
         )
         strategy = tf.distribute.ParameterServerStrategy(resolver, **strategy_kwargs)
+        progress_file = self.backend.coordinator_progress_file(self.name)
+        if progress_file:
+            # report_progress() in this kernel now shows in the cluster's status.
+            os.environ["TFK8S_PROGRESS_FILE"] = progress_file
         _connections[key] = strategy
         return strategy
 

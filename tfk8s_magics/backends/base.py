@@ -248,5 +248,9 @@ class Backend(abc.ABC):
 
         return f"127.0.0.1:{free_port()}"
 
+    def coordinator_progress_file(self, name: str) -> str | None:
+        """Where an in-graph client of ``name`` writes its progress records (None: nowhere)."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
         """Release clients and threads held by this backend object."""

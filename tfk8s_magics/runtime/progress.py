@@ -148,6 +148,7 @@ def progress_callback(total: int | None = None, metric_names: tuple[str, ...] = 
             super().__init__()
             self._step = 0
             self._total = total
+            self._metrics: dict[str, float] = {}
 
         def on_train_begin(self, logs=None):
             if self._total is None:
@@ -166,10 +167,11 @@ def progress_callback(total: int | None = None, metric_names: tuple[str, ...] = 
                         metrics[k] = float(logs[k])
                     except (TypeError, ValueError):
                         pass
+            self._metrics = metrics
             report_progress(self._step, self._total, **metrics)
 
         def on_train_end(self, logs=None):
-            report_progress(self._step, self._total or self._step)
+            report_progress(self._step, self._total or self._step, **self._metrics)
             _reporter.flush()
 
     return ProgressCallback()

@@ -50,6 +50,8 @@ STOP_TIMEOUT = 20.0
 #: How often watchers look at status.json.
 WATCH_INTERVAL = 0.1
 TENSORBOARD_START_TIMEOUT = 90.0
+#: The task name an in-graph client reports progress as.
+COORDINATOR = "chief-0"
 
 
 class LocalBackend(Backend):
@@ -211,8 +213,9 @@ class LocalBackend(Backend):
     def _progress(self, cdir: ClusterDir, tasks: list[TaskStatus]) -> Progress | None:
         best: Progress | None = None
         names = [t.name for t in tasks]
-        # The chief speaks for the cluster; else worker-0; else whoever is furthest.
-        preferred = [n for n in ("chief-0", "worker-0") if n in names]
+        # The chief (or an in-graph client) speaks for the cluster; else worker-0;
+        # else whoever is furthest.
+        preferred = [n for n in (COORDINATOR, "worker-0") if n in names or n == COORDINATOR]
         for name in preferred + [n for n in names if n not in preferred]:
             lines = logtail.tail_lines(cdir.progress_file(name), 1)
             record = parse_record(lines[-1]) if lines else None
@@ -303,6 +306,10 @@ class LocalBackend(Backend):
 
     def addresses(self, name: str) -> dict[str, list[str]]:
         return self._record(name)["cluster"]
+
+    def coordinator_progress_file(self, name: str) -> str | None:
+        # The in-graph client is the cluster's chief: its records speak for the cluster.
+        return str(self._dir(name).progress_file(COORDINATOR))
 
     # -- stop / delete -------------------------------------------------------
     def stop(self, name: str) -> ClusterStatus:
