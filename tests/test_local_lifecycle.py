@@ -193,3 +193,17 @@ def test_tensorboard_binds_loopback_is_reused_and_ends_with_delete(local, workdi
     assert not pid_alive(first.pid)
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", first.port), timeout=1).close()
+
+
+def test_stop_during_the_grace_period_is_prompt(local, workdir):
+    cluster = tk.launch("gracestop", workers=1, ps=1, ps_grace_period=60, script="print(1)\n",
+                        backend_name=local)
+    st = cluster.wait(timeout=120)
+    assert st.phase == Phase.SUCCEEDED and st.task("ps-0").phase not in Phase.TERMINAL
+    started = time.monotonic()
+    st = cluster.stop()
+    assert time.monotonic() - started < 8.0
+    assert st.task("ps-0").phase == Phase.STOPPED
+    # The supervisor ended on its own (not killed after the stop timeout).
+    *_, final = cluster.watch()
+    assert final.task("ps-0").phase == Phase.STOPPED

@@ -134,8 +134,10 @@ class ClusterWatcher:
         try:
             for line in self.backend.follow_logs(self.name, self._stop):
                 with self._lock:
+                    first = not self._pending
                     self._pending.append(line)
-                self._has_pending.set()
+                if first:  # one wake-up per batch, not per line
+                    self._has_pending.set()
         except Exception:  # noqa: BLE001 - the cluster was deleted under us
             pass
         finally:

@@ -354,6 +354,12 @@ class KubernetesBackend(Backend):
         survives when ``keep_logs``: its owner reference is removed first)."""
         root = self._require_root(name)
         spec = self._spec_of(root)
+        with self._lock:
+            watcher = self._watchers.pop(name, None)
+        if watcher is not None:
+            # First: the pods' DELETED events must not look like pods to replace.
+            watcher.deleted = True
+            watcher.close()
         try:
             if keep_logs and not spec.log_claim:
                 self.api.patch("v1", "PersistentVolumeClaim", f"{name}-log",
@@ -361,11 +367,6 @@ class KubernetesBackend(Backend):
             self.api.delete("v1", "ConfigMap", name)
         except ApiException as e:
             raise BackendError(f"could not delete cluster {name!r}: {api_reason(e)}.") from e
-        with self._lock:
-            watcher = self._watchers.pop(name, None)
-        if watcher is not None:
-            watcher.deleted = True
-            watcher.close()
 
     def addresses(self, name: str) -> dict[str, list[str]]:
         spec = self.spec(name)

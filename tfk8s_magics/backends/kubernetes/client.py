@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from typing import Any
 
 from kubernetes import client as k8s
@@ -125,3 +126,19 @@ def api_reason(e: ApiException) -> str:
         body = {}
     message = body.get("message") if isinstance(body, dict) else None
     return message or f"{e.status} {e.reason}"
+
+
+def abort(response: Any) -> None:
+    """End a streaming response another thread is blocked reading (a watch, a log follow).
+
+    ``response.close()`` would wait for the reader's lock, i.e. for the next
+    byte; shutting the socket down wakes the reader at once.
+    """
+    conn = getattr(response, "_connection", None) or getattr(response, "connection", None)
+    sock = getattr(conn, "sock", None)
+    if sock is None:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed

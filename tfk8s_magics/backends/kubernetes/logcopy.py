@@ -50,8 +50,11 @@ def run(path: str, argv: list[str]) -> int:
             except OSError:
                 copy = None  # a full volume must not kill the task
     rc = child.wait()
-    if rc < 0:
-        signal.signal(-rc, signal.SIG_DFL)
+    if rc < 0:  # die of the same signal, so the container's exit code is the task's
+        try:
+            signal.signal(-rc, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # SIGKILL/SIGSTOP cannot be caught, so they need no reset
         os.kill(os.getpid(), -rc)
     return rc
 

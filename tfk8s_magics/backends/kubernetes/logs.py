@@ -20,6 +20,7 @@ from kubernetes.client.rest import ApiException
 from ...runtime.progress import STDOUT_MARKER, parse_record
 from ..base import LogLine, Phase, Progress
 from . import state
+from .client import abort
 from .watch import ClusterWatcher
 
 #: Pod phases whose log can be read.
@@ -54,14 +55,17 @@ def read(watcher: ClusterWatcher, tasks: list[str], tail: int | None) -> list[Lo
         pod = latest.get(task)
         if pod is None or (pod.get("status") or {}).get("phase") not in _STARTED:
             continue
+        # Progress records are in the stream too: read more, keep ``tail`` shown lines.
+        fetch = None if tail is None else tail * 4 + 100
         try:
-            text = watcher.api.pod_log(pod["metadata"]["name"], tail=tail)
+            text = watcher.api.pod_log(pod["metadata"]["name"], tail=fetch)
         except ApiException as e:
             if e.status in (400, 404):  # not started yet, or already deleted
                 continue
             raise
         lines = [split_progress(watcher, task, t) for t in text.splitlines()]
-        out += [line for line in lines if line is not None]
+        shown = [line for line in lines if line is not None]
+        out += shown if tail is None else (shown[-tail:] if tail else [])
     return out
 
 
@@ -123,12 +127,8 @@ class _Reader:
                                        name=f"tfk8s-log-{watcher.spec.name}-{task}")
 
     def close(self) -> None:
-        resp = self.response
-        if resp is not None:
-            try:
-                resp.close()
-            except Exception:  # noqa: BLE001 - closing a dead stream
-                pass
+        if self.response is not None:
+            abort(self.response)
 
     def _next_pod(self, done: set[str]) -> dict | None:
         """Wait for a started pod of this task not read yet; ``None`` when there is none to come."""

@@ -215,11 +215,17 @@ def _resources(spec: ClusterSpec, role: str) -> Manifest:
 
 
 def _log_mount(spec: ClusterSpec) -> Manifest:
-    mount: Manifest = {"name": "log", "mountPath": LOG_MOUNT}
-    if spec.log_claim:
-        # A claim the user shares between clusters: one directory each.
-        mount["subPath"] = spec.name
-    return mount
+    return {"name": "log", "mountPath": LOG_MOUNT}
+
+
+def log_dir(spec: ClusterSpec) -> str:
+    """The cluster's log directory in its pods: ``/log``, or ``/log/<cluster>`` on a
+    claim the user shares between clusters.
+
+    Not a ``subPath`` mount: the kubelet would create that directory as root,
+    and tasks run as non-root; the task creates its own directory instead.
+    """
+    return f"{LOG_MOUNT}/{spec.name}" if spec.log_claim else LOG_MOUNT
 
 
 def task_env(spec: ClusterSpec, settings: K8sSettings, task: Task) -> list[Manifest]:
@@ -228,9 +234,9 @@ def task_env(spec: ClusterSpec, settings: K8sSettings, task: Task) -> list[Manif
         "TF_CONFIG": tf_config(cluster_addresses(spec, settings), task),
         "TFK8S_TASK": task.name,
         "TFK8S_CLUSTER": spec.name,
-        "TFK8S_LOG_DIR": LOG_MOUNT,
+        "TFK8S_LOG_DIR": log_dir(spec),
         "TFK8S_DATA_DIR": DATA_MOUNT,
-        "TFK8S_CHECKPOINT_DIR": f"{LOG_MOUNT}/checkpoints",
+        "TFK8S_CHECKPOINT_DIR": f"{log_dir(spec)}/checkpoints",
         "TFK8S_READY_FILE": READY_FILE,
         "HOME": "/tmp",
         "PYTHONUNBUFFERED": "1",
@@ -243,8 +249,8 @@ def task_env(spec: ClusterSpec, settings: K8sSettings, task: Task) -> list[Manif
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
-def task_command(task: Task) -> list[str]:
-    """The container command: the task runtime, its output copied to ``/log/tasks/<task>.log``.
+def task_command(spec: ClusterSpec, task: Task) -> list[str]:
+    """The container command: the task runtime, its output copied to ``<log dir>/tasks/<task>.log``.
 
     No shell: :mod:`.logcopy` runs the runtime as a child and tees its output.
     """
@@ -252,7 +258,7 @@ def task_command(task: Task) -> list[str]:
         "python",
         "-m",
         "tfk8s_magics.backends.kubernetes.logcopy",
-        f"{LOG_MOUNT}/tasks/{task.name}.log",
+        f"{log_dir(spec)}/tasks/{task.name}.log",
         "--",
         "python",
         "-m",
@@ -287,7 +293,7 @@ def task_pod(spec: ClusterSpec, settings: K8sSettings, task: Task, attempt: int 
         "name": CONTAINER,
         "image": spec.image or settings.image,
         "imagePullPolicy": settings.image_pull_policy,
-        "command": task_command(task),
+        "command": task_command(spec, task),
         "workingDir": DATA_MOUNT,
         "env": task_env(spec, settings, task),
         "ports": [{"name": "grpc", "containerPort": settings.port, "protocol": "TCP"}],
@@ -365,7 +371,7 @@ def tensorboard_deployment(spec: ClusterSpec, settings: K8sSettings) -> Manifest
         "name": "tensorboard",
         "image": spec.image or settings.image,
         "imagePullPolicy": settings.image_pull_policy,
-        "command": ["tensorboard", "--logdir", LOG_MOUNT, "--bind_all", "--port", str(port)],
+        "command": ["tensorboard", "--logdir", log_dir(spec), "--bind_all", "--port", str(port)],
         "env": [{"name": "HOME", "value": "/tmp"}],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "readinessProbe": {"httpGet": {"path": "/", "port": port}, "periodSeconds": 3},

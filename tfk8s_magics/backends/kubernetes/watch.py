@@ -15,18 +15,18 @@ tasks) to surface FailedScheduling, ImagePullBackOff and the like.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from kubernetes import watch as k8s_watch
 from kubernetes.client.rest import ApiException
 
 from ...spec import ClusterSpec
 from ..base import ClusterStatus, Event, Phase, Progress, TaskStatus
 from . import state
-from .client import Api, api_reason
+from .client import Api, abort, api_reason
 from .manifests import (
     CLUSTER_LABEL,
     FINISHED_ANNOTATION,
@@ -86,6 +86,7 @@ class ClusterWatcher:
         self._events_at = 0.0
         self._act_lock = threading.Lock()
         self._timer: threading.Timer | None = None
+        self._response = None  # the open watch request, closed by close()
         self._on_deleted = on_deleted
         self._thread = threading.Thread(
             target=self._run, name=f"tfk8s-watch-{spec.name}", daemon=True
@@ -103,8 +104,13 @@ class ClusterWatcher:
         self._halt.set()
         if self._timer is not None:
             self._timer.cancel()
+        response = self._response
+        if response is not None:
+            abort(response)  # ends the blocked read in the watch thread
         with self._cond:
             self._cond.notify_all()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
 
     @property
     def alive(self) -> bool:
@@ -124,19 +130,24 @@ class ClusterWatcher:
                 if wake is not None:
                     timeout = max(1, min(WATCH_SECONDS, int(wake - time.time()) + 1))
                 self.requests += 1
-                stream = k8s_watch.Watch().stream(
-                    self.api.core.list_namespaced_pod,
+                self._response = self.api.core.list_namespaced_pod(
                     self.api.namespace,
                     label_selector=self._selector(),
                     resource_version=resource_version,
                     timeout_seconds=timeout,
                     allow_watch_bookmarks=True,
+                    watch=True,
+                    _preload_content=False,
                     _request_timeout=(self.api.timeout, timeout + 15),
                 )
+                if self._halt.is_set():  # close() ran while the request was being opened
+                    abort(self._response)
+                    return
+                stream = _events(self._response)
                 for event in stream:
                     if self._halt.is_set():
                         return
-                    obj = event.get("raw_object") or {}
+                    obj = event.get("object") or {}
                     kind = event.get("type")
                     if kind == "ERROR":
                         if obj.get("code") == 410:  # history compacted: list again
@@ -240,6 +251,8 @@ class ClusterWatcher:
                 self._timer.start()
 
     def _act_locked(self) -> None:
+        if self.deleted or self._halt.is_set():
+            return
         now = time.time()
         view = self.view()
         phase, _ = state.cluster_phase(view, state.task_statuses(view))
@@ -271,9 +284,9 @@ class ClusterWatcher:
                 if name in self._ours:
                     continue
                 self._ours.add(name)
+                task = state.pod_task(self.pods.get(name, {}))  # before its DELETED event
                 self.requests += 1
                 self.api.delete("v1", "Pod", name)
-                task = state.pod_task(self.pods.get(name, {}))
                 self._event(task.name if task else "", "Recycled",
                             f"deleted pod {name}: {action.reason}")
         elif isinstance(action, state.MarkFinished):
@@ -381,3 +394,17 @@ def _event_time(e: dict[str, Any]) -> float:
         if t:
             return t
     return state.parse_time(e.get("metadata", {}).get("creationTimestamp")) or 0.0
+
+
+def _events(response) -> Iterator[dict[str, Any]]:
+    """The watch events of a streaming response, one JSON object per line."""
+    buffer = b""
+    try:
+        for chunk in response.stream(65536, decode_content=True):
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    yield json.loads(line)
+    finally:
+        response.release_conn()

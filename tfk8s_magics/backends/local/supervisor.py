@@ -275,6 +275,7 @@ class Supervisor:
         if self.stop_reason:
             return
         self.stop_reason = reason
+        self.grace_deadline = None  # a stop ends the PS grace period too: nothing is left to wait for
         self.event("", "Stopping", reason)
         for t in self.tasks.values():
             self.end_task(t, "stop")
