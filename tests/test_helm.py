@@ -81,7 +81,7 @@ def helm(request, tmp_path_factory) -> Path:
     tgz = Path(tgz.locate())
     cache_root = (
         request.config.cache.mkdir("helm")
-        if request.config.cache
+        if getattr(request.config, "cache", None)
         else tmp_path_factory.mktemp("helm")
     )
     cache = Path(cache_root) / tgz.name

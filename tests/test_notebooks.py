@@ -158,7 +158,9 @@ def test_in_graph_walkthrough(run_notebook):
     assert len(losses) == 6, trained
     assert losses[-1] < losses[0] / 20 and losses[-1] < 0.1, losses
     learned = nb.text("kernel, bias = ")
-    w = [float(v) for v in re.search(r"learned w: \[([^\]]*)\]", learned)[1].split()]
+    found = re.search(r"learned w: \[([^\]]*)\]", learned)
+    assert found, learned
+    w = [float(v) for v in found[1].split()]
     assert w == pytest.approx([2.0, -1.0, 0.5, 3.0], abs=0.15), learned
     # At least once: every scheduled step ran (a retried one may run twice).
     assert int(re.search(r"optimizer steps: (\d+) on /job:ps/", learned)[1]) >= 120, learned
