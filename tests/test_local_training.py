@@ -3,6 +3,7 @@
 import re
 from pathlib import Path
 
+import psutil
 import pytest
 
 import tfk8s_magics as tk
@@ -71,6 +72,12 @@ def test_in_graph_cluster_driven_from_this_process(local):
     assert weights.numpy().tolist() == [12.0] * 4
     st = cluster.status()
     assert st.phase == Phase.RUNNING and all(t.phase == Phase.RUNNING for t in st.tasks)
+    # TensorFlow would listen on every interface; the loopback shim keeps each server local.
+    for t in st.tasks:
+        listening = [c.laddr for c in psutil.Process(t.pid).net_connections("tcp")
+                     if c.status == psutil.CONN_LISTEN]
+        assert listening, t.name
+        assert all(a.ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for a in listening), (t.name, listening)
     # The coordinator's own progress reports speak for the cluster.
     tk.report_progress(12, total=12, loss=0.5)
     p = cluster.status().progress

@@ -40,7 +40,7 @@ from ..base import (
     TaskStatus,
     TensorBoardInfo,
 )
-from . import logtail
+from . import isolation, logtail
 from .layout import ClusterDir, default_state_dir, read_json, task_log_path, write_json_atomic
 
 #: Seconds to wait for a new supervisor to report in.
@@ -140,6 +140,7 @@ class LocalBackend(Backend):
                 "addresses": addresses,
                 "cluster": cluster_def(spec, lambda t: addresses[t.name]),
                 "workdir": os.getcwd(),
+                "loopback_shim": str(shim) if (shim := isolation.shim_path(self.state_dir)) else None,
                 "log_dir": str(log_dir),
                 "data_dir": str(data_dir),
             }

@@ -31,6 +31,7 @@ from ...runtime.task import EXIT_SCRIPT_BROKEN
 from ...spec import BETWEEN, ClusterSpec, Task
 from ...tfconfig import tf_config
 from ..base import Phase, TaskStatus
+from . import isolation
 from .layout import ClusterDir, read_json, task_log_path, write_json_atomic
 
 #: Seconds a task gets between SIGTERM and SIGKILL.
@@ -117,6 +118,7 @@ class Supervisor:
             env.setdefault("TF_USE_LEGACY_KERAS", "1")
         # TensorFlow's INFO lines drown the script's output; --env TF_CPP_MIN_LOG_LEVEL=0 restores them.
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+        isolation.preload_env(env, rec.get("loopback_shim"))
         if t.runs_script:
             env["TFK8S_SCRIPT"] = str(self.cdir.script)
         else:
