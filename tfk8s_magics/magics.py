@@ -149,6 +149,7 @@ class TFClusterMagics(Magics):
         spec_args(render)
         render.set_defaults(backend="kubernetes")
         render.add_argument("--output-dir", help="write one YAML file per object here")
+        render.add_argument("--tensorboard", action="store_true", help="include a TensorBoard Deployment")
 
         for name, helptext in (
             ("connect", "make this kernel the client of an in-graph cluster"),
@@ -200,8 +201,10 @@ class TFClusterMagics(Magics):
         args = self._parse(line)
         if args is None:
             return None
-        if cell is not None and args.cmd != "launch" and cell.strip():
-            raise UsageError(f"%%tfcluster {args.cmd} takes no cell body; only `launch` does (its script).")
+        if cell is not None and args.cmd not in ("launch", "render") and cell.strip():
+            raise UsageError(
+                f"%%tfcluster {args.cmd} takes no cell body; only `launch` and `render` do (the script)."
+            )
         try:
             return getattr(self, f"_cmd_{args.cmd}")(args, cell)
         except (SpecError, ClusterExists, ClusterNotFound, TaskNotFound) as e:
@@ -237,9 +240,14 @@ class TFClusterMagics(Magics):
         spec = self._spec(args, cell)
         cluster = api.launch(spec, backend_name=args.backend, detach=args.detach)
         if self.follow_logs and not args.no_follow:
-            from .ui.logview import LogView
+            from .ui.logview import LogView, widgets_available
 
-            LogView(cluster.backend, cluster.name, max_lines=self.log_lines).show()
+            if widgets_available():
+                from .ui import dashboard
+
+                dashboard.show(cluster, max_lines=self.log_lines)
+            else:
+                LogView(cluster.backend, cluster.name, max_lines=self.log_lines).show()
         if spec.mode == "in-graph":
             cluster.wait_ready(self.ready_timeout)
             print(f"{spec.name}: every server is ready; `strategy = %tfcluster connect {spec.name}` "
@@ -251,7 +259,7 @@ class TFClusterMagics(Magics):
         be = api.backend(args.backend)
         if not hasattr(be, "render"):
             raise UsageError(f"the {be.name} backend has nothing to render; use --backend kubernetes.")
-        objects = be.render(spec)
+        objects = be.render(spec, tensorboard=args.tensorboard)
         import yaml
 
         if args.output_dir:
@@ -271,9 +279,17 @@ class TFClusterMagics(Magics):
         return api.connect(args.name, args.backend, timeout=args.timeout or self.ready_timeout)
 
     def _cmd_list(self, args, cell):
+        from .ui.logview import widgets_available
+
+        if widgets_available():
+            from .ui import cluster_list
+
+            cluster_list.show(api.backend(args.backend))
+            return None
         from .ui.render import ListView
 
         display(ListView(api.list_clusters(args.backend)))
+        return None
 
     def _cmd_status(self, args, cell):
         from .ui.render import StatusView
@@ -325,7 +341,9 @@ class TFClusterMagics(Magics):
     def _cmd_dashboard(self, args, cell):
         from .ui import dashboard
 
-        return dashboard.show(api.get(args.name, args.backend))
+        # Shown here, not returned: a returned handle would be displayed a second time.
+        dashboard.show(api.get(args.name, args.backend), max_lines=self.log_lines)
+        return None
 
 
 def _int(value: str, flag: str) -> int:

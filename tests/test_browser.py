@@ -1,0 +1,368 @@
+"""The dashboard in a real browser: JupyterLab on 127.0.0.1 driven through Debian's Chromium.
+
+The test starts JupyterLab (the venv's, so its kernel is the venv's Python)
+on a free loopback port with a token, opens a copy of
+``notebooks/dashboard_tour.ipynb`` with one extra cell appended (a cluster
+that runs until stopped), runs the tour's launch cell and the extra cell
+on the local backend, and asserts in the DOM that
+
+* the dashboard renders, and its task row goes running → succeeded;
+* log lines arrive while the cluster runs, and a log line that looks like
+  HTML stays text (no element, no alert);
+* the progress bar (ipywidgets 8 ``.widget-hprogress``) advances;
+* the Stop button stops the running cluster and shows the outcome.
+
+Screenshots go to ``test-artifacts/`` (git-ignored).  Chromium comes from
+Debian (``scripts/bootstrap`` installs it); a missing browser is a
+failure, not a skip, because CI always has one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = REPO / "test-artifacts"
+NOTEBOOK = REPO / "notebooks" / "dashboard_tour.ipynb"
+EVIL = "<img src=x onerror=alert(1)>"
+
+STOP_CELL = f"""%%tfcluster launch stopme --workers 1 --ps 0
+import time
+for i in range(2000):
+    print(f"tick {{i}} {EVIL}", flush=True)
+    time.sleep(0.3)
+"""
+
+
+def _free_port() -> int:
+    from tfk8s_magics.ports import free_port
+
+    return free_port()
+
+
+def _wait_http(url: str, timeout: float, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise AssertionError(f"JupyterLab exited with code {proc.returncode}:\n{tail}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError as e:
+            last = e
+        time.sleep(0.25)
+    raise AssertionError(f"JupyterLab did not answer {url} within {timeout:g} s: {last}")
+
+
+@pytest.fixture
+def lab(tmp_path, state_dir):
+    """JupyterLab on 127.0.0.1 serving a temp copy of the tour notebook (plus the stop cell)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
+    nb["cells"].append(
+        {
+            "cell_type": "code",
+            "execution_count": None,
+            "id": "stop-test",
+            "metadata": {},
+            "outputs": [],
+            "source": STOP_CELL,
+        }
+    )
+    (root / NOTEBOOK.name).write_text(json.dumps(nb), encoding="utf-8")
+    settings = tmp_path / "lab-settings"
+    for plugin, values in {
+        # Every cell in the DOM (no virtual scrolling), and no news or update checks.
+        "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+        "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
+    }.items():
+        path = settings / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values), encoding="utf-8")
+    port, token = _free_port(), os.urandom(16).hex()
+    venv_bin = str(Path(sys.executable).parent)
+    env = dict(
+        os.environ,
+        PATH=venv_bin + os.pathsep + os.environ.get("PATH", ""),
+        TFK8S_STATE_DIR=str(state_dir),
+        TFK8S_BACKEND="local",
+        JUPYTER_CONFIG_DIR=str(tmp_path / "jcfg"),
+        JUPYTER_DATA_DIR=str(tmp_path / "jdata"),
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "jrun"),
+        JUPYTERLAB_SETTINGS_DIR=str(settings),
+        JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
+        IPYTHONDIR=str(tmp_path / "ipython"),
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
+    env.pop("TENSORBOARD_PROXY_URL", None)
+    log = open(tmp_path / "jupyterlab.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={root}",
+            "--LabApp.news_url=",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ]
+        + (["--allow-root"] if os.geteuid() == 0 else []),
+        cwd=root,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http(f"{base}/api/status?token={token}", 90, proc, tmp_path / "jupyterlab.log")
+        yield {"base": base, "token": token, "root": root, "log": tmp_path / "jupyterlab.log"}
+    finally:
+        try:
+            req = urllib.request.Request(
+                f"{base}/api/shutdown", method="POST", headers={"Authorization": f"token {token}"}
+            )
+            urllib.request.urlopen(req, timeout=10).close()
+        except OSError:
+            pass
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        log.close()
+
+
+@pytest.fixture
+def browser_page(tmp_path):
+    """A Chromium page (Debian's browser, a fresh profile) that fails the test on any JS dialog."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(
+            f"{CHROMIUM} is missing: run scripts/bootstrap (as root it apt-installs chromium "
+            "and chromium-driver) — the browser tests need Debian's Chromium."
+        )
+    from playwright.sync_api import sync_playwright
+
+    dialogs: list[str] = []
+    with sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 1000},
+        )
+        try:
+            page = ctx.pages[0] if ctx.pages else ctx.new_page()
+            page.set_default_timeout(30_000)
+
+            def on_dialog(d):
+                dialogs.append(d.message)
+                d.dismiss()
+
+            page.on("dialog", on_dialog)
+            page.dialogs = dialogs  # type: ignore[attr-defined]
+            yield page
+        finally:
+            ctx.close()
+
+
+def _shot(page, name: str, element=None) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    (element or page).screenshot(path=str(ARTIFACTS / name))
+
+
+def _run_cell(page, cell) -> None:
+    cell.locator(".jp-InputPrompt").first.click()
+    page.keyboard.press("Shift+Enter")
+
+
+def _progress_width(dash) -> float:
+    style = dash.locator(".widget-hprogress .progress-bar").first.get_attribute("style") or ""
+    for part in style.split(";"):
+        key, _, value = part.partition(":")
+        if key.strip() == "width" and value.strip().endswith("%"):
+            return float(value.strip()[:-1])
+    return 0.0
+
+
+_LAST_LINE_VISIBLE = """(el) => {
+  const pres = el.querySelectorAll("pre");
+  if (!pres.length) return false;
+  const walker = document.createTreeWalker(pres[pres.length - 1], NodeFilter.SHOW_TEXT);
+  let last = null;
+  while (walker.nextNode()) if (walker.currentNode.textContent.trim()) last = walker.currentNode;
+  if (!last) return false;
+  const text = last.textContent.trimEnd();
+  const range = document.createRange();
+  range.setStart(last, Math.max(0, text.length - 1));
+  range.setEnd(last, text.length);
+  const r = range.getBoundingClientRect(), box = el.getBoundingClientRect();
+  return r.height > 0 && r.top >= box.top - 1 && r.bottom <= box.bottom + 1;
+}"""
+
+
+def _newest_line_visible(log) -> bool:
+    """Whether the log box shows its last line (not just holds it below the fold)."""
+    return bool(log.evaluate(_LAST_LINE_VISIBLE))
+
+
+def _wait(cond, timeout: float, what: str, page=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.2)
+    if page is not None:
+        _shot(page, f"timeout-{what.replace(' ', '-')}.png")
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def test_dashboard_in_jupyterlab(lab, browser_page, state_dir):
+    from tfk8s_magics.backends.local import LocalBackend
+
+    page = browser_page
+    page.goto(f"{lab['base']}/lab/tree/{NOTEBOOK.name}?token={lab['token']}")
+    cells = page.locator(".jp-Notebook .jp-CodeCell")
+    nb = json.loads((lab["root"] / NOTEBOOK.name).read_text(encoding="utf-8"))
+    n_cells = sum(1 for c in nb["cells"] if c["cell_type"] == "code")
+    _wait(
+        lambda: cells.count() == n_cells and "stopme" in cells.nth(n_cells - 1).inner_text(),
+        60,
+        "the notebook to load",
+        page,
+    )
+    sources = [cells.nth(i).locator(".jp-InputArea-editor").inner_text().strip() for i in range(n_cells)]
+
+    def code_cell(first_line: str) -> int:
+        found = [i for i, src in enumerate(sources) if src.startswith(first_line)]
+        assert len(found) == 1, f"expected one code cell starting with {first_line!r}: {sources}"
+        return found[0]
+
+    load_i = code_cell("%load_ext tfk8s_magics")
+    launch_i = code_cell("%%tfcluster launch tour")
+    stop_i = code_cell("%%tfcluster launch stopme")
+    view_i = code_cell("%tfcluster dashboard tour")
+    list_i = code_cell("%tfcluster list")
+
+    # Run only once the kernel is up (a cell run while it starts can be dropped).
+    _wait(lambda: "Idle" in page.locator("#jp-main-statusbar").inner_text(), 90, "the kernel", page)
+    _run_cell(page, cells.nth(load_i))
+    _wait(
+        lambda: "[1]" in cells.nth(load_i).locator(".jp-InputPrompt").first.inner_text(),
+        90,
+        "the kernel to run the first cell",
+        page,
+    )
+    _run_cell(page, cells.nth(launch_i))
+    _run_cell(page, cells.nth(stop_i))
+
+    dash = cells.nth(launch_i).locator(".tfk8s-dashboard")
+    dash.wait_for(timeout=60_000)
+    row = dash.locator('tr[data-task="worker-0"]')
+    row.wait_for(timeout=30_000)
+    _wait(lambda: row.get_attribute("data-phase") == "running", 150, "worker running", page)
+
+    # Log lines arrive while the cluster runs.
+    log = dash.locator(".tfk8s-log")
+    _wait(lambda: "loss" in log.first.inner_text(), 60, "log lines", page)
+    assert row.get_attribute("data-phase") == "running"
+    first_lines = log.first.inner_text().count("\n")
+
+    # The progress bar advances.
+    w1 = _wait(lambda: _progress_width(dash), 30, "progress", page)
+    _wait(lambda: _progress_width(dash) > w1 + 2, 30, "progress to advance", page)
+    assert "ETA" in dash.locator(".tfk8s-progress-text").first.inner_text()
+    assert dash.locator(".tfk8s-curve polyline").count() >= 1
+    _wait(lambda: log.first.inner_text().count("\n") > first_lines, 20, "more log lines", page)
+    assert _newest_line_visible(log.first), "the log box does not show its newest line"
+    _shot(page, "dashboard-running.png", dash)
+
+    # A second view of the same cluster keeps working after its cell is re-run.
+    view_cell = cells.nth(view_i)
+    _run_cell(page, view_cell)
+    view_cell.locator(".tfk8s-dashboard").wait_for(timeout=30_000)
+    prompt = view_cell.locator(".jp-InputPrompt").first
+    _wait(lambda: "[" in prompt.inner_text() and "*" not in prompt.inner_text(), 30, "view cell", page)
+    first_prompt = prompt.inner_text()
+    _run_cell(page, view_cell)
+    _wait(
+        lambda: prompt.inner_text() not in (first_prompt,) and "*" not in prompt.inner_text(),
+        30,
+        "view cell re-run",
+        page,
+    )
+    view = view_cell.locator(".tfk8s-dashboard")
+    assert view.count() == 1
+    v1 = _wait(lambda: _progress_width(view), 30, "re-run view progress", page)
+    _wait(lambda: _progress_width(view) > v1 + 2, 30, "re-run view to advance", page)
+
+    # The Stop button stops the other (endless) cluster.
+    other = cells.nth(stop_i).locator(".tfk8s-dashboard")
+    other.scroll_into_view_if_needed()
+    orow = other.locator('tr[data-task="worker-0"]')
+    orow.wait_for(timeout=60_000)
+    _wait(lambda: orow.get_attribute("data-phase") == "running", 150, "stopme running", page)
+    olog = other.locator(".tfk8s-log").first
+    _wait(lambda: "tick" in olog.inner_text(), 30, "stopme log", page)
+    # A log line that looks like HTML is shown as text: no element, no alert.
+    assert EVIL in olog.inner_text()
+    assert other.locator(".tfk8s-log img").count() == 0
+    other.locator("button.tfk8s-stop").click()
+    _wait(lambda: orow.get_attribute("data-phase") == "stopped", 60, "stopme stopped", page)
+    _wait(lambda: "stopped" in other.locator(".tfk8s-outcome").inner_text(), 30, "stop outcome", page)
+    assert other.locator("button.tfk8s-stop").is_disabled()
+    assert LocalBackend(state_dir).status("stopme").phase == "stopped"
+    _shot(page, "dashboard-stopped.png", other)
+
+    # The cluster list shows both clusters with their phases and actions.
+    list_cell = cells.nth(list_i)
+    _run_cell(page, list_cell)
+    table = list_cell.locator(".tfk8s-cluster-list")
+    table.wait_for(timeout=30_000)
+    _wait(lambda: table.locator(".tfk8s-name").count() == 2, 30, "two rows in the list", page)
+    assert set(table.locator(".tfk8s-name").all_inner_texts()) == {"tour", "stopme"}
+    assert table.locator('[data-phase="stopped"]').count() == 1
+    assert table.locator("button.tfk8s-delete").count() == 2
+    _shot(page, "cluster-list.png", table)
+
+    # The tour's cluster runs to the end.
+    dash.scroll_into_view_if_needed()
+    _wait(lambda: row.get_attribute("data-phase") == "succeeded", 120, "worker succeeded", page)
+    _wait(lambda: _progress_width(dash) >= 99.0, 30, "progress at 100%", page)
+    assert "done: y = " in log.first.inner_text()
+    assert _newest_line_visible(log.first), "the log box does not show its newest line"
+    assert dash.locator(".widget-hprogress .progress-bar-success").count() == 1
+    _shot(page, "dashboard-succeeded.png", dash)
+    assert page.dialogs == []  # type: ignore[attr-defined]

@@ -1,0 +1,603 @@
+"""The dashboard and cluster list, driven by a scripted backend (and once by a real local cluster).
+
+The scripted backend implements the real :class:`Backend` interface: its
+``watch`` and ``follow_logs`` yield what the test pushes, so the dashboard
+is fed through the real :class:`ClusterWatcher` exactly as in a notebook.
+Widgets work without a kernel (their comms are inert), so every value the
+browser would get is asserted on the widget objects themselves.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import time
+
+import pytest
+
+from tfk8s_magics.api import Cluster
+from tfk8s_magics.backends import (
+    Backend,
+    ClusterStatus,
+    Event,
+    LogLine,
+    Phase,
+    Progress,
+    TaskStatus,
+    TensorBoardInfo,
+)
+from tfk8s_magics.errors import ClusterNotFound
+from tfk8s_magics.ui import dashboard as dash_mod
+from tfk8s_magics.ui.cluster_list import ClusterList
+from tfk8s_magics.ui.dashboard import Dashboard, header_html, progress_text, tasks_html
+from tfk8s_magics.ui.plot import MetricHistory, sparkline_svg
+from tfk8s_magics.watch import ClusterWatcher
+
+EVIL = "<img src=x onerror=alert(1)>"
+ESCAPED = "&lt;img src=x onerror=alert(1)&gt;"
+TIMEOUT = 10.0
+
+_END = object()
+
+
+def wait_for(cond, timeout: float = TIMEOUT, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def make_status(name="demo", phase=Phase.RUNNING, tasks=None, progress=None, **kw) -> ClusterStatus:
+    return ClusterStatus(
+        name=name,
+        backend="scripted",
+        mode="between",
+        phase=phase,
+        created=time.time() - 65,
+        owner="alice",
+        log_dir="/tmp/logs",
+        tasks=tasks
+        if tasks is not None
+        else [
+            TaskStatus(
+                "worker-0",
+                Phase.RUNNING,
+                "running the script",
+                host="127.0.0.1:1234",
+                pid=42,
+                started=time.time() - 30,
+            ),
+        ],
+        progress=progress,
+        **kw,
+    )
+
+
+class ScriptedBackend(Backend):
+    """A backend whose status and log streams are pushed by the test."""
+
+    name = "scripted"
+
+    def __init__(self) -> None:
+        self.statuses: dict[str, ClusterStatus] = {}
+        self.status_q: dict[str, queue.Queue] = {}
+        self.log_q: dict[str, queue.Queue] = {}
+        self.logs: dict[str, list[LogLine]] = {}
+        self.event_list: list[Event] = []
+        self.calls: list[tuple[str, str]] = []
+        self.stop_delay = 0.0
+
+    def add(self, st: ClusterStatus) -> Cluster:
+        self.statuses[st.name] = st
+        self.status_q[st.name] = queue.Queue()
+        self.log_q[st.name] = queue.Queue()
+        self.logs[st.name] = []
+        return Cluster(st.name, self)
+
+    def push(self, st: ClusterStatus) -> None:
+        self.statuses[st.name] = st
+        self.status_q[st.name].put(st)
+
+    def push_lines(self, name: str, task: str, texts: list[str]) -> None:
+        for t in texts:
+            line = LogLine(task, t, time.time())
+            self.logs[name].append(line)
+            self.log_q[name].put(line)
+
+    def end(self, name: str) -> None:
+        self.status_q[name].put(_END)
+        self.log_q[name].put(_END)
+
+    def _get(self, name: str) -> ClusterStatus:
+        if name not in self.statuses:
+            raise ClusterNotFound(f"no scripted cluster named {name!r}")
+        return self.statuses[name]
+
+    # -- the Backend interface -------------------------------------------------
+    def launch(self, spec, *, detach=False):
+        raise NotImplementedError
+
+    def status(self, name):
+        return self._get(name)
+
+    def list_clusters(self):
+        return sorted(self.statuses.values(), key=lambda s: s.created, reverse=True)
+
+    def spec(self, name):
+        self._get(name)
+        raise NotImplementedError
+
+    def watch(self, name, stop):
+        # Like the real backends: ends once the cluster has ended (or is gone).
+        st = self._get(name)
+        yield st
+        q = self.status_q[name]
+        while not stop.is_set() and not st.terminal:
+            try:
+                item = q.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if item is _END:
+                return
+            st = item
+            yield item
+            if name not in self.statuses:
+                return
+
+    def read_logs(self, name, task=None, tail=None):
+        lines = [ln for ln in self.logs.get(name, []) if task is None or ln.task == task]
+        return lines[-tail:] if tail else lines
+
+    def follow_logs(self, name, stop, tasks=None, from_start=True):
+        q = self.log_q[name]
+        while not stop.is_set():
+            try:
+                item = q.get(timeout=0.05)
+            except queue.Empty:
+                if name not in self.statuses or self.statuses[name].terminal:
+                    return
+                continue
+            if item is _END:
+                return
+            yield item
+
+    def events(self, name):
+        self._get(name)
+        return list(self.event_list)
+
+    def stop(self, name):
+        self.calls.append(("stop", name))
+        time.sleep(self.stop_delay)
+        st = self._get(name)
+        st = make_status(
+            name,
+            Phase.STOPPED,
+            reason="stopped by the user",
+            tasks=[
+                TaskStatus(
+                    t.name,
+                    Phase.STOPPED,
+                    "stopped by the user",
+                    signal="SIGTERM",
+                    host=t.host,
+                    started=t.started,
+                    finished=time.time(),
+                )
+                for t in st.tasks
+            ],
+            finished=time.time(),
+        )
+        self.push(st)
+        return st
+
+    def delete(self, name, keep_logs=False):
+        self.calls.append(("delete", name))
+        self._get(name)
+        del self.statuses[name]
+        return None
+
+    def addresses(self, name):
+        return {}
+
+    def tensorboard(self, name):
+        self.calls.append(("tensorboard", name))
+        return TensorBoardInfo(6006, "/proxy/6006/", "/tmp/logs", False, 1)
+
+
+@pytest.fixture
+def scripted():
+    be = ScriptedBackend()
+    yield be
+    for name in list(be.status_q):
+        ClusterWatcher.forget(be, name)
+
+
+def dashboard_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("tfk8s-") and t.is_alive()]
+
+
+def text_of(html_value: str) -> str:
+    return re.sub(r"<[^>]+>", " ", html_value)
+
+
+# -- pure renderings ---------------------------------------------------------------
+def test_task_table_rows_and_columns():
+    now = time.time()
+    st = make_status(
+        tasks=[
+            TaskStatus(
+                "ps-0",
+                Phase.SUCCEEDED,
+                "not needed",
+                exit_code=0,
+                host="127.0.0.1:1",
+                started=now - 20,
+                finished=now - 5,
+            ),
+            TaskStatus(
+                "worker-0",
+                Phase.FAILED,
+                "crashed",
+                exit_code=None,
+                signal="SIGKILL",
+                restarts=2,
+                host="node-a",
+                started=now - 10,
+                finished=now - 4,
+            ),
+        ]
+    )
+    html = tasks_html(st, now=now)
+    rows = re.findall(r'<tr data-task="([^"]+)" data-phase="([^"]+)">(.*?)</tr>', html)
+    assert [(r[0], r[1]) for r in rows] == [("ps-0", "succeeded"), ("worker-0", "failed")]
+    cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", rows[1][2])]
+    assert cells[0:6] == ["worker-0", "failed", "crashed", "2", "SIGKILL", "node-a"]
+    assert cells[7] == "6s"
+    first = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", rows[0][2])]
+    assert first[4] == "0" and first[7] == "15s"
+
+
+def test_progress_text_has_step_percent_eta_rate_and_metrics():
+    st = make_status(progress=Progress(step=12, total=30, rate=2.0, metrics={"loss": 0.25}, task="worker-0"))
+    text = text_of(progress_text(st))
+    assert "step 12/30 (40.0%)" in text
+    assert "ETA 9s" in text
+    assert "2 steps/s" in text
+    assert "loss 0.25" in text
+    assert "report_progress" in progress_text(make_status())
+
+
+def test_header_shows_name_mode_backend_phase_age_owner():
+    st = make_status(reason="all tasks running")
+    text = text_of(header_html(st, "demo", now=st.created + 65))
+    for want in (
+        "demo",
+        "between-graph",
+        "scripted",
+        "running",
+        "all tasks running",
+        "age 1m05s",
+        "owner alice",
+    ):
+        assert want in text, want
+    ended = make_status(phase=Phase.SUCCEEDED, finished=st.created + 30)
+    assert "after 30s" in text_of(header_html(ended, "demo"))
+    assert 'data-phase="deleted"' in header_html(ended, "demo", deleted=True)
+
+
+def test_everything_user_controlled_is_escaped():
+    st = make_status(
+        name=EVIL,
+        reason=EVIL,
+        tasks=[TaskStatus("worker-0", Phase.FAILED, EVIL, host=EVIL)],
+        progress=Progress(step=1, total=2, metrics={EVIL: 1.0}),
+    )
+    warning = Event(time.time(), EVIL, EVIL, EVIL, "Warning")
+    for html in (
+        header_html(st, EVIL, warning=warning),
+        tasks_html(st),
+        progress_text(st),
+        dash_mod.events_html([warning]),
+        sparkline_svg(EVIL, [(1, 1.0), (2, 0.5)]),
+        dash_mod.tensorboard_html(EVIL, EVIL, False),
+    ):
+        assert "<img" not in html
+        assert ESCAPED in html
+    # A URL that is not http(s) or same-origin is never made a link.
+    assert "href" not in dash_mod.tensorboard_html("javascript:alert(1)", "/log", False)
+
+
+def test_metric_history_and_curve_points():
+    h = MetricHistory()
+    for step in range(1, 6):
+        h.record(make_status(progress=Progress(step=step, total=10, metrics={"loss": 1.0 / step}, time=step)))
+    h.record(make_status(progress=Progress(step=5, total=10, metrics={"loss": 0.2}, time=5)))  # same record
+    pts = h.points()["loss"]
+    assert pts == [(1, 1.0), (2, 0.5), (3, 1 / 3), (4, 0.25), (5, 0.2)]
+    svg = sparkline_svg("loss", pts)
+    coords = re.search(r'<polyline[^>]*points="([^"]+)"', svg).group(1).split()
+    assert len(coords) == 5
+    ys = [float(c.split(",")[1]) for c in coords]
+    assert ys == sorted(ys)  # loss falls: each point lower on the plot (larger y)
+    h.record(make_status(progress=Progress(step=1, total=10, metrics={"loss": 0.9}, time=99)))
+    assert h.points()["loss"] == [(1, 0.9)]  # training started over
+
+
+# -- the live dashboard ------------------------------------------------------------
+def test_dashboard_follows_status_logs_and_progress(scripted):
+    cluster = scripted.add(make_status(phase=Phase.STARTING, tasks=[TaskStatus("worker-0", Phase.STARTING)]))
+    scripted.event_list = [Event(time.time(), "worker-0", "Scheduled", "placed on node-a")]
+    d = Dashboard(cluster, widgets=True, max_lines=20).start()
+    wait_for(lambda: 'data-phase="starting"' in d.tasks.value, what="starting row")
+    assert d.tabs.titles[0] == "worker-0"
+
+    for step in (3, 6):
+        scripted.push(
+            make_status(
+                progress=Progress(
+                    step=step, total=30, rate=3.0, metrics={"loss": 1.0 / step}, time=time.time()
+                )
+            )
+        )
+    scripted.push_lines("demo", "worker-0", ["hello", EVIL])
+    wait_for(lambda: d.progress.value == 6, what="progress value 6")
+    assert d.progress.max == 30
+    assert "ETA 8s" in d.progress_label.value and "20.0%" in d.progress_label.value
+    wait_for(lambda: 'data-phase="running"' in d.tasks.value, what="running row")
+    out = d._task_pages["worker-0"].output
+    wait_for(lambda: "hello" in "".join(o["text"] for o in out.outputs), what="log line")
+    logged = "".join(o["text"] for o in out.outputs)
+    assert EVIL in logged  # an Output stream is text: the browser shows it, never parses it
+    wait_for(lambda: "<polyline" in d.curves.value, what="loss curve")
+    assert "Scheduled" in d.events_view.value and d.tabs.titles[-2].startswith("Events (1)")
+
+    scripted.push(
+        make_status(
+            phase=Phase.SUCCEEDED,
+            tasks=[TaskStatus("worker-0", Phase.SUCCEEDED, "exit code 0", exit_code=0)],
+            progress=Progress(step=30, total=30, metrics={"loss": 0.01}, time=time.time()),
+            finished=time.time(),
+        )
+    )
+    scripted.end("demo")
+    assert d.wait(TIMEOUT), "the dashboard did not reach its final state"
+    assert d.progress.value == 30 and d.progress.bar_style == "success"
+    assert 'data-phase="succeeded"' in d.tasks.value
+    assert d.stop_button.disabled and not d.delete_button.disabled
+    wait_for(lambda: not d.running, what="render thread to end")
+
+
+def test_log_tab_is_bounded_and_keeps_the_newest_lines(scripted):
+    cluster = scripted.add(make_status())
+    d = Dashboard(cluster, widgets=True, max_lines=20).start()
+    wait_for(lambda: "worker-0" in d._task_pages, what="task tab")
+    for i in range(0, 500, 10):
+        scripted.push_lines("demo", "worker-0", [f"line {j}" for j in range(i, i + 10)])
+        time.sleep(0.01)
+    out = d._task_pages["worker-0"].output
+    wait_for(lambda: "line 499\n" in "".join(o["text"] for o in out.outputs), what="newest line")
+    held = "".join(o["text"] for o in out.outputs).splitlines()
+    assert len(held) <= 2 * 20 + 1
+    assert held[-1] == "line 499"
+    # The whole log is one click away.
+    page = d._task_pages["worker-0"]
+    page.children[1].children[0].click()
+    wait_for(lambda: "line 0\n" in "".join(o["text"] for o in out.outputs), what="full log")
+    assert "".join(o["text"] for o in out.outputs).count("\n") >= 500
+
+
+def test_interleaved_tasks_each_get_their_own_tab(scripted):
+    cluster = scripted.add(
+        make_status(tasks=[TaskStatus("ps-0", Phase.RUNNING), TaskStatus("worker-0", Phase.RUNNING)])
+    )
+    d = Dashboard(cluster, widgets=True, max_lines=10).start()
+    wait_for(lambda: len(d._task_pages) == 2, what="two tabs")
+    assert list(d.tabs.titles[:2]) == ["ps-0", "worker-0"]
+    batch = []
+    for i in range(40):
+        batch.append(LogLine("worker-0", f"w{i}", time.time()))
+        if i % 4 == 0:
+            batch.append(LogLine("ps-0", f"p{i}", time.time()))
+    d._on_logs(batch)  # one batch, as the watcher hands it over
+    assert list(d.lines["worker-0"]) == [f"w{i}" for i in range(30, 40)]
+    assert list(d.lines["ps-0"]) == [f"p{i}" for i in range(0, 40, 4)]
+    assert d.line_counts == {"worker-0": 40, "ps-0": 10}
+    d.refresh()
+    worker = "".join(o["text"] for o in d._task_pages["worker-0"].output.outputs)
+    ps = "".join(o["text"] for o in d._task_pages["ps-0"].output.outputs)
+    assert worker.splitlines()[-1] == "w39" and "p" not in worker
+    assert ps.splitlines() == [f"p{i}" for i in range(0, 40, 4)]
+
+
+def test_stop_button_stops_once_and_shows_the_outcome(scripted):
+    cluster = scripted.add(make_status())
+    scripted.stop_delay = 0.3
+    d = Dashboard(cluster, widgets=True).start()
+    wait_for(lambda: 'data-phase="running"' in d.tasks.value, what="running")
+    assert not d.stop_button.disabled
+    d.stop_button.click()
+    d.stop_button.click()  # a second click while stopping is ignored
+    assert d.stop_button.disabled
+    d._action_thread.join(TIMEOUT)
+    assert scripted.calls.count(("stop", "demo")) == 1
+    assert "stopped" in d.outcome and "/tmp/logs" in d.outcome
+    wait_for(lambda: 'data-phase="stopped"' in d.tasks.value, what="stopped row")
+    assert "stopped: the cluster is stopped" in d.outcome_label.value
+    assert d.stop_button.disabled
+
+
+def test_delete_asks_once_then_deletes_and_leaves_no_thread(scripted):
+    before = {t.ident for t in dashboard_threads()}
+    cluster = scripted.add(make_status())
+    d = Dashboard(cluster, widgets=True).start()
+    watcher = ClusterWatcher.of(scripted, "demo")
+    wait_for(lambda: 'data-phase="running"' in d.tasks.value, what="running")
+    d.delete_button.click()
+    assert scripted.calls == []  # asked, not done
+    assert "delete demo and its logs?" in d.outcome_label.value
+    assert d.confirm_button.layout.display is None and d.delete_button.disabled
+    d.cancel_button.click()
+    assert d.confirm_button.layout.display == "none" and not d.delete_button.disabled
+    d.delete_button.click()
+    d.confirm_button.click()
+    d.confirm_button.click()  # the question is gone: a second confirm does nothing
+    d._action_thread.join(TIMEOUT)
+    assert scripted.calls == [("delete", "demo")]
+    assert d.wait(TIMEOUT) and d.deleted
+    assert "deleted demo" in d.outcome_label.value
+    assert 'data-phase="deleted"' in d.header.value
+    assert d.delete_button.disabled and d.stop_button.disabled
+    assert d._on_status not in watcher._status_subs and d._on_logs not in watcher._log_subs
+    wait_for(lambda: not ({t.ident for t in dashboard_threads()} - before), what="threads to end")
+
+
+def test_external_delete_ends_the_dashboard(scripted):
+    """Deleting through another handle (another cell, the CLI) also ends the view and its thread."""
+    cluster = scripted.add(make_status())
+    d = Dashboard(cluster, widgets=True).start()
+    wait_for(lambda: 'data-phase="running"' in d.tasks.value, what="running")
+    Cluster("demo", scripted).delete()
+    assert d.wait(TIMEOUT)
+    assert d.deleted and 'data-phase="deleted"' in d.header.value
+    wait_for(lambda: not d.running, what="render thread to end")
+
+
+def test_tensorboard_button_shows_proxied_link_and_iframe(scripted):
+    cluster = scripted.add(make_status())
+    d = Dashboard(cluster, widgets=True).start()
+    d.tensorboard_button.click()
+    d._action_thread.join(TIMEOUT)
+    assert scripted.calls == [("tensorboard", "demo")]
+    assert 'href="/proxy/6006/"' in d.tensorboard_view.value and "<iframe" in d.tensorboard_view.value
+    assert d.tabs.selected_index == len(d.tabs.children) - 1
+
+
+def test_two_views_share_one_watcher(scripted):
+    cluster = scripted.add(make_status())
+    a = Dashboard(cluster, widgets=True).start()
+    b = Dashboard(Cluster("demo", scripted), widgets=True).start()
+    assert a._watcher is b._watcher
+    scripted.push_lines("demo", "worker-0", ["shared"])
+    for d in (a, b):
+        out = wait_for(lambda d=d: d._task_pages.get("worker-0"), what="tab")
+        wait_for(lambda out=out: "shared" in "".join(o["text"] for o in out.output.outputs), what="line")
+    a.close()
+    scripted.push_lines("demo", "worker-0", ["after"])
+    wait_for(
+        lambda: "after" in "".join(o["text"] for o in b._task_pages["worker-0"].output.outputs),
+        what="line in b",
+    )
+    assert "after" not in "".join(o["text"] for o in a._task_pages["worker-0"].output.outputs)
+    wait_for(lambda: not a.running, what="closed view's thread to end")
+
+
+def test_rerunning_a_cell_closes_the_views_it_showed_before(scripted, monkeypatch, capsys):
+    from tfk8s_magics.ui import live
+
+    cluster = scripted.add(make_status())
+    run = {"msg": "run-1"}
+    monkeypatch.setattr(live, "current_cell_id", lambda: "cell-a")
+    monkeypatch.setattr(live, "_current_msg_id", lambda: run["msg"])
+    first = Dashboard(cluster, widgets=True).show()
+    same_run = Dashboard(cluster, widgets=True).show()  # one run may show several views
+    assert first.running and same_run.running
+    run["msg"] = "run-2"  # the cell is executed again
+    again = Dashboard(cluster, widgets=True).show()
+    wait_for(lambda: not first.running and not same_run.running, what="old views to stop")
+    assert first.widget.comm is None  # its widgets were closed, not leaked
+    assert again.running
+    scripted.push_lines("demo", "worker-0", ["still live"])
+    out = wait_for(lambda: again._task_pages.get("worker-0"), what="tab")
+    wait_for(lambda: "still live" in "".join(o["text"] for o in out.output.outputs), what="line")
+    again.close()
+
+
+def test_fallback_repr_without_widgets(scripted):
+    cluster = scripted.add(make_status(name="demo", reason=EVIL, progress=Progress(step=5, total=10)))
+    d = Dashboard(cluster, widgets=False)
+    assert d.widget is None
+    html = d._repr_html_()
+    assert "demo" in html and ESCAPED in html and "<img" not in html and "step 5/10" in html
+    text = repr(d)
+    assert "cluster demo (scripted, between): running" in text and "worker-0" in text
+    bundle = d._repr_mimebundle_()
+    assert set(bundle) == {"text/plain", "text/html"}
+    w = Dashboard(cluster, widgets=True)
+    assert "application/vnd.jupyter.widget-view+json" in w._repr_mimebundle_()
+    assert "text/html" in w._repr_mimebundle_()  # what nbconvert shows without widget state
+
+
+def test_cluster_list_rows_actions_and_fallback(scripted):
+    scripted.add(
+        make_status(
+            name="done", phase=Phase.SUCCEEDED, finished=time.time(), progress=Progress(step=10, total=10)
+        )
+    )
+    scripted.add(make_status(name=EVIL))
+    lst = ClusterList(scripted, widgets=True)
+    assert set(lst.rows) == {"done", EVIL}
+    assert ESCAPED in lst.rows[EVIL].name_cell.value and "<img" not in lst.rows[EVIL].name_cell.value
+    done = lst.rows["done"]
+    assert 'data-phase="succeeded"' in done.phase_cell.value and done.bar.value == 10
+    assert done.stop_button.disabled and not done.live
+    assert lst.rows[EVIL].live  # a running cluster is followed through its watcher
+    scripted.push(make_status(name=EVIL, progress=Progress(step=4, total=8)))
+    wait_for(lambda: lst.rows[EVIL].bar.value == 4, what="list progress")
+    assert lst.rows[EVIL].bar.max == 8
+    row = lst.rows[EVIL]
+    row.stop_button.click()
+    lst._threads[-1].join(TIMEOUT)
+    assert scripted.calls == [("stop", EVIL)]
+    row.delete_button.click()
+    assert scripted.calls == [("stop", EVIL)] and row.delete_button.description == "Yes, delete"
+    row.delete_button.click()
+    lst._threads[-1].join(TIMEOUT)
+    assert scripted.calls[-1] == ("delete", EVIL) and row.deleted
+    assert "deleted" in lst.outcome_label.value and ESCAPED in lst.outcome_label.value
+    d = lst.open_dashboard("done")
+    assert lst.detail.children == (d.widget,)
+    assert d.wait(TIMEOUT)
+    lst.close()
+    text = repr(lst)
+    assert "done" in text and "succeeded" in text
+    assert "<img" not in lst._repr_html_()
+
+
+# -- a real local cluster ----------------------------------------------------------
+SCRIPT = """
+import time, tfk8s_magics
+N = 12
+for i in range(N + 1):
+    print(f"step {i} <img src=x onerror=alert(1)>", flush=True)
+    tfk8s_magics.report_progress(i, total=N, loss=1.0 / (i + 1))
+    time.sleep(0.15)
+"""
+
+
+@pytest.mark.slow
+def test_real_local_cluster_end_to_end(local, workdir):
+    import tfk8s_magics as tk
+
+    before = {t.ident for t in dashboard_threads()}
+    cluster = tk.launch("dash", backend_name=local, workers=1, ps=0, script=SCRIPT, ps_grace_period=0)
+    d = Dashboard(cluster, widgets=True).start()
+    wait_for(lambda: 'data-phase="running"' in d.tasks.value, timeout=120, what="worker running")
+    wait_for(lambda: 'data-phase="succeeded"' in d.tasks.value, timeout=60, what="worker succeeded")
+    assert d.wait(60)
+    assert d.progress.value == 12 and d.progress.max == 12
+    logged = "".join(o["text"] for o in d._task_pages["worker-0"].output.outputs)
+    assert "step 12 " + EVIL in logged
+    pts = d._history.points()["loss"]
+    assert pts[-1] == (12, pytest.approx(1 / 13)) and len(pts) >= 3
+    assert "Completed" in d.events_view.value
+    d.delete_button.click()
+    d.confirm_button.click()
+    d._action_thread.join(30)
+    assert d.deleted and "deleted dash" in d.outcome
+    with pytest.raises(ClusterNotFound):
+        local.status("dash")
+    wait_for(lambda: not ({t.ident for t in dashboard_threads()} - before), what="threads to end")

@@ -1,0 +1,359 @@
+"""``%tfcluster list``: a live table of the user's clusters with their phase, progress and actions.
+
+Each row shows a cluster's name, backend, mode, phase (and why), how many
+tasks run, a progress bar with step / ETA, its age, and three actions:
+Dashboard (opens the cluster's dashboard under the table), Stop, and
+Delete (asks once).  Rows of clusters still running are fed by their
+:class:`~tfk8s_magics.watch.ClusterWatcher` — the same watcher as every
+other view of that cluster — and redrawn by one coalescing thread that
+ends once no listed cluster is running.  Ended clusters are not watched.
+
+Without ipywidgets the same table is rendered as HTML or text
+(:class:`~tfk8s_magics.ui.render.ListView`).
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+
+from ..backends import ClusterStatus, Phase
+from ..watch import ClusterWatcher
+from . import live
+from .logview import widgets_available
+from .render import fmt_duration, fmt_progress, list_html, list_text, phase_badge
+
+_e = html.escape
+COLUMNS = (
+    "minmax(6em, max-content) 4.5em 5em minmax(7em, max-content) 3em minmax(12em, 1fr) 3.5em max-content"
+)
+HEADINGS = ("name", "backend", "mode", "phase", "tasks", "progress", "age", "")
+
+
+def _tasks_text(st: ClusterStatus) -> str:
+    running = sum(1 for t in st.tasks if t.phase == Phase.RUNNING)
+    return f"{running}/{len(st.tasks)}"
+
+
+class _Row:
+    """The widgets of one cluster's row."""
+
+    def __init__(self, owner: ClusterList, st: ClusterStatus) -> None:
+        import ipywidgets as w
+
+        self.owner = owner
+        self.name = st.name
+        self.status = st
+        self.deleted = False
+        self.busy = False
+        self.confirming = False
+        self.unsubscribe = None
+        self.watcher: ClusterWatcher | None = None
+        self.name_cell = w.HTML(f'<b class="tfk8s-name">{_e(st.name)}</b>')
+        self.backend_cell = w.HTML(_e(st.backend))
+        self.mode_cell = w.HTML(_e(st.mode))
+        self.phase_cell = w.HTML()
+        self.tasks_cell = w.HTML()
+        self.bar = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="5em", min_width="5em"))
+        self.bar.add_class("tfk8s-progress")
+        self.progress_text = w.HTML()
+        self.age_cell = w.HTML()
+        self.dash_button = w.Button(description="Dashboard", layout=w.Layout(width="auto"))
+        self.stop_button = w.Button(description="Stop", button_style="warning", layout=w.Layout(width="auto"))
+        self.delete_button = w.Button(
+            description="Delete", button_style="danger", layout=w.Layout(width="auto")
+        )
+        self.cancel_button = w.Button(description="Cancel", layout=w.Layout(width="auto", display="none"))
+        for b, cls in (
+            (self.dash_button, "tfk8s-dashboard-button"),
+            (self.stop_button, "tfk8s-stop"),
+            (self.delete_button, "tfk8s-delete"),
+            (self.cancel_button, "tfk8s-cancel"),
+        ):
+            b.add_class(cls)
+        self.dash_button.on_click(lambda _b: owner.open_dashboard(self.name))
+        self.stop_button.on_click(lambda _b: self.stop())
+        self.delete_button.on_click(lambda _b: self.delete())
+        self.cancel_button.on_click(lambda _b: self.cancel())
+        self.cells = [
+            self.name_cell,
+            self.backend_cell,
+            self.mode_cell,
+            self.phase_cell,
+            self.tasks_cell,
+            w.HBox([self.bar, self.progress_text], layout=w.Layout(align_items="center")),
+            self.age_cell,
+            w.HBox([self.dash_button, self.stop_button, self.delete_button, self.cancel_button]),
+        ]
+        self.draw()
+
+    @property
+    def live(self) -> bool:
+        return self.unsubscribe is not None
+
+    def watch(self) -> None:
+        """Follow the cluster through its watcher (only while it runs)."""
+        self.watcher = ClusterWatcher.of(self.owner.backend, self.name)
+        self.unsubscribe = self.watcher.subscribe(on_status=self.on_status)
+
+    def on_status(self, st: ClusterStatus) -> None:
+        self.status = st
+        self.owner.poke()
+
+    def ended(self) -> bool:
+        """Whether nothing more will change in this row (its watcher stopped, or it was deleted)."""
+        if self.deleted:
+            return True
+        if self.watcher is not None and not self.watcher.running:
+            return True
+        return self.watcher is None and self.status.terminal
+
+    def unwatch(self) -> None:
+        if self.unsubscribe:
+            self.unsubscribe()
+        self.unsubscribe = None
+
+    def draw(self, now: float | None = None) -> None:
+        st = self.status
+        now = time.time() if now is None else now
+        phase = "deleted" if self.deleted else st.phase
+        reason = (
+            "" if self.deleted or not st.reason else f'<br><small style="color:#666">{_e(st.reason)}</small>'
+        )
+        self.phase_cell.value = (
+            f'<span data-phase="{_e(phase, quote=True)}">{phase_badge(phase)}{reason}</span>'
+        )
+        self.tasks_cell.value = _e(_tasks_text(st))
+        p = st.progress
+        if p is not None:
+            top = p.total or max(p.step, 1)
+            self.bar.max = max(top, 1)
+            self.bar.value = min(p.step, self.bar.max)
+        self.bar.bar_style = {
+            Phase.SUCCEEDED: "success",
+            Phase.FAILED: "danger",
+            Phase.STOPPED: "warning",
+        }.get(st.phase, "")
+        self.progress_text.value = f'<small class="tfk8s-progress-text">{_e(fmt_progress(p))}</small>'
+        self.age_cell.value = _e(fmt_duration(now - st.created)) if st.created else "-"
+        self.stop_button.disabled = self.busy or self.deleted or st.terminal
+        self.delete_button.disabled = self.busy or self.deleted
+        self.dash_button.disabled = self.deleted
+        self.delete_button.description = "Yes, delete" if self.confirming else "Delete"
+        self.cancel_button.layout.display = None if self.confirming else "none"
+
+    # -- actions ------------------------------------------------------------------
+    def stop(self) -> None:
+        if self.busy or self.deleted:
+            return
+        self.busy = True
+        self.draw()
+        self.owner.run(f"stopping {self.name}", self._do_stop)
+
+    def _do_stop(self) -> str:
+        try:
+            st = self.owner.cluster(self.name).stop()
+            self.status = st
+            return f"{self.name}: {st.phase}; logs kept in {st.log_dir}"
+        finally:
+            self.busy = False
+
+    def delete(self) -> None:
+        if self.busy or self.deleted:
+            return
+        if not self.confirming:
+            self.confirming = True
+            self.draw()
+            self.owner.say(f"delete {self.name} and its logs? press Yes, delete")
+            return
+        self.confirming = False
+        self.busy = True
+        self.draw()
+        self.owner.run(f"deleting {self.name}", self._do_delete)
+
+    def _do_delete(self) -> str:
+        try:
+            self.owner.cluster(self.name).delete()
+            self.deleted = True
+            self.unwatch()
+            return f"{self.name}: deleted"
+        finally:
+            self.busy = False
+
+    def cancel(self) -> None:
+        self.confirming = False
+        self.draw()
+        self.owner.say("")
+
+
+class ClusterList:
+    """A live table of the clusters on a backend (see the module docstring)."""
+
+    def __init__(self, backend, widgets: bool | None = None) -> None:
+        self.backend = backend
+        self.use_widgets = widgets_available() if widgets is None else bool(widgets)
+        self.statuses: list[ClusterStatus] = []
+        self.rows: dict[str, _Row] = {}
+        self.outcome = ""
+        self.dashboard = None
+        self._closed = False
+        self._draw_lock = threading.RLock()
+        self._threads: list[threading.Thread] = []
+        self._throttle: live.Throttle | None = None
+        self.widget = None
+        if self.use_widgets:
+            import ipywidgets as w
+
+            self.refresh_button = w.Button(
+                description="Refresh", icon="refresh", layout=w.Layout(width="auto")
+            )
+            self.refresh_button.on_click(lambda _b: self.refresh())
+            self.summary = w.HTML()
+            self.table = w.GridBox(
+                layout=w.Layout(grid_template_columns=COLUMNS, grid_gap="2px 8px", align_items="center")
+            )
+            self.table.add_class("tfk8s-list")
+            self.outcome_label = w.HTML()
+            self.outcome_label.add_class("tfk8s-outcome")
+            self.detail = w.VBox()
+            self.widget = w.VBox(
+                [
+                    w.HBox([self.refresh_button, self.summary], layout=w.Layout(align_items="center")),
+                    self.table,
+                    self.outcome_label,
+                    self.detail,
+                ]
+            )
+            self.widget.add_class("tfk8s-cluster-list")
+        self.refresh()
+
+    def cluster(self, name: str):
+        from ..api import Cluster
+
+        return Cluster(name, self.backend)
+
+    # -- data ---------------------------------------------------------------------
+    def refresh(self) -> None:
+        """List the clusters again and rebuild the table."""
+        self.statuses = self.backend.list_clusters()
+        if not self.use_widgets:
+            return
+        import ipywidgets as w
+
+        with self._draw_lock:
+            for row in self.rows.values():
+                row.unwatch()
+            self.rows = {}
+            cells = [w.HTML(f"<b>{h}</b>") for h in HEADINGS]
+            for st in self.statuses:
+                row = _Row(self, st)
+                self.rows[st.name] = row
+                cells += row.cells
+                if not st.terminal:
+                    row.watch()
+            self.table.children = cells
+            n = len(self.statuses)
+            running = sum(1 for st in self.statuses if not st.terminal)
+            self.summary.value = (
+                f"<span>{n} cluster{'s' if n != 1 else ''} on "
+                f"<b>{_e(self.backend.name)}</b>, {running} running</span>"
+                if n
+                else f"<i>no clusters on {_e(self.backend.name)}</i>"
+            )
+        if any(r.live for r in self.rows.values()):
+            if self._throttle is None or not self._throttle.alive:
+                self._throttle = live.Throttle(
+                    self._render, name="tfk8s-cluster-list", tick=2.0, finished=self._all_ended
+                ).start()
+            self._throttle.poke()
+
+    def poke(self) -> None:
+        if self._throttle is not None:
+            self._throttle.poke()
+
+    def _all_ended(self) -> bool:
+        return self._closed or all(r.ended() for r in self.rows.values())
+
+    def _render(self) -> None:
+        with self._draw_lock:
+            for row in list(self.rows.values()):
+                if row.live and row.ended():
+                    row.unwatch()
+                row.draw()
+            self.outcome_label.value = f'<span class="tfk8s-outcome-text">{_e(self.outcome)}</span>'
+
+    # -- actions ----------------------------------------------------------------------
+    def say(self, text: str) -> None:
+        self.outcome = text
+        if self.widget is not None:
+            with self._draw_lock:
+                self.outcome_label.value = f'<span class="tfk8s-outcome-text">{_e(text)}</span>'
+
+    def run(self, what: str, fn) -> threading.Thread:
+        """Run an action on a thread (buttons must not block the kernel); show its outcome."""
+        self.say(f"{what}…")
+
+        def target() -> None:
+            try:
+                text = fn()
+            except Exception as e:  # noqa: BLE001 - shown to the user
+                text = f"{what} failed: {e}"
+            self.say(text)
+            with self._draw_lock:
+                for row in self.rows.values():
+                    row.draw()
+
+        t = threading.Thread(target=target, name="tfk8s-list-action", daemon=True)
+        self._threads.append(t)
+        t.start()
+        return t
+
+    def open_dashboard(self, name: str):
+        """Show ``name``'s dashboard under the table (replacing the one shown before)."""
+        from .dashboard import Dashboard
+
+        if self.dashboard is not None:
+            self.dashboard.close(destroy=True)
+        self.dashboard = Dashboard(self.cluster(name), widgets=True).start()
+        self.detail.children = [self.dashboard.widget]
+        return self.dashboard
+
+    def close(self, destroy: bool = False) -> None:
+        """Stop updating (and with ``destroy``, free the widgets)."""
+        self._closed = True
+        for row in self.rows.values():
+            row.unwatch()
+        if self._throttle is not None:
+            self._throttle.close()
+        if self.dashboard is not None:
+            self.dashboard.close(destroy=destroy)
+        if destroy and self.widget is not None:
+            live.close_tree(self.widget)
+
+    # -- display ----------------------------------------------------------------------
+    def show(self) -> ClusterList:
+        """Display the table under the current cell."""
+        from IPython.display import display
+
+        live.supersede(self)
+        display(self)
+        return self
+
+    def _repr_mimebundle_(self, **kwargs) -> dict:
+        data = {"text/plain": list_text(self.statuses), "text/html": list_html(self.statuses)}
+        if self.widget is not None:
+            data.update(self.widget._repr_mimebundle_(**kwargs) or {})
+            data["text/plain"] = list_text(self.statuses)
+        return data
+
+    def _repr_html_(self) -> str:
+        return list_html(self.statuses)
+
+    def __repr__(self) -> str:
+        return list_text(self.statuses)
+
+
+def show(backend, widgets: bool | None = None) -> ClusterList:
+    """Display the live cluster list of ``backend`` and return it."""
+    return ClusterList(backend, widgets=widgets).show()

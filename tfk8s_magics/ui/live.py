@@ -1,0 +1,163 @@
+"""Helpers shared by the live views: a coalescing render thread, cell identity.
+
+Watchers call views back on their own threads, as often as things change.
+A view does not redraw on every call: it marks itself dirty and pokes its
+:class:`Throttle`, whose one thread redraws at most every ``interval``
+seconds (plus, optionally, a slow periodic ``tick`` for clocks such as a
+task's running duration).  The thread ends when the view is closed or its
+``finished`` predicate becomes true, so a view of a deleted cluster leaves
+no thread behind.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Callable
+
+
+class Throttle:
+    """Call ``fn`` on a daemon thread at most every ``interval`` s after :meth:`poke`.
+
+    ``tick`` (seconds, or a callable returning seconds or None) also calls
+    ``fn`` periodically while nothing is poked; None means no tick.
+    ``finished()`` is checked after every call and ends the thread when
+    true, so ``fn`` should draw the final state once it sees the end.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[], None],
+        name: str,
+        interval: float = 0.25,
+        tick: float | Callable[[], float | None] | None = None,
+        finished: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.fn = fn
+        self.interval = interval
+        self._tick = tick
+        self._finished = finished
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self.calls = 0
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> Throttle:
+        self.thread.start()
+        return self
+
+    def poke(self) -> None:
+        """Ask for a call soon (coalesced with other pokes)."""
+        self._wake.set()
+
+    def close(self) -> None:
+        """End the thread (after its current call, if any)."""
+        self._closed.set()
+        self._wake.set()
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout)
+
+    def _tick_seconds(self) -> float | None:
+        return self._tick() if callable(self._tick) else self._tick
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            self._wake.wait(self._tick_seconds())
+            self._wake.clear()
+            if self._closed.is_set():
+                return
+            started = time.monotonic()
+            try:
+                self.fn()
+            except Exception:  # noqa: BLE001 - a broken render must not kill the view's thread
+                traceback.print_exc()
+            self.calls += 1
+            if self._finished():
+                return
+            # Coalesce: whatever arrives during this pause is drawn by the next call.
+            self._closed.wait(max(0.0, self.interval - (time.monotonic() - started)))
+
+
+def current_cell_id() -> str | None:
+    """The id of the notebook cell being executed, when the front end sends it (JupyterLab does)."""
+    try:
+        from IPython import get_ipython
+
+        kernel = getattr(get_ipython(), "kernel", None)
+        if kernel is None:
+            return None
+        parent = (
+            kernel.get_parent("shell") if hasattr(kernel, "get_parent") else kernel._parent_header
+        )
+        return (parent or {}).get("metadata", {}).get("cellId")
+    except Exception:  # noqa: BLE001 - only an optimisation depends on it
+        return None
+
+
+def in_kernel() -> bool:
+    """Whether this process is a Jupyter kernel (displays can be updated in place)."""
+    try:
+        from IPython import get_ipython
+
+        return hasattr(get_ipython(), "kernel")
+    except ImportError:
+        return False
+
+
+_by_cell: dict[str, tuple[str | None, list]] = {}
+_by_cell_lock = threading.Lock()
+
+
+def supersede(view) -> None:
+    """Close the views an earlier run of the current cell displayed; remember ``view``.
+
+    Re-running a cell clears its output, so the views it showed before can
+    no longer be seen: closing them stops their updates and frees their
+    widgets.  Several views shown by one run of a cell all stay.
+    """
+    cell = current_cell_id()
+    if cell is None:
+        return
+    msg_id = _current_msg_id()
+    with _by_cell_lock:
+        old_msg, views = _by_cell.get(cell, (None, []))
+        if old_msg != msg_id:
+            stale, views = views, []
+        else:
+            stale = []
+        views.append(view)
+        _by_cell[cell] = (msg_id, views)
+    for v in stale:
+        if v is not view:
+            v.close(destroy=True)
+
+
+def _current_msg_id() -> str | None:
+    try:
+        from IPython import get_ipython
+
+        kernel = get_ipython().kernel
+        parent = (
+            kernel.get_parent("shell") if hasattr(kernel, "get_parent") else kernel._parent_header
+        )
+        return (parent or {}).get("header", {}).get("msg_id")
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def close_tree(widget) -> None:
+    """Close a widget, its children, layouts and styles (frees them in kernel and browser)."""
+    for child in getattr(widget, "children", ()) or ():
+        close_tree(child)
+    for attr in ("layout", "style"):
+        sub = getattr(widget, attr, None)
+        if sub is not None and hasattr(sub, "close"):
+            sub.close()
+    widget.close()
