@@ -71,15 +71,15 @@ def test_cli_submit_is_detached_and_logs_follow(state_dir, workdir):
     assert "no clusters" in tfk8s("list").stdout
 
 
-def test_loopback_shim_is_built_once_and_can_be_turned_off(state_dir, monkeypatch):
+def test_loopback_shim_is_built_once_and_can_be_turned_off(tmp_path, monkeypatch):
     from tfk8s_magics.backends.local import isolation
 
-    lib = isolation.shim_path(state_dir)
-    assert lib is not None and lib.exists()
+    lib = isolation.shim_path(tmp_path)
+    assert lib is not None and lib.exists() and lib.parent == tmp_path
     mtime = lib.stat().st_mtime_ns
-    assert isolation.shim_path(state_dir) == lib and lib.stat().st_mtime_ns == mtime
+    assert isolation.shim_path(tmp_path) == lib and lib.stat().st_mtime_ns == mtime
     env = {"LD_PRELOAD": "/other.so"}
     isolation.preload_env(env, str(lib))
     assert env["LD_PRELOAD"] == f"{lib} /other.so"
     monkeypatch.setenv("TFK8S_LOOPBACK_ONLY", "0")
-    assert isolation.shim_path(state_dir) is None
+    assert isolation.shim_path(tmp_path) is None

@@ -207,3 +207,22 @@ def test_stop_during_the_grace_period_is_prompt(local, workdir):
     # The supervisor ended on its own (not killed after the stop timeout).
     *_, final = cluster.watch()
     assert final.task("ps-0").phase == Phase.STOPPED
+
+
+def test_a_flood_of_output_is_bounded_in_the_live_stream(local, workdir):
+    # ~4 MB in one burst: the live stream skips to the newest part; the file keeps it all.
+    script = (
+        "import sys\n"
+        "sys.stdout.write(''.join(f'flood line {i:07d} ' + 'x' * 40 + '\\n' for i in range(70000)))\n"
+        "sys.stdout.flush()\n"
+        "print('the end', flush=True)\n"
+    )
+    cluster = tk.launch("flood", workers=1, script=script, backend_name=local)
+    cluster.wait(timeout=120)
+    got = [line.text for line in cluster.follow()]
+    assert got[-1] == "the end"
+    notes = [t for t in got if "bytes of fast output skipped here" in t]
+    assert len(notes) == 1
+    assert len(got) < 70000 // 10  # bounded...
+    assert "flood line 0069999" in got[-2]  # ...yet the newest lines are all there
+    assert cluster.logs("worker-0").count("flood line") == 70000  # and nothing is lost on disk

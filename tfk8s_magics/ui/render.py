@@ -34,7 +34,7 @@ def fmt_progress(p: Progress | None) -> str:
     parts = [f"step {p.step}" + (f"/{p.total}" if p.total else "")]
     if p.percent is not None:
         parts[0] += f" ({p.percent:.1f}%)"
-    if p.eta is not None:
+    if p.eta is not None and (p.total is None or p.step < p.total):
         parts.append(f"ETA {fmt_duration(p.eta)}")
     parts += [f"{k} {v:.4g}" for k, v in sorted(p.metrics.items())]
     return " · ".join(parts)

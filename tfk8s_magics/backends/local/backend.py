@@ -41,14 +41,17 @@ from ..base import (
     TensorBoardInfo,
 )
 from . import isolation, logtail
+from .inotify import DirWatcher
 from .layout import ClusterDir, default_state_dir, read_json, task_log_path, write_json_atomic
 
 #: Seconds to wait for a new supervisor to report in.
 SUPERVISOR_START_TIMEOUT = 30.0
 #: Seconds to wait for a stopped cluster's processes to end.
 STOP_TIMEOUT = 20.0
-#: How often watchers look at status.json.
+#: How often watchers look at status.json where inotify is unavailable.
 WATCH_INTERVAL = 0.1
+#: Longest sleep of a watcher between inotify wake-ups (it wakes at once on a change).
+IDLE_WAKEUP = 1.0
 TENSORBOARD_START_TIMEOUT = 90.0
 #: The task name an in-graph client reports progress as.
 COORDINATOR = "chief-0"
@@ -140,7 +143,7 @@ class LocalBackend(Backend):
                 "addresses": addresses,
                 "cluster": cluster_def(spec, lambda t: addresses[t.name]),
                 "workdir": os.getcwd(),
-                "loopback_shim": str(shim) if (shim := isolation.shim_path(self.state_dir)) else None,
+                "loopback_shim": str(shim) if (shim := isolation.shim_path()) else None,
                 "log_dir": str(log_dir),
                 "data_dir": str(data_dir),
             }
@@ -243,30 +246,59 @@ class LocalBackend(Backend):
         return sorted(out, key=lambda s: s.created, reverse=True)
 
     def _finished(self, cdir: ClusterDir) -> bool:
+        """Whether nothing of the cluster runs any more (or it was deleted)."""
+        if not cdir.record.exists():
+            return True
         raw = read_json(cdir.status) or {}
         return bool(raw.get("supervisor_done")) or (bool(raw) and not pid_alive(raw.get("supervisor_pid")))
 
+    def _finished_check(self, cdir: ClusterDir):
+        """A cheap :meth:`_finished` for loops: re-reads status.json only when it changed."""
+        cache: dict[str, object] = {"mark": None, "done": False}
+
+        def check() -> bool:
+            try:
+                mark = cdir.status.stat().st_mtime_ns
+            except FileNotFoundError:
+                mark = None
+            if mark != cache["mark"] or not pid_alive_cached():
+                cache["mark"], cache["done"] = mark, self._finished(cdir)
+            return bool(cache["done"])
+
+        def pid_alive_cached() -> bool:
+            # A SIGKILLed supervisor cannot update its status: notice it at most every second.
+            now = time.monotonic()
+            if now - cache.get("checked", 0.0) < 1.0:
+                return True
+            cache["checked"] = now
+            raw = read_json(cdir.status) or {}
+            return not raw or bool(raw.get("supervisor_done")) or pid_alive(raw.get("supervisor_pid"))
+
+        return check
+
     def watch(self, name: str, stop: threading.Event) -> Iterator[ClusterStatus]:
         cdir = self._dir(name)
+        finished = self._finished_check(cdir)
         last = None
-        while not stop.is_set():
-            try:
-                marks = [cdir.status.stat().st_mtime_ns]
-                marks += [p.stat().st_mtime_ns for p in cdir.progress_dir.glob("*.jsonl")]
-            except FileNotFoundError:
-                if not cdir.record.exists():
-                    return  # deleted
-                marks = None
-            if marks != last:
-                last = marks
+        with DirWatcher([cdir.root, cdir.progress_dir]) as watcher:
+            while not stop.is_set():
                 try:
-                    st = self.status(name)
-                except ClusterNotFound:
-                    return
-                yield st
-                if st.terminal and self._finished(cdir):
-                    return
-            stop.wait(WATCH_INTERVAL)
+                    marks = [cdir.status.stat().st_mtime_ns]
+                    marks += [p.stat().st_mtime_ns for p in cdir.progress_dir.glob("*.jsonl")]
+                except FileNotFoundError:
+                    if not cdir.record.exists():
+                        return  # deleted
+                    marks = None
+                if marks != last or finished():
+                    last = marks
+                    try:
+                        st = self.status(name)
+                    except ClusterNotFound:
+                        return
+                    yield st
+                    if st.terminal and finished():
+                        return
+                watcher.wait(IDLE_WAKEUP if watcher.active else WATCH_INTERVAL)
 
     # -- logs --------------------------------------------------------------
     def _log_files(self, name: str, tasks: list[str] | None) -> dict[str, Path]:
@@ -291,7 +323,7 @@ class LocalBackend(Backend):
     ) -> Iterator[LogLine]:
         files = self._log_files(name, tasks)
         cdir = self._dir(name)
-        return logtail.follow(files, stop, lambda: self._finished(cdir), from_start)
+        return logtail.follow(files, stop, self._finished_check(cdir), from_start, wake_dirs=[cdir.root])
 
     def events(self, name: str) -> list[Event]:
         cdir = self._dir(name)

@@ -6,7 +6,8 @@ is on this machine, so nothing needs them reachable from elsewhere: the
 supervisor preloads a tiny shim (``loopback_bind.c``) into each task that
 turns a ``bind()`` to a wildcard address into a bind to loopback.
 
-The shim is compiled once per state dir with the system C compiler
+The shim is compiled once (into ``$XDG_CACHE_HOME/tfk8s``, by default
+``~/.cache/tfk8s``) with the system C compiler
 (``cc``/``gcc``; the lab's images and Debian have it).  Without a compiler,
 or with ``TFK8S_LOOPBACK_ONLY=0``, tasks run without it and their ports are
 reachable from the network, as TensorFlow makes them.
@@ -28,13 +29,19 @@ def enabled() -> bool:
     return os.environ.get("TFK8S_LOOPBACK_ONLY", "1").strip().lower() not in ("0", "false", "no")
 
 
-def shim_path(state_dir: Path) -> Path | None:
-    """The compiled shim for this state dir, building it if needed; None if it cannot be built."""
+def cache_dir() -> Path:
+    """Where built artefacts are cached: ``$XDG_CACHE_HOME/tfk8s`` or ``~/.cache/tfk8s``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "tfk8s"
+
+
+def shim_path(cache: Path | None = None) -> Path | None:
+    """The compiled shim, built on first use; None if disabled or it cannot be built."""
     if not enabled():
         return None
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(source).hexdigest()[:12]
-    lib = state_dir / "lib" / f"libtfk8s_loopback_bind-{digest}.so"
+    lib = (cache or cache_dir()) / f"libtfk8s_loopback_bind-{digest}.so"
     if lib.exists():
         return lib
     compiler = shutil.which("cc") or shutil.which("gcc")

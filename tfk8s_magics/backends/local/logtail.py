@@ -9,11 +9,21 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..base import LogLine
+from .inotify import DirWatcher
 
-#: How often the follower looks for new output.  Bounds the print-to-notebook latency.
+#: After a read that found output, wait this long before reading again, so a
+#: flood is taken in batches rather than in a busy loop.  An idle follower
+#: sleeps in inotify and wakes the moment a task writes.
 FOLLOW_INTERVAL = 0.05
+#: Longest sleep of an idle follower (it still wakes at once on output).
+IDLE_WAKEUP = 1.0
 #: A line longer than this is cut (the file keeps it whole).
 MAX_LINE = 16_384
+#: When a file grew by more than this since the last read, the live stream
+#: jumps to its newest ``CATCHUP_KEEP`` bytes and says so: a flood must not
+#: swamp the notebook (the file keeps every byte).
+MAX_BACKLOG = 512 * 1024
+CATCHUP_KEEP = 64 * 1024
 
 
 def tail_lines(path: Path, n: int | None) -> list[str]:
@@ -58,16 +68,32 @@ class _FileCursor:
             self.offset = 0
         if size == self.offset:
             return []
+        skipped = 0
+        if size - self.offset > MAX_BACKLOG:
+            skipped = size - CATCHUP_KEEP - self.offset
+            self.offset = size - CATCHUP_KEEP
+            self.partial = b""
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             data = f.read(size - self.offset)
         self.offset += len(data)
+        if skipped:
+            whole = len(data)
+            rest = data.partition(b"\n")[2]
+            if rest:  # resume at a line start (unless it is all one long line)
+                data = rest
+            skipped += whole - len(data)
+            note = (f"tfk8s: ... {skipped} bytes of fast output skipped here; "
+                    f"the log file keeps everything ({self.path})")
+            head = [LogLine(self.task, note, now)]
+        else:
+            head = []
         data = self.partial + data
         *complete, self.partial = data.split(b"\n")
         if len(self.partial) > MAX_LINE:
             complete.append(self.partial)
             self.partial = b""
-        return [
+        return head + [
             LogLine(self.task, line[:MAX_LINE].decode("utf-8", "replace").rstrip("\r"), now)
             for line in complete
         ]
@@ -86,22 +112,29 @@ def follow(
     finished: Callable[[], bool],
     from_start: bool = True,
     interval: float = FOLLOW_INTERVAL,
+    wake_dirs: list[Path] | None = None,
 ) -> Iterator[LogLine]:
     """Yield new lines of ``files`` (task → path) as they are written.
 
-    Files that do not exist yet are waited for.  Ends when ``stop`` is set,
-    or once ``finished()`` is true and every file has been read to its end.
+    Files that do not exist yet are waited for.  Sleeps in inotify on the
+    files' directories (plus ``wake_dirs``, e.g. where the status lives)
+    between reads.  Ends when ``stop`` is set, or once ``finished()`` is
+    true and every file has been read to its end.
     """
     cursors = [_FileCursor(task, path, from_start) for task, path in files.items()]
-    while not stop.is_set():
-        done = finished()  # checked before reading, so nothing written before it is missed
-        now = time.time()
-        got = False
-        for c in cursors:
-            lines = c.drain(now) if done else c.read(now)
-            got = got or bool(lines)
-            yield from lines
-        if done:
-            return
-        if not got:
-            stop.wait(interval)
+    dirs = sorted({p.parent for p in files.values()} | set(wake_dirs or ()))
+    with DirWatcher([d for d in dirs if d.exists()]) as watcher:
+        while not stop.is_set():
+            done = finished()  # checked before reading, so nothing written before it is missed
+            now = time.time()
+            got = False
+            for c in cursors:
+                lines = c.drain(now) if done else c.read(now)
+                got = got or bool(lines)
+                yield from lines
+            if done:
+                return
+            if got:
+                stop.wait(interval)
+            else:
+                watcher.wait(IDLE_WAKEUP if watcher.active else interval)

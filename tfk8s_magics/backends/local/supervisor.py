@@ -294,9 +294,10 @@ class Supervisor:
         ):
             self.phase, self.finished = Phase.SUCCEEDED, time.time()
             grace = self.spec.ps_grace_period
-            self.grace_deadline = time.time() + grace
             self.reason = "the workers finished"
             if any(t.status.phase not in Phase.TERMINAL for t in self.tasks.values()):
+                # Only servers are left: they get the grace period, then they are recycled.
+                self.grace_deadline = time.time() + grace
                 self.reason += f"; parameter servers stop after a {grace:g} s grace period"
                 self.event("", "WorkersFinished", self.reason)
             self.dirty = True
