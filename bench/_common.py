@@ -132,6 +132,14 @@ def leftovers() -> list[tuple[int, str]]:
     return out
 
 
+def remove_cluster(be, name: str) -> None:
+    """Delete a bench cluster however far its launch got (nothing to do if it never started)."""
+    from tfk8s_magics.api import Cluster
+
+    if (be.clusters_dir / name / "cluster.json").exists():
+        Cluster(name, be).delete()
+
+
 def assert_clean(what: str, wait: float = 5.0) -> None:
     """Fail loudly if a process of this run outlived ``what`` (after up to ``wait`` s)."""
     deadline = time.monotonic() + wait

@@ -50,10 +50,8 @@ def run_ours(tmp: str, i: int) -> dict:
     be = LocalBackend(os.path.join(tmp, f"ours-{i}"))
     name = f"up{i}"
     wall0, t0 = time.time(), time.perf_counter()
-    cluster = None
     try:
-        cluster = tk.launch(name, mode="in-graph", ps=2, workers=2, backend_name=be,
-                            wait_ready=TIMEOUT)
+        tk.launch(name, mode="in-graph", ps=2, workers=2, backend_name=be, wait_ready=TIMEOUT)
         dt = time.perf_counter() - t0
         wall1 = time.time()
         raw = json.loads((be.clusters_dir / name / "status.json").read_text())
@@ -64,10 +62,7 @@ def run_ours(tmp: str, i: int) -> dict:
         first = min(t["started"] for t in raw["tasks"])
         parts = (first - wall0, raw["updated"] - first, wall1 - raw["updated"])
     finally:
-        if cluster is not None:
-            cluster.delete()
-        elif (be.clusters_dir / name / "cluster.json").exists():
-            be.delete(name)
+        c.remove_cluster(be, name)
     c.assert_clean(f"ours round {i + 1}")
     return {"s": dt, "parts": parts}
 

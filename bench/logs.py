@@ -22,7 +22,10 @@ kernel stays responsive while logs stream.  Rounds alternate ours / baseline.
 
 Reported: latency p50/p95/max (pooled over rounds), ours/bare ratio of
 p95s, delivered lines/s in the burst (lines / (last receive − first write)),
-and the kernel's p95 tick delay in each phase.  Target: latency p95 ≤ 200 ms.
+the share of burst lines shown live (ours bounds a flood: past 512 KiB of
+backlog it jumps to the newest 64 KiB and says so; the file keeps every
+line), and the kernel's p95 tick delay in each phase.  Target: latency
+p95 ≤ 200 ms.
 
     .venv/bin/python bench/logs.py [--rounds N]
 """
@@ -143,9 +146,12 @@ def kernel_ticks(until: threading.Event, timeout: float) -> tuple[list[tuple[flo
 
 def analyse(rx: Receiver, ticks: tuple[list[tuple[float, float]], float], gcs: GCPauses) -> dict:
     ticks, cpu = ticks
-    lat, first_b, last_b, n_b, end = [], None, None, 0, None
+    lat, first_b, last_b, n_b, end, skips = [], None, None, 0, None, 0
     for recv, batch in rx.batches:
         for line in batch:
+            if "bytes of fast output skipped here" in line:
+                skips += 1  # the live stream bounds a flood (the file keeps every line)
+                continue
             parts = line.split()
             if len(parts) != 3 or parts[0] not in ("L", "B", "E"):
                 continue  # TensorFlow's own start-up lines
@@ -161,8 +167,8 @@ def analyse(rx: Receiver, ticks: tuple[list[tuple[float, float]], float], gcs: G
     if end is None or first_b is None:
         raise RuntimeError("the end line or the burst never arrived")
     written, end_stamp, end_recv = end
-    if n_b != written:
-        raise RuntimeError(f"{written} burst lines written, {n_b} received")
+    if n_b != written and not skips:
+        raise RuntimeError(f"{written} burst lines written, {n_b} received, and no skip announced")
     lat_window = (min(r for r, _ in rx.batches), first_b)
     burst_window = (first_b, end_recv)
     return {
@@ -171,6 +177,8 @@ def analyse(rx: Receiver, ticks: tuple[list[tuple[float, float]], float], gcs: G
         "delivered_per_s": n_b / (last_b[0] - first_b),
         "lag_ms": (last_b[0] - last_b[1]) * 1000,
         "lines": n_b,
+        "shown": n_b / written,
+        "skips": skips,
         "cpu_us_per_line": cpu / (n_b + len(lat)) * 1e6,
         "tick_lat": [d * 1000 for t, d in ticks if lat_window[0] <= t < lat_window[1]],
         "tick_burst": [d * 1000 for t, d in ticks if burst_window[0] <= t <= burst_window[1]],
@@ -200,10 +208,7 @@ def run_ours(tmp: Path, script: Path, i: int) -> dict:
                                f"{cluster.logs('worker-0', tail=20)}")
         cluster.wait(30)
     finally:
-        if cluster is not None:
-            cluster.delete()
-        elif (be.clusters_dir / name / "cluster.json").exists():
-            be.delete(name)
+        c.remove_cluster(be, name)
     c.assert_clean(f"ours round {i + 1}")
     return analyse(rx, ticks, gcs)
 
@@ -251,7 +256,8 @@ def run_base(tmp: Path, script: Path, i: int) -> dict:
 
 def show(_label: str, _i: int, r: dict) -> str:
     return (f"latency p50 {c.pct(r['lat'], 50):6.1f} p95 {c.pct(r['lat'], 95):6.1f} "
-            f"max {max(r['lat']):6.1f} ms | burst {r['lines']} lines, written "
+            f"max {max(r['lat']):6.1f} ms | burst {r['lines']} lines ({r['shown']:.0%} shown, "
+            f"{r['skips']} skips), written "
             f"{r['written_per_s']:8.0f}/s delivered {r['delivered_per_s']:8.0f}/s, "
             f"lag {r['lag_ms']:5.0f} ms, kernel CPU {r['cpu_us_per_line']:.2f} us/line | "
             f"kernel tick p95 {c.pct(r['tick_lat'], 95):5.1f} ms "
@@ -281,6 +287,7 @@ def main() -> int:
         row = {
             "p50": c.pct(lat, 50), "p95": c.pct(lat, 95), "max": max(lat),
             "delivered": c.median([r["delivered_per_s"] for r in rs]),
+            "shown": c.median([r["shown"] for r in rs]),
             "written": c.median([r["written_per_s"] for r in rs]),
             "lag": c.median([r["lag_ms"] for r in rs]),
             "cpu": c.median([r["cpu_us_per_line"] for r in rs]),
@@ -290,7 +297,8 @@ def main() -> int:
         rows.append(row)
         print(f"{label}: latency p50 {row['p50']:.1f} ms  p95 {row['p95']:.1f} ms  "
               f"max {row['max']:.1f} ms  ({len(lat)} lines) | burst: median written "
-              f"{row['written']:.0f} lines/s, delivered {row['delivered']:.0f} lines/s, "
+              f"{row['written']:.0f} lines/s, delivered {row['delivered']:.0f} lines/s "
+              f"({row['shown']:.0%} of them shown live), "
               f"lag at end {row['lag']:.0f} ms, kernel CPU {row['cpu']:.2f} us/line | "
               f"kernel tick delay p95 {row['tick_lat']:.1f} ms "
               f"(latency phase), {row['tick_burst']:.1f} ms (burst)")

@@ -144,10 +144,7 @@ def run_ours(tmp: Path, script: Path, i: int) -> dict:
             raise RuntimeError(f"ours: the cluster ended {st.phase}: {st.reason}\n{log[-2000:]}")
         out = parse(log, "ours")
     finally:
-        if cluster is not None:
-            cluster.delete()
-        elif (be.clusters_dir / name / "cluster.json").exists():
-            be.delete(name)
+        c.remove_cluster(be, name)
     c.assert_clean(f"ours round {i + 1}")
     return {**out, "wall": wall}
 

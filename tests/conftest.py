@@ -85,6 +85,17 @@ def workdir(tmp_path, monkeypatch):
     return d
 
 
+def wait_for(cond, timeout: float = 30.0, what: str = "condition", interval: float = 0.05):
+    """Return ``cond()``'s first truthy value; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
 def snapshot(root: Path) -> set[str]:
     """Every path under ``root`` (to prove an operation left nothing behind)."""
     return {str(p.relative_to(root)) for p in root.rglob("*")}

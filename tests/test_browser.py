@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_for
+
 pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parent.parent
@@ -238,15 +240,12 @@ def _newest_line_visible(log) -> bool:
 
 
 def _wait(cond, timeout: float, what: str, page=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.2)
-    if page is not None:
-        _shot(page, f"timeout-{what.replace(' ', '-')}.png")
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+    try:
+        return wait_for(cond, timeout, what, interval=0.2)
+    except AssertionError:
+        if page is not None:
+            _shot(page, f"timeout-{what.replace(' ', '-')}.png")
+        raise
 
 
 def test_dashboard_in_jupyterlab(lab, browser_page, state_dir):

@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from tests.conftest import wait_for as shared_wait_for
 from tfk8s_magics.api import Cluster
 from tfk8s_magics.backends import (
     Backend,
@@ -42,13 +43,7 @@ _END = object()
 
 
 def wait_for(cond, timeout: float = TIMEOUT, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+    return shared_wait_for(cond, timeout, what, interval=0.02)
 
 
 def make_status(name="demo", phase=Phase.RUNNING, tasks=None, progress=None, **kw) -> ClusterStatus:

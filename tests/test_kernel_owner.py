@@ -2,11 +2,11 @@
 
 import os
 import signal
-import time
 
 import pytest
 from jupyter_client import KernelManager
 
+from tests.conftest import wait_for
 from tfk8s_magics.backends import Phase
 from tfk8s_magics.backends.local import LocalBackend
 from tfk8s_magics.lifeline import pid_alive
@@ -14,16 +14,6 @@ from tfk8s_magics.lifeline import pid_alive
 pytestmark = pytest.mark.slow
 
 SLEEP = "import time\nprint('up', flush=True)\ntime.sleep(600)\n"
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_killing_the_kernel_leaves_no_task_processes(state_dir, workdir):
