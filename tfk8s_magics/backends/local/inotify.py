@@ -76,7 +76,7 @@ class DirWatcher:
             os.close(self.fd)
             self.fd = None
 
-    def __enter__(self) -> "DirWatcher":
+    def __enter__(self) -> DirWatcher:
         return self
 
     def __exit__(self, *exc) -> None:
