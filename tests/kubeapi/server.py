@@ -90,6 +90,14 @@ class _Server(ThreadingHTTPServer):
     block_on_close = True
     allow_reuse_address = True
 
+    def handle_error(self, request, client_address) -> None:
+        # A client that hangs up on a watch or a followed log is normal, as on a real server.
+        import sys
+
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return
+        super().handle_error(request, client_address)
+
     def __init__(self, api: KubeAPI):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.api = api
