@@ -46,6 +46,13 @@ def test_user_environment_and_profile(tmp_path):
     dirs = prepare_user(tmp_path, "demo")
     config = (dirs["ipython"] / "profile_default" / "ipython_config.py").read_text()
     assert 'extensions = ["tfk8s_magics"]' in config
+    # A new user finds the example notebooks; a user's own edits are never overwritten.
+    examples = dirs["home"] / "examples"
+    assert {p.name for p in examples.glob("*.ipynb")} >= {
+        "in_graph_walkthrough.ipynb", "between_graph_walkthrough.ipynb", "dashboard_tour.ipynb"}
+    (examples / "dashboard_tour.ipynb").write_text("mine")
+    prepare_user(tmp_path, "demo")
+    assert (examples / "dashboard_tour.ipynb").read_text() == "mine"
 
 
 def test_stop_ends_leftover_processes_of_that_user_only(tmp_path):

@@ -27,6 +27,8 @@ from .settings import LabSettings
 
 #: The IPython profile every local kernel gets (loads ``tfk8s_magics``).
 IPYTHON_PROFILE = Path(__file__).resolve().parent.parent / "ipython" / "profile_default"
+#: The example notebooks a new user finds in their home (``notebooks/`` of the repository).
+EXAMPLES = Path(__file__).resolve().parent.parent.parent / "notebooks"
 
 
 def user_dirs(lab_dir: Path, username: str) -> dict[str, Path]:
@@ -49,11 +51,17 @@ def local_environment(settings: LabSettings, lab_dir: Path, username: str) -> di
     return env
 
 
-def prepare_user(lab_dir: Path, username: str) -> dict[str, Path]:
-    """Create the user's directories and install the IPython profile that loads the extension."""
+def prepare_user(lab_dir: Path, username: str, examples: Path = EXAMPLES) -> dict[str, Path]:
+    """Create the user's directories, install the IPython profile that loads the extension,
+    and give a new user the example notebooks (never overwriting their copies)."""
     dirs = user_dirs(lab_dir, username)
     for path in dirs.values():
         path.mkdir(parents=True, exist_ok=True)
+    target = dirs["home"] / "examples"
+    if examples.is_dir() and not target.exists():
+        target.mkdir()
+        for nb in sorted(examples.glob("*.ipynb")):
+            shutil.copyfile(nb, target / nb.name)
     profile = dirs["ipython"] / "profile_default"
     profile.mkdir(exist_ok=True)
     shutil.copyfile(IPYTHON_PROFILE / "ipython_config.py", profile / "ipython_config.py")
