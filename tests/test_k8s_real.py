@@ -41,9 +41,9 @@ def _admin_client():
 
 @pytest.fixture
 def real():
+    admin = _admin_client()  # the first reason to skip: no cluster at all
     if not os.environ.get("TFK8S_IMAGE"):
         pytest.skip("TFK8S_IMAGE is not set: build the task image and load it into the cluster")
-    admin = _admin_client()
     from kubernetes import client
 
     from tfk8s_magics.backends.kubernetes import KubernetesBackend
