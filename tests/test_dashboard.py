@@ -596,3 +596,22 @@ def test_real_local_cluster_end_to_end(local, workdir):
     with pytest.raises(ClusterNotFound):
         local.status("dash")
     wait_for(lambda: not ({t.ident for t in dashboard_threads()} - before), what="threads to end")
+
+
+def test_a_watch_error_is_reported_not_swallowed():
+    class Broken:
+        name = "broken"
+
+        def watch(self, name, stop):
+            raise RuntimeError("403 Forbidden: pods is forbidden")
+            yield  # a generator, like a real backend's
+
+        def follow_logs(self, name, stop, tasks=None, from_start=True):
+            return iter(())
+
+    got = []
+    w = ClusterWatcher.of(Broken(), "x")
+    w.subscribe(on_logs=got.extend)
+    wait_for(lambda: w.status_done.is_set() and got, what="the error to reach the view")
+    assert "403 Forbidden: pods is forbidden" in w.error
+    assert got[-1].task == "tfk8s" and "watching the status of 'x' stopped" in got[-1].text

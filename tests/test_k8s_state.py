@@ -124,7 +124,7 @@ def test_parameter_servers_are_recycled_after_the_grace_period_then_ttl():
     # after the recycle the PS reads as succeeded, and the TTL deletes the cluster
     v = view(*pods[1:], done_since=100.0, finished_at=100.0)
     assert state.task_statuses(v)[0].phase == Phase.SUCCEEDED
-    assert state.task_statuses(v)[0].reason == "recycled after the workers"
+    assert state.task_statuses(v)[0].reason == "recycled after the workers finished"
     assert state.plan(v, 159.0) == []
     assert state.plan(v, 160.0) == [state.DeleteCluster("finished 60 s ago (TTL)")]
 
@@ -231,3 +231,22 @@ def test_rbac_objects_validate(version):
 
     kubernetes_validate.validate(backend_role("alice"), version, strict=True)
     kubernetes_validate.validate(backend_role_binding("alice", "sa"), version, strict=True)
+
+
+def test_the_restart_budget_is_shared_by_the_whole_cluster():
+    # worker-1 already spent the cluster's only restart: a kill of worker-0 is not retried.
+    v = view(pod("ps-0"), pod("worker-0", "Failed", terminated={"exitCode": 137}),
+             pod("worker-1", attempt=1))
+    assert state.restarts_used(v) == 1
+    assert not any(isinstance(a, state.Create) for a in state.plan(v, 0.0))
+    assert state.cluster_phase(v, state.task_statuses(v))[0] == Phase.FAILED
+
+
+def test_an_evaluator_does_not_hold_up_success_and_is_recycled():
+    spec = ClusterSpec(name="c", ps=1, workers=1, evaluator=1, script="pass", ps_grace_period=30)
+    done = {"exitCode": 0}
+    v = view(pod("ps-0"), pod("worker-0", "Succeeded", terminated=done), pod("evaluator-0"),
+             spec=spec, done_since=100.0)
+    assert state.cluster_phase(v, state.task_statuses(v))[0] == Phase.SUCCEEDED
+    deletes = [a for a in state.plan(v, 131.0) if isinstance(a, state.DeletePods)]
+    assert deletes and set(deletes[0].names) == {"c-ps-0", "c-evaluator-0"}

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from .backends import Backend, ClusterStatus, LogLine
+from .errors import ClusterNotFound
 
 StatusCallback = Callable[[ClusterStatus], None]
 LogsCallback = Callable[[list[LogLine]], None]
@@ -50,6 +51,8 @@ class ClusterWatcher:
         ]
         self._has_pending = threading.Event()
         self.logs_done = threading.Event()
+        #: Why watching stopped early (an API error, say), or None.
+        self.error: str | None = None
         self.status_done = threading.Event()
 
     @classmethod
@@ -125,8 +128,10 @@ class ClusterWatcher:
                     subs = list(self._status_subs)
                 for cb in subs:
                     _safe(cb, st)
-        except Exception:  # noqa: BLE001 - the cluster was deleted under us
-            pass
+        except ClusterNotFound:
+            pass  # deleted under us: the views show their last state
+        except Exception as e:  # noqa: BLE001 - reported to every view, not swallowed
+            self._report(e, "status")
         finally:
             self.status_done.set()
 
@@ -138,11 +143,20 @@ class ClusterWatcher:
                     self._pending.append(line)
                 if first:  # one wake-up per batch, not per line
                     self._has_pending.set()
-        except Exception:  # noqa: BLE001 - the cluster was deleted under us
-            pass
+        except ClusterNotFound:
+            pass  # deleted under us
+        except Exception as e:  # noqa: BLE001 - reported to every view, not swallowed
+            self._report(e, "logs")
         finally:
             self.logs_done.set()
             self._has_pending.set()
+
+    def _report(self, e: Exception, what: str) -> None:
+        """Keep why watching stopped and show it in every log view (the API's reason included)."""
+        self.error = f"watching the {what} of {self.name!r} stopped: {type(e).__name__}: {e}"
+        with self._lock:
+            self._pending.append(LogLine("tfk8s", self.error, time.time()))
+        self._has_pending.set()
 
     def _run_flush(self) -> None:
         # The first line after a quiet spell goes out at once; a burst is

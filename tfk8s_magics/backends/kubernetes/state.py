@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ... import lifecycle
 from ...spec import ClusterSpec, Task
 from ..base import Phase, TaskStatus
 from .manifests import ATTEMPT_ANNOTATION, INDEX_LABEL, ROLE_LABEL
@@ -216,6 +217,7 @@ class View:
 def task_statuses(view: View) -> list[TaskStatus]:
     """Every task's status, with absent pods explained by the cluster's state."""
     script_done = _script_tasks_done(view)
+    recycled = set(lifecycle.recycled_when_done(view.spec))
     failed = any(
         task_status(n, p).phase == Phase.FAILED and not _will_retry(view, p)
         for n, p in view.pods.items()
@@ -230,26 +232,31 @@ def task_statuses(view: View) -> list[TaskStatus]:
         if status.phase not in Phase.TERMINAL or pod is None:
             if view.stopped:
                 status.phase, status.reason = Phase.STOPPED, "stopped by the user"
-            elif pod is None and task.role == "ps" and script_done:
-                status.phase, status.reason = Phase.SUCCEEDED, "recycled after the workers"
+            elif pod is None and task in recycled and script_done:
+                status.phase, status.reason = Phase.SUCCEEDED, lifecycle.RECYCLED
             elif pod is None and failed:
                 status.phase, status.reason = Phase.STOPPED, "stopped after the cluster failed"
-            elif status.phase == Phase.STOPPED and task.role == "ps" and script_done:
-                status.phase, status.reason = Phase.SUCCEEDED, "recycled after the workers"
+            elif status.phase == Phase.STOPPED and task in recycled and script_done:
+                status.phase, status.reason = Phase.SUCCEEDED, lifecycle.RECYCLED
         out.append(status)
     return out
 
 
 def _script_tasks_done(view: View) -> bool:
-    spec = view.spec
-    script = [t for t in spec.tasks() if spec.runs_script(t)]
+    script = lifecycle.success_tasks(view.spec)
     return bool(script) and all(
         task_status(t.name, view.pods.get(t.name)).phase == Phase.SUCCEEDED for t in script
     )
 
 
+def restarts_used(view: View) -> int:
+    """Restarts the cluster has spent: every task's attempt number, pods gone included."""
+    used = sum(pod_attempt(p) for p in view.pods.values())
+    return used + sum(n for task, n in view.gone.items() if task not in view.pods)
+
+
 def _will_retry(view: View, pod: Pod) -> bool:
-    return is_retryable(pod) and pod_attempt(pod) < view.spec.restart_budget
+    return is_retryable(pod) and lifecycle.budget_left(view.spec, restarts_used(view))
 
 
 def cluster_phase(view: View, tasks: list[TaskStatus]) -> tuple[str, str]:
@@ -282,7 +289,7 @@ def plan(view: View, now: float) -> list[object]:
         pod = view.pods.get(task.name)
         if pod is None:
             last = view.gone.get(task.name)
-            budget_left = last is not None and last < spec.restart_budget
+            budget_left = last is not None and lifecycle.budget_left(spec, restarts_used(view))
             if budget_left and phase not in Phase.TERMINAL:
                 actions.append(Create(task, last + 1, "its pod was deleted"))
             continue

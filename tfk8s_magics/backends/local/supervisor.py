@@ -27,8 +27,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ...lifeline import open_pidfd, set_parent_death_signal
+from ... import lifecycle
 from ...runtime.task import EXIT_SCRIPT_BROKEN
-from ...spec import BETWEEN, ClusterSpec, Task
+from ...spec import ClusterSpec, Task
 from ...tfconfig import tf_config
 from ..base import Phase, TaskStatus
 from . import isolation
@@ -232,7 +233,7 @@ class Supervisor:
             return
         if t.stopping == "recycle":
             st.phase = Phase.SUCCEEDED
-            st.reason = "recycled after the workers finished"
+            st.reason = lifecycle.RECYCLED
             self.event(t.task.name, "Recycled", st.reason)
             return
         if rc == 0:
@@ -241,7 +242,7 @@ class Supervisor:
             return
         # A crash.
         broken = t.runs_script and rc == EXIT_SCRIPT_BROKEN
-        if not broken and self.restarts_used < self.spec.restart_budget and not self.stop_reason:
+        if not broken and lifecycle.budget_left(self.spec, self.restarts_used) and not self.stop_reason:
             self.restarts_used += 1
             st.restarts += 1
             self.event(
@@ -288,8 +289,8 @@ class Supervisor:
         if self.phase in Phase.TERMINAL:
             return
         states = [t.status.phase for t in self.tasks.values()]
-        script_tasks = [t for t in self.tasks.values() if t.runs_script and t.task.role != "evaluator"]
-        if self.spec.mode == BETWEEN and script_tasks and all(
+        script_tasks = [self.tasks[t.name] for t in lifecycle.success_tasks(self.spec)]
+        if script_tasks and all(
             t.status.phase == Phase.SUCCEEDED for t in script_tasks
         ):
             self.phase, self.finished = Phase.SUCCEEDED, time.time()
