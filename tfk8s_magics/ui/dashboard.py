@@ -46,6 +46,7 @@ from . import live
 from .logview import widgets_available
 from .plot import curves_html, history_of
 from .render import fmt_duration, phase_badge, status_html, status_text
+from .tensorboard import tensorboard_html
 
 #: Log lines each task's tab holds (the log file keeps every line).
 DEFAULT_MAX_LINES = 300
@@ -60,6 +61,7 @@ EVENTS_INTERVAL = 10.0
 EVENTS_MIN_INTERVAL = 2.0
 #: Events shown in the events tab (the newest).
 MAX_EVENTS = 200
+
 
 _e = html.escape
 
@@ -197,22 +199,6 @@ def events_html(events: list[Event]) -> str:
     return (
         '<table class="tfk8s-events"><thead><tr><th>time</th><th>type</th><th>task</th>'
         f"<th>reason</th><th>message</th></tr></thead><tbody>{rows}</tbody></table>"
-    )
-
-
-def tensorboard_html(url: str, logdir: str, reused: bool, height: int = 600) -> str:
-    """A link to TensorBoard and an iframe of it (only http(s) or same-origin URLs are linked)."""
-    safe = url.startswith(("http://", "https://", "/"))
-    head = (
-        f'<div class="tfk8s-tensorboard">TensorBoard ({"reused" if reused else "started"}) '
-        f"on <code>{_e(logdir)}</code>: "
-    )
-    if not safe:
-        return head + f"<code>{_e(url)}</code></div>"
-    u = _e(url, quote=True)
-    return (
-        head + f'<a href="{u}" target="_blank" rel="noopener">{_e(url)}</a>'
-        f'<iframe src="{u}" width="100%" height="{int(height)}" frameborder="0"></iframe></div>'
     )
 
 

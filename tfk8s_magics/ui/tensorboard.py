@@ -8,6 +8,22 @@ import os
 from ..backends import TensorBoardInfo
 
 
+def tensorboard_html(url: str, logdir: str, reused: bool, height: int = 600) -> str:
+    """A link to TensorBoard and an iframe of it (only http(s) or same-origin URLs are linked)."""
+    e = html.escape
+    head = (
+        f'<div class="tfk8s-tensorboard">TensorBoard ({"reused" if reused else "started"}) '
+        f"on <code>{e(logdir)}</code>: "
+    )
+    if not url.startswith(("http://", "https://", "/")):
+        return head + f"<code>{e(url)}</code></div>"
+    u = e(url, quote=True)
+    return (
+        head + f'<a href="{u}" target="_blank" rel="noopener">{e(url)}</a>'
+        f'<iframe src="{u}" width="100%" height="{int(height)}" frameborder="0"></iframe></div>'
+    )
+
+
 def show_tensorboard(info: TensorBoardInfo, height: int = 800) -> None:
     """Display ``info``'s TensorBoard in the notebook.
 
@@ -18,13 +34,7 @@ def show_tensorboard(info: TensorBoardInfo, height: int = 800) -> None:
     from IPython.display import HTML, display
 
     if os.environ.get("TENSORBOARD_PROXY_URL") or info.url.startswith("/"):
-        url = html.escape(info.url, quote=True)
-        display(HTML(
-            f'<p>TensorBoard ({"reused" if info.reused else "started"}) for '
-            f'<code>{html.escape(info.logdir)}</code>: <a href="{url}" target="_blank">{url}</a></p>'
-            f'<iframe class="tfk8s-tensorboard" src="{url}" width="100%" height="{int(height)}" '
-            'frameborder="0"></iframe>'
-        ))
+        display(HTML(tensorboard_html(info.url, info.logdir, info.reused, height)))
         return
     from tensorboard import notebook
 
