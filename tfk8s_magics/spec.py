@@ -106,6 +106,7 @@ class Resources:
             raise SpecError(f"gpus must be a whole number ≥ 0, got {self.gpus!r}.")
 
     def to_dict(self) -> dict[str, Any]:
+        """These resources as a plain dict."""
         return dataclasses.asdict(self)
 
 

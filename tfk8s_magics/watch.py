@@ -117,6 +117,7 @@ class ClusterWatcher:
 
     @property
     def running(self) -> bool:
+        """Whether any of the watcher's threads (status, logs, flush) is still running."""
         return any(t.is_alive() for t in self._threads)
 
     # -- threads -------------------------------------------------------------

@@ -51,10 +51,12 @@ class TaskStatus:
 
     @property
     def role(self) -> str:
+        """The task's role: its name without the ``-<index>`` suffix (``worker`` for ``worker-0``)."""
         return self.name.rpartition("-")[0]
 
     @property
     def index(self) -> int:
+        """The task's index within its role: the number after the last ``-``."""
         return int(self.name.rpartition("-")[2])
 
     @property
@@ -78,6 +80,7 @@ class Progress:
 
     @property
     def percent(self) -> float | None:
+        """How far along, 0 to 100 (capped at 100), or None when the total is unknown."""
         if not self.total:
             return None
         return min(100.0, 100.0 * self.step / self.total)
@@ -131,16 +134,19 @@ class ClusterStatus:
         )
 
     def task(self, name: str) -> TaskStatus:
+        """The status of the task called ``name``; raises KeyError if there is none."""
         for t in self.tasks:
             if t.name == name:
                 return t
         raise KeyError(name)
 
     def to_dict(self) -> dict[str, Any]:
+        """This status as plain dicts and lists (nested dataclasses included), ready for JSON."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ClusterStatus:
+        """Rebuild a status from :meth:`to_dict`'s output."""
         d = dict(d)
         d["tasks"] = [TaskStatus(**t) for t in d.get("tasks", [])]
         if d.get("progress"):

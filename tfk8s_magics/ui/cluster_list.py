@@ -229,6 +229,7 @@ class ClusterList:
         self.refresh()
 
     def cluster(self, name: str):
+        """A :class:`~tfk8s_magics.api.Cluster` handle for ``name`` on this list's backend."""
         from ..api import Cluster
 
         return Cluster(name, self.backend)
@@ -269,6 +270,7 @@ class ClusterList:
             self._throttle.poke()
 
     def poke(self) -> None:
+        """Ask for a redraw soon (rows call this when their status changes)."""
         if self._throttle is not None:
             self._throttle.poke()
 
@@ -285,6 +287,7 @@ class ClusterList:
 
     # -- actions ----------------------------------------------------------------------
     def say(self, text: str) -> None:
+        """Show ``text`` as the outcome line under the table."""
         self.outcome = text
         if self.widget is not None:
             with self._draw_lock:

@@ -44,6 +44,7 @@ class Throttle:
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> Throttle:
+        """Start the thread; return ``self``, so it chains with the constructor."""
         self.thread.start()
         return self
 
@@ -58,9 +59,11 @@ class Throttle:
 
     @property
     def alive(self) -> bool:
+        """Whether the thread is still running."""
         return self.thread.is_alive()
 
     def join(self, timeout: float | None = None) -> None:
+        """Wait up to ``timeout`` for the thread to end (a no-op when called from the thread itself)."""
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join(timeout)
 

@@ -114,6 +114,7 @@ class ClusterWatcher:
 
     @property
     def alive(self) -> bool:
+        """Whether the watch thread is running and has not been asked to stop."""
         return self._thread.is_alive() and not self._halt.is_set()
 
     def _run(self) -> None:
@@ -385,6 +386,7 @@ class ClusterWatcher:
 
     @property
     def version(self) -> int:
+        """A counter bumped at every change of the watched state (see :meth:`wait_change`)."""
         return self._version
 
 

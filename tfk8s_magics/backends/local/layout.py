@@ -67,45 +67,56 @@ class ClusterDir:
 
     @property
     def name(self) -> str:
+        """The cluster's name (its directory's name)."""
         return self.root.name
 
     @property
     def record(self) -> Path:
+        """The cluster's record (``cluster.json``), written at launch."""
         return self.root / "cluster.json"
 
     @property
     def status(self) -> Path:
+        """The supervisor's status snapshot (``status.json``), rewritten at every change."""
         return self.root / "status.json"
 
     @property
     def events(self) -> Path:
+        """The cluster's events (``events.jsonl``), one JSON object per line."""
         return self.root / "events.jsonl"
 
     @property
     def script(self) -> Path:
+        """The copy of the training script the tasks run (``script.py``)."""
         return self.root / "script.py"
 
     @property
     def supervisor_log(self) -> Path:
+        """The supervisor's own output (``supervisor.log``)."""
         return self.root / "supervisor.log"
 
     @property
     def tensorboard(self) -> Path:
+        """The pid and port of the cluster's TensorBoard (``tensorboard.json``)."""
         return self.root / "tensorboard.json"
 
     @property
     def progress_dir(self) -> Path:
+        """Where the tasks write their progress records (``progress/``)."""
         return self.root / "progress"
 
     @property
     def default_log_dir(self) -> Path:
+        """The log dir used when the spec gives none (``logs/``)."""
         return self.root / "logs"
 
     @property
     def default_data_dir(self) -> Path:
+        """The data dir used when the spec gives none (``data/``)."""
         return self.root / "data"
 
     def progress_file(self, task: str) -> Path:
+        """Where ``task`` appends its progress records (``progress/<task>.jsonl``)."""
         return self.progress_dir / f"{task}.jsonl"
 
 

@@ -26,8 +26,8 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ...lifeline import open_pidfd, set_parent_death_signal
 from ... import lifecycle
+from ...lifeline import open_pidfd, set_parent_death_signal
 from ...runtime.task import EXIT_SCRIPT_BROKEN
 from ...spec import ClusterSpec, Task
 from ...tfconfig import tf_config
@@ -75,6 +75,7 @@ class Supervisor:
 
     # -- events and status ------------------------------------------------
     def event(self, task: str, reason: str, message: str, type_: str = "Normal") -> None:
+        """Append an event to ``events.jsonl`` and mark the status for rewriting."""
         line = json.dumps(
             {"time": time.time(), "task": task, "reason": reason, "message": message, "type": type_}
         )
@@ -83,6 +84,7 @@ class Supervisor:
         self.dirty = True
 
     def write_status(self, done: bool = False) -> None:
+        """Rewrite ``status.json`` atomically; ``done`` tells readers the supervisor has finished."""
         write_json_atomic(
             self.cdir.status,
             {
@@ -127,6 +129,7 @@ class Supervisor:
         return env
 
     def start(self, t: _Task) -> None:
+        """Start (or restart) a task's process, its output appended to the task's log."""
         log_path = task_log_path(self.record["log_dir"], t.task.name)
         read_fd, write_fd = os.pipe()
         env = self._env(t)
@@ -175,6 +178,7 @@ class Supervisor:
         t.ready_fd = t.pidfd = None
 
     def on_ready(self, t: _Task) -> None:
+        """The task's ready pipe is readable: mark the task running if it wrote to it (not just closed it)."""
         data = os.read(t.ready_fd, 64) if t.ready_fd is not None else b""
         if t.ready_fd is not None:
             self.sel.unregister(t.ready_fd)
@@ -186,6 +190,7 @@ class Supervisor:
             self.dirty = True
 
     def signal_task(self, t: _Task, sig: int) -> None:
+        """Send ``sig`` to the task's whole process group, if the task is still running."""
         if t.proc is None or t.proc.returncode is not None:
             return
         try:
@@ -208,6 +213,7 @@ class Supervisor:
         self.signal_task(t, signal.SIGTERM)
 
     def on_exit(self, t: _Task) -> None:
+        """Handle a task's exit: record how it ended, then restart it (within budget) or fail the cluster."""
         rc = t.proc.wait()
         # The task's children share its process group; none may outlive it.
         try:
@@ -266,6 +272,7 @@ class Supervisor:
 
     # -- cluster-level decisions -------------------------------------------
     def fail(self, reason: str) -> None:
+        """Mark the cluster failed for ``reason`` and stop every task still running (once)."""
         if self.phase in Phase.TERMINAL:
             return
         self.phase, self.reason, self.finished = Phase.FAILED, reason, time.time()
@@ -275,6 +282,7 @@ class Supervisor:
                 self.end_task(t, "stop")
 
     def request_stop(self, reason: str) -> None:
+        """Stop the cluster for ``reason``: end every task (only the first request counts)."""
         if self.stop_reason:
             return
         self.stop_reason = reason
@@ -286,6 +294,7 @@ class Supervisor:
             self.phase, self.reason, self.finished = Phase.STOPPED, reason, time.time()
 
     def update_phase(self) -> None:
+        """Recompute the cluster's phase from its tasks; start the PS grace period when the workers finish."""
         if self.phase in Phase.TERMINAL:
             return
         states = [t.status.phase for t in self.tasks.values()]
@@ -310,6 +319,7 @@ class Supervisor:
             self.dirty = True
 
     def tick(self) -> None:
+        """Act on deadlines: recycle servers after the grace period, SIGKILL tasks that outlived SIGTERM."""
         now = time.time()
         if self.grace_deadline is not None and now >= self.grace_deadline:
             self.grace_deadline = None
@@ -322,6 +332,7 @@ class Supervisor:
                 t.kill_at = None
 
     def next_timeout(self) -> float | None:
+        """Seconds until the next deadline (the ``select`` timeout), or None when there is none."""
         deadlines = [t.kill_at for t in self.tasks.values() if t.kill_at is not None]
         if self.grace_deadline is not None:
             deadlines.append(self.grace_deadline)
@@ -330,10 +341,12 @@ class Supervisor:
         return max(0.0, min(deadlines) - time.time())
 
     def alive(self) -> bool:
+        """Whether any task process is still running."""
         return any(t.proc is not None and t.proc.returncode is None for t in self.tasks.values())
 
     # -- main loop ---------------------------------------------------------
     def run(self) -> int:
+        """Start the tasks and supervise them until the cluster ends; return the exit code."""
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
