@@ -24,6 +24,9 @@ import pytest
 import requests
 import websocket
 
+from tests.conftest import wait_for
+from tfk8s_magics.ports import free_ports
+
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "hub_config" / "jupyterhub_config_local.py"
 CHP = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
@@ -36,30 +39,6 @@ def _proxy_installed():
     # scripts/test installs it: a missing proxy is a broken set-up, not a reason to skip.
     if not CHP.exists():
         pytest.fail("configurable-http-proxy is not installed: run scripts/bootstrap node")
-
-
-def _free_ports(n: int) -> list[int]:
-    import socket
-
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _wait(predicate, timeout: float, what: str, interval: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def _processes_under(lab_dir: Path) -> list[psutil.Process]:
@@ -109,7 +88,7 @@ class Hub:
 
 @pytest.fixture
 def hub(tmp_path):
-    port, hub_port, api_port = _free_ports(3)
+    port, hub_port, api_port = free_ports(3)
     lab_dir = tmp_path / "lab"
     token = secrets.token_hex(16)
     env = {
@@ -142,7 +121,7 @@ def hub(tmp_path):
             return False
 
     try:
-        _wait(up, 60, "the hub to answer")
+        wait_for(up, 60, "the hub to answer")
         yield h
     finally:
         if proc.poll() is None:
@@ -268,14 +247,14 @@ def _text(nb) -> str:
 def start_server(hub: Hub, name: str) -> str:
     r = hub.api("POST", f"/users/{name}/server")
     assert r.status_code in (201, 202), r.text
-    _wait(lambda: hub.user_model(name)["servers"].get("", {}).get("ready"), 90, f"{name}'s server")
+    wait_for(lambda: hub.user_model(name)["servers"].get("", {}).get("ready"), 90, f"{name}'s server")
     return f"{hub.url}/user/{name}/"
 
 
 def stop_server(hub: Hub, name: str) -> None:
     r = hub.api("DELETE", f"/users/{name}/server")
     assert r.status_code in (202, 204), r.text
-    _wait(lambda: not hub.user_model(name)["servers"], 60, f"{name}'s server to stop")
+    wait_for(lambda: not hub.user_model(name)["servers"], 60, f"{name}'s server to stop")
 
 
 def user_token(hub: Hub, name: str) -> str:
