@@ -39,3 +39,14 @@ def test_render_writes_one_file_per_object(ip, tmp_path, capsys):
     files = sorted(out.glob("*.yaml"))
     assert files and f"wrote {len(files)} objects" in capsys.readouterr().out
     assert {yaml.safe_load(f.read_text())["kind"] for f in files} >= {"Pod", "ConfigMap", "Service"}
+
+
+def test_the_api_renders_what_the_magic_renders(ip, capsys):
+    import tfk8s_magics as tk
+
+    spec = tk.make_spec("mnist", workers=1, script="print('x')\n")
+    docs = list(yaml.safe_load_all(tk.render(spec, tensorboard=True)))
+    assert [d["kind"] for d in docs] == [o["kind"] for o in tk.render_objects(spec, tensorboard=True)]
+    assert "Deployment" in {d["kind"] for d in docs}
+    with pytest.raises(tk.SpecError, match="the local backend has nothing to render"):
+        tk.render_objects(spec, "local")

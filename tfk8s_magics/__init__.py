@@ -49,11 +49,12 @@ __all__ = [
     "make_spec",
     "progress_callback",
     "render",
+    "render_objects",
     "report_progress",
     "task_info",
 ]
 
-_API = {"Cluster", "connect", "get", "launch", "list_clusters", "make_spec", "render", "wait_all"}
+_API = {"Cluster", "connect", "get", "launch", "list_clusters", "make_spec", "render", "render_objects"}
 
 
 def __getattr__(name: str):

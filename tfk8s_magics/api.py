@@ -13,7 +13,6 @@ In-graph: ``tk.launch("ig", mode="in-graph", ps=2, workers=2)`` then
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -145,14 +144,21 @@ def connect(name: str, backend_name: str | Backend | None = None, timeout: float
     return get(name, backend_name).connect(timeout=timeout, **strategy_kwargs)
 
 
-def render(spec: ClusterSpec, backend_name: str | Backend = "kubernetes") -> str:
-    """The YAML a backend would apply for ``spec``, without touching any cluster."""
+def render_objects(
+    spec: ClusterSpec, backend_name: str | Backend = "kubernetes", tensorboard: bool = False
+) -> list[dict]:
+    """The objects a backend would apply for ``spec``, without touching any cluster."""
     be = backend(backend_name)
     if not hasattr(be, "render"):
         raise SpecError(f"the {be.name} backend has nothing to render; use --backend kubernetes.")
+    return be.render(spec, tensorboard=tensorboard)
+
+
+def render(spec: ClusterSpec, backend_name: str | Backend = "kubernetes", tensorboard: bool = False) -> str:
+    """The YAML a backend would apply for ``spec`` (see :func:`render_objects`)."""
     import yaml
 
-    return yaml.safe_dump_all(be.render(spec), sort_keys=False)
+    return yaml.safe_dump_all(render_objects(spec, backend_name, tensorboard), sort_keys=False)
 
 
 _connections: dict[tuple, Any] = {}
@@ -297,13 +303,3 @@ class Cluster:
             os.environ["TFK8S_PROGRESS_FILE"] = progress_file
         _connections[key] = strategy
         return strategy
-
-
-def wait_all(clusters: list[Cluster], timeout: float | None = None) -> list[ClusterStatus]:
-    """Wait for several clusters to end; return their final statuses in order."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    out = []
-    for c in clusters:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        out.append(c.wait(left))
-    return out

@@ -256,10 +256,7 @@ class TFClusterMagics(Magics):
 
     def _cmd_render(self, args, cell):
         spec = self._spec(args, cell)
-        be = api.backend(args.backend)
-        if not hasattr(be, "render"):
-            raise UsageError(f"the {be.name} backend has nothing to render; use --backend kubernetes.")
-        objects = be.render(spec, tensorboard=args.tensorboard)
+        objects = api.render_objects(spec, args.backend, tensorboard=args.tensorboard)
         import yaml
 
         if args.output_dir:
