@@ -253,26 +253,19 @@ class LocalBackend(Backend):
         return bool(raw.get("supervisor_done")) or (bool(raw) and not pid_alive(raw.get("supervisor_pid")))
 
     def _finished_check(self, cdir: ClusterDir):
-        """A cheap :meth:`_finished` for loops: re-reads status.json only when it changed."""
-        cache: dict[str, object] = {"mark": None, "done": False}
+        """A cheap :meth:`_finished` for loops: re-reads status.json when it changed, and
+        at most every second otherwise (a SIGKILLed supervisor cannot update its status)."""
+        cache: dict[str, object] = {"mark": None, "checked": float("-inf"), "done": False}
 
         def check() -> bool:
             try:
                 mark = cdir.status.stat().st_mtime_ns
             except FileNotFoundError:
                 mark = None
-            if mark != cache["mark"] or not pid_alive_cached():
-                cache["mark"], cache["done"] = mark, self._finished(cdir)
-            return bool(cache["done"])
-
-        def pid_alive_cached() -> bool:
-            # A SIGKILLed supervisor cannot update its status: notice it at most every second.
             now = time.monotonic()
-            if now - cache.get("checked", 0.0) < 1.0:
-                return True
-            cache["checked"] = now
-            raw = read_json(cdir.status) or {}
-            return not raw or bool(raw.get("supervisor_done")) or pid_alive(raw.get("supervisor_pid"))
+            if mark != cache["mark"] or now - cache["checked"] >= 1.0:
+                cache.update(mark=mark, checked=now, done=self._finished(cdir))
+            return bool(cache["done"])
 
         return check
 
