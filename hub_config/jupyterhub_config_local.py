@@ -24,16 +24,23 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from tfk8s_hub.local import make_post_stop_hook, make_pre_spawn_hook  # noqa: E402
+from tfk8s_hub.local import (  # noqa: E402
+    lab_password,
+    lab_ports,
+    login_hint,
+    make_post_stop_hook,
+    make_pre_spawn_hook,
+)
 from tfk8s_hub.settings import LabSettings  # noqa: E402
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
 
 lab_dir = Path(os.environ.get("TFK8S_LAB_DIR") or REPO / ".lab").resolve()
 lab_dir.mkdir(parents=True, exist_ok=True)
-port = int(os.environ.get("TFK8S_LAB_PORT", "8000"))
-hub_port = int(os.environ.get("TFK8S_LAB_HUB_PORT", "8081"))
-proxy_api_port = int(os.environ.get("TFK8S_LAB_PROXY_API_PORT", "8001"))
+ports = lab_ports(dict(os.environ))
+port = ports["TFK8S_LAB_PORT"]
+hub_port = ports["TFK8S_LAB_HUB_PORT"]
+proxy_api_port = ports["TFK8S_LAB_PROXY_API_PORT"]
 
 # --- the hub, its proxy and its state: 127.0.0.1 only -----------------------
 c.JupyterHub.bind_url = f"http://127.0.0.1:{port}"
@@ -47,8 +54,11 @@ c.JupyterHub.pid_file = str(lab_dir / "jupyterhub.pid")
 
 # --- login: any user name, one shared password ------------------------------
 c.JupyterHub.authenticator_class = "shared-password"
-c.SharedPasswordAuthenticator.user_password = os.environ.get("TFK8S_LAB_PASSWORD", "tfk8s-lab")
+c.SharedPasswordAuthenticator.user_password = lab_password(dict(os.environ))
 c.Authenticator.allow_all = True
+# The login page says how to log in (JupyterHub's documented ``announcement_login`` template
+# variable; a custom password itself is never shown).
+c.JupyterHub.template_vars = {"announcement_login": login_hint(dict(os.environ))}
 
 admin_token = os.environ.get("TFK8S_LAB_ADMIN_TOKEN")
 if admin_token:

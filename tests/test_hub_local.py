@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 from jupyterhub.app import JupyterHub
+
+from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "hub_config"))
@@ -37,6 +41,19 @@ def test_local_config_binds_loopback_only(tmp_path, monkeypatch):
         == REPO / "node_modules" / ".bin" / "configurable-http-proxy"
     )
     assert c.JupyterHub.db_url == f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}"
+    # The login page says how to log in (JupyterHub's announcement_login template variable).
+    assert "log in with any user name" in c.JupyterHub.template_vars["announcement_login"]
+
+
+def test_local_config_takes_the_three_ports_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFK8S_LAB_DIR", str(tmp_path))
+    monkeypatch.setenv("TFK8S_LAB_PORT", "8123")
+    monkeypatch.setenv("TFK8S_LAB_HUB_PORT", "8124")
+    monkeypatch.setenv("TFK8S_LAB_PROXY_API_PORT", "8125")
+    app = JupyterHub()
+    app.load_config_file(str(REPO / "hub_config" / "jupyterhub_config_local.py"))
+    assert app.config.JupyterHub.hub_bind_url == "http://127.0.0.1:8124"
+    assert app.config.ConfigurableHTTPProxy.api_url == "http://127.0.0.1:8125"
 
 
 def test_user_environment_and_profile(tmp_path):
@@ -74,3 +91,146 @@ def test_stop_ends_leftover_processes_of_that_user_only(tmp_path):
         for p in procs:
             p.kill()
             p.wait()
+
+
+# -- scripts/lab and scripts/bootstrap -----------------------------------------------------
+LAB = REPO / "scripts" / "lab"
+
+
+def _lab_env(lab_dir: Path, **ports: int) -> dict[str, str]:
+    from tfk8s_magics.ports import free_ports
+
+    port, hub_port, api_port = free_ports(3)
+    env = {
+        **os.environ,
+        "TFK8S_LAB_SKIP_BOOTSTRAP": "1",
+        "TFK8S_LAB_DIR": str(lab_dir),
+        "TFK8S_LAB_PORT": str(port),
+        "TFK8S_LAB_HUB_PORT": str(hub_port),
+        "TFK8S_LAB_PROXY_API_PORT": str(api_port),
+    }
+    env.update({k: str(v) for k, v in ports.items()})
+    return env
+
+
+def _proxies_on(port: str) -> list:
+    """configurable-http-proxy processes serving ``port`` (what a failed start used to orphan)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if any("configurable-http-proxy" in c for c in cmd) and port in cmd:
+            found.append(proc)
+    return found
+
+
+def _listener():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+def test_lab_refuses_a_port_in_use_in_one_sentence_and_starts_nothing(tmp_path):
+    """Regression: with the hub's port taken, scripts/lab died with a traceback and left an
+    orphan configurable-http-proxy listening.  Now: one sentence naming the variable, nothing started."""
+    with _listener() as taken:
+        port = taken.getsockname()[1]
+        env = _lab_env(tmp_path / "lab", TFK8S_LAB_HUB_PORT=port)
+        done = subprocess.run([str(LAB)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done
+    err = done.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"port {port} on 127.0.0.1" in err and "TFK8S_LAB_HUB_PORT=" in err, err
+    assert not (tmp_path / "lab").exists()
+    assert not _proxies_on(env["TFK8S_LAB_PORT"])
+
+
+def test_lab_settings_are_checked_before_anything_starts(tmp_path):
+    env = _lab_env(tmp_path / "lab", TFK8S_LAB_PROXY_API_PORT="80x")
+    done = subprocess.run([str(LAB)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "scripts/lab: TFK8S_LAB_PROXY_API_PORT='80x' is not a port number (the proxy's API port); "
+        "give 1-65535, e.g. TFK8S_LAB_PROXY_API_PORT=8001."
+    )
+    env = _lab_env(tmp_path / "lab", TFK8S_LAB_PASSWORD="short")
+    done = subprocess.run([str(LAB)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "at least 8" in done.stderr, done.stderr
+    same = _lab_env(tmp_path / "lab")
+    same["TFK8S_LAB_HUB_PORT"] = same["TFK8S_LAB_PORT"]
+    done = subprocess.run([str(LAB)], env=same, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "three different ports" in done.stderr, done.stderr
+    assert not (tmp_path / "lab").exists()
+
+
+@pytest.mark.slow
+def test_lab_that_fails_after_starting_its_proxy_stops_the_proxy(tmp_path):
+    """The port check cannot see everything (a port taken a moment later, a hub bug): when the
+    hub dies after it started configurable-http-proxy, scripts/lab stops the proxy too."""
+    with _listener() as taken:
+        env = _lab_env(tmp_path / "lab")
+        # The hub binds a port the check was not told about, so it fails after the proxy is up.
+        bind = f"--JupyterHub.hub_bind_url=http://127.0.0.1:{taken.getsockname()[1]}"
+        done = subprocess.run([str(LAB), bind], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "Proxy API at" in done.stdout + done.stderr  # the proxy had started
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"scripts/lab: the hub exited with code {done.returncode} (its log is above); "
+        "its proxy has been stopped too."
+    )
+    assert not _proxies_on(env["TFK8S_LAB_PORT"])
+
+
+@pytest.mark.slow
+def test_lab_serves_a_login_page_with_the_hint_and_stops_cleanly(tmp_path):
+    """A real lab from scripts/lab: the login page says how to log in; SIGTERM (or Ctrl-C)
+    stops the hub and its proxy."""
+    import requests
+
+    env = _lab_env(tmp_path / "lab")
+    url = f"http://127.0.0.1:{env['TFK8S_LAB_PORT']}/hub/login"
+    proc = subprocess.Popen([str(LAB)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+    def login_page():
+        assert proc.poll() is None, proc.stdout.read().decode()
+        try:
+            r = requests.get(url, timeout=5)
+        except requests.ConnectionError:
+            return None
+        return r if r.status_code == 200 else None
+
+    try:
+        page = wait_for(login_page, 120, "the lab's login page", interval=0.5)
+        assert "log in with any user name" in page.text
+        assert "the password <code>tfk8s-lab</code>" in page.text
+        assert _proxies_on(env["TFK8S_LAB_PORT"])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert not _proxies_on(env["TFK8S_LAB_PORT"])
+
+
+def test_login_hint_never_shows_a_custom_password():
+    from tfk8s_hub.local import login_hint
+
+    assert "<code>tfk8s-lab</code>" in login_hint({})
+    custom = login_hint({"TFK8S_LAB_PASSWORD": "s3cret-<b>pass"})
+    assert "s3cret" not in custom and "TFK8S_LAB_PASSWORD" in custom
+
+
+def test_bootstrap_says_what_it_is_doing():
+    """Regression: scripts/bootstrap was silent for minutes.  Every step says what it checked."""
+    done = subprocess.run([str(REPO / "scripts" / "bootstrap"), "python"], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "TFK8S_SKIP_APT": "1"})
+    assert done.returncode == 0, done.stderr
+    lines = [x for x in done.stderr.splitlines() if x.startswith("bootstrap: ")]
+    assert any("Python packages" in x for x in lines), done.stderr
+    assert lines[-1].startswith("bootstrap: done in "), done.stderr

@@ -29,6 +29,97 @@ from .settings import LabSettings
 IPYTHON_PROFILE = Path(__file__).resolve().parent.parent / "ipython" / "profile_default"
 #: The example notebooks a new user finds in their home (``notebooks/`` of the repository).
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "notebooks"
+#: The shared password when ``TFK8S_LAB_PASSWORD`` is not set (the README names it too).
+DEFAULT_PASSWORD = "tfk8s-lab"
+#: The lab's ports: environment variable, default, and what listens there.
+LAB_PORTS = (
+    ("TFK8S_LAB_PORT", 8000, "the lab's URL (the proxy)"),
+    ("TFK8S_LAB_HUB_PORT", 8081, "the hub's internal port"),
+    ("TFK8S_LAB_PROXY_API_PORT", 8001, "the proxy's API port"),
+)
+
+
+class LabSetupError(ValueError):
+    """A lab setting that cannot work; the message is one sentence saying what to do."""
+
+
+def lab_ports(environ: dict[str, str]) -> dict[str, int]:
+    """The lab's three ports from ``environ`` (defaults 8000, 8081, 8001), validated."""
+    ports: dict[str, int] = {}
+    for var, default, what in LAB_PORTS:
+        raw = environ.get(var) or str(default)
+        try:
+            port = int(raw)
+        except ValueError:
+            port = 0
+        if not 0 < port < 65536:
+            raise LabSetupError(
+                f"{var}={raw!r} is not a port number ({what}); give 1-65535, e.g. {var}={default}."
+            )
+        ports[var] = port
+    seen: dict[int, str] = {}
+    for var, port in ports.items():
+        if port in seen:
+            raise LabSetupError(
+                f"{seen[port]} and {var} are both {port}; the lab needs three different ports."
+            )
+        seen[port] = var
+    return ports
+
+
+def lab_password(environ: dict[str, str]) -> str:
+    """The shared password (``TFK8S_LAB_PASSWORD`` or the default), at least 8 characters."""
+    password = environ.get("TFK8S_LAB_PASSWORD") or DEFAULT_PASSWORD
+    if len(password) < 8:
+        raise LabSetupError(
+            f"TFK8S_LAB_PASSWORD has {len(password)} characters; the shared password needs at least 8."
+        )
+    return password
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something already listens on ``host:port`` (so binding it would fail)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def check_lab(environ: dict[str, str]) -> None:
+    """Check the lab's settings and ports before anything starts; raise :class:`LabSetupError`.
+
+    ``scripts/lab`` runs this first, so a port in use is one sentence and
+    nothing (no hub, no orphan proxy) is left behind.
+    """
+    ports = lab_ports(environ)
+    lab_password(environ)
+    for var, _default, what in LAB_PORTS:
+        port = ports[var]
+        if port_in_use(port):
+            taken = set(ports.values())
+            free = next(p for p in range(port + 10, 65536) if p not in taken and not port_in_use(p))
+            raise LabSetupError(
+                f"port {port} on 127.0.0.1 ({what}, {var}) is already in use: stop what listens "
+                f"there or choose another port, e.g. {var}={free} scripts/lab."
+            )
+
+
+def login_hint(environ: dict[str, str]) -> str:
+    """The line the login page shows (HTML): any user name, and which password."""
+    import html
+
+    if (environ.get("TFK8S_LAB_PASSWORD") or DEFAULT_PASSWORD) == DEFAULT_PASSWORD:
+        which = f"the password <code>{html.escape(DEFAULT_PASSWORD)}</code>"
+    else:  # a password of the administrator's choosing is never shown
+        which = "the shared password given in <code>TFK8S_LAB_PASSWORD</code> when the lab was started"
+    return (
+        '<span class="tfk8s-login-hint">Local lab: log in with any user name (e.g. '
+        f"<code>demo</code>) and {which}.</span>"
+    )
 
 
 def user_dirs(lab_dir: Path, username: str) -> dict[str, Path]:
@@ -66,6 +157,22 @@ def prepare_user(lab_dir: Path, username: str, examples: Path = EXAMPLES) -> dic
     profile.mkdir(exist_ok=True)
     shutil.copyfile(IPYTHON_PROFILE / "ipython_config.py", profile / "ipython_config.py")
     return dirs
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tfk8s_hub.local check``: :func:`check_lab` for ``scripts/lab`` (exit 2 on a problem)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["check"]:
+        print("usage: python -m tfk8s_hub.local check", file=sys.stderr)
+        return 2
+    try:
+        check_lab(dict(os.environ))
+    except LabSetupError as e:
+        print(f"scripts/lab: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _processes_of(state_dir: Path) -> list[Any]:
@@ -151,3 +258,7 @@ def make_post_stop_hook(settings: LabSettings, lab_dir: Path) -> Callable[[Any],
         )
 
     return stop_user_clusters
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
