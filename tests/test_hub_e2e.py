@@ -375,3 +375,62 @@ def test_notebook_launches_a_tf_cluster_and_stopping_the_server_stops_its_cluste
     from tfk8s_magics.backends.local import LocalBackend
 
     assert LocalBackend(state_dir=state).status("sleeper").phase == "stopped"
+
+
+@pytest.mark.browser
+def test_tensorboard_fonts_load_through_the_hub_proxy(hub, tmp_path):
+    """Regression: TensorBoard behind the hub asked for /hub/font-roboto/*.woff2 (404).
+
+    Its index.html names the fonts at the site root (``url(/font-roboto/…)``);
+    under ``/user/NAME/proxy/PORT/`` the root is the hub.  A real Chromium,
+    logged in through the form, opens the TensorBoard the lab starts (the
+    local backend's runner, ``tfk8s_magics.runtime.tensorboard``) through
+    jupyter-server-proxy: every font it asks for loads from TensorBoard itself.
+    """
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
+
+    name = "fonts"
+    assert hub.api("POST", f"/users/{name}").status_code == 201
+    server = start_server(hub, name)
+    (logdir := tmp_path / "tb").mkdir()
+    port = free_ports(1)[0]
+    tb = subprocess.Popen(
+        [sys.executable, "-m", "tfk8s_magics.runtime.tensorboard", str(os.getpid()),
+         "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/data/logdir"), 60, "TensorBoard")
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page()
+                page.goto(f"{hub.url}/hub/login")
+                page.fill("#username_input", name)
+                page.fill("#password_input", PASSWORD)
+                page.click("#login_submit")
+                page.wait_for_url(f"{server}**", timeout=90_000)
+                fonts: list[tuple[int, str]] = []
+                page.on("response", lambda r: fonts.append((r.status, r.url)) if ".woff" in r.url
+                        else None)
+                page.goto(f"{server}proxy/{port}/")
+                wait_for(lambda: fonts, 60, "TensorBoard to ask for its fonts")
+                page.wait_for_load_state("networkidle")
+                assert page.evaluate("document.fonts.check('16px Roboto')")
+            finally:
+                browser.close()
+    finally:
+        tb.terminate()
+        tb.wait(30)
+    assert all(status == 200 for status, _ in fonts), fonts
+    assert all(url.startswith(f"{server}proxy/{port}/font-roboto/") for _, url in fonts), fonts
+    stop_server(hub, name)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=5).status_code == 200
+    except requests.ConnectionError:
+        return False

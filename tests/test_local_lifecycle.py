@@ -1,5 +1,6 @@
 """Lifecycle on the local backend: readiness, PS recycling, crashes and restarts, stop, logs, progress."""
 
+import re
 import socket
 import threading
 import time
@@ -183,6 +184,15 @@ def test_tensorboard_binds_loopback_is_reused_and_ends_with_delete(local, workdi
     assert again.reused and again.port == first.port
     with urllib.request.urlopen(f"http://127.0.0.1:{first.port}/data/logdir", timeout=10) as r:
         assert r.status == 200
+    # Its fonts are asked for relative to the page, so they load under a proxy prefix too
+    # (TensorBoard's own index.html says url(/font-roboto/...): 404 behind JupyterHub).
+    with urllib.request.urlopen(f"http://127.0.0.1:{first.port}/", timeout=10) as r:
+        index = r.read().decode()
+    assert "url(/font-roboto/" not in index
+    font = re.search(r"url\((font-roboto/[^)]+\.woff2)\)", index)
+    assert font, index[:2000]
+    with urllib.request.urlopen(f"http://127.0.0.1:{first.port}/{font[1]}", timeout=10) as r:
+        assert r.status == 200 and len(r.read()) > 1000
     listening = [c for c in psutil.Process(first.pid).net_connections("tcp")
                  if c.status == psutil.CONN_LISTEN]
     assert listening and all(c.laddr.ip == "127.0.0.1" for c in listening)
