@@ -6,7 +6,7 @@ would) runs each scenario for ``--seconds``; the kernel process's CPU time
 hundredth of one core.  Scenarios, in one run, against the same baseline:
 
 baseline   the kernel with the extension loaded, no cluster, no view;
-watcher    ``ClusterWatcher.of(...)`` on an idle 16-task cluster, no view
+watcher    ``ClusterFeed.of(...)`` on an idle 16-task cluster, no view
            (the backend's status polling and log following alone);
 dashboard  a displayed :class:`Dashboard` on the same idle cluster (watcher +
            render thread: a 1 s clock tick while the cluster runs);
@@ -340,10 +340,10 @@ def main() -> int:
         log0 = make_idle_cluster(state, sleeper.pid)
         k = Kernel(env)
         k.run("%load_ext tfk8s_magics\nimport tfk8s_magics as tk, time")
-        k.run("from tfk8s_magics.watch import ClusterWatcher\ntime.sleep(1)")
+        k.run("from tfk8s_magics.watch import ClusterFeed\ntime.sleep(1)")
         rows.append(("baseline: idle kernel, extension loaded", measure(k, args.seconds)))
 
-        k.run(f"c = tk.get({NAME!r}); w = ClusterWatcher.of(c.backend, c.name)")
+        k.run(f"c = tk.get({NAME!r}); w = ClusterFeed.of(c.backend, c.name)")
         rows.append(("watcher only, idle 16-task cluster", measure(k, args.seconds)))
 
         k.run("from tfk8s_magics.ui import dashboard\nd = dashboard.show(c)")
@@ -366,11 +366,11 @@ def main() -> int:
         # What-if: the same flood through a bounded follower (see BOUNDED_FOLLOW).
         k.run("w.close(); time.sleep(1)")
         k.run(BOUNDED_FOLLOW)
-        k.run("ClusterWatcher.forget(c.backend, c.name); d = dashboard.show(c); time.sleep(2)")
+        k.run("ClusterFeed.forget(c.backend, c.name); d = dashboard.show(c); time.sleep(2)")
         rows.append(("what-if: dashboard, flood, bounded follower", measure(k, args.seconds)))
         flood.kill()
         flood.wait()
-        k.run("d.close(); ClusterWatcher.forget(c.backend, c.name)")
+        k.run("d.close(); ClusterFeed.forget(c.backend, c.name)")
     finally:
         if flood is not None and flood.poll() is None:
             flood.kill()

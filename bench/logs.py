@@ -7,7 +7,7 @@ then an end line.
 
 ours      ``tk.launch(name, workers=1, script_path=FILE, backend_name=LocalBackend(tmp))``;
           the notebook side is the lab's real path,
-          ``ClusterWatcher.of(backend, name).subscribe(on_logs=...)`` (the same
+          ``ClusterFeed.of(backend, name).subscribe(on_logs=...)`` (the same
           watcher feeding the live log view and the dashboard).
 baseline  ``python FILE > file`` launched by hand with the same environment
           (``PYTHONUNBUFFERED=1``, as the lab sets), and a bare ``tail -f``-style
@@ -190,7 +190,7 @@ def analyse(rx: Receiver, ticks: tuple[list[tuple[float, float]], float], gcs: G
 def run_ours(tmp: Path, script: Path, i: int) -> dict:
     import tfk8s_magics as tk
     from tfk8s_magics.backends.local import LocalBackend
-    from tfk8s_magics.watch import ClusterWatcher
+    from tfk8s_magics.watch import ClusterFeed
 
     be = LocalBackend(tmp / f"ours-{i}")
     name = f"logs{i}"
@@ -199,7 +199,7 @@ def run_ours(tmp: Path, script: Path, i: int) -> dict:
     try:
         cluster = tk.launch(name, workers=1, script_path=str(script), env=BENCH_ENV,
                             backend_name=be)
-        unsubscribe = ClusterWatcher.of(be, name).subscribe(on_logs=rx)
+        unsubscribe = ClusterFeed.of(be, name).subscribe(on_logs=rx)
         with GCPauses() as gcs:
             ticks = kernel_ticks(rx.done, TIMEOUT)
         unsubscribe()

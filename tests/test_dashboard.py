@@ -2,7 +2,7 @@
 
 The scripted backend implements the real :class:`Backend` interface: its
 ``watch`` and ``follow_logs`` yield what the test pushes, so the dashboard
-is fed through the real :class:`ClusterWatcher` exactly as in a notebook.
+is fed through the real :class:`ClusterFeed` exactly as in a notebook.
 Widgets work without a kernel (their comms are inert), so every value the
 browser would get is asserted on the widget objects themselves.
 """
@@ -30,10 +30,12 @@ from tfk8s_magics.backends import (
 )
 from tfk8s_magics.errors import ClusterNotFound
 from tfk8s_magics.ui import dashboard as dash_mod
+from tfk8s_magics.ui import render
 from tfk8s_magics.ui.cluster_list import ClusterList
-from tfk8s_magics.ui.dashboard import Dashboard, header_html, progress_text, tasks_html
+from tfk8s_magics.ui.dashboard import Dashboard
 from tfk8s_magics.ui.plot import MetricHistory, sparkline_svg
-from tfk8s_magics.watch import ClusterWatcher
+from tfk8s_magics.ui.render import header_html, progress_html, tasks_html
+from tfk8s_magics.watch import ClusterFeed
 
 EVIL = "<img src=x onerror=alert(1)>"
 ESCAPED = "&lt;img src=x onerror=alert(1)&gt;"
@@ -208,7 +210,7 @@ def scripted():
     be = ScriptedBackend()
     yield be
     for name in list(be.status_q):
-        ClusterWatcher.forget(be, name)
+        ClusterFeed.forget(be, name)
 
 
 def dashboard_threads() -> list[threading.Thread]:
@@ -258,12 +260,12 @@ def test_task_table_rows_and_columns():
 
 def test_progress_text_has_step_percent_eta_rate_and_metrics():
     st = make_status(progress=Progress(step=12, total=30, rate=2.0, metrics={"loss": 0.25}, task="worker-0"))
-    text = text_of(progress_text(st))
+    text = text_of(progress_html(st))
     assert "step 12/30 (40.0%)" in text
     assert "ETA 9s" in text
     assert "2 steps/s" in text
     assert "loss 0.25" in text
-    assert "report_progress" in progress_text(make_status())
+    assert "report_progress" in progress_html(make_status())
 
 
 def test_header_shows_name_mode_backend_phase_age_owner():
@@ -295,8 +297,8 @@ def test_everything_user_controlled_is_escaped():
     for html in (
         header_html(st, EVIL, warning=warning),
         tasks_html(st),
-        progress_text(st),
-        dash_mod.events_html([warning]),
+        progress_html(st),
+        render.events_html([warning]),
         sparkline_svg(EVIL, [(1, 1.0), (2, 0.5)]),
         dash_mod.tensorboard_html(EVIL, EVIL, False),
     ):
@@ -362,7 +364,7 @@ def test_dashboard_follows_status_logs_and_progress(scripted):
     assert d.wait(TIMEOUT), "the dashboard did not reach its final state"
     assert d.progress.value == 30 and d.progress.bar_style == "success"
     assert 'data-phase="succeeded"' in d.tasks.value
-    assert d.stop_button.disabled and not d.delete_button.disabled
+    assert d.actions.stop_button.disabled and not d.actions.delete_button.disabled
     wait_for(lambda: not d.running, what="render thread to end")
 
 
@@ -413,39 +415,39 @@ def test_stop_button_stops_once_and_shows_the_outcome(scripted):
     scripted.stop_delay = 0.3
     d = Dashboard(cluster, widgets=True).start()
     wait_for(lambda: 'data-phase="running"' in d.tasks.value, what="running")
-    assert not d.stop_button.disabled
-    d.stop_button.click()
-    d.stop_button.click()  # a second click while stopping is ignored
-    assert d.stop_button.disabled
-    d._action_thread.join(TIMEOUT)
+    assert not d.actions.stop_button.disabled
+    d.actions.stop_button.click()
+    d.actions.stop_button.click()  # a second click while stopping is ignored
+    assert d.actions.stop_button.disabled
+    d.actions.thread.join(TIMEOUT)
     assert scripted.calls.count(("stop", "demo")) == 1
     assert "stopped" in d.outcome and "/tmp/logs" in d.outcome
     wait_for(lambda: 'data-phase="stopped"' in d.tasks.value, what="stopped row")
     assert "stopped: the cluster is stopped" in d.outcome_label.value
-    assert d.stop_button.disabled
+    assert d.actions.stop_button.disabled
 
 
 def test_delete_asks_once_then_deletes_and_leaves_no_thread(scripted):
     before = {t.ident for t in dashboard_threads()}
     cluster = scripted.add(make_status())
     d = Dashboard(cluster, widgets=True).start()
-    watcher = ClusterWatcher.of(scripted, "demo")
+    watcher = ClusterFeed.of(scripted, "demo")
     wait_for(lambda: 'data-phase="running"' in d.tasks.value, what="running")
-    d.delete_button.click()
+    d.actions.delete_button.click()
     assert scripted.calls == []  # asked, not done
     assert "delete demo and its logs?" in d.outcome_label.value
-    assert d.confirm_button.layout.display is None and d.delete_button.disabled
-    d.cancel_button.click()
-    assert d.confirm_button.layout.display == "none" and not d.delete_button.disabled
-    d.delete_button.click()
-    d.confirm_button.click()
-    d.confirm_button.click()  # the question is gone: a second confirm does nothing
-    d._action_thread.join(TIMEOUT)
+    assert d.actions.confirm_button.layout.display is None and d.actions.delete_button.disabled
+    d.actions.cancel_button.click()
+    assert d.actions.confirm_button.layout.display == "none" and not d.actions.delete_button.disabled
+    d.actions.delete_button.click()
+    d.actions.confirm_button.click()
+    d.actions.confirm_button.click()  # the question is gone: a second confirm does nothing
+    d.actions.thread.join(TIMEOUT)
     assert scripted.calls == [("delete", "demo")]
     assert d.wait(TIMEOUT) and d.deleted
     assert "deleted demo" in d.outcome_label.value
     assert 'data-phase="deleted"' in d.header.value
-    assert d.delete_button.disabled and d.stop_button.disabled
+    assert d.actions.delete_button.disabled and d.actions.stop_button.disabled
     assert d._on_status not in watcher._status_subs and d._on_logs not in watcher._log_subs
     wait_for(lambda: not ({t.ident for t in dashboard_threads()} - before), what="threads to end")
 
@@ -465,17 +467,17 @@ def test_tensorboard_button_shows_proxied_link_and_iframe(scripted):
     cluster = scripted.add(make_status())
     d = Dashboard(cluster, widgets=True).start()
     d.tensorboard_button.click()
-    d._action_thread.join(TIMEOUT)
+    d.actions.thread.join(TIMEOUT)
     assert scripted.calls == [("tensorboard", "demo")]
     assert 'href="/proxy/6006/"' in d.tensorboard_view.value and "<iframe" in d.tensorboard_view.value
     assert d.tabs.selected_index == len(d.tabs.children) - 1
 
 
-def test_two_views_share_one_watcher(scripted):
+def test_two_views_share_one_feed(scripted):
     cluster = scripted.add(make_status())
     a = Dashboard(cluster, widgets=True).start()
     b = Dashboard(Cluster("demo", scripted), widgets=True).start()
-    assert a._watcher is b._watcher
+    assert a._feed is b._feed
     scripted.push_lines("demo", "worker-0", ["shared"])
     for d in (a, b):
         out = wait_for(lambda d=d: d._task_pages.get("worker-0"), what="tab")
@@ -538,19 +540,19 @@ def test_cluster_list_rows_actions_and_fallback(scripted):
     assert ESCAPED in lst.rows[EVIL].name_cell.value and "<img" not in lst.rows[EVIL].name_cell.value
     done = lst.rows["done"]
     assert 'data-phase="succeeded"' in done.phase_cell.value and done.bar.value == 10
-    assert done.stop_button.disabled and not done.live
+    assert done.actions.stop_button.disabled and not done.live
     assert lst.rows[EVIL].live  # a running cluster is followed through its watcher
     scripted.push(make_status(name=EVIL, progress=Progress(step=4, total=8)))
     wait_for(lambda: lst.rows[EVIL].bar.value == 4, what="list progress")
     assert lst.rows[EVIL].bar.max == 8
     row = lst.rows[EVIL]
-    row.stop_button.click()
-    lst._threads[-1].join(TIMEOUT)
+    row.actions.stop_button.click()
+    row.actions.thread.join(TIMEOUT)
     assert scripted.calls == [("stop", EVIL)]
-    row.delete_button.click()
-    assert scripted.calls == [("stop", EVIL)] and row.delete_button.description == "Yes, delete"
-    row.delete_button.click()
-    lst._threads[-1].join(TIMEOUT)
+    row.actions.delete_button.click()  # the same ask-once flow as the dashboard's
+    assert scripted.calls == [("stop", EVIL)] and row.actions.confirm_button.layout.display is None
+    row.actions.confirm_button.click()
+    row.actions.thread.join(TIMEOUT)
     assert scripted.calls[-1] == ("delete", EVIL) and row.deleted
     assert "deleted" in lst.outcome_label.value and ESCAPED in lst.outcome_label.value
     d = lst.open_dashboard("done")
@@ -589,9 +591,9 @@ def test_real_local_cluster_end_to_end(local, workdir):
     pts = d._history.points()["loss"]
     assert pts[-1] == (12, pytest.approx(1 / 13)) and len(pts) >= 3
     assert "Completed" in d.events_view.value
-    d.delete_button.click()
-    d.confirm_button.click()
-    d._action_thread.join(30)
+    d.actions.delete_button.click()
+    d.actions.confirm_button.click()
+    d.actions.thread.join(30)
     assert d.deleted and "deleted dash" in d.outcome
     with pytest.raises(ClusterNotFound):
         local.status("dash")
@@ -610,7 +612,7 @@ def test_a_watch_error_is_reported_not_swallowed():
             return iter(())
 
     got = []
-    w = ClusterWatcher.of(Broken(), "x")
+    w = ClusterFeed.of(Broken(), "x")
     w.subscribe(on_logs=got.extend)
     wait_for(lambda: w.status_done.is_set() and got, what="the error to reach the view")
     assert "403 Forbidden: pods is forbidden" in w.error

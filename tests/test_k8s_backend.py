@@ -135,10 +135,11 @@ def test_retryable_failure_is_replaced_user_error_is_not(cluster_env):
     assert status.task("worker-0").restarts == 1
     kube.kubelet.fail(NS, "mnist-worker-1", exit_code=1)  # the script raised: not retried
     status = wait_until(backend, "mnist", lambda s: s.phase == Phase.FAILED, what="failed")
-    assert status.reason == "worker-1 failed: Error"
+    assert status.reason == ("worker-1 failed: the script raised an exception (exit code 1); "
+                             "the traceback is in its log")
     assert status.task("worker-1").exit_code == 1
-    # The watcher acts on a failed cluster by deleting what is left after the grace period;
-    # once it has done that, it has made (and will make) no replacement for worker-1.
+    # The controller acts on a failed cluster by deleting what is left at once (the
+    # lifecycle policy); once it has done that, it has made no replacement for worker-1.
     kube.wait_for(lambda: kube.get_object("pods", "mnist-ps-0", NS) is None, timeout=10,
                   message="the failed cluster's remaining pods to go")
     assert kube.get_object("pods", "mnist-worker-1-r1", NS) is None

@@ -62,33 +62,11 @@ def test_running_is_starting_until_ready():
     assert state.task_status("ps-0", pod("ps-0")).phase == Phase.RUNNING
 
 
-@pytest.mark.parametrize(
-    ("terminated", "status", "retry"),
-    [
-        ({"exitCode": 137, "reason": "OOMKilled"}, {}, True),
-        ({"exitCode": 137, "reason": "Error"}, {}, True),  # SIGKILL
-        ({"exitCode": 143, "reason": "Error"}, {}, True),  # SIGTERM not asked for
-        (None, {"reason": "Evicted", "message": "low on memory"}, True),
-        ({"exitCode": 1, "reason": "Error"}, {}, False),  # the script raised
-        ({"exitCode": 3, "reason": "Error"}, {}, False),  # the script cannot run
-        ({"exitCode": 2, "reason": "Error"}, {}, False),  # the script's own sys.exit(2)
-    ],
-)
-def test_restart_policy(terminated, status, retry):
-    p = pod("worker-0", "Failed", terminated=terminated, **status)
-    assert state.is_retryable(p) is retry
-    actions = state.plan(view(p, pod("ps-0"), pod("worker-1")), now=0.0)
-    if retry:
-        assert actions == [state.Create(state.pod_task(p), 1, actions[0].reason)]
-    else:
-        assert actions == [state.MarkFinished(Phase.FAILED)]
-
-
 def test_exit_codes_are_explained():
     s = state.task_status("worker-0", pod("worker-0", "Failed",
                                           terminated={"exitCode": 3}))
     assert (s.phase, s.exit_code, s.reason) == (
-        Phase.FAILED, 3, "the script cannot run (syntax or import error)")
+        Phase.FAILED, 3, "the script cannot run: it failed on an import or did not compile (exit code 3)")
     s = state.task_status("worker-0", pod("worker-0", "Failed",
                                           terminated={"exitCode": 137, "reason": "OOMKilled"}))
     assert (s.exit_code, s.signal, s.reason) == (137, "SIGKILL", "OOMKilled")
@@ -99,17 +77,9 @@ def test_restart_budget_is_enforced():
     v = view(pod("worker-0", "Failed", terminated={"exitCode": 137}), killed,
              pod("ps-0"), pod("worker-1"))
     phase, reason = state.cluster_phase(v, state.task_statuses(v))
-    assert (phase, reason) == (Phase.FAILED, "worker-0 failed: exit code 137")
+    assert (phase, reason) == (Phase.FAILED, "worker-0 failed: killed by SIGKILL")
     assert not any(isinstance(a, state.Create) for a in state.plan(v, 0.0))
     assert state.task_statuses(v)[1].restarts == 1
-
-
-def test_a_pod_deleted_by_someone_else_is_replaced_within_budget():
-    v = view(pod("ps-0"), pod("worker-1"), gone={"worker-0": 0})
-    assert [type(a) for a in state.plan(v, 0.0)] == [state.Create]
-    assert state.plan(v, 0.0)[0].attempt == 1
-    v = view(pod("ps-0"), pod("worker-1"), gone={"worker-0": 1})
-    assert state.plan(v, 0.0) == []
 
 
 def test_parameter_servers_are_recycled_after_the_grace_period_then_ttl():

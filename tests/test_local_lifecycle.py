@@ -46,22 +46,36 @@ def test_grace_zero_stops_ps_at_once(local, workdir):
     assert final.task("ps-0").phase == Phase.SUCCEEDED
 
 
-def test_crashing_worker_is_restarted_then_the_cluster_fails(local, workdir):
-    script = "import sys\nprint('crashing', flush=True)\nsys.exit(7)\n"
+def test_killed_worker_is_restarted_then_the_cluster_fails(local, workdir):
+    # A kill by a signal is retried (the lifecycle policy); the budget is the cluster's.
+    script = "import os\nprint('crashing', flush=True)\nos.kill(os.getpid(), 9)\n"
     cluster = tk.launch("crash", workers=2, ps=1, restart_budget=2, script=script, backend_name=local)
     *_, st = cluster.watch()
     assert st.phase == Phase.FAILED
-    assert "exit code 7" in st.reason and "restart budget 2 used up" in st.reason
+    assert "killed by SIGKILL" in st.reason and "restart budget 2 used up" in st.reason
     restarts = [e for e in cluster.events() if e.reason == "Restarted"]
     assert len(restarts) == 2
     assert sum(t.restarts for t in st.tasks) == 2
     failed = [t for t in st.tasks if t.phase == Phase.FAILED]
-    assert failed and failed[0].exit_code == 7
-    # The rest of the cluster was stopped, and nothing is left running.
+    assert failed and failed[0].signal == "SIGKILL"
+    # The rest of the cluster was stopped at once, and nothing is left running.
     assert st.task("ps-0").phase == Phase.STOPPED
     assert all(t.pid is None or not pid_alive(t.pid) for t in st.tasks)
     # Each attempt is in the kept log.
     assert cluster.logs(failed[0].name).count("crashing") >= 1
+
+
+def test_an_exit_code_the_script_chose_is_not_restarted(local, workdir):
+    # Exit 1..127 is the user's outcome: rerunning the same code would end the same way.
+    script = "import sys\nprint('giving up', flush=True)\nsys.exit(7)\n"
+    cluster = tk.launch("chosen", workers=1, ps=1, restart_budget=3, script=script,
+                        ps_grace_period=60, backend_name=local)
+    st = cluster.wait(timeout=120)
+    assert st.phase == Phase.FAILED and st.reason == "worker-0 failed: exit code 7"
+    assert st.task("worker-0").restarts == 0
+    # The parameter server is stopped at once, not after its 60 s grace period.
+    *_, st = cluster.watch()
+    assert st.task("ps-0").phase == Phase.STOPPED
 
 
 def test_a_crash_within_budget_recovers(local, workdir):

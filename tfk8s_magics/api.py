@@ -265,9 +265,9 @@ class Cluster:
 
     def delete(self, keep_logs: bool = False):
         """Remove it and all it created (its logs too, unless ``keep_logs``)."""
-        from .watch import ClusterWatcher
+        from .watch import ClusterFeed
 
-        ClusterWatcher.forget(self.backend, self.name)
+        ClusterFeed.forget(self.backend, self.name)
         return self.backend.delete(self.name, keep_logs=keep_logs)
 
     def connect(self, timeout: float = 180.0, **strategy_kwargs):

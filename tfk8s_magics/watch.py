@@ -1,12 +1,17 @@
-"""One watcher per cluster, feeding every view of it in this process.
+"""One feed per cluster, fanning its status and logs out to every view of it in this process.
 
-A :class:`ClusterWatcher` runs two daemon threads — one following the
-cluster's status (``Backend.watch``), one its logs
-(``Backend.follow_logs``) — and hands what they see to subscribers: the
+A :class:`ClusterFeed` runs daemon threads — one following the cluster's
+status (``Backend.watch``), one its logs (``Backend.follow_logs``), one
+handing log batches out — and gives what they see to subscribers: the
 live log view under a launch cell, the dashboard, the cluster list.
-However many views show a cluster, the backend is watched once.
-Subscribers get log lines in batches (at most every ``LOG_BATCH_INTERVAL``)
-so a chatty cluster costs one update per batch, not one per line.
+However many views show a cluster, the backend is read once.  Subscribers
+get log lines in batches (at most every ``LOG_BATCH_INTERVAL``) so a
+chatty cluster costs one update per batch, not one per line.  A feed only
+reads: it never acts on the cluster.
+
+Feeds are kept per backend object (a weak key: a backend that is gone
+takes its feeds' entries with it) and per cluster name.  The registry lock
+guards only the registry: no backend call is made while it is held.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from __future__ import annotations
 import collections
 import threading
 import time
+import traceback
+import weakref
 from collections.abc import Callable
 
 from .backends import Backend, ClusterStatus, LogLine
@@ -28,10 +35,10 @@ LOG_BATCH_INTERVAL = 0.1
 HISTORY_LINES = 1000
 
 
-class ClusterWatcher:
-    """Watches one cluster; see the module docstring.  Get one with :meth:`of`."""
+class ClusterFeed:
+    """Feeds one cluster's status and logs to its views (module docstring); get one with :meth:`of`."""
 
-    _registry: dict[tuple[str, int, str], ClusterWatcher] = {}
+    _registry: weakref.WeakKeyDictionary[Backend, dict[str, ClusterFeed]] = weakref.WeakKeyDictionary()
     _registry_lock = threading.Lock()
 
     def __init__(self, backend: Backend, name: str) -> None:
@@ -41,7 +48,7 @@ class ClusterWatcher:
         self.history: dict[str, collections.deque[LogLine]] = {}
         self._status_subs: list[StatusCallback] = []
         self._log_subs: list[LogsCallback] = []
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards status, history, the subscriber lists, _pending
         self._stop = threading.Event()
         self._pending: list[LogLine] = []
         self._threads = [
@@ -51,31 +58,36 @@ class ClusterWatcher:
         ]
         self._has_pending = threading.Event()
         self.logs_done = threading.Event()
-        #: Why watching stopped early (an API error, say), or None.
+        #: Why feeding stopped early (an API error, say), or None.
         self.error: str | None = None
         self.status_done = threading.Event()
 
     @classmethod
-    def of(cls, backend: Backend, name: str) -> ClusterWatcher:
-        """The running watcher of ``name`` on ``backend``, started if needed."""
-        key = (backend.name, id(backend), name)
+    def of(cls, backend: Backend, name: str) -> ClusterFeed:
+        """The running feed of ``name`` on ``backend``, started if needed."""
         with cls._registry_lock:
-            w = cls._registry.get(key)
-            if w is None or w._stop.is_set() or (w.logs_done.is_set() and w.status_done.is_set()
-                                                 and not _same_cluster(w)):
-                w = cls(backend, name)
-                cls._registry[key] = w
-                for t in w._threads:
-                    t.start()
-            return w
+            current = cls._registry.get(backend, {}).get(name)
+        # A finished feed is reused only if it still describes the cluster now under
+        # that name: finding out reads the backend, so it happens outside the lock.
+        if current is not None and not current._stop.is_set():
+            if not (current.logs_done.is_set() and current.status_done.is_set()) or _same_cluster(current):
+                return current
+        with cls._registry_lock:
+            feeds = cls._registry.setdefault(backend, {})
+            if feeds.get(name) is not current:  # another thread replaced it meanwhile
+                return feeds[name]
+            feed = feeds[name] = cls(backend, name)
+        for t in feed._threads:
+            t.start()
+        return feed
 
     @classmethod
     def forget(cls, backend: Backend, name: str) -> None:
-        """Stop and drop the watcher of a cluster (it is being deleted)."""
+        """Stop and drop the feed of a cluster (it is being deleted)."""
         with cls._registry_lock:
-            w = cls._registry.pop((backend.name, id(backend), name), None)
-        if w is not None:
-            w.close()
+            feed = cls._registry.get(backend, {}).pop(name, None)
+        if feed is not None:
+            feed.close()
 
     # -- subscriptions -------------------------------------------------------
     def subscribe(
@@ -87,7 +99,7 @@ class ClusterWatcher:
         """Register callbacks; with ``replay``, get the current status and log history first.
 
         Returns a function that unsubscribes.  Callbacks run on the
-        watcher's threads and must not block.
+        feed's threads and must not block.
         """
         with self._lock:
             if on_status:
@@ -117,7 +129,7 @@ class ClusterWatcher:
 
     @property
     def running(self) -> bool:
-        """Whether any of the watcher's threads (status, logs, flush) is still running."""
+        """Whether any of the feed's threads (status, logs, flush) is still running."""
         return any(t.is_alive() for t in self._threads)
 
     # -- threads -------------------------------------------------------------
@@ -153,7 +165,7 @@ class ClusterWatcher:
             self._has_pending.set()
 
     def _report(self, e: Exception, what: str) -> None:
-        """Keep why watching stopped and show it in every log view (the API's reason included)."""
+        """Keep why feeding stopped and show it in every log view (the API's reason included)."""
         self.error = f"watching the {what} of {self.name!r} stopped: {type(e).__name__}: {e}"
         with self._lock:
             self._pending.append(LogLine("tfk8s", self.error, time.time()))
@@ -183,19 +195,17 @@ class ClusterWatcher:
             _safe(cb, batch)
 
 
-def _same_cluster(w: ClusterWatcher) -> bool:
-    """Whether a finished watcher still describes the cluster now under that name."""
+def _same_cluster(feed: ClusterFeed) -> bool:
+    """Whether a finished feed still describes the cluster now under that name (reads the backend)."""
     try:
-        st = w.backend.status(w.name)
-    except Exception:  # noqa: BLE001
+        st = feed.backend.status(feed.name)
+    except Exception:  # noqa: BLE001 - unreadable or gone: start a fresh feed
         return False
-    return w.status is not None and st.created == w.status.created
+    return feed.status is not None and st.created == feed.status.created
 
 
 def _safe(cb, arg) -> None:
     try:
         cb(arg)
     except Exception:  # noqa: BLE001 - one broken view must not stop the others
-        import traceback
-
         traceback.print_exc()

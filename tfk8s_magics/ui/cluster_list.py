@@ -3,10 +3,12 @@
 Each row shows a cluster's name, backend, mode, phase (and why), how many
 tasks run, a progress bar with step / ETA, its age, and three actions:
 Dashboard (opens the cluster's dashboard under the table), Stop, and
-Delete (asks once).  Rows of clusters still running are fed by their
-:class:`~tfk8s_magics.watch.ClusterWatcher` — the same watcher as every
-other view of that cluster — and redrawn by one coalescing thread that
-ends once no listed cluster is running.  Ended clusters are not watched.
+Delete (asks once) — the same :class:`~.actions.ActionBar` as the
+dashboard's.  Rows of clusters still running are fed by their
+:class:`~tfk8s_magics.watch.ClusterFeed` — the same feed as every other
+view of that cluster — and redrawn by one coalescing thread that ends once
+no listed cluster is running.  Ended clusters are not followed.  Cells are
+drawn with :mod:`.render`, like every other view.
 
 Without ipywidgets the same table is rendered as HTML or text
 (:class:`~tfk8s_magics.ui.render.ListView`).
@@ -18,11 +20,24 @@ import html
 import threading
 import time
 
-from ..backends import ClusterStatus, Phase
-from ..watch import ClusterWatcher
+from ..api import Cluster
+from ..backends import ClusterStatus
+from ..watch import ClusterFeed
 from . import live
+from .actions import ActionBar
+from .dashboard import Dashboard
+from .live import ViewEnd
 from .logview import widgets_available
-from .render import fmt_duration, fmt_progress, list_html, list_text, phase_badge
+from .render import (
+    bar_style,
+    fmt_duration,
+    fmt_progress,
+    list_html,
+    list_text,
+    outcome_html,
+    phase_badge,
+    tasks_running,
+)
 
 _e = html.escape
 COLUMNS = (
@@ -31,13 +46,8 @@ COLUMNS = (
 HEADINGS = ("name", "backend", "mode", "phase", "tasks", "progress", "age", "")
 
 
-def _tasks_text(st: ClusterStatus) -> str:
-    running = sum(1 for t in st.tasks if t.phase == Phase.RUNNING)
-    return f"{running}/{len(st.tasks)}"
-
-
 class _Row:
-    """The widgets of one cluster's row."""
+    """The widgets of one cluster's row (drawn under the list's draw lock)."""
 
     def __init__(self, owner: ClusterList, st: ClusterStatus) -> None:
         import ipywidgets as w
@@ -45,11 +55,8 @@ class _Row:
         self.owner = owner
         self.name = st.name
         self.status = st
-        self.deleted = False
-        self.busy = False
-        self.confirming = False
         self.unsubscribe = None
-        self.watcher: ClusterWatcher | None = None
+        self.feed: ClusterFeed | None = None
         self.name_cell = w.HTML(f'<b class="tfk8s-name">{_e(st.name)}</b>')
         self.backend_cell = w.HTML(_e(st.backend))
         self.mode_cell = w.HTML(_e(st.mode))
@@ -60,61 +67,59 @@ class _Row:
         self.progress_text = w.HTML()
         self.age_cell = w.HTML()
         self.dash_button = w.Button(description="Dashboard", layout=w.Layout(width="auto"))
-        self.stop_button = w.Button(description="Stop", button_style="warning", layout=w.Layout(width="auto"))
-        self.delete_button = w.Button(
-            description="Delete", button_style="danger", layout=w.Layout(width="auto")
-        )
-        self.cancel_button = w.Button(description="Cancel", layout=w.Layout(width="auto", display="none"))
-        for b, cls in (
-            (self.dash_button, "tfk8s-dashboard-button"),
-            (self.stop_button, "tfk8s-stop"),
-            (self.delete_button, "tfk8s-delete"),
-            (self.cancel_button, "tfk8s-cancel"),
-        ):
-            b.add_class(cls)
+        self.dash_button.add_class("tfk8s-dashboard-button")
         self.dash_button.on_click(lambda _b: owner.open_dashboard(self.name))
-        self.stop_button.on_click(lambda _b: self.stop())
-        self.delete_button.on_click(lambda _b: self.delete())
-        self.cancel_button.on_click(lambda _b: self.cancel())
+        self.actions = ActionBar(owner.cluster(st.name), owner._draw_lock, on_outcome=owner.say,
+                                 on_stopped=self.on_status, on_deleted=self.on_deleted, compact=True)
         self.cells = [
-            self.name_cell,
-            self.backend_cell,
-            self.mode_cell,
-            self.phase_cell,
-            self.tasks_cell,
+            self.name_cell, self.backend_cell, self.mode_cell, self.phase_cell, self.tasks_cell,
             w.HBox([self.bar, self.progress_text], layout=w.Layout(align_items="center")),
             self.age_cell,
-            w.HBox([self.dash_button, self.stop_button, self.delete_button, self.cancel_button]),
+            w.HBox([self.dash_button, self.actions.widget]),
         ]
         self.draw()
 
     @property
+    def deleted(self) -> bool:
+        """Whether this row's cluster was deleted from the list."""
+        return self.actions.deleted
+
+    @property
     def live(self) -> bool:
+        """Whether the row follows its cluster's feed."""
         return self.unsubscribe is not None
 
     def watch(self) -> None:
-        """Follow the cluster through its watcher (only while it runs)."""
-        self.watcher = ClusterWatcher.of(self.owner.backend, self.name)
-        self.unsubscribe = self.watcher.subscribe(on_status=self.on_status)
+        """Follow the cluster through its feed (only while it runs)."""
+        self.feed = ClusterFeed.of(self.owner.backend, self.name)
+        self.unsubscribe = self.feed.subscribe(on_status=self.on_status)
 
     def on_status(self, st: ClusterStatus) -> None:
+        """A new status (feed thread, or the Stop action): record it, redraw soon."""
         self.status = st
         self.owner.poke()
 
+    def on_deleted(self) -> None:
+        """The cluster was deleted from this row: stop following it."""
+        self.unwatch()
+        self.owner.poke()
+
     def ended(self) -> bool:
-        """Whether nothing more will change in this row (its watcher stopped, or it was deleted)."""
+        """Whether nothing more will change in this row (its feed stopped, or it was deleted)."""
         if self.deleted:
             return True
-        if self.watcher is not None and not self.watcher.running:
+        if self.feed is not None and not self.feed.running:
             return True
-        return self.watcher is None and self.status.terminal
+        return self.feed is None and self.status.terminal
 
     def unwatch(self) -> None:
+        """Stop following the cluster."""
         if self.unsubscribe:
             self.unsubscribe()
         self.unsubscribe = None
 
     def draw(self, now: float | None = None) -> None:
+        """Draw the row from its status (under the list's draw lock)."""
         st = self.status
         now = time.time() if now is None else now
         phase = "deleted" if self.deleted else st.phase
@@ -124,67 +129,18 @@ class _Row:
         self.phase_cell.value = (
             f'<span data-phase="{_e(phase, quote=True)}">{phase_badge(phase)}{reason}</span>'
         )
-        self.tasks_cell.value = _e(_tasks_text(st))
+        self.tasks_cell.value = _e(tasks_running(st))
         p = st.progress
         if p is not None:
-            top = p.total or max(p.step, 1)
-            self.bar.max = max(top, 1)
+            self.bar.max = max(p.total or max(p.step, 1), 1)
             self.bar.value = min(p.step, self.bar.max)
-        self.bar.bar_style = {
-            Phase.SUCCEEDED: "success",
-            Phase.FAILED: "danger",
-            Phase.STOPPED: "warning",
-        }.get(st.phase, "")
-        self.progress_text.value = f'<small class="tfk8s-progress-text">{_e(fmt_progress(p))}</small>'
+        self.bar.bar_style = bar_style(st.phase)
+        self.progress_text.value = (
+            f'<small class="tfk8s-progress-text">{_e(fmt_progress(p, st.terminal))}</small>'
+        )
         self.age_cell.value = _e(fmt_duration(now - st.created)) if st.created else "-"
-        self.stop_button.disabled = self.busy or self.deleted or st.terminal
-        self.delete_button.disabled = self.busy or self.deleted
         self.dash_button.disabled = self.deleted
-        self.delete_button.description = "Yes, delete" if self.confirming else "Delete"
-        self.cancel_button.layout.display = None if self.confirming else "none"
-
-    # -- actions ------------------------------------------------------------------
-    def stop(self) -> None:
-        if self.busy or self.deleted:
-            return
-        self.busy = True
-        self.draw()
-        self.owner.run(f"stopping {self.name}", self._do_stop)
-
-    def _do_stop(self) -> str:
-        try:
-            st = self.owner.cluster(self.name).stop()
-            self.status = st
-            return f"{self.name}: {st.phase}; logs kept in {st.log_dir}"
-        finally:
-            self.busy = False
-
-    def delete(self) -> None:
-        if self.busy or self.deleted:
-            return
-        if not self.confirming:
-            self.confirming = True
-            self.draw()
-            self.owner.say(f"delete {self.name} and its logs? press Yes, delete")
-            return
-        self.confirming = False
-        self.busy = True
-        self.draw()
-        self.owner.run(f"deleting {self.name}", self._do_delete)
-
-    def _do_delete(self) -> str:
-        try:
-            self.owner.cluster(self.name).delete()
-            self.deleted = True
-            self.unwatch()
-            return f"{self.name}: deleted"
-        finally:
-            self.busy = False
-
-    def cancel(self) -> None:
-        self.confirming = False
-        self.draw()
-        self.owner.say("")
+        self.actions.draw(st, self.deleted)
 
 
 class ClusterList:
@@ -197,9 +153,8 @@ class ClusterList:
         self.rows: dict[str, _Row] = {}
         self.outcome = ""
         self.dashboard = None
-        self._closed = False
+        self.end = ViewEnd.LIVE
         self._draw_lock = threading.RLock()
-        self._threads: list[threading.Thread] = []
         self._throttle: live.Throttle | None = None
         self.widget = None
         if self.use_widgets:
@@ -230,20 +185,18 @@ class ClusterList:
 
     def cluster(self, name: str):
         """A :class:`~tfk8s_magics.api.Cluster` handle for ``name`` on this list's backend."""
-        from ..api import Cluster
-
         return Cluster(name, self.backend)
 
     # -- data ---------------------------------------------------------------------
     def refresh(self) -> None:
         """List the clusters again and rebuild the table."""
-        self.statuses = self.backend.list_clusters()
+        self.statuses = self.backend.list_clusters()  # the backend is read before any lock
         if not self.use_widgets:
             return
         import ipywidgets as w
 
         with self._draw_lock:
-            for row in self.rows.values():
+            for row in list(self.rows.values()):
                 row.unwatch()
             self.rows = {}
             cells = [w.HTML(f"<b>{h}</b>") for h in HEADINGS]
@@ -275,7 +228,9 @@ class ClusterList:
             self._throttle.poke()
 
     def _all_ended(self) -> bool:
-        return self._closed or all(r.ended() for r in self.rows.values())
+        with self._draw_lock:
+            rows = list(self.rows.values())
+        return self.end.final or all(r.ended() for r in rows)
 
     def _render(self) -> None:
         with self._draw_lock:
@@ -283,39 +238,19 @@ class ClusterList:
                 if row.live and row.ended():
                     row.unwatch()
                 row.draw()
-            self.outcome_label.value = f'<span class="tfk8s-outcome-text">{_e(self.outcome)}</span>'
+            self.outcome_label.value = outcome_html(self.outcome)
 
     # -- actions ----------------------------------------------------------------------
     def say(self, text: str) -> None:
-        """Show ``text`` as the outcome line under the table."""
+        """Show ``text`` as the outcome line under the table (any thread)."""
         self.outcome = text
         if self.widget is not None:
             with self._draw_lock:
-                self.outcome_label.value = f'<span class="tfk8s-outcome-text">{_e(text)}</span>'
-
-    def run(self, what: str, fn) -> threading.Thread:
-        """Run an action on a thread (buttons must not block the kernel); show its outcome."""
-        self.say(f"{what}…")
-
-        def target() -> None:
-            try:
-                text = fn()
-            except Exception as e:  # noqa: BLE001 - shown to the user
-                text = f"{what} failed: {e}"
-            self.say(text)
-            with self._draw_lock:
-                for row in self.rows.values():
-                    row.draw()
-
-        t = threading.Thread(target=target, name="tfk8s-list-action", daemon=True)
-        self._threads.append(t)
-        t.start()
-        return t
+                self.outcome_label.value = outcome_html(text)
+        self.poke()
 
     def open_dashboard(self, name: str):
         """Show ``name``'s dashboard under the table (replacing the one shown before)."""
-        from .dashboard import Dashboard
-
         if self.dashboard is not None:
             self.dashboard.close(destroy=True)
         self.dashboard = Dashboard(self.cluster(name), widgets=True).start()
@@ -324,8 +259,10 @@ class ClusterList:
 
     def close(self, destroy: bool = False) -> None:
         """Stop updating (and with ``destroy``, free the widgets)."""
-        self._closed = True
-        for row in self.rows.values():
+        self.end = self.end.then(ViewEnd.CLOSED)
+        with self._draw_lock:
+            rows = list(self.rows.values())
+        for row in rows:
             row.unwatch()
         if self._throttle is not None:
             self._throttle.close()

@@ -1,20 +1,50 @@
-"""Helpers shared by the live views: a coalescing render thread, cell identity.
+"""Helpers shared by the live views: the end-state enum, a coalescing render
+thread, a bounded log output, cell identity.
 
-Watchers call views back on their own threads, as often as things change.
+Feeds call views back on their own threads, as often as things change.
 A view does not redraw on every call: it marks itself dirty and pokes its
 :class:`Throttle`, whose one thread redraws at most every ``interval``
 seconds (plus, optionally, a slow periodic ``tick`` for clocks such as a
 task's running duration).  The thread ends when the view is closed or its
 ``finished`` predicate becomes true, so a view of a deleted cluster leaves
-no thread behind.
+no thread behind.  See :mod:`tfk8s_magics.ui` for the threading rule.
 """
 
 from __future__ import annotations
 
+import collections
+import enum
 import threading
 import time
 import traceback
 from collections.abc import Callable
+
+
+class ViewEnd(enum.Enum):
+    """Where a live view is in its life: one value instead of a flag per ending.
+
+    ``LIVE`` until one of the others; ``ENDED`` (the cluster ended and the
+    view drew every update of it) may still become ``DELETED``; ``DELETED``
+    and ``CLOSED`` are final.
+    """
+
+    LIVE = "live"  #: following the cluster
+    ENDED = "ended"  #: the cluster ended; its final state is drawn
+    DELETED = "deleted"  #: the cluster is gone (deleted here or elsewhere)
+    CLOSED = "closed"  #: the view was closed (close(), or its cell ran again)
+
+    @property
+    def final(self) -> bool:
+        """Whether the view draws nothing more."""
+        return self is not ViewEnd.LIVE
+
+    def then(self, new: ViewEnd) -> ViewEnd:
+        """The state after ``new`` happens: DELETED and CLOSED are never undone."""
+        if self in (ViewEnd.DELETED, ViewEnd.CLOSED):
+            return self
+        if self is ViewEnd.ENDED and new is ViewEnd.LIVE:
+            return self
+        return new
 
 
 class Throttle:
@@ -114,7 +144,9 @@ def in_kernel() -> bool:
         return False
 
 
-_by_cell: dict[str, tuple[str | None, list]] = {}
+#: Cells remembered (the oldest are forgotten: their views were re-run or scrolled away long ago).
+MAX_CELLS = 64
+_by_cell: collections.OrderedDict[str, tuple[str | None, list]] = collections.OrderedDict()
 _by_cell_lock = threading.Lock()
 
 
@@ -137,9 +169,23 @@ def supersede(view) -> None:
             stale = []
         views.append(view)
         _by_cell[cell] = (msg_id, views)
+        _by_cell.move_to_end(cell)
+        _prune()
     for v in stale:
         if v is not view:
             v.close(destroy=True)
+
+
+def _prune() -> None:
+    """Forget cells whose views have all ended, then the oldest beyond MAX_CELLS (call under the lock)."""
+    for cell, (msg, views) in list(_by_cell.items()):
+        alive = [v for v in views if not v.end.final]
+        if alive:
+            _by_cell[cell] = (msg, alive)
+        else:
+            del _by_cell[cell]
+    while len(_by_cell) > MAX_CELLS:
+        _by_cell.popitem(last=False)
 
 
 def _current_msg_id() -> str | None:
@@ -164,3 +210,34 @@ def close_tree(widget) -> None:
         if sub is not None and hasattr(sub, "close"):
             sub.close()
     widget.close()
+
+
+class LogOutput:
+    """An ``ipywidgets.Output`` fed line by line, holding a bounded number of lines.
+
+    Lines are appended with ``append_stdout`` (the one way that reaches the
+    browser reliably from a thread).  When more than twice ``max_lines``
+    have been appended since the last re-base, the widget is re-based on
+    the newest lines (``tail()``) under a ``head`` line saying where the
+    rest is, so what it holds and sends stays bounded.  Call it under the
+    owning view's draw lock.
+    """
+
+    def __init__(self, output, max_lines: int) -> None:
+        self.output = output
+        self.max_lines = max_lines
+        self.shown = 0
+
+    def append(self, lines: list[str], tail: Callable[[], list[str]], head: Callable[[], str]) -> None:
+        """Append ``lines``; re-base on ``tail()`` under ``head()`` when the widget holds too many."""
+        self.shown += len(lines)
+        if self.shown > 2 * self.max_lines:
+            newest = tail()
+            self.replace(head() + "\n".join(newest) + "\n", len(newest))
+        else:
+            self.output.append_stdout("\n".join(lines) + "\n")
+
+    def replace(self, text: str, shown: int) -> None:
+        """Show ``text`` instead of everything; count ``shown`` lines towards the next re-base."""
+        self.output.outputs = ({"output_type": "stream", "name": "stdout", "text": text},)
+        self.shown = shown

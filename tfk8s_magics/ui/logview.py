@@ -1,6 +1,6 @@
 """A live, bounded view of a cluster's logs under a notebook cell.
 
-Lines arrive from the cluster's :class:`~tfk8s_magics.watch.ClusterWatcher`
+Lines arrive from the cluster's :class:`~tfk8s_magics.watch.ClusterFeed`
 on a background thread, so the kernel stays free to run other cells.  In
 a Jupyter kernel they are appended to an ``ipywidgets.Output`` with
 ``append_stdout`` (the only way that reaches the browser reliably from a
@@ -16,7 +16,8 @@ import sys
 import threading
 
 from ..backends import ClusterStatus, LogLine
-from ..watch import ClusterWatcher
+from ..watch import ClusterFeed
+from .live import LogOutput
 
 
 def widgets_available() -> bool:
@@ -45,10 +46,10 @@ class LogView:
         self.announce_status = announce_status
         self.lines: collections.deque[str] = collections.deque(maxlen=max_lines)
         self.dropped = 0
-        self._shown = 0
         self._last_phase: str | None = None
         self._lock = threading.Lock()
         self.output = None
+        self._output: LogOutput | None = None
         self._unsubscribe = None
         self.done = threading.Event()
 
@@ -60,17 +61,18 @@ class LogView:
 
             self.output = ipywidgets.Output(layout={"max_height": "24em", "overflow": "auto"})
             self.output.add_class("tfk8s-logview")
+            self._output = LogOutput(self.output, self.max_lines)
             display(self.output)
-        watcher = ClusterWatcher.of(self.backend, self.name)
-        self._unsubscribe = watcher.subscribe(
+        feed = ClusterFeed.of(self.backend, self.name)
+        self._unsubscribe = feed.subscribe(
             on_status=self._on_status if self.announce_status else None, on_logs=self._on_logs
         )
-        threading.Thread(target=self._await_end, args=(watcher,), daemon=True).start()
+        threading.Thread(target=self._await_end, args=(feed,), daemon=True).start()
         return self
 
-    def _await_end(self, watcher: ClusterWatcher) -> None:
-        watcher.logs_done.wait()
-        watcher.status_done.wait()
+    def _await_end(self, feed: ClusterFeed) -> None:
+        feed.logs_done.wait()
+        feed.status_done.wait()
         if self._unsubscribe:
             self._unsubscribe()
         self.done.set()
@@ -98,19 +100,13 @@ class LogView:
                 if len(self.lines) == self.max_lines:
                     self.dropped += 1
                 self.lines.append(t)
-            chunk = "\n".join(texts) + "\n"
-            if self.output is None:
-                sys.stdout.write(chunk)
+            if self._output is None:
+                sys.stdout.write("\n".join(texts) + "\n")
                 sys.stdout.flush()
                 return
-            self._shown += len(texts)
-            if self._shown > 2 * self.max_lines:
-                # Re-base the widget on the newest lines: what it holds stays bounded.
-                head = (f"… {self.dropped} earlier lines are in the log files "
-                        f"(%tfcluster logs {self.name})\n")
-                self.output.outputs = (
-                    {"output_type": "stream", "name": "stdout", "text": head + "\n".join(self.lines) + "\n"},
-                )
-                self._shown = len(self.lines)
-            else:
-                self.output.append_stdout(chunk)
+            self._output.append(
+                texts,
+                tail=lambda: list(self.lines),
+                head=lambda: (f"… {self.dropped} earlier lines are in the log files "
+                              f"(%tfcluster logs {self.name})\n"),
+            )

@@ -2,7 +2,7 @@
 
 :class:`MetricHistory` records the metrics a cluster's training script
 reports (``report_progress(step, total, loss=...)``), one history per
-cluster watcher, so a dashboard opened late still draws the whole curve.
+cluster feed, so a dashboard opened late still draws the whole curve.
 :func:`sparkline_svg` draws one metric as an escaped SVG string.
 """
 
@@ -31,7 +31,7 @@ class MetricHistory:
         self.version = 0
 
     def record(self, st: ClusterStatus) -> None:
-        """Add the metrics of ``st.progress`` if it is a new record (a watcher callback)."""
+        """Add the metrics of ``st.progress`` if it is a new record (a feed callback)."""
         p = st.progress
         if p is None or not p.metrics:
             return
@@ -69,19 +69,19 @@ _histories: weakref.WeakKeyDictionary[object, MetricHistory] = weakref.WeakKeyDi
 _histories_lock = threading.Lock()
 
 
-def history_of(watcher) -> MetricHistory:
-    """The metric history of a :class:`~tfk8s_magics.watch.ClusterWatcher` (recorded from now on).
+def history_of(feed) -> MetricHistory:
+    """The metric history of a :class:`~tfk8s_magics.watch.ClusterFeed` (recorded from now on).
 
-    The recorder stays subscribed for the watcher's life (it is a plain
+    The recorder stays subscribed for the feed's life (it is a plain
     callback: no thread), so every later view gets the curve from the start
     of the first one.
     """
     with _histories_lock:
-        h = _histories.get(watcher)
+        h = _histories.get(feed)
         if h is None:
             h = MetricHistory()
-            _histories[watcher] = h
-            watcher.subscribe(on_status=h.record, replay=True)
+            _histories[feed] = h
+            feed.subscribe(on_status=h.record, replay=True)
         return h
 
 

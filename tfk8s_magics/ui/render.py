@@ -1,8 +1,11 @@
-"""Plain renderings of cluster status: HTML (``_repr_html_``) and text.
+"""Pure renderings of cluster status as HTML and text: every view draws with these.
 
-These are the fallback where ipywidgets is not available (plain IPython,
-nbconvert) and the building blocks of richer views.  Every value is
-escaped.
+The dashboard (:mod:`.dashboard`), the cluster list (:mod:`.cluster_list`)
+and the plain fallbacks where ipywidgets is not available (plain IPython,
+nbconvert: :class:`StatusView`, :class:`ListView`) all use the functions
+here, so a phase, a progress line or a task row reads the same in every
+view.  They take values and return strings: no widgets, no I/O, no clock
+unless ``now`` is left out.  Every value is escaped.
 """
 
 from __future__ import annotations
@@ -10,9 +13,27 @@ from __future__ import annotations
 import html
 import time
 
-from ..backends import ClusterStatus, Progress
+from ..backends import ClusterStatus, Event, Phase, Progress
+from ..spec import BETWEEN
+
+_e = html.escape
+
+#: Events shown in an events table (the newest).
+MAX_EVENTS = 200
+
+_PHASE_COLOURS = {
+    Phase.PENDING: "#888",
+    Phase.STARTING: "#b58900",
+    Phase.RUNNING: "#268bd2",
+    Phase.SUCCEEDED: "#2aa198",
+    Phase.FAILED: "#dc322f",
+    Phase.STOPPED: "#6c71c4",
+}
+#: The ipywidgets progress-bar style of a cluster in each phase.
+_BAR_STYLES = {Phase.SUCCEEDED: "success", Phase.FAILED: "danger", Phase.STOPPED: "warning"}
 
 
+# -- values ----------------------------------------------------------------------------
 def fmt_duration(seconds: float | None) -> str:
     """``75`` → ``1m15s``; None → ``-``."""
     if seconds is None:
@@ -27,19 +48,188 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{s}s"
 
 
-def fmt_progress(p: Progress | None) -> str:
-    """``step 120/1000 (12.0%) · ETA 1m05s · loss 0.31``, or ``-``."""
+def clock(t: float | None) -> str:
+    """A wall-clock time as ``HH:MM:SS`` (local time), or ``-``."""
+    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def exit_text(code: int | None, sig: str | None) -> str:
+    """How a task ended: its signal, else its exit code, else nothing."""
+    if sig:
+        return str(sig)
+    return "" if code is None else str(code)
+
+
+def fmt_progress(p: Progress | None, ended: bool = False) -> str:
+    """``step 120/1000 (12.0%) · ETA 1m05s · 5 steps/s · loss 0.31``, or ``-``.
+
+    Once the cluster has ``ended``, the ETA and the rate are left out.
+    """
     if p is None:
         return "-"
     parts = [f"step {p.step}" + (f"/{p.total}" if p.total else "")]
     if p.percent is not None:
         parts[0] += f" ({p.percent:.1f}%)"
-    if p.eta is not None and (p.total is None or p.step < p.total):
+    running = not ended and (p.total is None or p.step < p.total)
+    if p.eta is not None and running:
         parts.append(f"ETA {fmt_duration(p.eta)}")
+    if p.rate and running:
+        parts.append(f"{p.rate:.3g} steps/s")
     parts += [f"{k} {v:.4g}" for k, v in sorted(p.metrics.items())]
     return " · ".join(parts)
 
 
+def bar_style(phase: str | None) -> str:
+    """The progress-bar style of a cluster in ``phase`` (empty while it runs)."""
+    return _BAR_STYLES.get(phase or "", "")
+
+
+def tasks_running(st: ClusterStatus) -> str:
+    """``running/all`` tasks, e.g. ``3/4``."""
+    running = sum(1 for t in st.tasks if t.phase == Phase.RUNNING)
+    return f"{running}/{len(st.tasks)}"
+
+
+def last_warning(events: list[Event]) -> Event | None:
+    """The newest Warning event, if any."""
+    for ev in reversed(events):
+        if ev.type == "Warning":
+            return ev
+    return None
+
+
+# -- HTML pieces -------------------------------------------------------------------------
+def phase_badge(phase: str) -> str:
+    """A coloured phase label (escaped)."""
+    colour = _PHASE_COLOURS.get(phase, "#888")
+    return (
+        f'<span class="tfk8s-phase tfk8s-phase-{_e(phase)}" '
+        f'style="color:{colour};font-weight:bold">{_e(phase)}</span>'
+    )
+
+
+def _when(st: ClusterStatus, ended: bool, now: float) -> str:
+    if ended:
+        when = f"ended {clock(st.finished)}" if st.finished else "ended"
+        if st.finished and st.created:
+            when += f" after {fmt_duration(st.finished - st.created)}"
+        return when
+    return f"age {fmt_duration(now - st.created)}" if st.created else ""
+
+
+def header_html(
+    st: ClusterStatus | None,
+    name: str,
+    *,
+    deleted: bool = False,
+    warning: Event | None = None,
+    now: float | None = None,
+) -> str:
+    """A dashboard's first lines: who, what, which phase and why."""
+    now = time.time() if now is None else now
+    if st is None:
+        return (
+            f'<div class="tfk8s-header"><b class="tfk8s-name">{_e(name)}</b> '
+            '<span style="color:#888">waiting for the first status…</span></div>'
+        )
+    phase = "deleted" if deleted else st.phase
+    bits = [
+        "between-graph" if st.mode == BETWEEN else _e(st.mode),
+        _e(st.backend),
+        _when(st, st.terminal or deleted, now),
+        f"owner {_e(st.owner or '-')}",
+    ]
+    if st.detached:
+        bits.append("detached")
+    warn = ""
+    if warning is not None and not st.terminal and not deleted:
+        warn = (
+            f'<div class="tfk8s-warning" style="color:#b58900">⚠ {_e(warning.task or "cluster")}: '
+            f"{_e(warning.reason)} — {_e(warning.message)}</div>"
+        )
+    reason = f' <span class="tfk8s-reason">{_e(st.reason)}</span>' if st.reason and not deleted else ""
+    return (
+        f'<div class="tfk8s-header" data-phase="{_e(phase, quote=True)}">'
+        f'<b class="tfk8s-name" style="font-size:1.15em">{_e(st.name)}</b> '
+        f"{phase_badge(phase)}{reason}"
+        f'<div style="color:#666">{" · ".join(b for b in bits if b)} · '
+        f"logs <code>{_e(st.log_dir)}</code></div>"
+        f"{warn}</div>"
+    )
+
+
+def tasks_html(st: ClusterStatus | None, now: float | None = None) -> str:
+    """The task table: one row per task, every cell escaped."""
+    if st is None or not st.tasks:
+        return '<div class="tfk8s-tasks" style="color:#888">no tasks yet</div>'
+    now = time.time() if now is None else now
+    rows = []
+    for t in st.tasks:
+        duration = None if t.started is None else (t.finished or now) - t.started
+        rows.append(
+            f'<tr data-task="{_e(t.name, quote=True)}" data-phase="{_e(t.phase, quote=True)}">'
+            f"<td><code>{_e(t.name)}</code></td><td>{phase_badge(t.phase)}</td>"
+            f'<td class="tfk8s-reason">{_e(t.reason)}</td>'
+            f'<td style="text-align:right">{int(t.restarts)}</td>'
+            f"<td>{_e(exit_text(t.exit_code, t.signal))}</td><td>{_e(t.host)}</td>"
+            f"<td>{_e(clock(t.started))}</td>"
+            f'<td style="text-align:right">{_e(fmt_duration(duration))}</td></tr>'
+        )
+    return (
+        '<table class="tfk8s-tasks" style="border-collapse:collapse;width:100%">'
+        "<thead><tr><th>task</th><th>phase</th><th>reason</th><th>restarts</th><th>exit</th>"
+        "<th>host / node</th><th>started</th><th>duration</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def progress_html(st: ClusterStatus | None) -> str:
+    """The progress line of a dashboard (escaped HTML), or how to report progress."""
+    p = st.progress if st is not None else None
+    if p is None:
+        if st is not None and st.terminal:
+            return '<span class="tfk8s-progress-text" style="color:#888">no progress was reported</span>'
+        return (
+            '<span class="tfk8s-progress-text" style="color:#888">no progress reported yet '
+            "(<code>tfk8s_magics.report_progress(step, total, loss=...)</code>)</span>"
+        )
+    text = fmt_progress(p, ended=st is not None and st.terminal)
+    if p.task:
+        text += f" · from {p.task}"
+    return f'<span class="tfk8s-progress-text">{_e(text)}</span>'
+
+
+def events_html(events: list[Event]) -> str:
+    """The events table, newest last; warnings stand out."""
+    if not events:
+        return '<div class="tfk8s-events" style="color:#888">no events</div>'
+    rows = "".join(
+        f'<tr class="tfk8s-event-{_e(ev.type.lower(), quote=True)}"'
+        + (' style="color:#b58900"' if ev.type == "Warning" else "")
+        + f"><td>{_e(clock(ev.time))}</td><td>{_e(ev.type)}</td><td>{_e(ev.task or '-')}</td>"
+        f"<td>{_e(ev.reason)}</td><td>{_e(ev.message)}</td></tr>"
+        for ev in events[-MAX_EVENTS:]
+    )
+    return (
+        '<table class="tfk8s-events"><thead><tr><th>time</th><th>type</th><th>task</th>'
+        f"<th>reason</th><th>message</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
+def events_text(events: list[Event], last: int = 5) -> str:
+    """The newest ``last`` events as text lines."""
+    return "\n".join(
+        f"{clock(ev.time)} {ev.type:<8}{ev.task or '-':<12}{ev.reason:<16}{ev.message}"
+        for ev in events[-last:]
+    )
+
+
+def outcome_html(text: str) -> str:
+    """The outcome line of an action (escaped), or nothing."""
+    return f'<span class="tfk8s-outcome-text">{_e(text)}</span>' if text else ""
+
+
+# -- one cluster, many clusters: the fallbacks ----------------------------------------------
 def status_text(st: ClusterStatus) -> str:
     """A plain-text table of one cluster and its tasks."""
     age = fmt_duration(time.time() - st.created) if st.created else "-"
@@ -47,55 +237,27 @@ def status_text(st: ClusterStatus) -> str:
         f"cluster {st.name} ({st.backend}, {st.mode}): {st.phase}"
         + (f" — {st.reason}" if st.reason else ""),
         f"owner {st.owner or '-'} · age {age}" + (" · detached" if st.detached else ""),
-        f"progress: {fmt_progress(st.progress)}",
+        f"progress: {fmt_progress(st.progress, st.terminal)}",
         f"{'TASK':<14}{'PHASE':<11}{'RESTARTS':>8}  {'EXIT':<8}{'HOST':<22}{'DURATION':>9}  REASON",
     ]
     for t in st.tasks:
-        code = t.signal or ("" if t.exit_code is None else str(t.exit_code))
         lines.append(
-            f"{t.name:<14}{t.phase:<11}{t.restarts:>8}  {code:<8}{t.host:<22}"
-            f"{fmt_duration(t.duration):>9}  {t.reason}"
+            f"{t.name:<14}{t.phase:<11}{t.restarts:>8}  {exit_text(t.exit_code, t.signal):<8}"
+            f"{t.host:<22}{fmt_duration(t.duration):>9}  {t.reason}"
         )
     lines.append(f"logs: {st.log_dir}")
     return "\n".join(lines)
 
 
-_PHASE_COLOURS = {
-    "pending": "#888",
-    "starting": "#b58900",
-    "running": "#268bd2",
-    "succeeded": "#2aa198",
-    "failed": "#dc322f",
-    "stopped": "#6c71c4",
-}
-
-
-def phase_badge(phase: str) -> str:
-    """A coloured phase label (escaped)."""
-    colour = _PHASE_COLOURS.get(phase, "#888")
-    return (
-        f'<span class="tfk8s-phase tfk8s-phase-{html.escape(phase)}" '
-        f'style="color:{colour};font-weight:bold">{html.escape(phase)}</span>'
-    )
-
-
 def status_html(st: ClusterStatus) -> str:
-    """An HTML table of one cluster and its tasks, every value escaped."""
-    e = html.escape
-    rows = "".join(
-        f"<tr><td>{e(t.name)}</td><td>{phase_badge(t.phase)}</td><td>{e(t.reason)}</td>"
-        f"<td>{t.restarts}</td><td>{e(t.signal or ('' if t.exit_code is None else str(t.exit_code)))}</td>"
-        f"<td>{e(t.host)}</td><td>{e(fmt_duration(t.duration))}</td></tr>"
-        for t in st.tasks
-    )
+    """An HTML summary of one cluster and its task table, every value escaped."""
     age = fmt_duration(time.time() - st.created) if st.created else "-"
     return (
-        f'<div class="tfk8s-status"><b>{e(st.name)}</b> ({e(st.backend)}, {e(st.mode)}) '
-        f"{phase_badge(st.phase)} {e(st.reason)}<br>"
-        f"owner {e(st.owner or '-')} · age {e(age)} · progress: {e(fmt_progress(st.progress))}"
-        "<table><thead><tr><th>task</th><th>phase</th><th>reason</th><th>restarts</th>"
-        "<th>exit</th><th>host</th><th>duration</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table>logs: <code>{e(st.log_dir)}</code></div>"
+        f'<div class="tfk8s-status"><b>{_e(st.name)}</b> ({_e(st.backend)}, {_e(st.mode)}) '
+        f"{phase_badge(st.phase)} {_e(st.reason)}<br>"
+        f"owner {_e(st.owner or '-')} · age {_e(age)} · progress: "
+        f"{_e(fmt_progress(st.progress, st.terminal))}"
+        f"{tasks_html(st)}logs: <code>{_e(st.log_dir)}</code></div>"
     )
 
 
@@ -108,20 +270,20 @@ def list_text(statuses: list[ClusterStatus]) -> str:
         age = fmt_duration(time.time() - st.created)
         lines.append(
             f"{st.name:<20}{st.backend:<12}{st.mode:<10}{st.phase:<11}{len(st.tasks):>6}  "
-            f"{age:>7}  {fmt_progress(st.progress)}"
+            f"{age:>7}  {fmt_progress(st.progress, st.terminal)}"
         )
     return "\n".join(lines)
 
 
 def list_html(statuses: list[ClusterStatus]) -> str:
     """An HTML table of clusters, every value escaped."""
-    e = html.escape
     if not statuses:
         return "<i>no clusters</i>"
     rows = "".join(
-        f"<tr><td>{e(st.name)}</td><td>{e(st.backend)}</td><td>{e(st.mode)}</td>"
+        f"<tr><td>{_e(st.name)}</td><td>{_e(st.backend)}</td><td>{_e(st.mode)}</td>"
         f"<td>{phase_badge(st.phase)}</td><td>{len(st.tasks)}</td>"
-        f"<td>{e(fmt_duration(time.time() - st.created))}</td><td>{e(fmt_progress(st.progress))}</td></tr>"
+        f"<td>{_e(fmt_duration(time.time() - st.created))}</td>"
+        f"<td>{_e(fmt_progress(st.progress, st.terminal))}</td></tr>"
         for st in statuses
     )
     return (

@@ -3,41 +3,26 @@
 Pods are plain dicts (the API's JSON), so every rule here is tested with
 literal pods and no API.
 
-Restart policy (tasks run as bare Pods with ``restartPolicy: Never``; the
-backend's watcher replaces a failed pod while ``spec.restart_budget``
-allows):
-
-* **retried** — failures the task did not cause: OOM kill, any kill by
-  signal (exit ≥ 128: SIGKILL, or a SIGTERM the user did not ask for),
-  eviction, preemption, node loss or shutdown (a ``DisruptionTarget``
-  condition), and a pod deleted by someone else;
-* **not retried** — the script's own outcome: exit 3 (the script cannot
-  run: syntax or import error; no restart can fix it), exit 1 (the script
-  raised: the traceback is in the log, and rerunning the same code on the
-  same data would raise again), and any other exit code the script chose.
+Tasks run as bare Pods with ``restartPolicy: Never``; which failed pod is
+replaced, what decides success, and what happens after success or failure
+is the cluster's :class:`~tfk8s_magics.lifecycle.LifecyclePolicy`, the same
+one the local supervisor executes.  :func:`pod_end` describes a failed pod
+to the policy (exit code, signal, runtime reason, pod conditions).
 """
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from ... import lifecycle
+from ...lifecycle import LifecyclePolicy, TaskEnd
 from ...spec import ClusterSpec, Task
 from ..base import Phase, TaskStatus
 from .manifests import ATTEMPT_ANNOTATION, INDEX_LABEL, ROLE_LABEL
 
 Pod = dict[str, Any]
-
-#: Pod ``status.reason`` values meaning the node, not the task, ended it.
-RETRYABLE_POD_REASONS = frozenset(
-    {"Evicted", "Preempting", "NodeLost", "Shutdown", "NodeShutdown", "Terminated",
-     "UnexpectedAdmissionError", "NodeAffinity", "OutOfcpu", "OutOfmemory"}
-)
-EXIT_SCRIPT_RAISED = 1
-EXIT_SCRIPT_BROKEN = 3
 
 
 def parse_time(value: str | None) -> float | None:
@@ -127,44 +112,45 @@ def task_status(name: str, pod: Pod | None) -> TaskStatus:
     elif phase == "Succeeded":
         out.phase, out.exit_code = Phase.SUCCEEDED, 0
     else:  # Failed or Unknown
-        out.phase = Phase.FAILED
-        if terminated:
-            out.exit_code = terminated.get("exitCode")
-            out.reason = terminated.get("reason") or ""
-        if status.get("reason"):
-            out.reason = _sentence(status["reason"], status.get("message"))
-        if out.exit_code is not None and out.exit_code > 128:
-            try:
-                out.signal = signal.Signals(out.exit_code - 128).name
-            except ValueError:
-                pass
-        if not out.reason:
-            out.reason = failure_reason(out.exit_code)
+        _explain_failure(out, pod)
     return out
 
 
-def failure_reason(exit_code: int | None) -> str:
-    """A short phrase for an exit code."""
-    if exit_code == EXIT_SCRIPT_BROKEN:
-        return "the script cannot run (syntax or import error)"
-    if exit_code == EXIT_SCRIPT_RAISED:
-        return "the script raised an exception"
-    return f"exit code {exit_code}"
-
-
-def is_retryable(pod: Pod) -> bool:
-    """Whether a failed pod failed for a reason a new pod may not hit (see module doc)."""
+def _explain_failure(out: TaskStatus, pod: Pod) -> None:
+    """Fill a failed task's exit code, signal and reason, in the words the policy uses."""
     status = pod.get("status") or {}
-    if status.get("reason") in RETRYABLE_POD_REASONS:
-        return True
-    disruption = _condition(pod, "DisruptionTarget")
-    if disruption and disruption.get("status") == "True":
-        return True
+    end = pod_end(pod)
+    out.phase, out.exit_code = Phase.FAILED, end.exit_code
+    if end.exit_code is not None and end.exit_code > lifecycle.SIGNAL_EXIT_BASE:
+        out.signal = end.killed_by
+    if status.get("reason"):
+        out.reason = _sentence(status["reason"], status.get("message"))
+    elif end.reason and end.reason != "Error":  # "Error" says nothing the exit code does not
+        out.reason = end.reason
+    elif out.signal:
+        out.reason = f"killed by {out.signal}"
+    else:
+        out.reason = lifecycle.explain_exit(end.exit_code)
+
+
+def pod_end(pod: Pod) -> TaskEnd:
+    """How a failed pod ended, as the lifecycle policy reads it."""
+    status = pod.get("status") or {}
     terminated = ((_container(pod).get("state") or {}).get("terminated")) or {}
-    if terminated.get("reason") == "OOMKilled":
-        return True
     code = terminated.get("exitCode")
-    return isinstance(code, int) and code >= 128
+    conditions = frozenset(
+        c.get("type", "") for c in status.get("conditions") or [] if c.get("status") == "True"
+    )
+    return TaskEnd(
+        exit_code=code if isinstance(code, int) else None,
+        reason=status.get("reason") or terminated.get("reason") or "",
+        conditions=conditions,
+    )
+
+
+def is_retryable(pod: Pod, policy: LifecyclePolicy) -> bool:
+    """Whether ``policy`` retries a failed pod's end (the restart budget aside)."""
+    return policy.classify(pod_end(pod)).action == lifecycle.RESTART
 
 
 # -- what the watcher does next ------------------------------------------------
@@ -213,11 +199,16 @@ class View:
     #: task → attempt of its pod that someone else deleted (no newer pod seen)
     gone: dict[str, int] = field(default_factory=dict)
 
+    @property
+    def policy(self) -> LifecyclePolicy:
+        """The lifecycle policy of the cluster's spec."""
+        return LifecyclePolicy.of(self.spec)
+
 
 def task_statuses(view: View) -> list[TaskStatus]:
     """Every task's status, with absent pods explained by the cluster's state."""
     script_done = _script_tasks_done(view)
-    recycled = set(lifecycle.recycled_when_done(view.spec))
+    recycled = set(view.policy.recycled_when_done(view.spec))
     failed = any(
         task_status(n, p).phase == Phase.FAILED and not _will_retry(view, p)
         for n, p in view.pods.items()
@@ -243,7 +234,7 @@ def task_statuses(view: View) -> list[TaskStatus]:
 
 
 def _script_tasks_done(view: View) -> bool:
-    script = lifecycle.success_tasks(view.spec)
+    script = view.policy.success_tasks(view.spec)
     return bool(script) and all(
         task_status(t.name, view.pods.get(t.name)).phase == Phase.SUCCEEDED for t in script
     )
@@ -256,7 +247,8 @@ def restarts_used(view: View) -> int:
 
 
 def _will_retry(view: View, pod: Pod) -> bool:
-    return is_retryable(pod) and lifecycle.budget_left(view.spec, restarts_used(view))
+    policy = view.policy
+    return is_retryable(pod, policy) and policy.budget_left(restarts_used(view))
 
 
 def cluster_phase(view: View, tasks: list[TaskStatus]) -> tuple[str, str]:
@@ -278,47 +270,57 @@ def cluster_phase(view: View, tasks: list[TaskStatus]) -> tuple[str, str]:
 
 
 def plan(view: View, now: float) -> list[object]:
-    """The actions that bring the cluster to where its spec and lifecycle say it should be."""
+    """The actions that bring the cluster to where its spec and lifecycle policy say it should be."""
     if view.stopped:
         return []
-    spec = view.spec
+    phase, _ = cluster_phase(view, task_statuses(view))
+    if phase not in Phase.TERMINAL:
+        return _replacements(view)
+    return _endgame(view, phase, now)
+
+
+def _replacements(view: View) -> list[object]:
+    """A new pod for every task whose last pod ended in a way the policy retries."""
+    policy = view.policy
     actions: list[object] = []
-    tasks = task_statuses(view)
-    phase, _ = cluster_phase(view, tasks)
-    for task in spec.tasks():
+    for task in view.spec.tasks():
         pod = view.pods.get(task.name)
         if pod is None:
             last = view.gone.get(task.name)
-            budget_left = last is not None and lifecycle.budget_left(spec, restarts_used(view))
-            if budget_left and phase not in Phase.TERMINAL:
+            decision = policy.decide(TaskEnd(vanished=True), restarts_used(view))
+            if last is not None and decision.action == lifecycle.RESTART:
                 actions.append(Create(task, last + 1, "its pod was deleted"))
             continue
-        attempt = pod_attempt(pod)
         status = task_status(task.name, pod)
-        if status.phase == Phase.FAILED and _will_retry(view, pod) and phase not in (
-            Phase.FAILED,
-            Phase.STOPPED,
-        ):
-            actions.append(Create(task, attempt + 1, status.reason or "killed"))
+        if status.phase == Phase.FAILED and _will_retry(view, pod):
+            actions.append(Create(task, pod_attempt(pod) + 1, status.reason or "killed"))
+    return actions
+
+
+def _endgame(view: View, phase: str, now: float) -> list[object]:
+    """After the end: stop what runs on (after its grace), record the end, delete at the TTL."""
+    actions: list[object] = []
     live = [
         n for n, p in view.pods.items()
         if task_status(n, p).phase not in Phase.TERMINAL
         and not p.get("metadata", {}).get("deletionTimestamp")
     ]
-    grace = spec.ps_grace_period
-    if phase in Phase.TERMINAL:
-        since = view.done_since if view.done_since is not None else now
-        if live and now >= since + grace:
-            why = ("the workers finished" if phase == Phase.SUCCEEDED
-                   else "the cluster failed")
-            actions.append(DeletePods(tuple(_pod_names(view, live)), why))
-        if view.finished_at is None:
-            actions.append(MarkFinished(phase))
-        elif spec.ttl_after_finished is not None and now >= view.finished_at + float(
-            spec.ttl_after_finished
-        ):
-            actions.append(DeleteCluster(f"finished {spec.ttl_after_finished:g} s ago (TTL)"))
+    since = view.done_since if view.done_since is not None else now
+    if live and now >= since + _grace(view, phase):
+        why = "the workers finished" if phase == Phase.SUCCEEDED else "the cluster failed"
+        actions.append(DeletePods(tuple(_pod_names(view, live)), why))
+    ttl = view.policy.ttl_after_finished
+    if view.finished_at is None:
+        actions.append(MarkFinished(phase))
+    elif ttl is not None and now >= view.finished_at + ttl:
+        actions.append(DeleteCluster(f"finished {ttl:g} s ago (TTL)"))
     return actions
+
+
+def _grace(view: View, phase: str) -> float:
+    """Seconds what still runs is kept after the cluster ended in ``phase``."""
+    policy = view.policy
+    return policy.grace_period if phase == Phase.SUCCEEDED else policy.failure_grace
 
 
 def _pod_names(view: View, tasks: list[str]) -> list[str]:
@@ -332,8 +334,9 @@ def next_wakeup(view: View, now: float) -> float | None:
     phase, _ = cluster_phase(view, tasks)
     if phase in Phase.TERMINAL and not view.stopped:
         since = view.done_since if view.done_since is not None else now
-        times.append(since + view.spec.ps_grace_period)
-        if view.finished_at is not None and view.spec.ttl_after_finished is not None:
-            times.append(view.finished_at + float(view.spec.ttl_after_finished))
+        times.append(since + _grace(view, phase))
+        ttl = view.policy.ttl_after_finished
+        if view.finished_at is not None and ttl is not None:
+            times.append(view.finished_at + ttl)
     future = [t for t in times if t > now]
     return min(future) if future else None

@@ -2,11 +2,13 @@
 
 One supervisor process per cluster starts every task, notices readiness
 and exits the instant they happen (it sleeps in ``select`` on the tasks'
-ready pipes and pidfds; nothing is polled), restarts crashed tasks within
-the restart budget, recycles parameter servers a grace period after the
-workers finish, and stops everything when asked (SIGTERM) or when the
-cluster's owner (the notebook kernel) exits, unless the cluster was
-launched detached.  It rewrites ``status.json`` at every change.
+ready pipes and pidfds; nothing is polled), and executes the cluster's
+:class:`~tfk8s_magics.lifecycle.LifecyclePolicy`: restarts what the policy
+retries within the restart budget, recycles parameter servers a grace
+period after the workers finish, stops the rest when the cluster fails
+— and stops everything when asked (SIGTERM) or when the cluster's owner
+(the notebook kernel) exits, unless the cluster was launched detached.
+It rewrites ``status.json`` at every change.
 
 Task processes get ``PR_SET_PDEATHSIG`` = SIGKILL, so even a supervisor
 killed with SIGKILL takes its tasks with it: no task outlives its cluster.
@@ -28,7 +30,6 @@ from pathlib import Path
 
 from ... import lifecycle
 from ...lifeline import open_pidfd, set_parent_death_signal
-from ...runtime.task import EXIT_SCRIPT_BROKEN
 from ...spec import ClusterSpec, Task
 from ...tfconfig import tf_config
 from ..base import Phase, TaskStatus
@@ -59,6 +60,7 @@ class Supervisor:
         self.cdir = cdir
         self.record = read_json(cdir.record)
         self.spec = ClusterSpec.from_dict(self.record["spec"])
+        self.policy = lifecycle.LifecyclePolicy.of(self.spec)
         self.cluster = self.record["cluster"]
         self.sel = selectors.DefaultSelector()
         self.tasks: dict[str, _Task] = {}
@@ -212,8 +214,8 @@ class Supervisor:
         t.kill_at = time.time() + STOP_TIMEOUT
         self.signal_task(t, signal.SIGTERM)
 
-    def on_exit(self, t: _Task) -> None:
-        """Handle a task's exit: record how it ended, then restart it (within budget) or fail the cluster."""
+    def _reap(self, t: _Task) -> int:
+        """Collect a task's return code and release what watched it."""
         rc = t.proc.wait()
         # The task's children share its process group; none may outlive it.
         try:
@@ -227,48 +229,40 @@ class Supervisor:
             except BlockingIOError:
                 pass
         self._close_fds(t)
+        return rc
+
+    def on_exit(self, t: _Task) -> None:
+        """Handle a task's exit: what the lifecycle policy decides (restart, success, failure)."""
+        rc = self._reap(t)
         st = t.status
         st.finished = time.time()
         st.pid = None
         st.exit_code = rc if rc >= 0 else None
         st.signal = signal.Signals(-rc).name if rc < 0 else None
-        how = f"exit code {rc}" if rc >= 0 else f"killed by {st.signal}"
         self.dirty = True
         if t.stopping == "stop":
             st.phase, st.reason = Phase.STOPPED, self.stop_reason
             return
         if t.stopping == "recycle":
-            st.phase = Phase.SUCCEEDED
-            st.reason = lifecycle.RECYCLED
+            st.phase, st.reason = Phase.SUCCEEDED, lifecycle.RECYCLED
             self.event(t.task.name, "Recycled", st.reason)
             return
-        if rc == 0:
-            st.phase, st.reason = Phase.SUCCEEDED, "exit code 0"
+        decision = self.policy.decide(
+            lifecycle.TaskEnd(exit_code=st.exit_code, signal=st.signal), self.restarts_used
+        )
+        if decision.action == lifecycle.SUCCEED:
+            st.phase, st.reason = Phase.SUCCEEDED, decision.reason
             self.event(t.task.name, "Completed", "exited with code 0")
-            return
-        # A crash.
-        broken = t.runs_script and rc == EXIT_SCRIPT_BROKEN
-        if not broken and lifecycle.budget_left(self.spec, self.restarts_used) and not self.stop_reason:
+        elif decision.action == lifecycle.RESTART and not self.stop_reason:
             self.restarts_used += 1
             st.restarts += 1
-            self.event(
-                t.task.name,
-                "Restarted",
-                f"{how}; restart {self.restarts_used} of {self.spec.restart_budget}",
-                "Warning",
-            )
+            self.event(t.task.name, "Restarted", f"{decision.reason}; restart "
+                       f"{self.restarts_used} of {self.policy.restart_budget}", "Warning")
             self.start(t)
-            return
-        st.phase = Phase.FAILED
-        if broken:
-            st.reason = "the script failed on an import or did not compile (exit code 3)"
-            self.fail(f"{t.task.name}: {st.reason}; see its log")
         else:
-            st.reason = how
-            spent = f" after {st.restarts} restart(s)" if st.restarts else ""
-            self.fail(f"{t.task.name} failed with {how}{spent} (restart budget "
-                      f"{self.spec.restart_budget} used up)")
-        self.event(t.task.name, "Failed", st.reason, "Warning")
+            st.phase, st.reason = Phase.FAILED, decision.reason
+            self.fail(f"{t.task.name} failed: {decision.reason}")
+            self.event(t.task.name, "Failed", st.reason, "Warning")
 
     # -- cluster-level decisions -------------------------------------------
     def fail(self, reason: str) -> None:
@@ -277,15 +271,18 @@ class Supervisor:
             return
         self.phase, self.reason, self.finished = Phase.FAILED, reason, time.time()
         self.stop_reason = "the cluster failed"
+        if self.policy.failure_grace > 0:
+            self.grace_deadline = time.time() + self.policy.failure_grace
+            return
         for t in self.tasks.values():
             if t.status.phase not in Phase.TERMINAL:
                 self.end_task(t, "stop")
 
     def request_stop(self, reason: str) -> None:
         """Stop the cluster for ``reason``: end every task (only the first request counts)."""
-        if self.stop_reason:
-            return
-        self.stop_reason = reason
+        if self.stop_reason and self.grace_deadline is None:
+            return  # already stopping (a failed cluster's grace period is cut short, though)
+        self.stop_reason = self.stop_reason or reason
         self.grace_deadline = None  # a stop ends the PS grace period too: nothing is left to wait for
         self.event("", "Stopping", reason)
         for t in self.tasks.values():
@@ -298,12 +295,12 @@ class Supervisor:
         if self.phase in Phase.TERMINAL:
             return
         states = [t.status.phase for t in self.tasks.values()]
-        script_tasks = [self.tasks[t.name] for t in lifecycle.success_tasks(self.spec)]
+        script_tasks = [self.tasks[t.name] for t in self.policy.success_tasks(self.spec)]
         if script_tasks and all(
             t.status.phase == Phase.SUCCEEDED for t in script_tasks
         ):
             self.phase, self.finished = Phase.SUCCEEDED, time.time()
-            grace = self.spec.ps_grace_period
+            grace = self.policy.grace_period
             self.reason = "the workers finished"
             if any(t.status.phase not in Phase.TERMINAL for t in self.tasks.values()):
                 # Only servers are left: they get the grace period, then they are recycled.
@@ -323,9 +320,11 @@ class Supervisor:
         now = time.time()
         if self.grace_deadline is not None and now >= self.grace_deadline:
             self.grace_deadline = None
+            # After success what runs on is recycled; after a failure it is stopped.
+            how = "recycle" if self.phase == Phase.SUCCEEDED else "stop"
             for t in self.tasks.values():
                 if t.status.phase not in Phase.TERMINAL:
-                    self.end_task(t, "recycle")
+                    self.end_task(t, how)
         for t in self.tasks.values():
             if t.kill_at is not None and now >= t.kill_at and t.proc and t.proc.returncode is None:
                 self.signal_task(t, signal.SIGKILL)
