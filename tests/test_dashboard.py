@@ -28,6 +28,7 @@ from tfk8s_magics.backends import (
     TaskStatus,
     TensorBoardInfo,
 )
+from tfk8s_magics.backends.base import LogLocation
 from tfk8s_magics.errors import ClusterNotFound
 from tfk8s_magics.ui import dashboard as dash_mod
 from tfk8s_magics.ui import render
@@ -56,7 +57,7 @@ def make_status(name="demo", phase=Phase.RUNNING, tasks=None, progress=None, **k
         phase=phase,
         created=time.time() - 65,
         owner="alice",
-        log_dir="/tmp/logs",
+        log_dir=LogLocation("/tmp/logs"),
         tasks=tasks
         if tasks is not None
         else [
@@ -65,7 +66,6 @@ def make_status(name="demo", phase=Phase.RUNNING, tasks=None, progress=None, **k
                 Phase.RUNNING,
                 "running the script",
                 host="127.0.0.1:1234",
-                pid=42,
                 started=time.time() - 30,
             ),
         ],

@@ -178,6 +178,45 @@ def test_reattach_after_kernel_restart(cluster_env):
         fresh.close()
 
 
+def test_status_only_reads_attach_takes_over_the_lifecycle(cluster_env):
+    """A process that merely reads a cluster never acts on it; attach() makes it the controller."""
+    kube, backend = cluster_env
+    backend.launch(spec(restart_budget=1), detach=True)
+    backend.close()  # the launching kernel is gone: nothing controls the cluster now
+    for pod in ("mnist-ps-0", "mnist-worker-0", "mnist-worker-1"):
+        kube.kubelet.run(NS, pod)
+    reader = KubernetesBackend(namespace=NS, api_client=kube.api_client, user="alice")
+    try:
+        wait_until(reader, "mnist", lambda s: s.task("worker-1").phase == Phase.RUNNING)
+        kube.kubelet.fail(NS, "mnist-worker-0", exit_code=137, reason="OOMKilled")
+        status = wait_until(reader, "mnist", lambda s: s.task("worker-0").phase == Phase.FAILED,
+                            what="the reader to see the kill")
+        assert status.task("worker-0").reason == "OOMKilled"
+        before = len(kube.requests)
+        for _ in range(3):
+            reader.status("mnist")
+            reader.events("mnist")
+        writes = [r for r in kube.requests[before:] if r.verb not in ("get", "list", "watch")]
+        assert writes == []  # reading made no change to the cluster
+        assert kube.get_object("pods", "mnist-worker-0-r1", NS) is None
+        reader.attach("mnist")  # now this process runs the lifecycle: the kill is retried
+        kube.wait_for(lambda: kube.get_object("pods", "mnist-worker-0-r1", NS), timeout=10,
+                      message="replacement pod after attach")
+    finally:
+        reader.close()
+
+
+def test_in_graph_client_progress_and_kept_logs_location(cluster_env):
+    kube, backend = cluster_env
+    backend.launch(spec("ig", mode="in-graph"), detach=True)
+    coordinator = backend.coordinator("ig")
+    assert coordinator.address.rsplit(":", 1)[1].isdigit() and coordinator.task == "chief-0"
+    coordinator.progress('{"step": 7, "total": 10, "metrics": {}, "task": "chief-0", "time": 1}')
+    assert backend.status("ig").progress.step == 7  # report_progress in the kernel shows here
+    kept = backend.delete("ig", keep_logs=True)
+    assert (kept.path, kept.volume) == ("/log", "ig-log")
+
+
 def test_stop_keeps_record_and_volumes_delete_cascades(cluster_env):
     kube, backend = cluster_env
     backend.launch(spec(), detach=True)

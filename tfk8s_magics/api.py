@@ -148,10 +148,7 @@ def render_objects(
     spec: ClusterSpec, backend_name: str | Backend = "kubernetes", tensorboard: bool = False
 ) -> list[dict]:
     """The objects a backend would apply for ``spec``, without touching any cluster."""
-    be = backend(backend_name)
-    if not hasattr(be, "render"):
-        raise SpecError(f"the {be.name} backend has nothing to render; use --backend kubernetes.")
-    return be.render(spec, tensorboard=tensorboard)
+    return backend(backend_name).render(spec, tensorboard=tensorboard)
 
 
 def render(spec: ClusterSpec, backend_name: str | Backend = "kubernetes", tensorboard: bool = False) -> str:
@@ -290,16 +287,16 @@ class Cluster:
             os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
         import tensorflow as tf
 
+        from .runtime.progress import redirect_progress
         from .tfconfig import coordinator_cluster_def
 
-        cluster = coordinator_cluster_def(spec, addresses, self.backend.coordinator_address(self.name))
+        coordinator = self.backend.coordinator(self.name)
+        cluster = coordinator_cluster_def(spec, addresses, coordinator.address)
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc"
         )
         strategy = tf.distribute.ParameterServerStrategy(resolver, **strategy_kwargs)
-        progress_file = self.backend.coordinator_progress_file(self.name)
-        if progress_file:
-            # report_progress() in this kernel now shows in the cluster's status.
-            os.environ["TFK8S_PROGRESS_FILE"] = progress_file
+        # report_progress() in this kernel now shows in the cluster's status.
+        redirect_progress(coordinator.progress, coordinator.task)
         _connections[key] = strategy
         return strategy

@@ -13,10 +13,11 @@ import abc
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ..errors import BackendError, SpecError
 from ..spec import ClusterSpec
 
 
@@ -30,7 +31,6 @@ class Phase:
     FAILED = "failed"  # crashed past the restart budget, or could not start
     STOPPED = "stopped"  # ended by the user (stop/delete) or by its owner exiting
 
-    ALL = (PENDING, STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED)
     TERMINAL = frozenset({SUCCEEDED, FAILED, STOPPED})
 
 
@@ -45,7 +45,6 @@ class TaskStatus:
     signal: str | None = None
     restarts: int = 0
     host: str = ""
-    pid: int | None = None
     started: float | None = None
     finished: float | None = None
 
@@ -104,6 +103,22 @@ class Event:
     type: str = "Normal"  # or "Warning"
 
 
+@dataclass(frozen=True)
+class LogLocation:
+    """Where a cluster's logs and checkpoints are kept.
+
+    ``path`` is the directory as the tasks see it; ``volume`` names the
+    PersistentVolumeClaim that holds it (Kubernetes), or is None for a
+    directory on this machine (local).  ``str()`` gives one readable form.
+    """
+
+    path: str
+    volume: str | None = None
+
+    def __str__(self) -> str:
+        return self.path if self.volume is None else f"{self.path} on volume {self.volume}"
+
+
 @dataclass
 class ClusterStatus:
     """A cluster as one snapshot: its phase and every task's."""
@@ -117,7 +132,7 @@ class ClusterStatus:
     finished: float | None = None
     owner: str = ""
     detached: bool = False
-    log_dir: str = ""
+    log_dir: LogLocation = field(default_factory=lambda: LogLocation(""))
     tasks: list[TaskStatus] = field(default_factory=list)
     progress: Progress | None = None
 
@@ -148,7 +163,10 @@ class ClusterStatus:
     def from_dict(cls, d: Mapping[str, Any]) -> ClusterStatus:
         """Rebuild a status from :meth:`to_dict`'s output."""
         d = dict(d)
-        d["tasks"] = [TaskStatus(**t) for t in d.get("tasks", [])]
+        known = {f.name for f in dataclasses.fields(TaskStatus)}
+        d["tasks"] = [TaskStatus(**{k: v for k, v in t.items() if k in known}) for t in d.get("tasks", [])]
+        if isinstance(d.get("log_dir"), Mapping):
+            d["log_dir"] = LogLocation(**d["log_dir"])
         if d.get("progress"):
             d["progress"] = Progress(**d["progress"])
         return cls(**d)
@@ -172,6 +190,21 @@ class TensorBoardInfo:
     logdir: str
     reused: bool
     pid: int | None = None
+
+
+@dataclass(frozen=True)
+class Coordinator:
+    """What an in-graph client (this process, as the cluster's chief) gets from its backend.
+
+    ``address`` is where it listens, reachable from the cluster's servers;
+    ``progress`` receives its progress records (one JSON line each), so
+    :func:`~tfk8s_magics.report_progress` called here shows in the
+    cluster's status; ``task`` is the name those records carry.
+    """
+
+    address: str
+    progress: Callable[[str], None]
+    task: str = "chief-0"
 
 
 class Backend(abc.ABC):
@@ -237,8 +270,11 @@ class Backend(abc.ABC):
         """End every task; keep the record and the logs."""
 
     @abc.abstractmethod
-    def delete(self, name: str, keep_logs: bool = False) -> None:
-        """Stop and remove the cluster and all it created (logs too, unless ``keep_logs``)."""
+    def delete(self, name: str, keep_logs: bool = False) -> LogLocation | None:
+        """Stop and remove the cluster and all it created; its logs too, unless ``keep_logs``.
+
+        Returns where the logs were kept (``keep_logs``), else None.
+        """
 
     @abc.abstractmethod
     def addresses(self, name: str) -> dict[str, list[str]]:
@@ -248,15 +284,37 @@ class Backend(abc.ABC):
     def tensorboard(self, name: str) -> TensorBoardInfo:
         """Start (or reuse) a TensorBoard on the cluster's log dir."""
 
-    def coordinator_address(self, name: str) -> str:
-        """Where an in-graph client (this process) should listen as chief."""
-        from ..ports import free_port
+    def render(self, spec: ClusterSpec, tensorboard: bool = False) -> list[dict[str, Any]]:
+        """The objects :meth:`launch` would create for ``spec``, without touching any cluster.
 
-        return f"127.0.0.1:{free_port()}"
+        Backends that create no declarative objects have nothing to render.
+        """
+        raise SpecError(
+            f"the {self.name} backend has nothing to render (it creates no objects from a spec); "
+            "use --backend kubernetes."
+        )
 
-    def coordinator_progress_file(self, name: str) -> str | None:
-        """Where an in-graph client of ``name`` writes its progress records (None: nowhere)."""
-        return None
+    def coordinator(self, name: str) -> Coordinator:
+        """What this process needs to be the in-graph client (chief) of cluster ``name``.
+
+        Backends that cannot reach their servers from here raise
+        :class:`~tfk8s_magics.errors.BackendError` saying so.
+        """
+        raise BackendError(
+            f"the {self.name} backend cannot host an in-graph client: launch the cluster "
+            "--mode between-graph, or use a backend that supports in-graph clusters."
+        )
+
+    def attach(self, name: str) -> None:
+        """Run the lifecycle of ``name`` from this process (restarts, recycling, TTL).
+
+        A cluster launched here is attached already; call this to take over a
+        cluster launched detached or by a process that has gone (a restarted
+        kernel).  Reading a cluster (:meth:`status`, :meth:`watch`, logs)
+        never acts on it.  Backends whose lifecycle needs no client process
+        (the local supervisor) only check that the cluster exists.
+        """
+        self.spec(name)
 
     def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
         """Release clients and threads held by this backend object."""

@@ -10,7 +10,10 @@ Where the records go is decided by the task's environment:
 * ``TFK8S_PROGRESS_FILE`` set (local backend): one JSON line per record,
   appended to that file;
 * otherwise, inside a tfk8s task (Kubernetes): one stdout line
-  ``@tfk8s-progress {json}``, which the backend takes out of the log stream.
+  ``@tfk8s-progress {json}``, which the backend takes out of the log stream;
+* in an in-graph client (the notebook kernel after ``connect``): wherever
+  its backend's :class:`~tfk8s_magics.backends.base.Coordinator` says
+  (:func:`redirect_progress`), with no environment variable involved.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 #: Prefix of progress records carried in a task's log stream.
@@ -39,12 +43,18 @@ class _Reporter:
         self._file = None
         self._held: str | None = None  # the newest record, not yet written (rate limit)
         self._timer: threading.Timer | None = None
+        #: (write, task) set by redirect_progress: an in-graph client's sink.
+        self.redirect: tuple[Callable[[str], None], str] | None = None
 
     def _sink_path(self) -> str | None:
         return os.environ.get("TFK8S_PROGRESS_FILE") or None
 
+    def _task(self) -> str:
+        return self.redirect[1] if self.redirect else os.environ.get("TFK8S_TASK", "")
+
     def report(self, step: int, total: int | None, metrics: dict[str, Any]) -> bool:
-        if not (self._sink_path() or os.environ.get("TFK8S_TASK")):
+        """Write (or hold, rate-limited) one record; whether it was written at once."""
+        if not (self.redirect or self._sink_path() or os.environ.get("TFK8S_TASK")):
             return False
         now = time.time()
         with self._lock:
@@ -57,7 +67,7 @@ class _Reporter:
                 "total": None if total is None else int(total),
                 "rate": rate,
                 "metrics": {k: float(v) for k, v in metrics.items()},
-                "task": os.environ.get("TFK8S_TASK", ""),
+                "task": self._task(),
                 "time": now,
             }
             line = json.dumps(record, separators=(",", ":"))
@@ -85,7 +95,9 @@ class _Reporter:
         self._held = None
         self._last_write = now
         path = self._sink_path()
-        if path:
+        if self.redirect:
+            self.redirect[0](line)
+        elif path:
             if self._file is None or self._file.name != path:
                 self._file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
             self._file.write(line + "\n")
@@ -117,6 +129,28 @@ def report_progress(step: int, total: int | None = None, **metrics: float) -> bo
     if step < 0:
         raise ValueError(f"step must be ≥ 0, got {step}")
     return _reporter.report(int(step), total, metrics)
+
+
+def redirect_progress(write: Callable[[str], None] | None, task: str = "chief-0") -> None:
+    """Send this process's progress records to ``write`` (one JSON line each), as ``task``.
+
+    ``connect`` calls it with its backend's sink, so an in-graph client's
+    :func:`report_progress` shows in the cluster's status; None restores
+    the default (the task environment's sink, or nothing).
+    """
+    with _reporter._lock:
+        _reporter.redirect = None if write is None else (write, task)
+        _reporter._first = None
+
+
+def append_to(path: str) -> Callable[[str], None]:
+    """A sink that appends each record line to the file ``path`` (opened once, line-buffered)."""
+    f = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the sink
+
+    def write(line: str) -> None:
+        f.write(line + "\n")
+
+    return write
 
 
 def parse_record(line: str) -> dict[str, Any] | None:

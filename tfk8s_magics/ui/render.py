@@ -153,7 +153,7 @@ def header_html(
         f'<b class="tfk8s-name" style="font-size:1.15em">{_e(st.name)}</b> '
         f"{phase_badge(phase)}{reason}"
         f'<div style="color:#666">{" · ".join(b for b in bits if b)} · '
-        f"logs <code>{_e(st.log_dir)}</code></div>"
+        f"logs <code>{_e(str(st.log_dir))}</code></div>"
         f"{warn}</div>"
     )
 
@@ -257,7 +257,7 @@ def status_html(st: ClusterStatus) -> str:
         f"{phase_badge(st.phase)} {_e(st.reason)}<br>"
         f"owner {_e(st.owner or '-')} · age {_e(age)} · progress: "
         f"{_e(fmt_progress(st.progress, st.terminal))}"
-        f"{tasks_html(st)}logs: <code>{_e(st.log_dir)}</code></div>"
+        f"{tasks_html(st)}logs: <code>{_e(str(st.log_dir))}</code></div>"
     )
 
 

@@ -7,8 +7,9 @@ Modules, each doing one thing:
 * :mod:`.rbac` — the least-privilege Role the backend needs;
 * :mod:`.quota` — the pre-flight ResourceQuota check (pure arithmetic);
 * :mod:`.apply` — create in dependency order, roll back on any failure;
-* :mod:`.state` — pod → task status mapping and the restart decision (pure);
-* :mod:`.watch` — one pod watch per cluster, running the lifecycle;
+* :mod:`.state` — pods → task statuses, and the lifecycle policy's plan (pure);
+* :mod:`.watch` — one read-only pod watch per cluster (status, Events, progress);
+* :mod:`.controller` — the pod watch that also acts on the plan (launch/attach only);
 * :mod:`.logs` — log streaming with progress records taken out;
 * :mod:`.backend` — :class:`KubernetesBackend`, the :class:`~..base.Backend` itself.
 

@@ -5,6 +5,12 @@ cluster holds its spec, so ``list``/``status``/``logs`` work after a kernel
 restart, from any process with the same namespace.  Nothing connects to a
 cluster before the first call that needs it: the constructor only stores
 options, and :meth:`KubernetesBackend.render` never connects at all.
+
+Reading never acts: ``status``/``watch``/``logs``/``events`` keep one
+read-only :class:`~.watch.PodWatch` per cluster.  Acting — replacing pods,
+recycling parameter servers, the TTL — is the
+:class:`~.controller.ClusterController`, started by :meth:`~KubernetesBackend.launch`
+and by the explicit :meth:`~KubernetesBackend.attach`, nothing else.
 """
 
 from __future__ import annotations
@@ -22,31 +28,36 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from ...errors import BackendError, ClusterExists, ClusterNotFound, LaunchFailed
+from ...ports import free_port
+from ...runtime.progress import parse_record
 from ...spec import ClusterSpec
-from ..base import Backend, ClusterStatus, Event, LogLine, TensorBoardInfo
+from ..base import Backend, ClusterStatus, Coordinator, Event, LogLine, LogLocation, TensorBoardInfo
 from . import logs as logs_mod
 from . import state
 from .apply import apply, failure_sentence, preflight
 from .client import Api, api_reason
+from .controller import ClusterController
 from .manifests import (
     CLUSTER_LABEL,
     COMPONENT_LABEL,
+    DETACHED_ANNOTATION,
+    FINISHED_ANNOTATION,
+    LOG_MOUNT,
     SCRIPT_KEY,
     SPEC_KEY,
     STOPPED_ANNOTATION,
-    USER_LABEL,
     cluster_addresses,
     cluster_manifests,
+    log_claim_name,
     owner_reference,
     render_yaml,
+    selector,
     tensorboard_manifests,
     tensorboard_name,
     with_owner,
 )
 from .settings import K8sSettings, label_value, settings_from_env
-from .watch import ClusterWatcher
-
-DETACHED_ANNOTATION = "tfk8s.io/detached"
+from .watch import PodWatch
 
 
 class KubernetesBackend(Backend):
@@ -64,9 +75,6 @@ class KubernetesBackend(Backend):
     ``storage_class`` / ``image`` / ``user``
         ``TFK8S_STORAGE_CLASS`` (default ``glusterfs``) / ``TFK8S_IMAGE``
         (default ``tfk8s/tensorflow-task:0.1.0``) / ``JUPYTERHUB_USER``.
-    ``service_account``
-        the notebook's ServiceAccount (documentation of who acts; the
-        RoleBinding of :mod:`.rbac` names it).
     ``check_nodes``
         also compare requests with nodes' allocatable resources before a
         launch (needs a ClusterRole to list nodes; off by default).
@@ -83,7 +91,6 @@ class KubernetesBackend(Backend):
         api_client: Any = None,
         storage_class: str | None = None,
         image: str | None = None,
-        service_account: str | None = None,
         user: str | None = None,
         check_nodes: bool = False,
         request_timeout: float = 30.0,
@@ -93,7 +100,6 @@ class KubernetesBackend(Backend):
             "namespace": namespace,
             "storage_class": storage_class,
             "image": image,
-            "service_account": service_account,
             "user": user,
         }
         self._settings = settings
@@ -101,9 +107,10 @@ class KubernetesBackend(Backend):
         self._api: Api | None = None
         self.check_nodes = check_nodes
         self.request_timeout = request_timeout
-        self._watchers: dict[str, ClusterWatcher] = {}
-        self._lock = threading.RLock()
-        self._attached: set[str] = set()
+        self._watches: dict[str, PodWatch] = {}  # cluster → its watch (a controller where attached)
+        self._lock = threading.RLock()  # guards _watches and _stop_at_exit; no request under it
+        self._stop_at_exit: set[str] = set()  # clusters launched here, not detached
+        self._exit_hook = False
 
     # -- lazily made infrastructure ------------------------------------------
     @property
@@ -154,23 +161,26 @@ class KubernetesBackend(Backend):
             )
         preflight(self.api, manifests, check_nodes=self.check_nodes)
         created = apply(self.api, manifests)
-        watcher = self._watch(spec, created[0])
+        controller = self._control(spec, created[0])
         if not detach:
-            self._stop_at_exit(spec.name)
-        return watcher.snapshot()
+            self._stop_when_exiting(spec.name)
+        return controller.snapshot()
 
-    def _stop_at_exit(self, name: str) -> None:
-        ref = weakref.ref(self)
+    def _stop_when_exiting(self, name: str) -> None:
+        """Stop ``name`` when this process exits (one exit hook per backend object)."""
+        with self._lock:
+            self._stop_at_exit.add(name)
+            if self._exit_hook:
+                return
+            self._exit_hook = True
+        atexit.register(_stop_all, weakref.ref(self))
 
-        def stop() -> None:
-            backend = ref()
-            if backend is not None:
-                try:
-                    backend.stop(name)
-                except Exception:  # noqa: BLE001 - exiting: nothing left to tell
-                    pass
-
-        atexit.register(stop)
+    def attach(self, name: str) -> None:
+        """Run the lifecycle of ``name`` from this process: replace pods the policy retries,
+        recycle parameter servers, delete at the TTL (a detached cluster, or one whose
+        launching kernel is gone).  Nothing else starts acting on a cluster."""
+        root = self._require_root(name)
+        self._control(self._spec_of(root), root)
 
     # -- state from the API ---------------------------------------------------
     def _root(self, name: str) -> dict[str, Any] | None:
@@ -204,53 +214,58 @@ class KubernetesBackend(Backend):
         record["script"] = data.get(SCRIPT_KEY)
         return ClusterSpec.from_dict(record)
 
-    def _watch(self, spec: ClusterSpec, root: dict[str, Any]) -> ClusterWatcher:
+    def _control(self, spec: ClusterSpec, root: dict[str, Any]) -> PodWatch:
+        """The controller of the cluster of ``root``, started (in place of a read-only watch) if needed."""
+        return self._start_watch(spec, root, acting=True)
+
+    def _start_watch(self, spec: ClusterSpec, root: dict[str, Any], acting: bool) -> PodWatch:
+        uid = root["metadata"]["uid"]
         with self._lock:
-            current = self._watchers.get(spec.name)
-            same = current is not None and current.root["metadata"]["uid"] == (
-                root["metadata"]["uid"]
-            )
-            if same and current.alive:
-                return current
-            if current is not None:
-                current.close()
-            watcher = ClusterWatcher(
-                self.api, spec, self.settings, root, on_deleted=self._forget
-            ).start()
-            self._watchers[spec.name] = watcher
-            return watcher
+            current = self._watches.get(spec.name)
+        if current is not None and current.alive and current.root["metadata"]["uid"] == uid and (
+            current.acts or not acting
+        ):
+            return current
+        if acting:
+            new: PodWatch = ClusterController(self.api, spec, self.settings, root, on_deleted=self._forget)
+        else:
+            new = PodWatch(self.api, spec, root)
+        new.start()  # waits for the first listing: no lock held
+        with self._lock:
+            current, self._watches[spec.name] = self._watches.get(spec.name), new
+        if current is not None and current is not new:
+            current.close()
+        return new
 
     def _forget(self, name: str) -> None:
         with self._lock:
-            self._watchers.pop(name, None)
+            self._watches.pop(name, None)
+            self._stop_at_exit.discard(name)
 
-    def _watcher(self, name: str) -> ClusterWatcher:
-        """The live watcher of ``name``, reattaching (from the API) if this process has none."""
+    def _watcher(self, name: str) -> PodWatch:
+        """The live watch of ``name`` (read-only unless this process controls it), from the API if new."""
         with self._lock:
-            current = self._watchers.get(name)
-            if current is not None and current.alive:
-                return current
+            current = self._watches.get(name)
+        if current is not None and current.alive:
+            return current
         root = self._require_root(name)
-        return self._watch(self._spec_of(root), root)
+        return self._start_watch(self._spec_of(root), root, acting=False)
 
     # -- Backend --------------------------------------------------------------
     def status(self, name: str) -> ClusterStatus:
-        watcher = self._watcher(name)
-        if watcher.progress is None and not watcher.deleted:
-            logs_mod.refresh_progress(watcher)
-        return watcher.snapshot()
+        """The cluster's status: a read (pods from the watch, progress from the lead task's log)."""
+        watch = self._watcher(name)
+        if watch.progress is None and not watch.deleted:
+            logs_mod.refresh_progress(watch)
+        return watch.snapshot()
 
     def list_clusters(self) -> list[ClusterStatus]:
         """This user's clusters in the namespace (two requests, whatever their number)."""
-        sel = f"app.kubernetes.io/managed-by=tfk8s,{COMPONENT_LABEL}=root"
-        user = label_value(self.settings.user)
-        if user:
-            sel += f",{USER_LABEL}={user}"
         try:
-            roots = self.api.list_objects("v1", "ConfigMap", sel).get("items", [])
-            pods = self.api.list_objects(
-                "v1", "Pod", f"app.kubernetes.io/managed-by=tfk8s,{COMPONENT_LABEL}=task"
+            roots = self.api.list_objects(
+                "v1", "ConfigMap", selector(None, "root", label_value(self.settings.user))
             ).get("items", [])
+            pods = self.api.list_objects("v1", "Pod", selector(None, "task")).get("items", [])
         except ApiException as e:
             raise BackendError(
                 f"could not list clusters in namespace {self.settings.namespace!r}: "
@@ -265,22 +280,14 @@ class KubernetesBackend(Backend):
                 continue  # not a record we can read: leave it alone
             mine = [p for p in pods if p["metadata"]["labels"].get(CLUSTER_LABEL) == name]
             annotations = root["metadata"].get("annotations") or {}
-            finished = annotations.get("tfk8s.io/finished")
+            finished = annotations.get(FINISHED_ANNOTATION)
             view = state.View(
                 spec=spec,
                 pods=state.latest_pods(mine),
                 stopped=bool(annotations.get(STOPPED_ANNOTATION)),
                 finished_at=float(finished) if finished else None,
             )
-            tasks = state.task_statuses(view)
-            phase, reason = state.cluster_phase(view, tasks)
-            out.append(ClusterStatus(
-                name=name, backend=self.name, mode=spec.mode, phase=phase, reason=reason,
-                created=state.parse_time(root["metadata"].get("creationTimestamp")) or 0.0,
-                finished=view.finished_at, owner=annotations.get("tfk8s.io/owner", ""),
-                detached=annotations.get(DETACHED_ANNOTATION) == "true",
-                log_dir=f"pvc/{spec.log_claim or name + '-log'}:/log", tasks=tasks,
-            ))
+            out.append(state.cluster_status(view, root))
         out.sort(key=lambda s: s.created, reverse=True)
         return out
 
@@ -325,11 +332,11 @@ class KubernetesBackend(Backend):
         for e in watcher.refresh_events():
             obj = (e.get("involvedObject") or {}).get("name", "")
             task = obj[len(name) + 1:] if obj.startswith(name + "-") else ""
-            pod = next((p for p in watcher.pods.values() if p["metadata"]["name"] == obj), None)
+            pod = watcher.pod_named(obj)
             if pod is not None and state.pod_task(pod) is not None:
                 task = state.pod_task(pod).name
             out.append(Event(
-                time=_event_time(e), task=task, reason=e.get("reason", ""),
+                time=state.event_time(e), task=task, reason=e.get("reason", ""),
                 message=e.get("message", ""), type=e.get("type", "Normal"),
             ))
         out.sort(key=lambda ev: ev.time)
@@ -337,36 +344,39 @@ class KubernetesBackend(Backend):
 
     def stop(self, name: str) -> ClusterStatus:
         """Delete the pods (one request); keep the root record, the Service and the volumes."""
-        watcher = self._watcher(name)
-        watcher.stopped = True
+        watch = self._watcher(name)
+        watch.mark_stopped("stopped by the user")
+        with self._lock:
+            self._stop_at_exit.discard(name)
         try:
             self.api.patch("v1", "ConfigMap", name, {
                 "metadata": {"annotations": {STOPPED_ANNOTATION: f"{time.time():.3f}"}}
             })
-            self.api.delete_pods(f"{CLUSTER_LABEL}={name},{COMPONENT_LABEL}=task")
+            self.api.delete_pods(selector(name, "task"))
         except ApiException as e:
             raise BackendError(f"could not stop cluster {name!r}: {api_reason(e)}.") from e
-        watcher._event("", "Stopped", "stopped by the user")
-        return watcher.snapshot()
+        return watch.snapshot()
 
-    def delete(self, name: str, keep_logs: bool = False) -> None:
+    def delete(self, name: str, keep_logs: bool = False) -> LogLocation | None:
         """Delete the root; the API deletes every object owned by it (the log claim
-        survives when ``keep_logs``: its owner reference is removed first)."""
+        survives when ``keep_logs``: its owner reference is removed first, and where
+        the logs are is returned)."""
         root = self._require_root(name)
         spec = self._spec_of(root)
         with self._lock:
-            watcher = self._watchers.pop(name, None)
-        if watcher is not None:
+            watch = self._watches.pop(name, None)
+            self._stop_at_exit.discard(name)
+        if watch is not None:
             # First: the pods' DELETED events must not look like pods to replace.
-            watcher.deleted = True
-            watcher.close()
+            watch.close(deleted=True)
         try:
             if keep_logs and not spec.log_claim:
-                self.api.patch("v1", "PersistentVolumeClaim", f"{name}-log",
+                self.api.patch("v1", "PersistentVolumeClaim", log_claim_name(spec),
                                {"metadata": {"ownerReferences": None}})
             self.api.delete("v1", "ConfigMap", name)
         except ApiException as e:
             raise BackendError(f"could not delete cluster {name!r}: {api_reason(e)}.") from e
+        return LogLocation(LOG_MOUNT, log_claim_name(spec)) if keep_logs else None
 
     def addresses(self, name: str) -> dict[str, list[str]]:
         spec = self.spec(name)
@@ -403,18 +413,26 @@ class KubernetesBackend(Backend):
             raise BackendError(f"could not start TensorBoard for {name!r}: {api_reason(e)}.") from e
         return TensorBoardInfo(port=port, url=url, logdir="/log", reused=reused)
 
-    def coordinator_address(self, name: str) -> str:
-        """This notebook pod's address, where the in-graph client listens as chief."""
-        from ...ports import free_port
-
+    def coordinator(self, name: str) -> Coordinator:
+        """This notebook pod listens as chief on its own address.  Its progress records go to
+        the cluster's watch in this process: ``status`` here shows them; another process
+        (the CLI) does not see an in-graph client's progress."""
+        watch = self._watcher(name)
         ip = os.environ.get("TFK8S_POD_IP") or _own_ip()
-        return f"{ip}:{free_port()}"
+
+        def progress(line: str) -> None:
+            record = parse_record(line)
+            if record is not None:
+                watch.record_progress(logs_mod.progress_of(record, "chief-0"))
+
+        return Coordinator(f"{ip}:{free_port()}", progress)
 
     def close(self) -> None:
+        """Stop every watch and controller this object runs (the clusters run on)."""
         with self._lock:
-            watchers = list(self._watchers.values())
-            self._watchers.clear()
-        for w in watchers:
+            watches = list(self._watches.values())
+            self._watches.clear()
+        for w in watches:
             w.close()
 
 
@@ -426,12 +444,18 @@ def _own_ip() -> str:
         return "127.0.0.1"
 
 
-def _event_time(e: dict[str, Any]) -> float:
-    for key in ("lastTimestamp", "eventTime", "firstTimestamp"):
-        t = state.parse_time(e.get(key))
-        if t:
-            return t
-    return state.parse_time((e.get("metadata") or {}).get("creationTimestamp")) or 0.0
+def _stop_all(ref: weakref.ref) -> None:
+    """At exit: stop the clusters a backend launched here, not detached (best effort)."""
+    backend = ref()
+    if backend is None:
+        return
+    with backend._lock:
+        names = sorted(backend._stop_at_exit)
+    for name in names:
+        try:
+            backend.stop(name)
+        except Exception:  # noqa: BLE001 - exiting: nothing left to tell
+            pass
 
 
 def _load_api_client():

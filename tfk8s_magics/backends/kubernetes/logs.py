@@ -1,11 +1,11 @@
 """Task logs from the API: followed per pod, with progress records taken out.
 
 :func:`follow` starts one reader per task.  A reader waits (on the
-cluster's watcher, not by polling the API) until the task's pod has
-started, streams its log with ``follow=true``, and moves on to the next
-attempt's pod after a restart.  Lines go through one queue to the caller's
-iterator; ``@tfk8s-progress`` lines update the watcher's progress instead
-of being shown.
+cluster's :class:`~.watch.PodWatch`, not by polling the API) until the
+task's pod has started, streams its log with ``follow=true``, and moves on
+to the next attempt's pod after a restart.  Lines go through one queue to
+the caller's iterator; ``@tfk8s-progress`` lines update the watch's
+progress instead of being shown.
 """
 
 from __future__ import annotations
@@ -19,37 +19,38 @@ from kubernetes.client.rest import ApiException
 
 from ...runtime.progress import STDOUT_MARKER, parse_record
 from ..base import LogLine, Phase, Progress
-from . import state
 from .client import abort
-from .watch import ClusterWatcher
+from .watch import PodWatch
 
 #: Pod phases whose log can be read.
 _STARTED = ("Running", "Succeeded", "Failed")
 
 
-def split_progress(watcher: ClusterWatcher, task: str, text: str) -> LogLine | None:
-    """A user-visible line, or ``None`` after recording a progress line on the watcher."""
+def progress_of(record: dict, task: str) -> Progress:
+    """A parsed progress record as :class:`Progress` (``task``: who sent it, if it does not say)."""
+    return Progress(
+        step=int(record["step"]),
+        total=record.get("total"),
+        rate=record.get("rate"),
+        metrics=dict(record.get("metrics") or {}),
+        task=record.get("task") or task,
+        time=float(record.get("time") or time.time()),
+    )
+
+
+def split_progress(watcher: PodWatch, task: str, text: str) -> LogLine | None:
+    """A user-visible line, or ``None`` after recording a progress line on the watch."""
     if text.startswith(STDOUT_MARKER):
         record = parse_record(text)
         if record is not None:
-            progress = Progress(
-                step=int(record["step"]),
-                total=record.get("total"),
-                rate=record.get("rate"),
-                metrics=dict(record.get("metrics") or {}),
-                task=record.get("task") or task,
-                time=float(record.get("time") or time.time()),
-            )
-            current = watcher.progress
-            if current is None or progress.time >= current.time:
-                watcher.progress = progress
+            watcher.record_progress(progress_of(record, task))
             return None
     return LogLine(task, text, time.time())
 
 
-def read(watcher: ClusterWatcher, tasks: list[str], tail: int | None) -> list[LogLine]:
+def read(watcher: PodWatch, tasks: list[str], tail: int | None) -> list[LogLine]:
     """The current log of each task's newest pod (its last ``tail`` lines), task by task."""
-    latest = state.latest_pods(list(watcher.pods.values()))
+    latest = watcher.latest_pods()
     out: list[LogLine] = []
     for task in tasks:
         pod = latest.get(task)
@@ -69,7 +70,7 @@ def read(watcher: ClusterWatcher, tasks: list[str], tail: int | None) -> list[Lo
     return out
 
 
-def refresh_progress(watcher: ClusterWatcher, tail: int = 50) -> None:
+def refresh_progress(watcher: PodWatch, tail: int = 50) -> None:
     """Read the newest progress record from the lead task's log tail (one request)."""
     spec = watcher.spec
     lead = next((t.name for t in spec.tasks() if spec.runs_script(t)), None)
@@ -81,7 +82,7 @@ def refresh_progress(watcher: ClusterWatcher, tail: int = 50) -> None:
 
 
 def follow(
-    watcher: ClusterWatcher,
+    watcher: PodWatch,
     stop: threading.Event,
     tasks: list[str],
     from_start: bool = True,
@@ -115,7 +116,7 @@ def follow(
 class _Reader:
     """Follows one task's log across its pods' attempts."""
 
-    def __init__(self, watcher: ClusterWatcher, task: str, out: queue.Queue,
+    def __init__(self, watcher: PodWatch, task: str, out: queue.Queue,
                  halt: threading.Event, from_start: bool) -> None:
         self.watcher = watcher
         self.task = task
@@ -134,7 +135,7 @@ class _Reader:
         """Wait for a started pod of this task not read yet; ``None`` when there is none to come."""
         seen = -1
         while not self.halt.is_set():
-            latest = state.latest_pods(list(self.watcher.pods.values())).get(self.task)
+            latest = self.watcher.latest_pods().get(self.task)
             fresh = latest is not None and latest["metadata"]["name"] not in done
             if fresh and (latest.get("status") or {}).get("phase") in _STARTED:
                 return latest

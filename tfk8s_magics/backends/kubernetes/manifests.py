@@ -77,10 +77,18 @@ def task_labels(spec: ClusterSpec, settings: K8sSettings, task: Task) -> dict[st
     }
 
 
-def selector(name: str, component: str | None = None) -> str:
-    """A label selector string for a cluster's objects (of one component)."""
-    sel = f"app.kubernetes.io/managed-by=tfk8s,{CLUSTER_LABEL}={name}"
-    return f"{sel},{COMPONENT_LABEL}={component}" if component else sel
+#: Annotations on the root object.
+DETACHED_ANNOTATION = LABEL_PREFIX + "detached"
+
+
+def selector(name: str | None, component: str | None = None, user: str | None = None) -> str:
+    """A label selector for the objects tfk8s manages: of cluster ``name`` (None: every
+    cluster), of one ``component`` (``root``, ``task``...), of one ``user``."""
+    parts = [f"{key}={value}" for key, value in MANAGED_BY.items()]
+    for key, value in ((CLUSTER_LABEL, name), (COMPONENT_LABEL, component), (USER_LABEL, user)):
+        if value:
+            parts.append(f"{key}={value}")
+    return ",".join(parts)
 
 
 def _meta(spec: ClusterSpec, settings: K8sSettings, name: str, component: str) -> Manifest:

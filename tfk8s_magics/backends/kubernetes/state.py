@@ -19,8 +19,16 @@ from typing import Any
 from ... import lifecycle
 from ...lifecycle import LifecyclePolicy, TaskEnd
 from ...spec import ClusterSpec, Task
-from ..base import Phase, TaskStatus
-from .manifests import ATTEMPT_ANNOTATION, INDEX_LABEL, ROLE_LABEL
+from ..base import ClusterStatus, LogLocation, Phase, Progress, TaskStatus
+from .manifests import (
+    ATTEMPT_ANNOTATION,
+    DETACHED_ANNOTATION,
+    INDEX_LABEL,
+    OWNER_ANNOTATION,
+    ROLE_LABEL,
+    log_claim_name,
+    log_dir,
+)
 
 Pod = dict[str, Any]
 
@@ -33,6 +41,15 @@ def parse_time(value: str | None) -> float | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
+
+
+def event_time(e: dict[str, Any]) -> float:
+    """When an API Event happened (its newest timestamp)."""
+    for key in ("lastTimestamp", "eventTime", "firstTimestamp"):
+        t = parse_time(e.get(key))
+        if t:
+            return t
+    return parse_time((e.get("metadata") or {}).get("creationTimestamp")) or 0.0
 
 
 def pod_task(pod: Pod) -> Task | None:
@@ -340,3 +357,28 @@ def next_wakeup(view: View, now: float) -> float | None:
             times.append(view.finished_at + ttl)
     future = [t for t in times if t > now]
     return min(future) if future else None
+
+
+def cluster_status(
+    view: View, root: dict[str, Any], tasks: list[TaskStatus] | None = None,
+    progress: Progress | None = None,
+) -> ClusterStatus:
+    """The status of the cluster whose root object is ``root``, as ``view`` shows it."""
+    tasks = task_statuses(view) if tasks is None else tasks
+    phase, reason = cluster_phase(view, tasks)
+    meta = root["metadata"]
+    annotations = meta.get("annotations") or {}
+    return ClusterStatus(
+        name=view.spec.name,
+        backend="kubernetes",
+        mode=view.spec.mode,
+        phase=phase,
+        reason=reason,
+        created=parse_time(meta.get("creationTimestamp")) or 0.0,
+        finished=view.finished_at,
+        owner=view.spec.owner or annotations.get(OWNER_ANNOTATION, ""),
+        detached=annotations.get(DETACHED_ANNOTATION) == "true",
+        log_dir=LogLocation(log_dir(view.spec), log_claim_name(view.spec)),
+        tasks=tasks,
+        progress=progress,
+    )

@@ -6,9 +6,10 @@ else here reads the files the supervisor and the tasks write, so
 ``list``/``status``/``logs`` work from any process, after a kernel restart
 too.
 
-TensorFlow's gRPC servers listen on all interfaces whatever TF_CONFIG says
-(measured: ``*:PORT``); TF_CONFIG names 127.0.0.1 only, and every server
-the lab itself runs (TensorBoard) binds 127.0.0.1.
+TF_CONFIG names 127.0.0.1 only, every server the lab itself runs
+(TensorBoard) binds 127.0.0.1, and TensorFlow's gRPC servers — which
+would listen on all interfaces whatever TF_CONFIG says — are kept on
+loopback by the preloaded shim of :mod:`.isolation`.
 """
 
 from __future__ import annotations
@@ -27,22 +28,24 @@ from pathlib import Path
 from ...errors import BackendError, ClusterExists, ClusterNotFound, LaunchFailed, SpecError
 from ...lifeline import pid_alive
 from ...ports import free_ports, port_open
-from ...runtime.progress import parse_record
+from ...runtime.progress import append_to, parse_record
 from ...spec import ClusterSpec, missing_imports
 from ...tfconfig import cluster_def
 from ..base import (
     Backend,
     ClusterStatus,
+    Coordinator,
     Event,
     LogLine,
+    LogLocation,
     Phase,
     Progress,
-    TaskStatus,
     TensorBoardInfo,
 )
 from . import isolation, logtail
 from .inotify import DirWatcher
 from .layout import ClusterDir, default_state_dir, read_json, task_log_path, write_json_atomic
+from .status import LocalTaskStatus
 
 #: Seconds to wait for a new supervisor to report in.
 SUPERVISOR_START_TIMEOUT = 30.0
@@ -186,8 +189,8 @@ class LocalBackend(Backend):
     def _status_from(self, cdir: ClusterDir, record: dict) -> ClusterStatus:
         spec = record["spec"]
         raw = read_json(cdir.status) or {}
-        tasks = [TaskStatus(**t) for t in raw.get("tasks", [])] or [
-            TaskStatus(name=t, host=a) for t, a in record["addresses"].items()
+        tasks = [LocalTaskStatus.from_record(t) for t in raw.get("tasks", [])] or [
+            LocalTaskStatus(name=t, host=a) for t, a in record["addresses"].items()
         ]
         phase = raw.get("phase", Phase.PENDING)
         reason = raw.get("reason", "")
@@ -209,12 +212,12 @@ class LocalBackend(Backend):
             finished=raw.get("finished"),
             owner=record.get("owner", ""),
             detached=record.get("detached", False),
-            log_dir=record["log_dir"],
+            log_dir=LogLocation(record["log_dir"]),
             tasks=tasks,
             progress=self._progress(cdir, tasks),
         )
 
-    def _progress(self, cdir: ClusterDir, tasks: list[TaskStatus]) -> Progress | None:
+    def _progress(self, cdir: ClusterDir, tasks: list[LocalTaskStatus]) -> Progress | None:
         best: Progress | None = None
         names = [t.name for t in tasks]
         # The chief (or an in-graph client) speaks for the cluster; else worker-0;
@@ -333,9 +336,11 @@ class LocalBackend(Backend):
     def addresses(self, name: str) -> dict[str, list[str]]:
         return self._record(name)["cluster"]
 
-    def coordinator_progress_file(self, name: str) -> str | None:
-        # The in-graph client is the cluster's chief: its records speak for the cluster.
-        return str(self._dir(name).progress_file(COORDINATOR))
+    def coordinator(self, name: str) -> Coordinator:
+        """This process listens as chief on a free loopback port; its progress records go
+        where the cluster's chief's would (they speak for the cluster)."""
+        path = self._dir(name).progress_file(COORDINATOR)
+        return Coordinator(f"127.0.0.1:{free_ports(1)[0]}", append_to(str(path)), COORDINATOR)
 
     # -- stop / delete -------------------------------------------------------
     def stop(self, name: str) -> ClusterStatus:
@@ -358,7 +363,7 @@ class LocalBackend(Backend):
                     pass
         return self.status(name)
 
-    def delete(self, name: str, keep_logs: bool = False) -> Path | None:
+    def delete(self, name: str, keep_logs: bool = False) -> LogLocation | None:
         """Stop and remove the cluster; return where its logs were kept, if asked to keep them."""
         cdir = self._dir(name)
         record = read_json(cdir.record)
@@ -374,7 +379,7 @@ class LocalBackend(Backend):
             kept = log_dir
         # A log or data dir the user named is theirs: only the cluster dir goes.
         shutil.rmtree(cdir.root, ignore_errors=True)
-        return kept
+        return None if kept is None else LogLocation(str(kept))
 
     # -- TensorBoard -----------------------------------------------------------
     def tensorboard(self, name: str) -> TensorBoardInfo:

@@ -32,9 +32,10 @@ from ... import lifecycle
 from ...lifeline import open_pidfd, set_parent_death_signal
 from ...spec import ClusterSpec, Task
 from ...tfconfig import tf_config
-from ..base import Phase, TaskStatus
+from ..base import Phase
 from . import isolation
 from .layout import ClusterDir, read_json, task_log_path, write_json_atomic
+from .status import LocalTaskStatus
 
 #: Seconds a task gets between SIGTERM and SIGKILL.
 STOP_TIMEOUT = 5.0
@@ -43,7 +44,7 @@ STOP_TIMEOUT = 5.0
 @dataclass
 class _Task:
     task: Task
-    status: TaskStatus
+    status: LocalTaskStatus
     runs_script: bool
     proc: subprocess.Popen | None = None
     ready_fd: int | None = None
@@ -65,7 +66,7 @@ class Supervisor:
         self.sel = selectors.DefaultSelector()
         self.tasks: dict[str, _Task] = {}
         for t in self.spec.tasks():
-            st = TaskStatus(name=t.name, host=self.record["addresses"][t.name])
+            st = LocalTaskStatus(name=t.name, host=self.record["addresses"][t.name])
             self.tasks[t.name] = _Task(t, st, self.spec.runs_script(t))
         self.phase = Phase.STARTING
         self.reason = ""
