@@ -114,15 +114,7 @@ def task_status(name: str, pod: Pod | None) -> TaskStatus:
     )
     phase = status.get("phase") or "Pending"
     if phase == "Pending":
-        out.phase = Phase.PENDING
-        scheduled = _condition(pod, "PodScheduled")
-        if scheduled and scheduled.get("status") == "False":
-            out.reason = _sentence(scheduled.get("reason") or "Unschedulable",
-                                   scheduled.get("message"))
-        elif waiting:
-            out.reason = _sentence(waiting.get("reason") or "Waiting", waiting.get("message"))
-        else:
-            out.reason = "waiting to be scheduled"
+        out.phase, out.reason = Phase.PENDING, _pending_reason(pod, waiting)
     elif phase == "Running":
         ready = container.get("ready") or (_condition(pod, "Ready") or {}).get("status") == "True"
         out.phase = Phase.RUNNING if ready else Phase.STARTING
@@ -131,6 +123,16 @@ def task_status(name: str, pod: Pod | None) -> TaskStatus:
     else:  # Failed or Unknown
         _explain_failure(out, pod)
     return out
+
+
+def _pending_reason(pod: Pod, waiting: dict[str, Any] | None) -> str:
+    """Why a pending pod waits: the scheduler's word, else the container's."""
+    scheduled = _condition(pod, "PodScheduled")
+    if scheduled and scheduled.get("status") == "False":
+        return _sentence(scheduled.get("reason") or "Unschedulable", scheduled.get("message"))
+    if waiting:
+        return _sentence(waiting.get("reason") or "Waiting", waiting.get("message"))
+    return "waiting to be scheduled"
 
 
 def _explain_failure(out: TaskStatus, pod: Pod) -> None:
