@@ -81,5 +81,5 @@ def test_in_graph_cluster_driven_from_this_process(local):
     # The coordinator's own progress reports speak for the cluster.
     tk.report_progress(12, total=12, loss=0.5)
     p = cluster.status().progress
-    assert (p.step, p.total, p.task, p.metrics) == (12, 12, "", {"loss": 0.5})
+    assert (p.step, p.total, p.task, p.metrics) == (12, 12, "chief-0", {"loss": 0.5})
     cluster.delete()

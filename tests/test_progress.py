@@ -43,3 +43,18 @@ def test_in_a_pod_records_go_to_stdout_with_a_marker(monkeypatch, capsys):
     line = capsys.readouterr().out.strip()
     assert line.startswith(progress.STDOUT_MARKER)
     assert progress.parse_record(line)["metrics"] == {"acc": 0.5}
+
+
+def test_an_in_graph_client_redirects_its_records_until_its_cluster_is_deleted(monkeypatch):
+    monkeypatch.delenv("TFK8S_PROGRESS_FILE", raising=False)
+    monkeypatch.delenv("TFK8S_TASK", raising=False)
+    got: list[str] = []
+    progress.redirect_progress(got.append, "chief-0", key=("local", "ig"))
+    try:
+        assert progress.report_progress(5, total=5, loss=0.5) is True
+        assert progress.parse_record(got[-1])["task"] == "chief-0"
+        progress.end_redirect(("local", "other"))  # another cluster's delete changes nothing
+        assert progress.report_progress(5, total=5) is True and len(got) == 2
+    finally:
+        progress.end_redirect(("local", "ig"))
+    assert progress.report_progress(5, total=5) is False  # back to: outside a task, nothing

@@ -262,9 +262,11 @@ class Cluster:
 
     def delete(self, keep_logs: bool = False):
         """Remove it and all it created (its logs too, unless ``keep_logs``)."""
+        from .runtime.progress import end_redirect
         from .watch import ClusterFeed
 
         ClusterFeed.forget(self.backend, self.name)
+        end_redirect((self.backend.name, self.name))
         return self.backend.delete(self.name, keep_logs=keep_logs)
 
     def connect(self, timeout: float = 180.0, **strategy_kwargs):
@@ -297,6 +299,6 @@ class Cluster:
         )
         strategy = tf.distribute.ParameterServerStrategy(resolver, **strategy_kwargs)
         # report_progress() in this kernel now shows in the cluster's status.
-        redirect_progress(coordinator.progress, coordinator.task)
+        redirect_progress(coordinator.progress, coordinator.task, key=(self.backend.name, self.name))
         _connections[key] = strategy
         return strategy

@@ -45,6 +45,7 @@ class _Reporter:
         self._timer: threading.Timer | None = None
         #: (write, task) set by redirect_progress: an in-graph client's sink.
         self.redirect: tuple[Callable[[str], None], str] | None = None
+        self.redirect_key: object = None
 
     def _sink_path(self) -> str | None:
         return os.environ.get("TFK8S_PROGRESS_FILE") or None
@@ -131,16 +132,25 @@ def report_progress(step: int, total: int | None = None, **metrics: float) -> bo
     return _reporter.report(int(step), total, metrics)
 
 
-def redirect_progress(write: Callable[[str], None] | None, task: str = "chief-0") -> None:
+def redirect_progress(write: Callable[[str], None] | None, task: str = "chief-0", key: object = None) -> None:
     """Send this process's progress records to ``write`` (one JSON line each), as ``task``.
 
     ``connect`` calls it with its backend's sink, so an in-graph client's
     :func:`report_progress` shows in the cluster's status; None restores
-    the default (the task environment's sink, or nothing).
+    the default (the task environment's sink, or nothing).  ``key`` names
+    the cluster, for :func:`end_redirect`.
     """
     with _reporter._lock:
         _reporter.redirect = None if write is None else (write, task)
+        _reporter.redirect_key = key
         _reporter._first = None
+
+
+def end_redirect(key: object) -> None:
+    """Stop sending records to the cluster ``key`` (it is being deleted); others stay."""
+    with _reporter._lock:
+        if _reporter.redirect is not None and _reporter.redirect_key == key:
+            _reporter.redirect, _reporter.redirect_key = None, None
 
 
 def append_to(path: str) -> Callable[[str], None]:
