@@ -16,12 +16,14 @@ The threading rule
 Four kinds of thread meet in a view:
 
 * **feed threads** (:class:`~tfk8s_magics.watch.ClusterFeed`) call a view's
-  ``_on_status``/``_on_logs``.  These only record what arrived, under the
-  view's ``_lock``, and poke the view's :class:`~.live.Throttle`; they
-  never touch a widget and never call the backend;
+  ``_on_status``/``_on_logs``.  These only record what arrived (one
+  assignment, or under the view's ``_lock``) and poke the view's
+  :class:`~.live.Throttle`; they never touch a widget and never call the
+  backend;
 * the view's **render thread** (its Throttle) is the one that draws;
 * **button handlers** run on the kernel's main thread; they change state
-  under a lock and start an action thread, never wait on the backend;
+  under a lock and start an action thread for anything that changes the
+  cluster;
 * **action threads** (:class:`~.actions.ActionBar`, "Full log") call the
   backend, then draw their outcome.
 

@@ -251,10 +251,11 @@ class ClusterList:
 
     def open_dashboard(self, name: str):
         """Show ``name``'s dashboard under the table (replacing the one shown before)."""
-        if self.dashboard is not None:
-            self.dashboard.close(destroy=True)
-        self.dashboard = Dashboard(self.cluster(name), widgets=True).start()
-        self.detail.children = [self.dashboard.widget]
+        old, self.dashboard = self.dashboard, Dashboard(self.cluster(name), widgets=True).start()
+        with self._draw_lock:
+            self.detail.children = [self.dashboard.widget]
+        if old is not None:
+            old.close(destroy=True)
         return self.dashboard
 
     def close(self, destroy: bool = False) -> None:
