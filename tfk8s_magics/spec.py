@@ -54,7 +54,18 @@ RESERVED_ENV = frozenset(
         "TFK8S_CHECKPOINT_DIR",
         "TFK8S_PROGRESS_FILE",
         "TFK8S_READY_FD",
+        "TFK8S_ROLE",
+        "TFK8S_CLUSTER_DEF",
+        "JOB_COMPLETION_INDEX",
     }
+)
+#: A Kueue queue, a PriorityClass, a scheduler: DNS-1123 subdomain names that
+#: also fit a label value (the queue name is one).
+_SCHEDULING_NAME = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-.a-z0-9]*[a-z0-9])?$")
+_LABEL_KEY = r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+#: A node label requirement: key=value, key!=value, key, !key.
+_NODE_REQUIREMENT = re.compile(
+    rf"^(!?{_LABEL_KEY}|{_LABEL_KEY}!?=([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?)$"
 )
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
 
@@ -219,6 +230,20 @@ class ClusterSpec:
     tolerations: tuple[Mapping[str, Any], ...] = ()
     ttl_after_finished: float | None = None
     owner: str | None = None
+    # Kubernetes scheduling (the local backend records these and ignores them).
+    #: Kueue LocalQueue (``kueue.x-k8s.io/queue-name``): admitted as one gang.
+    queue: str | None = None
+    #: PriorityClass of every task pod (Kueue reads it as the workload's priority).
+    priority: str | None = None
+    #: ``schedulerName`` of every task pod (e.g. Volcano, coscheduling).
+    scheduler: str | None = None
+    #: Seconds a run may last before it fails (None: no limit).
+    active_deadline: float | None = None
+    #: Roles whose pods prefer distinct nodes (pod anti-affinity on the node).
+    spread: tuple[str, ...] = ()
+    #: Role → node label requirements its pods need: ``key=value``,
+    #: ``key!=value``, ``key`` (exists) or ``!key`` (does not exist).
+    node_affinity: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place once
@@ -231,6 +256,7 @@ class ClusterSpec:
         self._validate_shape()
         self._validate_env()
         self._validate_resources()
+        self._validate_scheduling()
         budget = _count("restarts", self.restart_budget, 0, 100)
         set_(self, "restart_budget", budget)
         try:
@@ -310,6 +336,43 @@ class ClusterSpec:
                 )
             out[role] = res if isinstance(res, Resources) else Resources(**dict(res))
         object.__setattr__(self, "resources", out)
+
+    def _validate_scheduling(self) -> None:
+        for what, value in (("--queue", self.queue), ("--priority", self.priority),
+                            ("--scheduler", self.scheduler)):
+            if value is not None and not _SCHEDULING_NAME.match(str(value)):
+                raise SpecError(
+                    f"{what} {value!r} is not a valid name: use at most 63 lowercase letters, "
+                    "digits, '-' and '.', starting and ending with a letter or digit."
+                )
+        if self.active_deadline is not None:
+            try:
+                deadline = float(self.active_deadline)
+            except (TypeError, ValueError):
+                deadline = 0.0
+            if deadline < 1:
+                raise SpecError(
+                    f"--active-deadline {self.active_deadline!r} is not valid: give whole "
+                    "seconds ≥ 1 (a run still going after that many seconds fails)."
+                )
+            object.__setattr__(self, "active_deadline", float(int(deadline)))
+        spread = tuple(dict.fromkeys(self.spread))
+        affinity = {role: tuple(reqs) for role, reqs in dict(self.node_affinity).items()}
+        for role in (*spread, *affinity):
+            if role not in ROLES:
+                raise SpecError(
+                    f"placement given for unknown role {role!r}: use one of {', '.join(ROLES)}."
+                )
+        for role, reqs in affinity.items():
+            for req in reqs:
+                if not _NODE_REQUIREMENT.match(req):
+                    raise SpecError(
+                        f"node requirement {req!r} for {role} is not valid: use key=value, "
+                        "key!=value, key (the label exists) or !key (it does not), e.g. "
+                        "ps:!nvidia.com/gpu.present."
+                    )
+        object.__setattr__(self, "spread", spread)
+        object.__setattr__(self, "node_affinity", affinity)
 
     # -- derived views -------------------------------------------------
     def replicas(self) -> dict[str, int]:

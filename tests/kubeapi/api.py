@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from . import admission, errors, patch, selectors
 from .kubelet import SimulatedKubelet
 from .rbac import RequestAttributes, RoleAuthorizer
-from .resources import ResourceKind, kind_for_path
+from .resources import KINDS, ResourceKind, kind_for_path
 from .store import Store, WatchEvent
 from .validation import Validator
 
@@ -146,6 +146,8 @@ class KubeAPI:
         self.requests: list[RecordedRequest] = []
         self._requests_lock = threading.Lock()
         self.stopping = threading.Event()
+        #: API groups this cluster does not serve (e.g. ``jobset.x-k8s.io``: no JobSet installed).
+        self.disabled_groups: set[str] = set()
 
     # -- entry point -------------------------------------------------------
 
@@ -160,7 +162,12 @@ class KubeAPI:
                                       "platform": "linux/amd64"})
             if req.path in ("/healthz", "/readyz", "/livez"):
                 return Response(200, "ok", "text/plain")
+            listing = self._discovery(req)
+            if listing is not None:
+                return listing
             route = parse_route(req.path)
+            if route.kind.group in self.disabled_groups:
+                raise _NOT_FOUND_PATH
             verb = _verb(req.method, route, req.query)
             attrs = RequestAttributes(verb, route.kind.group, route.kind.plural,
                                       route.subresource, route.namespace, route.name)
@@ -172,6 +179,40 @@ class KubeAPI:
         if record is not None:
             record.code = response.code
         return response
+
+    def _discovery(self, req: Request) -> Response | None:
+        """``GET /apis`` (APIGroupList) and ``GET /apis/G/V`` (APIResourceList), or None.
+
+        Discovery is open to every authenticated user (``system:discovery``), so
+        it is neither authorized nor recorded.
+        """
+        parts = [p for p in req.path.split("/") if p]
+        if req.method != "GET" or parts[:1] != ["apis"] or len(parts) not in (1, 3):
+            return None
+        served = [k for k in KINDS if k.group and k.group not in self.disabled_groups]
+        if len(parts) == 1:
+            groups: dict[str, list[str]] = {}
+            for k in served:
+                groups.setdefault(k.group, []).append(k.version)
+            return Response(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+                {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v}
+                                         for v in dict.fromkeys(vs)],
+                 "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]}}
+                for g, vs in groups.items()]})
+        kinds = [k for k in served if (k.group, k.version) == (parts[1], parts[2])]
+        if not kinds:
+            raise _NOT_FOUND_PATH
+        resources = []
+        for k in kinds:
+            resources.append({"name": k.plural, "singularName": k.singular, "namespaced":
+                              k.namespaced, "kind": k.kind, "verbs": [
+                                  "create", "delete", "deletecollection", "get", "list",
+                                  "patch", "update", "watch"]})
+            resources += [{"name": f"{k.plural}/{sub}", "singularName": "", "namespaced":
+                           k.namespaced, "kind": k.kind, "verbs": ["get", "patch", "update"]}
+                          for sub in sorted(k.subresources)]
+        return Response(200, {"kind": "APIResourceList", "apiVersion": "v1",
+                              "groupVersion": f"{parts[1]}/{parts[2]}", "resources": resources})
 
     def _authorize(self, req: Request, kind: ResourceKind,
                    attrs: RequestAttributes) -> RecordedRequest:

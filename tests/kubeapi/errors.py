@@ -67,11 +67,17 @@ def conflict(kind: ResourceKind, name: str) -> ApiError:
     )
 
 
-def invalid(kind: ResourceKind, name: str, causes: list[tuple[str, str]]) -> ApiError:
-    """422 Invalid; ``causes`` are ``(field, message)`` pairs."""
+def invalid(kind: ResourceKind, name: str, causes: list[tuple[str, str]],
+            qualified: bool = False) -> ApiError:
+    """422 Invalid; ``causes`` are ``(field, message)`` pairs.
+
+    ``qualified``: name the kind with its group (``JobSet.jobset.x-k8s.io``),
+    as the server does for custom resources.
+    """
     text = "; ".join(f"{f}: {m}" if f else m for f, m in causes)
+    what = f"{kind.kind}.{kind.group}" if qualified and kind.group else kind.kind
     return ApiError(
-        422, "Invalid", f'{kind.kind} "{name}" is invalid: {text}',
+        422, "Invalid", f'{what} "{name}" is invalid: {text}',
         {"name": name, "group": kind.group, "kind": kind.kind,
          "causes": [{"reason": "FieldValueInvalid", "message": m, "field": f}
                     for f, m in causes]},

@@ -19,6 +19,7 @@ from . import api as api_module
 from .api import ADMIN_TOKEN, KubeAPI, RecordedRequest, Request
 from .controllers import DeploymentController, JobController
 from .errors import ApiError
+from .jobsets import JobSetDriver, JobSetPods
 from .kubelet import SimulatedKubelet
 from .quota import QuotaController
 from .rbac import RoleAuthorizer
@@ -36,14 +37,19 @@ class KubeHarness:
 
     def __init__(self, *, kubernetes_version: str = "1.29",
                  nodes: tuple[str, ...] = ("node-1",), history_size: int = 1000,
-                 strict_validation: bool = True):
+                 strict_validation: bool = True, jobset: bool = True):
         self.store = Store(history_size=history_size)
         self.kubelet = SimulatedKubelet(self.store, nodes)
         self.validator = Validator(kubernetes_version, strict=strict_validation)
         self.api = KubeAPI(self.store, self.kubelet, self.validator)
+        jobset_pods = JobSetPods(self.store)
         for observer in (QuotaController(self.store), DeploymentController(self.store),
-                         JobController(self.store)):
+                         JobController(self.store), jobset_pods):
             self.store.add_observer(observer)
+        #: What a test says JobSet did (restart, finish); see :mod:`.jobsets`.
+        self.jobsets = JobSetDriver(self.store, jobset_pods)
+        if not jobset:
+            self.api.disabled_groups.add("jobset.x-k8s.io")
         self._server = FakeKubeServer(self.api)
         self._clients: list[kubernetes.client.ApiClient] = []
         self._api_client: kubernetes.client.ApiClient | None = None

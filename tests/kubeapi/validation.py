@@ -21,8 +21,8 @@ import kubernetes_validate
 from kubernetes_validate import utils as kv_utils
 from referencing import Registry, Resource
 
-from . import errors
-from .resources import ResourceKind
+from . import crd, errors
+from .resources import ResourceKind, lookup
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123_SUBDOMAIN = re.compile(
@@ -130,6 +130,9 @@ class Validator:
         meta = obj.get("metadata") or {}
         name = meta.get("name") or meta.get("generateName") or ""
         problems: list[tuple[str, str]] = []
+        if crd.is_custom(obj.get("apiVersion", ""), obj.get("kind", "")):
+            self._validate_custom(kind, obj, name)
+            return
         try:
             validator = _schema_validator(self.kubernetes_version, self.strict,
                                           obj.get("kind", ""), obj.get("apiVersion", ""))
@@ -154,3 +157,27 @@ class Validator:
             problems += _pod_spec_problems(template.get("spec") or {}, "spec.template.spec")
         if problems:
             raise errors.invalid(kind, name, problems)
+
+    def _validate_custom(self, kind: ResourceKind, obj: dict, name: str) -> None:
+        """A custom resource: its CRD schema, strictly; a JobSet's templates as Jobs."""
+        problems = crd.problems(obj)
+        meta = obj.get("metadata") or {}
+        if not meta.get("name"):
+            problems.append(("metadata.name", "Required value: name or generateName is required"))
+        else:
+            problems += _check_dns(meta["name"], "dns1035" if kind.kind == "JobSet" else
+                                   "subdomain", "metadata.name")
+        problems += _check_labels(meta.get("labels"), "metadata.labels")
+        if problems:
+            # A CRD's 422 names the kind with its group, as the real server does.
+            raise errors.invalid(kind, name, problems, qualified=True)
+        if kind.kind == "JobSet":
+            for rjob in obj.get("spec", {}).get("replicatedJobs") or []:
+                template = rjob.get("template") or {}
+                self.validate(lookup("jobs"), {
+                    "apiVersion": "batch/v1", "kind": "Job",
+                    "metadata": {**(template.get("metadata") or {}),
+                                 "name": f"{meta['name']}-{rjob.get('name')}-0",
+                                 "namespace": meta.get("namespace", "default")},
+                    "spec": template.get("spec") or {},
+                })

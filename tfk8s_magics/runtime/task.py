@@ -13,6 +13,15 @@ TensorFlow is imported and the script is about to run.  The signal is a
 line on the file descriptor ``TFK8S_READY_FD`` (local backend) and/or a file
 at ``TFK8S_READY_FILE`` (a Kubernetes exec probe can test it).
 
+Identity: the local backend hands each process its ``TF_CONFIG`` and
+``TFK8S_TASK``.  A Kubernetes pod is made from one template per role (a
+JobSet's replicated Job), so it derives both itself
+(:func:`resolve_identity`): its role from ``TFK8S_ROLE``, its index from
+``JOB_COMPLETION_INDEX`` (set by the Job controller of an Indexed Job), the
+cluster's addresses from ``TFK8S_CLUSTER_DEF``, and TF_CONFIG from the same
+pure :func:`~tfk8s_magics.tfconfig.tf_config` the local backend uses.  A
+restarted pod has the same role and index, hence the same identity.
+
 Exit codes: 0 success; 1 the script raised; :data:`EXIT_SCRIPT_BROKEN` the
 script could not be compiled or failed on an import, which no restart can
 fix; anything else is the script's own ``sys.exit`` code.
@@ -25,9 +34,39 @@ import os
 import runpy
 import sys
 import traceback
+from collections.abc import MutableMapping
+
+from .. import tfconfig
+from ..spec import Task
 
 #: The script cannot run at all (syntax error, missing module): do not restart it.
 EXIT_SCRIPT_BROKEN = 3
+
+
+def task_from_env(environ: MutableMapping[str, str]) -> Task | None:
+    """This task's role and index: ``TFK8S_TASK``, else ``TFK8S_ROLE`` + ``JOB_COMPLETION_INDEX``."""
+    name = environ.get("TFK8S_TASK")
+    if name:
+        return Task.parse(name)
+    role, index = environ.get("TFK8S_ROLE"), environ.get("JOB_COMPLETION_INDEX", "")
+    if role and index.isdigit():
+        return Task(role, int(index))
+    return None
+
+
+def resolve_identity(environ: MutableMapping[str, str]) -> None:
+    """Set ``TF_CONFIG`` and ``TFK8S_TASK`` in ``environ`` when the pod only knows its role and index.
+
+    Raises ``KeyError`` naming what is missing when neither form is there.
+    """
+    if "TF_CONFIG" in environ and environ.get("TFK8S_TASK"):
+        return
+    task = task_from_env(environ)
+    if task is None:
+        raise KeyError("TF_CONFIG, or TFK8S_ROLE and JOB_COMPLETION_INDEX")
+    environ["TFK8S_TASK"] = task.name
+    if "TF_CONFIG" not in environ:
+        environ["TF_CONFIG"] = tfconfig.tf_config(json.loads(environ["TFK8S_CLUSTER_DEF"]), task)
 
 
 def signal_ready() -> None:
@@ -100,6 +139,12 @@ def run_script(path: str) -> int:
 
 def main() -> int:
     """Run this task according to its environment."""
+    try:
+        resolve_identity(os.environ)
+    except (KeyError, ValueError) as e:
+        print(f"tfk8s: this task cannot tell which task it is: set {e} (a broken pod "
+              "template; restarting cannot fix it).", file=sys.stderr, flush=True)
+        return EXIT_SCRIPT_BROKEN
     tf_config = json.loads(os.environ["TF_CONFIG"])
     script = os.environ.get("TFK8S_SCRIPT")
     code = run_script(script) if script else run_server(tf_config)

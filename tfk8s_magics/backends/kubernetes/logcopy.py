@@ -3,7 +3,10 @@
 Pod entrypoint: ``python -m tfk8s_magics.backends.kubernetes.logcopy FILE -- CMD...``.
 The copy on the ``/log`` volume outlives the pod (``kubectl logs`` does not).
 No shell is involved: the command is a fixed argv built by
-:func:`~.manifests.task_command`.  The child's exit status is passed on
+:func:`~.manifests.task_command`.  A ``{task}`` in FILE is replaced by this
+task's name (``worker-1``), which a pod made from a per-role template
+learns from its environment
+(:func:`~tfk8s_magics.runtime.task.task_from_env`).  The child's exit status is passed on
 unchanged (a signal death is re-raised), so the backend's restart decision
 sees the runtime's own exit code.
 """
@@ -15,6 +18,8 @@ import signal
 import subprocess
 import sys
 import time
+
+from ...runtime.task import task_from_env
 
 
 def _open_copy(path: str):
@@ -66,7 +71,11 @@ def main(args: list[str] | None = None) -> int:
         print("usage: python -m tfk8s_magics.backends.kubernetes.logcopy FILE -- CMD...",
               file=sys.stderr)
         return 2
-    return run(args[0], args[2:])
+    path = args[0]
+    if "{task}" in path:
+        task = task_from_env(os.environ)
+        path = path.replace("{task}", task.name if task else os.environ.get("HOSTNAME", "task"))
+    return run(path, args[2:])
 
 
 if __name__ == "__main__":

@@ -236,11 +236,9 @@ def log_dir(spec: ClusterSpec) -> str:
     return f"{LOG_MOUNT}/{spec.name}" if spec.log_claim else LOG_MOUNT
 
 
-def task_env(spec: ClusterSpec, settings: K8sSettings, task: Task) -> list[Manifest]:
-    """The environment of ``task``'s container (see :mod:`tfk8s_magics.runtime.task`)."""
+def role_env(spec: ClusterSpec, settings: K8sSettings, role: str) -> dict[str, str]:
+    """The environment every task of ``role`` shares (its identity aside)."""
     env = {
-        "TF_CONFIG": tf_config(cluster_addresses(spec, settings), task),
-        "TFK8S_TASK": task.name,
         "TFK8S_CLUSTER": spec.name,
         "TFK8S_LOG_DIR": log_dir(spec),
         "TFK8S_DATA_DIR": DATA_MOUNT,
@@ -249,24 +247,36 @@ def task_env(spec: ClusterSpec, settings: K8sSettings, task: Task) -> list[Manif
         "HOME": "/tmp",
         "PYTHONUNBUFFERED": "1",
     }
-    if spec.runs_script(task):
+    if spec.runs_script(Task(role, 0)):
         env["TFK8S_SCRIPT"] = f"{SCRIPT_DIR}/{SCRIPT_KEY}"
     if spec.legacy_keras:
         env["TF_USE_LEGACY_KERAS"] = "1"
     env.update(spec.env)
+    return env
+
+
+def task_env(spec: ClusterSpec, settings: K8sSettings, task: Task) -> list[Manifest]:
+    """The environment of ``task``'s container (see :mod:`tfk8s_magics.runtime.task`)."""
+    env = {
+        "TF_CONFIG": tf_config(cluster_addresses(spec, settings), task),
+        "TFK8S_TASK": task.name,
+        **role_env(spec, settings, task.role),
+    }
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
-def task_command(spec: ClusterSpec, task: Task) -> list[str]:
+def task_command(spec: ClusterSpec, task: Task | None) -> list[str]:
     """The container command: the task runtime, its output copied to ``<log dir>/tasks/<task>.log``.
 
     No shell: :mod:`.logcopy` runs the runtime as a child and tees its output.
+    ``task=None`` (a per-role template) leaves ``{task}`` in the path for
+    the pod to fill in from its own identity.
     """
     return [
         "python",
         "-m",
         "tfk8s_magics.backends.kubernetes.logcopy",
-        f"{log_dir(spec)}/tasks/{task.name}.log",
+        f"{log_dir(spec)}/tasks/{task.name if task else '{task}'}.log",
         "--",
         "python",
         "-m",
@@ -274,8 +284,15 @@ def task_command(spec: ClusterSpec, task: Task) -> list[str]:
     ]
 
 
-def task_pod(spec: ClusterSpec, settings: K8sSettings, task: Task, attempt: int = 0) -> Manifest:
-    """The Pod running ``task`` (its ``attempt``-th try; 0 is the first)."""
+def pod_spec(
+    spec: ClusterSpec, settings: K8sSettings, role: str, env: list[Manifest], task: Task | None
+) -> Manifest:
+    """The pod spec every task of ``role`` runs with ``env`` (the identity is the caller's).
+
+    Shared by the bare task pods and the JobSet's per-role pod templates
+    (:mod:`.jobset`, ``task=None``).
+    """
+    runs_script = spec.runs_script(Task(role, 0))
     mounts: list[Manifest] = [
         {"name": "data", "mountPath": DATA_MOUNT},
         _log_mount(spec),
@@ -286,7 +303,7 @@ def task_pod(spec: ClusterSpec, settings: K8sSettings, task: Task, attempt: int 
         {"name": "log", "persistentVolumeClaim": {"claimName": log_claim_name(spec)}},
         {"name": "tmp", "emptyDir": {}},
     ]
-    if spec.runs_script(task):
+    if runs_script:
         mounts.append({"name": "script", "mountPath": SCRIPT_DIR, "readOnly": True})
         volumes.append(
             {
@@ -303,7 +320,7 @@ def task_pod(spec: ClusterSpec, settings: K8sSettings, task: Task, attempt: int 
         "imagePullPolicy": settings.image_pull_policy,
         "command": task_command(spec, task),
         "workingDir": DATA_MOUNT,
-        "env": task_env(spec, settings, task),
+        "env": env,
         "ports": [{"name": "grpc", "containerPort": settings.port, "protocol": "TCP"}],
         "readinessProbe": {
             "exec": {"command": ["test", "-f", READY_FILE]},
@@ -313,12 +330,10 @@ def task_pod(spec: ClusterSpec, settings: K8sSettings, task: Task, attempt: int 
         "securityContext": copy.deepcopy(_CONTAINER_SECURITY),
         "volumeMounts": mounts,
     }
-    resources = _resources(spec, task.role)
+    resources = _resources(spec, role)
     if resources:
         container["resources"] = resources
-    pod_spec: Manifest = {
-        "hostname": task.name,
-        "subdomain": spec.name,
+    out: Manifest = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -327,16 +342,27 @@ def task_pod(spec: ClusterSpec, settings: K8sSettings, task: Task, attempt: int 
         "volumes": volumes,
     }
     if spec.node_selector:
-        pod_spec["nodeSelector"] = dict(spec.node_selector)
+        out["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in spec.tolerations]
+        out["tolerations"] = [dict(t) for t in spec.tolerations]
+    return out
+
+
+def task_pod(spec: ClusterSpec, settings: K8sSettings, task: Task, attempt: int = 0) -> Manifest:
+    """The Pod running ``task`` (its ``attempt``-th try; 0 is the first)."""
+    body = pod_spec(spec, settings, task.role, task_env(spec, settings, task), task)
     meta = {
         "name": pod_name(spec, task, attempt),
         "namespace": settings.namespace,
         "labels": task_labels(spec, settings, task),
         "annotations": {ATTEMPT_ANNOTATION: str(attempt)},
     }
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"hostname": task.name, "subdomain": spec.name, **body},
+    }
 
 
 def network_policy(spec: ClusterSpec, settings: K8sSettings) -> Manifest:
