@@ -200,3 +200,43 @@ def test_rbac_covers_jobsets(kube, custom):
     assert 'cannot create resource "jobsets" in API group "jobset.x-k8s.io"' in \
         json.loads(info.value.body)["message"]
     assert custom.list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL)["items"] == []
+
+
+def test_foreground_deletion_keeps_the_owner_until_its_dependents_are_gone(make_kube):
+    kube = make_kube(graceful_pods=True)
+    kube.create_namespace(NS)
+    custom = client.CustomObjectsApi(kube.api_client)
+    core = client.CoreV1Api(kube.api_client)
+    root = core.create_namespaced_config_map(NS, {"metadata": {"name": "mnist"}})
+    body = jobset_manifest()
+    body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap",
+                                            "name": "mnist", "uid": root.metadata.uid,
+                                            "blockOwnerDeletion": True}]
+    create(custom, body)
+    for pod in kube.jobsets.pods(NS, "mnist"):
+        kube.kubelet.run(NS, pod["metadata"]["name"])
+    answer = core.delete_namespaced_config_map(
+        "mnist", NS, body=client.V1DeleteOptions(propagation_policy="Foreground"))
+    assert answer is not None
+    held = core.read_namespaced_config_map("mnist", NS)
+    assert held.metadata.deletion_timestamp and held.metadata.finalizers == ["foregroundDeletion"]
+    js = custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "mnist")
+    assert js["metadata"]["finalizers"] == ["foregroundDeletion"]
+    assert all(p["metadata"].get("deletionTimestamp") for p in kube.jobsets.pods(NS, "mnist"))
+    # A relaunch meets the leftovers: the name is still taken.
+    with pytest.raises(ApiException) as info:
+        core.create_namespaced_config_map(NS, {"metadata": {"name": "mnist"}})
+    assert info.value.status == 409
+    assert kube.finish_pod_termination(NS) == 3
+    for kind in ("configmaps", "jobsets", "pods", "services"):
+        assert kube.list_objects(kind, NS) == [], kind
+    core.create_namespaced_config_map(NS, {"metadata": {"name": "mnist"}})  # free again
+
+
+def test_background_deletion_is_immediate_for_the_owner(kube, custom):
+    create(custom, jobset_manifest())
+    custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "mnist",
+                                           body=client.V1DeleteOptions(
+                                               propagation_policy="Foreground"))
+    # Without graceful pods every dependent goes at once, so the owner does too.
+    assert kube.list_objects("jobsets", NS) == [] and kube.jobsets.pods(NS, "mnist") == []

@@ -61,7 +61,14 @@ Harness API (``kube``)
   Events it would (Scheduled, Pulling, Pulled, Created, Started, Killing,
   BackOff, Failed, FailedScheduling, Evicted).
 * ``make_kube(kubernetes_version="1.29", nodes=("node-1",), history_size=1000,
-  strict_validation=True)`` — fixture factory for non-default options.
+  strict_validation=True, jobset=True, graceful_pods=False)`` — fixture factory for
+  non-default options (``jobset=False``: a cluster without JobSet installed;
+  ``graceful_pods``: deleted running pods stay Terminating until
+  ``kube.finish_pod_termination(ns)``).
+* ``jobsets`` — :class:`~tests.kubeapi.jobsets.JobSetDriver`: ``pods(ns, name,
+  attempt=None)``, ``pod_name(ns, name, role, index)``, and what a test says
+  JobSet did: ``restart(ns, name)``, ``finish(ns, name, condition, reason,
+  message)``.
 * ``store`` — the raw :class:`~tests.kubeapi.store.Store`, if you must.
 
 What it models
@@ -70,7 +77,11 @@ What it models
   pods (+status, +log), services, configmaps, secrets, serviceaccounts, PVCs,
   events, resourcequotas, limitranges, apps/v1 deployments, batch/v1 jobs,
   networking/v1 networkpolicies, rbac/v1 roles and rolebindings,
-  storage/v1 storageclasses.
+  storage/v1 storageclasses, and the custom resource jobset.x-k8s.io/v1alpha2
+  JobSet (validated against its CRD schema with undeclared fields refused,
+  ``crd.py``; discovery of its group at ``/apis`` and ``/apis/G/V``; the
+  Service and pods JobSet would create, named and labelled as JobSet and the
+  Job controller do — but none of JobSet's lifecycle: ``jobsets.py``).
 * create/get/list/update/patch/delete/deletecollection with uid, a global
   monotonic ``resourceVersion``, ``creationTimestamp``, ``generation`` (kinds
   with a status subresource; bumped on spec change), ``generateName``,
@@ -102,7 +113,9 @@ What it models
   as ADDED/DELETED.
 * Garbage collection: deleting an owner deletes (recursively, synchronously)
   every object whose ownerReferences point at its uid and that has no other
-  live owner; ``propagationPolicy=Orphan`` strips the reference instead.
+  live owner; ``propagationPolicy=Orphan`` strips the reference instead;
+  ``Foreground`` keeps the owner (``deletionTimestamp``, finalizer
+  ``foregroundDeletion``) until its dependents are gone.
   Deleting a namespace deletes its contents. Deletion is immediate whatever
   ``gracePeriodSeconds`` says; the kubelet still emits ``Killing`` events.
 * RBAC: one Role bound to one ServiceAccount (apiGroups, resources incl.
@@ -134,8 +147,9 @@ What it does NOT model
   roles, several bindings, aggregated discovery (``/api``, ``/apis``), OpenAPI
   documents, protobuf/CBOR, server-side apply (415), real strategic merge
   (strategic merge patch is treated as a JSON merge patch: lists are replaced,
-  not merged by key), immutability of most pod spec fields, finalizers,
-  graceful termination, watch bookmarks, ``/exec``/``/attach``/
+  not merged by key), immutability of most pod spec fields, finalizers other
+  than ``foregroundDeletion``, graceful termination (except ``graceful_pods``),
+  watch bookmarks, ``/exec``/``/attach``/
   ``/portforward``, ReplicaSets/StatefulSets/CronJobs, Service endpoints or
   DNS, network policy enforcement, PVC binding (claims stay as created),
   node capacity in scheduling, quota scopes and storage quotas.

@@ -37,7 +37,8 @@ class KubeHarness:
 
     def __init__(self, *, kubernetes_version: str = "1.29",
                  nodes: tuple[str, ...] = ("node-1",), history_size: int = 1000,
-                 strict_validation: bool = True, jobset: bool = True):
+                 strict_validation: bool = True, jobset: bool = True,
+                 graceful_pods: bool = False):
         self.store = Store(history_size=history_size)
         self.kubelet = SimulatedKubelet(self.store, nodes)
         self.validator = Validator(kubernetes_version, strict=strict_validation)
@@ -50,6 +51,7 @@ class KubeHarness:
         self.jobsets = JobSetDriver(self.store, jobset_pods)
         if not jobset:
             self.api.disabled_groups.add("jobset.x-k8s.io")
+        self.store.hold_pod_deletion = graceful_pods
         self._server = FakeKubeServer(self.api)
         self._clients: list[kubernetes.client.ApiClient] = []
         self._api_client: kubernetes.client.ApiClient | None = None
@@ -174,6 +176,10 @@ class KubeHarness:
             body = response.body
             raise ApiError(response.code, body["reason"], body["message"], body.get("details"))
         return response.body
+
+    def finish_pod_termination(self, namespace: str | None = None) -> int:
+        """With ``graceful_pods``: the kubelet finished stopping every Terminating pod."""
+        return self.store.finish_pod_termination(namespace)
 
     def create_namespace(self, name: str, labels: dict[str, str] | None = None) -> dict:
         """Create a namespace (status Active, ``kubernetes.io/metadata.name`` label)."""

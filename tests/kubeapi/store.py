@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from . import errors
 from .resources import KINDS, ResourceKind, lookup
 
+#: The finalizer an owner carries while a Foreground deletion waits for its dependents.
+FOREGROUND = "foregroundDeletion"
 # generateName suffix alphabet of the real apiserver (no vowels, no look-alikes).
 _SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
@@ -82,6 +84,10 @@ class Store:
         self._observers: list[Callable[[WatchEvent], None]] = []
         self.observer_errors: list[BaseException] = []
         self.closed = False
+        #: Keep deleted running pods Terminating until :meth:`finish_pod_termination`.
+        self.hold_pod_deletion = False
+        # uid → last state of removed objects (what a Foreground DELETE answers with).
+        self._finished: dict[str, dict] = {}
 
     # -- reading ---------------------------------------------------------
 
@@ -218,17 +224,25 @@ class Store:
 
     def delete(self, kind: ResourceKind, namespace: str | None, name: str,
                propagation: str = "Background") -> dict:
-        """Remove an object and cascade to its dependents (garbage collector).
+        """Delete an object and cascade to its dependents (garbage collector).
 
-        ``propagation="Orphan"`` strips the ownerReference from dependents
-        instead. Namespaces delete their contents first, as namespace
-        finalization does; they are marked Terminating while that happens.
+        ``Background``: the object goes at once, then its dependents.
+        ``Foreground``: the object stays, with a ``deletionTimestamp`` and the
+        ``foregroundDeletion`` finalizer, until every dependent is gone; then
+        it goes.  ``Orphan`` strips the ownerReference from dependents
+        instead.  With :attr:`hold_pod_deletion`, a running pod stays
+        Terminating (``deletionTimestamp`` set) until
+        :meth:`finish_pod_termination` — the kubelet's graceful shutdown — so
+        a Foreground owner waits for it, as on a real cluster.  Namespaces
+        delete their contents first and are marked Terminating meanwhile.
         """
         with self.lock:
             key = _key(kind, namespace if kind.namespaced else None, name)
             current = self._objects.get(key)
             if current is None:
                 raise errors.not_found(kind, name)
+            if current["metadata"].get("deletionTimestamp") and kind.kind != "Namespace":
+                return copy.deepcopy(current)  # already on its way out
             if kind.kind == "Namespace":
                 terminating = copy.deepcopy(current)
                 terminating["metadata"]["deletionTimestamp"] = now()
@@ -239,25 +253,81 @@ class Store:
                         for obj in self.objects(other, name):
                             self._delete_if_present(other, name, obj["metadata"]["name"])
                 current = self._objects[key]
-            self._rv += 1
-            gone = copy.deepcopy(current)
-            gone["metadata"]["resourceVersion"] = str(self._rv)
-            del self._objects[key]
-            self._commit("DELETED", kind, gone, current)
             uid = current["metadata"]["uid"]
-            for dep_kind, dep in self._dependents_of(uid):
-                if propagation == "Orphan":
+            if propagation == "Orphan":
+                for dep_kind, dep in self._dependents_of(uid):
                     dep["metadata"]["ownerReferences"] = [
                         r for r in dep["metadata"]["ownerReferences"] if r.get("uid") != uid]
                     self.update(dep_kind, dep, check_version=False)
-                elif not self._has_live_owner(dep):
-                    self._delete_if_present(dep_kind, dep["metadata"].get("namespace"),
-                                            dep["metadata"]["name"])
-            return gone
+            elif propagation == "Foreground" and self._dependents_of(uid):
+                marked = copy.deepcopy(current)
+                marked["metadata"]["deletionTimestamp"] = now()
+                marked["metadata"]["finalizers"] = [
+                    *(marked["metadata"].get("finalizers") or []), FOREGROUND]
+                self._write(kind, key, marked, current)
+                for dep_kind, dep in self._dependents_of(uid):
+                    if not self._has_live_owner(dep, excluding=uid):
+                        self._delete_if_present(dep_kind, dep["metadata"].get("namespace"),
+                                                dep["metadata"]["name"], "Foreground")
+                return copy.deepcopy(self._objects.get(key) or self._finished[uid])
+            if kind.kind == "Pod" and self.hold_pod_deletion and \
+                    (current.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                terminating = copy.deepcopy(current)
+                terminating["metadata"]["deletionTimestamp"] = now()
+                terminating["metadata"]["deletionGracePeriodSeconds"] = 30
+                return self._write(kind, key, terminating, current)
+            return self._remove(kind, key)
 
-    def _delete_if_present(self, kind: ResourceKind, namespace: str | None, name: str) -> None:
+    def _remove(self, kind: ResourceKind, key: tuple) -> dict:
+        """Take the object out (DELETED), cascade to dependents, release a waiting owner."""
+        current = self._objects[key]
+        self._rv += 1
+        gone = copy.deepcopy(current)
+        gone["metadata"]["resourceVersion"] = str(self._rv)
+        gone["metadata"]["finalizers"] = [
+            f for f in gone["metadata"].get("finalizers") or [] if f != FOREGROUND] or None
+        if gone["metadata"]["finalizers"] is None:
+            del gone["metadata"]["finalizers"]
+        del self._objects[key]
+        self._finished[current["metadata"]["uid"]] = gone
+        self._commit("DELETED", kind, gone, current)
+        uid = current["metadata"]["uid"]
+        for dep_kind, dep in self._dependents_of(uid):
+            if not self._has_live_owner(dep):
+                self._delete_if_present(dep_kind, dep["metadata"].get("namespace"),
+                                        dep["metadata"]["name"])
+        for ref in current["metadata"].get("ownerReferences") or []:
+            self._release(ref.get("uid"))
+        return gone
+
+    def _release(self, owner_uid: str | None) -> None:
+        """An owner in foreground deletion goes once its last dependent is gone."""
+        found = self.find_by_uid(owner_uid) if owner_uid else None
+        if found is None:
+            return
+        kind, owner = found
+        if FOREGROUND in (owner["metadata"].get("finalizers") or []) and \
+                not self._dependents_of(owner_uid):
+            meta = owner["metadata"]
+            self._remove(kind, _key(kind, meta.get("namespace") if kind.namespaced else None,
+                                    meta["name"]))
+
+    def finish_pod_termination(self, namespace: str | None = None) -> int:
+        """The kubelet finished stopping every Terminating pod: remove them; return how many."""
+        with self.lock:
+            pods = lookup("pods")
+            done = [p for p in self.objects(pods, namespace)
+                    if p["metadata"].get("deletionTimestamp")]
+            for pod in done:
+                key = _key(pods, pod["metadata"]["namespace"], pod["metadata"]["name"])
+                if key in self._objects:
+                    self._remove(pods, key)
+            return len(done)
+
+    def _delete_if_present(self, kind: ResourceKind, namespace: str | None, name: str,
+                           propagation: str = "Background") -> None:
         if _key(kind, namespace, name) in self._objects:
-            self.delete(kind, namespace, name)
+            self.delete(kind, namespace, name, propagation)
 
     def _dependents_of(self, uid: str) -> list[tuple[ResourceKind, dict]]:
         found = []
@@ -267,8 +337,8 @@ class Store:
                 found.append((lookup(qr), copy.deepcopy(obj)))
         return found
 
-    def _has_live_owner(self, obj: dict) -> bool:
-        uids = {r.get("uid") for r in obj["metadata"].get("ownerReferences") or []}
+    def _has_live_owner(self, obj: dict, excluding: str | None = None) -> bool:
+        uids = {r.get("uid") for r in obj["metadata"].get("ownerReferences") or []} - {excluding}
         return any(o["metadata"].get("uid") in uids for o in self._objects.values())
 
     # -- watching ----------------------------------------------------------
