@@ -1,7 +1,7 @@
 """cluster-up: ``tk.launch`` → all tasks ready, 2 PS + 2 workers, against a bare launcher.
 
 ours      ``tk.launch(name, mode="in-graph", ps=2, workers=2,
-          backend_name=LocalBackend(tmp), wait_ready=120)``, timed until it returns
+          backend=LocalBackend(tmp), wait_ready=120)``, timed until it returns
           (supervisor started, four ``tf.distribute.Server`` tasks ready, seen by
           the caller's status watch).
 baseline  a minimal hand launcher: pick 4 free ports, ``subprocess.Popen`` four
@@ -51,7 +51,7 @@ def run_ours(tmp: str, i: int) -> dict:
     name = f"up{i}"
     wall0, t0 = time.time(), time.perf_counter()
     try:
-        tk.launch(name, mode="in-graph", ps=2, workers=2, backend_name=be, wait_ready=TIMEOUT)
+        tk.launch(name, mode="in-graph", ps=2, workers=2, backend=be, wait_ready=TIMEOUT)
         dt = time.perf_counter() - t0
         wall1 = time.time()
         raw = json.loads((be.clusters_dir / name / "status.json").read_text())

@@ -5,7 +5,7 @@ for ``SECONDS`` s, each stamped with ``time.time()`` (latency phase), then
 prints stamped lines as fast as it can for ``BURST`` s (throughput phase),
 then an end line.
 
-ours      ``tk.launch(name, workers=1, script_path=FILE, backend_name=LocalBackend(tmp))``;
+ours      ``tk.launch(name, workers=1, script_path=FILE, backend=LocalBackend(tmp))``;
           the notebook side is the lab's real path,
           ``ClusterFeed.of(backend, name).subscribe(on_logs=...)`` (the same
           watcher feeding the live log view and the dashboard).
@@ -198,7 +198,7 @@ def run_ours(tmp: Path, script: Path, i: int) -> dict:
     rx = Receiver()
     try:
         cluster = tk.launch(name, workers=1, script_path=str(script), env=BENCH_ENV,
-                            backend_name=be)
+                            backend=be)
         unsubscribe = ClusterFeed.of(be, name).subscribe(on_logs=rx)
         with GCPauses() as gcs:
             ticks = kernel_ticks(rx.done, TIMEOUT)

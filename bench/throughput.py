@@ -8,7 +8,7 @@ Adam, batch 64) on 1 parameter server, 1 worker trains it with
 steps (and each ``WINDOW`` of them) and prints ``BENCH steps/s …``.
 
 ours      ``tk.launch(name, ps=1, workers=1, script_path=FILE,
-          backend_name=LocalBackend(tmp))`` then ``wait()``; the figure is read
+          backend=LocalBackend(tmp))`` then ``wait()``; the figure is read
           from ``cluster.logs("worker-0")``.
 baseline  a hand launcher: 2 free ports, ``Popen`` of the PS
           (``tf.distribute.Server(...).join()``) and of ``python FILE`` for the
@@ -136,7 +136,7 @@ def run_ours(tmp: Path, script: Path, i: int) -> dict:
         # the measurement).  With the default 30 s grace, stop() during the grace
         # period blocks 20 s (the supervisor keeps waiting for its grace deadline).
         cluster = tk.launch(name, ps=1, workers=1, script_path=str(script), env=BENCH_ENV,
-                            ps_grace_period=0, backend_name=be)
+                            ps_grace_period=0, backend=be)
         st = cluster.wait(TIMEOUT)
         wall = time.perf_counter() - t0
         log = cluster.logs("worker-0")

@@ -580,7 +580,7 @@ def test_real_local_cluster_end_to_end(local, workdir):
     import tfk8s_magics as tk
 
     before = {t.ident for t in dashboard_threads()}
-    cluster = tk.launch("dash", backend_name=local, workers=1, ps=0, script=SCRIPT, ps_grace_period=0)
+    cluster = tk.launch("dash", backend=local, workers=1, ps=0, script=SCRIPT, ps_grace_period=0)
     d = Dashboard(cluster, widgets=True).start()
     wait_for(lambda: 'data-phase="running"' in d.tasks.value, timeout=120, what="worker running")
     wait_for(lambda: 'data-phase="succeeded"' in d.tasks.value, timeout=60, what="worker succeeded")

@@ -305,7 +305,7 @@ def test_hub_cluster_role_covers_the_backend_role_and_the_bootstrap(helm):
 def test_values_cover_every_lab_setting_and_the_schema_is_closed():
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     schema = json.loads((CHART / "values.schema.json").read_text())
-    traits = set(LabSettings.class_own_traits(config=True)) - {"hub_namespace"}
+    traits = set(LabSettings.class_traits(config=True)) - {"hub_namespace"}
     assert set(values["lab"]) == traits
     assert set(schema["properties"]["lab"]["properties"]) == traits
     # defaults agree with the Python ones

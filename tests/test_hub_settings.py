@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from tfk8s_hub.settings import LabSettings, load_values_file  # noqa: E402
 
 
 def test_every_setting_has_help():
-    for name, trait in LabSettings.class_own_traits(config=True).items():
+    for name, trait in LabSettings.class_traits(config=True).items():
         assert trait.help and len(trait.help) > 20, name
 
 
@@ -29,6 +30,9 @@ def test_defaults():
         "TFK8S_BACKEND": "kubernetes",
         "TFK8S_IMAGE": "tfk8s/tensorflow-task:0.1.0",
         "TFK8S_STORAGE_CLASS": "glusterfs",
+        "TFK8S_RESTARTS": "2",
+        "TFK8S_PS_GRACE": "30",
+        "TFK8S_LEGACY_KERAS": "1",
         "TF_USE_LEGACY_KERAS": "1",
     }
 
@@ -44,7 +48,40 @@ def test_set_the_jupyter_way():
     c.LabSettings.legacy_keras = False
     s = LabSettings(config=c)
     assert s.storage_class == "kadalu.gluster"
-    assert "TF_USE_LEGACY_KERAS" not in s.extension_environment()
+    env = s.extension_environment()
+    assert "TF_USE_LEGACY_KERAS" not in env and env["TFK8S_LEGACY_KERAS"] == "0"
+
+
+def test_what_the_hub_sets_reaches_the_extension(monkeypatch):
+    """Each admin choice arrives in a notebook's launch as the same value (no drift)."""
+    import tfk8s_magics as tk
+    from tfk8s_magics.magics import TFClusterMagics
+
+    c = Config()
+    c.LabSettings.legacy_keras = False
+    c.LabSettings.restart_budget = 5
+    c.LabSettings.ps_grace_period = 0
+    c.LabSettings.task_image = "registry.example/task:9"
+    for key, value in LabSettings(config=c).extension_environment().items():
+        monkeypatch.setenv(key, value)
+    spec = tk.make_spec("x", script="print(1)")
+    assert (spec.legacy_keras, spec.restart_budget, spec.ps_grace_period) == (False, 5, 0.0)
+    magics = TFClusterMagics(shell=None)
+    assert (magics.legacy_keras, magics.restart_budget, magics.ps_grace_period) == (False, 5, 0.0)
+    from tfk8s_magics.backends.kubernetes.settings import settings_from_env
+
+    assert settings_from_env(namespace="ns").image == "registry.example/task:9"
+
+
+def test_the_readme_names_exactly_the_variables_the_hub_sets(tmp_path):
+    from tfk8s_hub.local import local_environment
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    sentence = readme.split("<!-- hub-env -->")[1]
+    named = set(re.findall(r"`([A-Z_]+)`", sentence))
+    s = LabSettings()
+    emitted = set(s.extension_environment()) | set(local_environment(s, tmp_path, "u"))
+    assert named == emitted - {"IPYTHONDIR"}
 
 
 @pytest.mark.parametrize(

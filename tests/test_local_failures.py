@@ -22,7 +22,7 @@ def test_a_launch_failing_half_way_rolls_back(local, state_dir, workdir, tmp_pat
     user_logs = tmp_path / "fresh" / "logs"
     before = snapshot(state_dir)
     with pytest.raises(tk.LaunchFailed, match="did not start within"):
-        tk.launch("half", workers=2, ps=1, script=SLEEPER, log_dir=str(user_logs), backend_name=local)
+        tk.launch("half", workers=2, ps=1, script=SLEEPER, log_dir=str(user_logs), backend=local)
     assert snapshot(state_dir) - before <= {"clusters"}
     assert not (tmp_path / "fresh").exists(), "a dir the launch created must go with it"
     assert processes_of(state_dir) == []
@@ -32,7 +32,7 @@ def test_a_launch_failing_half_way_rolls_back(local, state_dir, workdir, tmp_pat
 
 @pytest.mark.slow
 def test_killing_the_supervisor_kills_its_tasks(local, workdir):
-    cluster = tk.launch("orphan", workers=2, ps=1, script=SLEEPER, backend_name=local)
+    cluster = tk.launch("orphan", workers=2, ps=1, script=SLEEPER, backend=local)
     st = cluster.wait_ready(timeout=180)
     pids = [t.pid for t in st.tasks]
     from tfk8s_magics.backends.local.layout import read_json

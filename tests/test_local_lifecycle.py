@@ -20,7 +20,7 @@ SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(600)\n"
 
 def test_ps_recycled_after_the_grace_period(local, workdir):
     cluster = tk.launch("grace", workers=1, ps=1, ps_grace_period=3, script="print('done')\n",
-                        backend_name=local)
+                        backend=local)
     st = cluster.wait(timeout=120)
     assert st.phase == Phase.SUCCEEDED
     # Still alive during the grace period (it may not have finished importing TF yet).
@@ -38,7 +38,7 @@ def test_ps_recycled_after_the_grace_period(local, workdir):
 
 def test_grace_zero_stops_ps_at_once(local, workdir):
     cluster = tk.launch("nograce", workers=1, ps=1, ps_grace_period=0, script="print('x')\n",
-                        backend_name=local)
+                        backend=local)
     cluster.wait(timeout=120)
     *_, final = cluster.watch()
     events = {e.reason: e.time for e in cluster.events()}
@@ -49,7 +49,7 @@ def test_grace_zero_stops_ps_at_once(local, workdir):
 def test_killed_worker_is_restarted_then_the_cluster_fails(local, workdir):
     # A kill by a signal is retried (the lifecycle policy); the budget is the cluster's.
     script = "import os\nprint('crashing', flush=True)\nos.kill(os.getpid(), 9)\n"
-    cluster = tk.launch("crash", workers=2, ps=1, restart_budget=2, script=script, backend_name=local)
+    cluster = tk.launch("crash", workers=2, ps=1, restart_budget=2, script=script, backend=local)
     *_, st = cluster.watch()
     assert st.phase == Phase.FAILED
     assert "killed by SIGKILL" in st.reason and "restart budget 2 used up" in st.reason
@@ -69,7 +69,7 @@ def test_an_exit_code_the_script_chose_is_not_restarted(local, workdir):
     # Exit 1..127 is the user's outcome: rerunning the same code would end the same way.
     script = "import sys\nprint('giving up', flush=True)\nsys.exit(7)\n"
     cluster = tk.launch("chosen", workers=1, ps=1, restart_budget=3, script=script,
-                        ps_grace_period=60, backend_name=local)
+                        ps_grace_period=60, backend=local)
     st = cluster.wait(timeout=120)
     assert st.phase == Phase.FAILED and st.reason == "worker-0 failed: exit code 7"
     assert st.task("worker-0").restarts == 0
@@ -87,7 +87,7 @@ def test_a_crash_within_budget_recovers(local, workdir):
         "    os.kill(os.getpid(), 9)\n"
         "print('second attempt ok', flush=True)\n"
     )
-    cluster = tk.launch("recover", workers=1, restart_budget=1, script=script, backend_name=local)
+    cluster = tk.launch("recover", workers=1, restart_budget=1, script=script, backend=local)
     st = cluster.wait(timeout=120)
     assert st.phase == Phase.SUCCEEDED
     assert st.task("worker-0").restarts == 1
@@ -98,7 +98,7 @@ def test_a_crash_within_budget_recovers(local, workdir):
 
 def test_script_failing_on_import_is_not_restarted(local, workdir):
     script = "import importlib\nimportlib.import_module('no_such_module_at_runtime')\n"
-    cluster = tk.launch("broken", workers=1, restart_budget=3, script=script, backend_name=local)
+    cluster = tk.launch("broken", workers=1, restart_budget=3, script=script, backend=local)
     *_, st = cluster.watch()
     assert st.phase == Phase.FAILED
     assert "failed on an import" in st.reason
@@ -107,7 +107,7 @@ def test_script_failing_on_import_is_not_restarted(local, workdir):
 
 
 def test_stop_ends_tasks_and_keeps_logs(local, workdir):
-    cluster = tk.launch("stopme", workers=2, ps=1, script=SLEEPER, backend_name=local)
+    cluster = tk.launch("stopme", workers=2, ps=1, script=SLEEPER, backend=local)
     st = cluster.wait_ready(timeout=120)
     pids = [t.pid for t in st.tasks]
     assert all(pid_alive(p) for p in pids)
@@ -124,11 +124,11 @@ def test_stop_ends_tasks_and_keeps_logs(local, workdir):
 
 
 def test_delete_removes_everything_unless_logs_are_kept(local, workdir, state_dir):
-    a = tk.launch("gone", workers=1, script="print('bye')\n", backend_name=local)
+    a = tk.launch("gone", workers=1, script="print('bye')\n", backend=local)
     a.wait(timeout=120)
     assert a.delete() is None
     assert not (state_dir / "clusters" / "gone").exists()
-    b = tk.launch("kept", workers=1, script="print('keep me')\n", backend_name=local)
+    b = tk.launch("kept", workers=1, script="print('keep me')\n", backend=local)
     b.wait(timeout=120)
     kept = b.delete(keep_logs=True)
     assert "keep me" in (kept / "tasks" / "worker-0.log").read_text()
@@ -138,7 +138,7 @@ def test_delete_removes_everything_unless_logs_are_kept(local, workdir, state_di
 
 def test_user_named_log_dir_survives_delete(local, workdir, tmp_path):
     logs = tmp_path / "mylogs"
-    c = tk.launch("own", workers=1, script="print('mine')\n", log_dir=str(logs), backend_name=local)
+    c = tk.launch("own", workers=1, script="print('mine')\n", log_dir=str(logs), backend=local)
     c.wait(timeout=120)
     c.delete()
     assert "mine" in (logs / "tasks" / "worker-0.log").read_text()
@@ -152,7 +152,7 @@ def test_progress_gives_step_total_percent_and_eta(local, workdir):
         "    time.sleep(0.05)\n"
         "time.sleep(600)\n"
     )
-    cluster = tk.launch("prog", workers=1, script=script, backend_name=local)
+    cluster = tk.launch("prog", workers=1, script=script, backend=local)
     deadline = time.monotonic() + 120
     st = cluster.status()
     while (st.progress is None or st.progress.step < 40) and time.monotonic() < deadline:
@@ -174,7 +174,7 @@ def test_logs_stream_while_the_cluster_runs(local, workdir):
         "    time.sleep(0.5)\n"
         "time.sleep(600)\n"
     )
-    cluster = tk.launch("stream", workers=1, script=script, backend_name=local)
+    cluster = tk.launch("stream", workers=1, script=script, backend=local)
     stop = threading.Event()
     got = []
     for line in cluster.follow(stop):
@@ -191,7 +191,7 @@ def test_logs_stream_while_the_cluster_runs(local, workdir):
 
 
 def test_tensorboard_binds_loopback_is_reused_and_ends_with_delete(local, workdir):
-    cluster = tk.launch("tb", workers=1, script="print(1)\n", backend_name=local)
+    cluster = tk.launch("tb", workers=1, script="print(1)\n", backend=local)
     first = cluster.tensorboard()
     assert not first.reused
     again = cluster.tensorboard()
@@ -221,7 +221,7 @@ def test_tensorboard_binds_loopback_is_reused_and_ends_with_delete(local, workdi
 
 def test_stop_during_the_grace_period_is_prompt(local, workdir):
     cluster = tk.launch("gracestop", workers=1, ps=1, ps_grace_period=60, script="print(1)\n",
-                        backend_name=local)
+                        backend=local)
     st = cluster.wait(timeout=120)
     assert st.phase == Phase.SUCCEEDED and st.task("ps-0").phase not in Phase.TERMINAL
     started = time.monotonic()
@@ -241,7 +241,7 @@ def test_a_flood_of_output_is_bounded_in_the_live_stream(local, workdir):
         "sys.stdout.flush()\n"
         "print('the end', flush=True)\n"
     )
-    cluster = tk.launch("flood", workers=1, script=script, backend_name=local)
+    cluster = tk.launch("flood", workers=1, script=script, backend=local)
     cluster.wait(timeout=120)
     got = [line.text for line in cluster.follow()]
     assert got[-1] == "the end"

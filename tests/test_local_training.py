@@ -15,7 +15,7 @@ SCRIPTS = Path(__file__).parent / "scripts"
 
 def test_mwms_workers_all_reduce_across_processes_and_fit(local, workdir):
     cluster = tk.launch("mwms", workers=2, ps=0, script_path=str(SCRIPTS / "mwms_keras.py"),
-                        backend_name=local)
+                        backend=local)
     st = cluster.wait(timeout=240)
     logs = cluster.logs()
     assert st.phase == Phase.SUCCEEDED, logs[-3000:]
@@ -30,7 +30,7 @@ def test_mwms_workers_all_reduce_across_processes_and_fit(local, workdir):
 
 def test_tf1_parameter_servers_hold_the_variables(local, workdir):
     cluster = tk.launch("tf1", workers=2, ps=2, ps_grace_period=0,
-                        script_path=str(SCRIPTS / "tf1_ps.py"), backend_name=local)
+                        script_path=str(SCRIPTS / "tf1_ps.py"), backend=local)
     st = cluster.wait(timeout=240)
     logs = cluster.logs()
     assert st.phase == Phase.SUCCEEDED, logs[-3000:]
@@ -49,7 +49,7 @@ def test_tf1_parameter_servers_hold_the_variables(local, workdir):
 def test_in_graph_cluster_driven_from_this_process(local):
     import tensorflow as tf
 
-    cluster = tk.launch("ig", mode="in-graph", ps=2, workers=2, backend_name=local, wait_ready=240)
+    cluster = tk.launch("ig", mode="in-graph", ps=2, workers=2, backend=local, wait_ready=240)
     strategy = cluster.connect()
     assert isinstance(strategy, tf.distribute.ParameterServerStrategy)
     assert strategy is tk.connect("ig", local)  # connecting again reuses the connection

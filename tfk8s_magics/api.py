@@ -17,101 +17,108 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import settings
+from . import options
 from .backends import Backend, ClusterStatus, Event, LogLine, Phase, TensorBoardInfo, get_backend
 from .errors import ClusterTimeout, LaunchFailed, SpecError
-from .spec import IN_GRAPH, ClusterSpec, Resources
+from .spec import IN_GRAPH, ROLES, ClusterSpec, Resources
 
 _backends: dict[str, Backend] = {}
 _lock = threading.Lock()
 
 
-def backend(name: str | Backend | None = None) -> Backend:
-    """The backend object for ``name`` (default: :func:`settings.default_backend`), shared per process."""
-    if isinstance(name, Backend):
-        return name
-    name = name or settings.default_backend()
+def resolve_backend(backend: str | Backend | None = None) -> Backend:
+    """The backend object named ``backend`` (default: option ``backend``), one per process and name."""
+    if isinstance(backend, Backend):
+        return backend
+    name = options.get("backend", backend)
     with _lock:
         if name not in _backends:
             _backends[name] = get_backend(name)
         return _backends[name]
 
 
-def make_spec(
-    name: str,
-    *,
-    mode: str = "between",
-    workers: int = 1,
-    ps: int = 0,
-    chief: int = 0,
-    evaluator: int = 0,
-    script: str | None = None,
-    script_path: str | None = None,
-    env: dict[str, str] | None = None,
-    cpu: str | None = None,
-    memory: str | None = None,
-    gpus: int = 0,
-    restart_budget: int | None = None,
-    ps_grace_period: float | None = None,
-    legacy_keras: bool | None = None,
-    **fields: Any,
-) -> ClusterSpec:
-    """Build a validated :class:`ClusterSpec`; defaults come from :mod:`.settings`.
+#: Spec fields make_spec sets itself.
+_NOT_KEYWORDS = {"name", "script", "script_name", "env"}
+#: Options that are spec fields under the same name.
+_SPEC_FIELDS = ("mode", "workers", "ps", "chief", "evaluator", "restart_budget", "ps_grace_period",
+                "legacy_keras", "image", "log_dir", "data_dir", "log_claim", "data_claim")
 
-    ``script_path`` reads the script from a file.  ``cpu``/``memory``/``gpus``
-    apply to every role (``resources=`` gives them per role).
+
+def make_spec(name: str, *, script: str | None = None, **values: Any) -> ClusterSpec:
+    """Build a validated :class:`ClusterSpec` from launch options.
+
+    Every keyword is an option of :mod:`tfk8s_magics.options` (listed
+    below) or a further :class:`ClusterSpec` field (``resources``,
+    ``node_selector``, ``tolerations``, ``ttl_after_finished``, ``owner``, ...).
+    A keyword left out or ``None`` takes the option's default: its
+    environment variable, else its built-in value.  ``script_path`` reads
+    the script from a file; ``cpu``/``memory``/``gpus`` apply to every
+    role (``resources=`` gives them per role).
     """
-    script_name = "<cell>"
-    if script_path is not None:
-        if script is not None:
-            raise SpecError("give the training script as a cell body or as --script, not both.")
-        path = Path(script_path).expanduser()
-        try:
-            script = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise SpecError(
-                f"--script {script_path!r} does not exist: give the path of a Python file."
-            ) from None
-        except (IsADirectoryError, UnicodeDecodeError, PermissionError) as e:
-            raise SpecError(f"--script {script_path!r} cannot be read as a Python file: {e}.") from None
-        script_name = str(path)
-    if (cpu or memory or gpus) and "resources" not in fields:
-        res = Resources(cpu=cpu, memory=memory, gpus=gpus)
-        fields["resources"] = {role: res for role in ("chief", "ps", "worker", "evaluator")}
+    known = {o.name for o in options.spec_options()}
+    given = {k: values.pop(k) for k in list(values) if k in known}
+    extra = set(values) - (set(ClusterSpec.__dataclass_fields__) - _NOT_KEYWORDS - known)
+    if extra:
+        raise SpecError(
+            f"unknown launch option {sorted(extra)[0]!r}: use one of {', '.join(sorted(known))}."
+        )
+    resolved = {name: options.get(name, given.get(name)) for name in known}
+    script, script_name = _script(script, resolved["script_path"])
+    res = Resources(cpu=resolved["cpu"], memory=resolved["memory"], gpus=resolved["gpus"])
+    if res != Resources() and "resources" not in values:
+        values["resources"] = {role: res for role in ROLES}
     return ClusterSpec(
         name=name,
-        mode=mode,
-        workers=workers,
-        ps=ps,
-        chief=chief,
-        evaluator=evaluator,
         script=script,
         script_name=script_name,
-        env=env or {},
-        restart_budget=settings.default_restart_budget() if restart_budget is None else restart_budget,
-        ps_grace_period=settings.default_ps_grace() if ps_grace_period is None else ps_grace_period,
-        legacy_keras=settings.default_legacy_keras() if legacy_keras is None else legacy_keras,
-        **fields,
+        env=dict(resolved["env"] or {}),  # argparse gives --env as a list of pairs
+        **{field: resolved[field] for field in _SPEC_FIELDS},
+        **values,
     )
 
 
+def _script(script: str | None, script_path: str | None) -> tuple[str | None, str]:
+    if script_path is None:
+        return script, "<cell>"
+    if script is not None:
+        raise SpecError("give the training script as a cell body or as --script, not both.")
+    path = Path(script_path).expanduser()
+    try:
+        return path.read_text(encoding="utf-8"), str(path)
+    except FileNotFoundError:
+        raise SpecError(
+            f"--script {script_path!r} does not exist: give the path of a Python file."
+        ) from None
+    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as e:
+        raise SpecError(f"--script {script_path!r} cannot be read as a Python file: {e}.") from None
+
+
 def launch(
-    name: str | ClusterSpec,
+    name_or_spec: str | ClusterSpec,
     *,
-    backend_name: str | Backend | None = None,
+    backend: str | Backend | None = None,
     detach: bool = False,
     wait_ready: float | None = None,
     **spec_fields: Any,
 ) -> Cluster:
     """Launch a cluster and return its handle.
 
-    ``name`` is a cluster name (the other keyword arguments build the spec,
-    see :func:`make_spec`) or a ready :class:`ClusterSpec`.  Unless
-    ``detach``, the cluster is stopped when this process exits.  With
-    ``wait_ready`` (seconds), also wait until every task is ready.
+    ``name_or_spec`` is a cluster name (the other keyword arguments build
+    the spec, see :func:`make_spec`) or a ready :class:`ClusterSpec`.
+    ``backend`` is a backend name or object (default: option ``backend``).
+    Unless ``detach``, the cluster is stopped when this process exits.
+    With ``wait_ready`` (seconds), also wait until every task is ready.
     """
-    spec = name if isinstance(name, ClusterSpec) else make_spec(name, **spec_fields)
-    be = backend(backend_name)
+    if isinstance(name_or_spec, ClusterSpec):
+        if spec_fields:
+            raise SpecError(
+                f"launch got a ClusterSpec and options ({', '.join(sorted(spec_fields))}): "
+                "give one or the other."
+            )
+        spec = name_or_spec
+    else:
+        spec = make_spec(name_or_spec, **spec_fields)
+    be = resolve_backend(backend)
     be.launch(spec, detach=detach)
     cluster = Cluster(spec.name, be)
     if wait_ready is not None:
@@ -119,43 +126,44 @@ def launch(
     return cluster
 
 
-def get(name: str, backend_name: str | Backend | None = None) -> Cluster:
+def get(name: str, backend: str | Backend | None = None) -> Cluster:
     """The handle of an existing cluster (raises ClusterNotFound)."""
-    be = backend(backend_name)
+    be = resolve_backend(backend)
     be.spec(name)  # raises ClusterNotFound with the known names
     return Cluster(name, be)
 
 
-def list_clusters(backend_name: str | Backend | None = None) -> list[ClusterStatus]:
+def list_clusters(backend: str | Backend | None = None) -> list[ClusterStatus]:
     """The status of every cluster of this user on the backend, newest first."""
-    return backend(backend_name).list_clusters()
+    return resolve_backend(backend).list_clusters()
 
 
-def connect(name: str, backend_name: str | Backend | None = None, timeout: float = 180.0, **strategy_kwargs):
+def connect(name: str, backend: str | Backend | None = None, timeout: float | None = None,
+            **strategy_kwargs):
     """Make this process the client (chief) of in-graph cluster ``name``.
 
-    Waits until its servers are ready and returns a
-    ``tf.distribute.ParameterServerStrategy``: variables created in its
-    scope live on the parameter servers, and
+    Waits (``timeout`` seconds, default: option ``ready_timeout``) until its
+    servers are ready and returns a ``tf.distribute.ParameterServerStrategy``:
+    variables created in its scope live on the parameter servers, and
     ``tf.distribute.coordinator.ClusterCoordinator(strategy).schedule``
     runs functions on the workers.  From then on :func:`report_progress`
     in this process reports the cluster's progress (as ``chief-0``).
     """
-    return get(name, backend_name).connect(timeout=timeout, **strategy_kwargs)
+    return get(name, backend).connect(timeout=timeout, **strategy_kwargs)
 
 
 def render_objects(
-    spec: ClusterSpec, backend_name: str | Backend = "kubernetes", tensorboard: bool = False
+    spec: ClusterSpec, backend: str | Backend = "kubernetes", tensorboard: bool = False
 ) -> list[dict]:
     """The objects a backend would apply for ``spec``, without touching any cluster."""
-    return backend(backend_name).render(spec, tensorboard=tensorboard)
+    return resolve_backend(backend).render(spec, tensorboard=tensorboard)
 
 
-def render(spec: ClusterSpec, backend_name: str | Backend = "kubernetes", tensorboard: bool = False) -> str:
+def render(spec: ClusterSpec, backend: str | Backend = "kubernetes", tensorboard: bool = False) -> str:
     """The YAML a backend would apply for ``spec`` (see :func:`render_objects`)."""
     import yaml
 
-    return yaml.safe_dump_all(render_objects(spec, backend_name, tensorboard), sort_keys=False)
+    return yaml.safe_dump_all(render_objects(spec, backend, tensorboard), sort_keys=False)
 
 
 _connections: dict[tuple, Any] = {}
@@ -269,8 +277,9 @@ class Cluster:
         end_redirect((self.backend.name, self.name))
         return self.backend.delete(self.name, keep_logs=keep_logs)
 
-    def connect(self, timeout: float = 180.0, **strategy_kwargs):
+    def connect(self, timeout: float | None = None, **strategy_kwargs):
         """Return a ParameterServerStrategy with this process as the coordinator (in-graph only)."""
+        timeout = options.get("ready_timeout", timeout)
         spec = self.spec
         if spec.mode != IN_GRAPH:
             raise SpecError(
@@ -302,3 +311,8 @@ class Cluster:
         redirect_progress(coordinator.progress, coordinator.task, key=(self.backend.name, self.name))
         _connections[key] = strategy
         return strategy
+
+
+make_spec.__doc__ += "\n    Options:\n\n" + "\n".join(
+    f"    * ``{o.name}``: {o.help}" for o in options.spec_options()
+)

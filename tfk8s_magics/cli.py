@@ -1,48 +1,48 @@
-"""``tfk8s``: the same subcommands as ``%tfcluster``, for a terminal (as Arena users expect).
+"""``tfk8s``: the subcommands of ``%tfcluster``, for a terminal (as Arena users expect).
 
-``tfk8s submit NAME --script train.py --workers 2 --ps 1`` (``submit`` is
+``tfk8s submit NAME --script train.py --workers 2`` (``submit`` is
 ``launch``), ``tfk8s list``, ``tfk8s get NAME`` (``status``), ``tfk8s logs
 NAME [TASK] [-f]``, ``tfk8s delete NAME``.  A cluster launched from a
 terminal is detached (it outlives the command) unless ``--follow`` is
 given, which streams its logs until it ends.
+
+It sits on :mod:`tfk8s_magics.api` and parses with the same registry as
+the magic (:mod:`tfk8s_magics.options`), so every flag is the magic's flag
+with the same type and default.  ``connect`` and ``dashboard`` need a
+notebook and are not offered here.
 """
 
 from __future__ import annotations
 
-import shlex
+import argparse
 import sys
 import threading
+from collections.abc import Callable
 
-from IPython.core.error import UsageError
+import yaml
 
-from . import api
-from .errors import TFClusterError
+from . import api, options
+from .errors import ClusterExists, ClusterNotFound, SpecError, TaskNotFound, TFClusterError
+from .ui.render import events_text, list_text, status_text
 
 _ALIASES = {"submit": "launch", "get": "status", "rm": "delete", "ls": "list"}
+#: Mistakes in what the user typed: exit code 2, like argparse's own.
+_USAGE_ERRORS = (SpecError, ClusterExists, ClusterNotFound, TaskNotFound)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; return the exit code (0 ok, 1 failed, 2 usage)."""
-    from .magics import TFClusterMagics
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv:
         argv[0] = _ALIASES.get(argv[0], argv[0])
-    follow = False
-    if argv and argv[0] == "launch":
-        follow = "--follow" in argv
-        argv = [a for a in argv if a != "--follow"]
-        if not follow and "--detach" not in argv:
-            argv.append("--detach")
-        argv.append("--no-follow")
-    magics = TFClusterMagics(shell=None)
+    parser = _parser()
+    args = parser.parse_args(argv)  # exits 2 with argparse's message on a usage mistake
+    if args.cmd is None:
+        parser.print_help()
+        return 2
     try:
-        if argv and argv[0] == "logs" and ("-f" in argv or "--follow" in argv):
-            return _follow(magics, [a for a in argv if a not in ("-f", "--follow")])
-        magics.tfcluster(shlex.join(argv))
-        if follow:
-            return _follow(magics, ["logs", argv[1]])
-    except UsageError as e:
+        return _RUN[args.cmd](args)
+    except _USAGE_ERRORS as e:
         print(f"tfk8s: {e}", file=sys.stderr)
         return 2
     except TFClusterError as e:
@@ -50,19 +50,106 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+#: The one flag only a terminal has: a notebook shows the dashboard instead.
+_FOLLOW = options.Option("follow", options.parse_bool, False,
+                         "stream the logs until the cluster ends (and do not detach)",
+                         commands=("launch",), action="store_true")
+
+
+def _parser() -> argparse.ArgumentParser:
+    return options.build_parser("tfk8s", options.defaults(), commands=_RUN, extra=[_FOLLOW])
+
+
+def _launch(args: argparse.Namespace) -> int:
+    spec = api.make_spec(args.name, **{o.name: getattr(args, o.name) for o in options.spec_options()})
+    detach = args.detach or not args.follow
+    cluster = api.launch(spec, backend=args.backend, detach=detach)
+    print(f"{spec.name}: launched on {cluster.backend.name}"
+          + (f" (detached; `tfk8s logs {spec.name} -f` follows it)" if detach else ""))
+    return _follow(cluster, None) if args.follow else 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    spec = api.make_spec(args.name, **{o.name: getattr(args, o.name) for o in options.spec_options()})
+    print(yaml.safe_dump_all(api.render_objects(spec, args.backend, args.tensorboard),
+                             sort_keys=False), end="")
     return 0
 
 
-def _follow(magics, argv: list[str]) -> int:
-    """Print a cluster's log lines as they come, until it ends; exit 0 only if it succeeded."""
-    args = magics._parse(shlex.join(argv))
+def _logs(args: argparse.Namespace) -> int:
     cluster = api.get(args.name, args.backend)
-    stop = threading.Event()
-    for line in cluster.follow(stop, tasks=[args.task] if args.task else None):
+    if args.task:
+        cluster.spec.task(args.task)  # raises TaskNotFound with the valid names
+    if args.follow:
+        return _follow(cluster, args.task)
+    print(cluster.logs(args.task, options.OPTIONS["tail"].validate(args.tail)))
+    return 0
+
+
+def _follow(cluster: api.Cluster, task: str | None) -> int:
+    """Print a cluster's log lines as they come, until it ends; exit 0 only if it succeeded."""
+    for line in cluster.follow(threading.Event(), tasks=[task] if task else None):
         print(f"[{line.task}] {line.text}", flush=True)
     st = cluster.status()
     print(f"{st.name}: {st.phase}" + (f" — {st.reason}" if st.reason else ""))
     return 0 if st.phase == "succeeded" else 1
+
+
+def _status(args: argparse.Namespace) -> int:
+    print(status_text(api.get(args.name, args.backend).status()))
+    return 0
+
+
+def _wait(args: argparse.Namespace) -> int:
+    st = api.get(args.name, args.backend).wait(args.timeout)
+    print(status_text(st))
+    return 0 if st.phase == "succeeded" else 1
+
+
+def _list(args: argparse.Namespace) -> int:
+    print(list_text(api.list_clusters(args.backend)))
+    return 0
+
+
+def _events(args: argparse.Namespace) -> int:
+    events = api.get(args.name, args.backend).events()
+    print(events_text(events, last=len(events)))
+    return 0
+
+
+def _tensorboard(args: argparse.Namespace) -> int:
+    info = api.get(args.name, args.backend).tensorboard()
+    print(f"{args.name}: TensorBoard at {info.url} (log dir {info.logdir})")
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    st = api.get(args.name, args.backend).stop()
+    print(f"{args.name}: {st.phase}; logs kept in {st.log_dir}")
+    return 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    kept = api.get(args.name, args.backend).delete(keep_logs=args.keep_logs)
+    print(f"{args.name}: deleted" + (f"; logs kept in {kept}" if kept else ""))
+    return 0
+
+
+#: The subcommands a terminal offers, each one API call.
+_RUN: dict[str, Callable[[argparse.Namespace], int]] = {
+    "launch": _launch,
+    "render": _render,
+    "list": _list,
+    "status": _status,
+    "logs": _logs,
+    "wait": _wait,
+    "tensorboard": _tensorboard,
+    "stop": _stop,
+    "delete": _delete,
+    "events": _events,
+}
 
 
 if __name__ == "__main__":

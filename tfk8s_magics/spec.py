@@ -14,25 +14,12 @@ import dataclasses
 import importlib.util
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import SpecError
-
-#: Replication modes.  ``between``: every worker runs the script.
-#: ``in-graph``: only servers run; the notebook kernel is the client.
-BETWEEN = "between"
-IN_GRAPH = "in-graph"
-MODES = (BETWEEN, IN_GRAPH)
-_MODE_ALIASES = {
-    "between": BETWEEN,
-    "between-graph": BETWEEN,
-    "between_graph": BETWEEN,
-    "in-graph": IN_GRAPH,
-    "in_graph": IN_GRAPH,
-    "ingraph": IN_GRAPH,
-}
+from .errors import SpecError, TaskNotFound
+from .options import BETWEEN, IN_GRAPH, OPTIONS
 
 #: Task roles, in the order tasks are listed and started.
 ROLES = ("chief", "ps", "worker", "evaluator")
@@ -40,8 +27,8 @@ ROLES = ("chief", "ps", "worker", "evaluator")
 #: A cluster name must leave room for ``-evaluator-0`` style suffixes in a
 #: 63-character Kubernetes name, so it is shorter than a DNS label.
 MAX_NAME_LENGTH = 40
-MAX_REPLICAS = 256
-_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+#: A DNS-1035 label: task names also serve as hostnames, which must start with a letter.
+_CLUSTER_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Set by the platform for every task; a user may not override them.
 RESERVED_ENV = frozenset(
@@ -67,7 +54,6 @@ _LABEL_KEY = r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Z
 _NODE_REQUIREMENT = re.compile(
     rf"^(!?{_LABEL_KEY}|{_LABEL_KEY}!?=([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?)$"
 )
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
 
 
 @dataclass(frozen=True, order=True)
@@ -107,36 +93,19 @@ class Resources:
     gpus: int = 0
 
     def __post_init__(self) -> None:
-        for what, value in (("cpu", self.cpu), ("memory", self.memory)):
-            if value is not None and not _QUANTITY.match(str(value)):
-                raise SpecError(
-                    f"{what} {value!r} is not a Kubernetes quantity: use e.g. "
-                    f"{'500m or 2' if what == 'cpu' else '512Mi or 4Gi'}."
-                )
-        if not isinstance(self.gpus, int) or isinstance(self.gpus, bool) or self.gpus < 0:
-            raise SpecError(f"gpus must be a whole number ≥ 0, got {self.gpus!r}.")
+        for what in ("cpu", "memory", "gpus"):
+            object.__setattr__(self, what, OPTIONS[what].validate(getattr(self, what)))
 
     def to_dict(self) -> dict[str, Any]:
         """These resources as a plain dict."""
         return dataclasses.asdict(self)
 
 
-def normalize_mode(mode: str) -> str:
-    """Map a user's spelling of a mode to ``between`` or ``in-graph``."""
-    key = str(mode).strip().lower()
-    if key not in _MODE_ALIASES:
-        raise SpecError(
-            f"unknown mode {mode!r}: use 'between' (every worker runs the script) "
-            f"or 'in-graph' (servers only; this kernel is the client)."
-        )
-    return _MODE_ALIASES[key]
-
-
 def validate_name(name: str) -> str:
     """Check that ``name`` is a DNS-1123 label short enough for task names."""
     if not isinstance(name, str) or not name:
         raise SpecError("a cluster needs a name: give one such as 'mnist'.")
-    if len(name) > MAX_NAME_LENGTH or not _DNS_LABEL.match(name):
+    if len(name) > MAX_NAME_LENGTH or not _CLUSTER_NAME.match(name):
         raise SpecError(
             f"cluster name {name!r} is not valid: use at most {MAX_NAME_LENGTH} "
             "lowercase letters, digits and '-', starting with a letter and not "
@@ -184,17 +153,9 @@ def missing_imports(source: str) -> list[str]:
     return missing
 
 
-def _count(role: str, value: Any, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            value = int(str(value), 10)
-        except ValueError:
-            raise SpecError(
-                f"--{role} {value!r} is not a whole number: give a count from {low} to {high}."
-            ) from None
-    if not low <= value <= high:
-        raise SpecError(f"--{role} {value} is out of range: give a count from {low} to {high}.")
-    return value
+#: The spec fields checked by their option's check (see :mod:`.options`).
+_CHECKED = ("mode", "workers", "ps", "chief", "evaluator", "restart_budget", "ps_grace_period",
+            "log_claim", "data_claim")
 
 
 @dataclass(frozen=True)
@@ -209,11 +170,11 @@ class ClusterSpec:
     """
 
     name: str
-    mode: str = BETWEEN
-    workers: int = 1
-    ps: int = 0
-    chief: int = 0
-    evaluator: int = 0
+    mode: str = OPTIONS["mode"].default
+    workers: int = OPTIONS["workers"].default
+    ps: int = OPTIONS["ps"].default
+    chief: int = OPTIONS["chief"].default
+    evaluator: int = OPTIONS["evaluator"].default
     script: str | None = None
     script_name: str = "<cell>"
     env: Mapping[str, str] = field(default_factory=dict)
@@ -223,9 +184,9 @@ class ClusterSpec:
     data_dir: str | None = None
     log_claim: str | None = None
     data_claim: str | None = None
-    restart_budget: int = 2
-    ps_grace_period: float = 30.0
-    legacy_keras: bool = True
+    restart_budget: int = OPTIONS["restart_budget"].default
+    ps_grace_period: float = OPTIONS["ps_grace_period"].default
+    legacy_keras: bool = OPTIONS["legacy_keras"].default
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     ttl_after_finished: float | None = None
@@ -248,27 +209,12 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place once
         set_(self, "name", validate_name(self.name))
-        set_(self, "mode", normalize_mode(self.mode))
-        set_(self, "workers", _count("workers", self.workers, 0, MAX_REPLICAS))
-        set_(self, "ps", _count("ps", self.ps, 0, MAX_REPLICAS))
-        set_(self, "chief", _count("chief", self.chief, 0, 1))
-        set_(self, "evaluator", _count("evaluator", self.evaluator, 0, 1))
+        for name in _CHECKED:
+            set_(self, name, OPTIONS[name].validate(getattr(self, name)))
         self._validate_shape()
         self._validate_env()
         self._validate_resources()
         self._validate_scheduling()
-        budget = _count("restarts", self.restart_budget, 0, 100)
-        set_(self, "restart_budget", budget)
-        try:
-            grace = float(self.ps_grace_period)
-        except (TypeError, ValueError):
-            grace = -1.0
-        if not 0 <= grace <= 86400:
-            raise SpecError(
-                f"--ps-grace {self.ps_grace_period} is not valid: give seconds "
-                "from 0 (stop parameter servers at once) to 86400."
-            )
-        set_(self, "ps_grace_period", grace)
         if self.ttl_after_finished is not None:
             ttl = float(self.ttl_after_finished)
             if ttl < 0:
@@ -276,9 +222,6 @@ class ClusterSpec:
             set_(self, "ttl_after_finished", ttl)
         set_(self, "tolerations", tuple(dict(t) for t in self.tolerations))
         set_(self, "node_selector", dict(self.node_selector))
-        for what, claim in (("log claim", self.log_claim), ("data claim", self.data_claim)):
-            if claim is not None and not re.match(r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$", claim):
-                raise SpecError(f"{what} {claim!r} is not a valid PersistentVolumeClaim name.")
 
     def _validate_shape(self) -> None:
         if self.mode == IN_GRAPH:
@@ -291,7 +234,8 @@ class ClusterSpec:
             if self.ps < 1 or self.workers < 1:
                 raise SpecError(
                     f"an in-graph cluster needs at least 1 ps and 1 worker, got "
-                    f"--ps {self.ps} --workers {self.workers}: give e.g. --ps 1 --workers 2."
+                    f"--ps {self.ps} --workers {self.workers} (--ps defaults to 0, which suits "
+                    "between-graph): give e.g. --ps 1 --workers 2."
                 )
             if self.chief or self.evaluator:
                 raise SpecError(
@@ -389,10 +333,6 @@ class ClusterSpec:
         """Every task, chief first, then ps, worker, evaluator."""
         return [Task(role, i) for role, n in self.replicas().items() for i in range(n)]
 
-    def iter_tasks(self, role: str) -> Iterator[Task]:
-        """The tasks of one role."""
-        return (Task(role, i) for i in range(self.replicas().get(role, 0)))
-
     def runs_script(self, task: Task) -> bool:
         """Whether ``task`` runs the training script (otherwise it is a server)."""
         return self.mode == BETWEEN and task.role in ("chief", "worker", "evaluator")
@@ -402,9 +342,7 @@ class ClusterSpec:
         return self.resources.get(role, Resources())
 
     def task(self, name: str) -> Task:
-        """Look up a task by name; raise :class:`SpecError` if it is not in the cluster."""
-        from .errors import TaskNotFound
-
+        """Look up a task by name; raise :class:`TaskNotFound` if it is not in the cluster."""
         task = Task.parse(name)
         if task not in self.tasks():
             raise TaskNotFound(

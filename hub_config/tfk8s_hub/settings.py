@@ -16,18 +16,24 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from traitlets import Bool, Dict, Enum, Int, List, TraitError, Unicode, default, validate
-from traitlets.config import Config, Configurable
+from traitlets.config import Config
+
+from tfk8s_magics import options
+from tfk8s_magics.options import DNS_LABEL, QUANTITY
 
 #: Environment variable naming the JSON file of settings written by the Helm chart.
 VALUES_ENV = "TFK8S_HUB_VALUES"
 
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+#: The extension's defaults the hub passes to every notebook, one trait per option
+#: with a ``hub_trait`` (``c.LabSettings.restart_budget`` → ``$TFK8S_RESTARTS``).
+ExtensionDefaults = options.defaults_class(
+    "ExtensionDefaults", "The extension's defaults the hub sets for every notebook.",
+    attr="hub_trait", read_env=False,
+)
 
 
 def _check_quantities(name: str, value: dict[str, Any]) -> dict[str, str]:
@@ -35,7 +41,7 @@ def _check_quantities(name: str, value: dict[str, Any]) -> dict[str, str]:
     for key, qty in value.items():
         text = str(qty)
         # object counts ("pods", "count/jobs.batch") are plain integers, which match too
-        if not _QUANTITY.match(text):
+        if not QUANTITY.match(text):
             raise TraitError(
                 f"LabSettings.{name}[{key!r}] = {qty!r} is not a Kubernetes quantity: "
                 "use a number with an optional suffix such as '500m', '4Gi' or '10'."
@@ -53,8 +59,14 @@ def _hub_namespace_default() -> str:
     return "default"
 
 
-class LabSettings(Configurable):
-    """What an administrator decides for every user of the lab."""
+class LabSettings(ExtensionDefaults):
+    """What an administrator decides for every user of the lab.
+
+    Besides the traits below, it has the extension's defaults
+    (:data:`ExtensionDefaults`: ``task_image``, ``restart_budget``,
+    ``ps_grace_period``, ``legacy_keras``, ...), which reach every notebook
+    as the options' environment variables.
+    """
 
     # --- where users live -------------------------------------------------
     hub_namespace = Unicode(
@@ -89,10 +101,10 @@ class LabSettings(Configurable):
 
     # --- storage ------------------------------------------------------------
     storage_class = Unicode(
-        "glusterfs",
+        options.DEFAULT_STORAGE_CLASS,
         help="""StorageClass of users' home volumes and of the volumes the extension
-        creates for TensorFlow clusters (logs, data, checkpoints).  Must offer
-        ReadWriteMany for clusters that span nodes: GlusterFS through a CSI
+        creates for TensorFlow clusters (logs, data, checkpoints; $TFK8S_STORAGE_CLASS).
+        Must offer ReadWriteMany for clusters that span nodes: GlusterFS through a CSI
         driver, CephFS, NFS.  Empty string: the cluster's default class.""",
     ).tag(config=True)
 
@@ -116,24 +128,12 @@ class LabSettings(Configurable):
         help="Image of the single-user notebook server (images/notebook/Dockerfile).",
     ).tag(config=True)
 
-    task_image = Unicode(
-        "tfk8s/tensorflow-task:0.1.0",
-        help="""Default image of TensorFlow tasks (images/task/Dockerfile), given to
-        the extension as $TFK8S_IMAGE.  Users may still name another per cluster.""",
-    ).tag(config=True)
-
     default_backend = Enum(
         ["kubernetes", "local"],
         default_value="kubernetes",
         help="""Backend the extension uses when a user names none ($TFK8S_BACKEND):
         'kubernetes' runs clusters as pods in the user's namespace, 'local' as
         processes inside the notebook container.""",
-    ).tag(config=True)
-
-    legacy_keras = Bool(
-        True,
-        help="""Set TF_USE_LEGACY_KERAS=1 for notebooks (and so their tasks): TensorFlow's
-        own distributed tutorials need tf-keras.  Users may unset it.""",
     ).tag(config=True)
 
     extra_environment = Dict(
@@ -233,7 +233,7 @@ class LabSettings(Configurable):
     @validate("service_account", "role_name")
     def _valid_name(self, proposal: Any) -> str:
         value = proposal.value
-        if not _DNS_LABEL.match(value) or len(value) > 63:
+        if not DNS_LABEL.match(value) or len(value) > 63:
             raise TraitError(
                 f"LabSettings.{proposal.trait.name} = {value!r} is not a valid Kubernetes name: "
                 "use lowercase letters, digits and '-', at most 63 characters."
@@ -241,12 +241,13 @@ class LabSettings(Configurable):
         return value
 
     def extension_environment(self) -> dict[str, str]:
-        """Environment variables that configure the extension in every notebook."""
-        env = {
-            "TFK8S_BACKEND": self.default_backend,
-            "TFK8S_IMAGE": self.task_image,
-            "TFK8S_STORAGE_CLASS": self.storage_class,
-        }
+        """Environment variables that configure the extension in every notebook.
+
+        One per option with a ``hub_trait``, plus ``TF_USE_LEGACY_KERAS=1``
+        with legacy Keras: TensorFlow reads it at the notebook's own first
+        ``tf.keras``.  ``extra_environment`` comes last and wins.
+        """
+        env = {o.env: o.to_env(getattr(self, o.hub_trait)) for o in options.hub_options()}
         if self.legacy_keras:
             env["TF_USE_LEGACY_KERAS"] = "1"
         env.update(self.extra_environment)
@@ -266,7 +267,7 @@ def load_values_file(config: Config, path: str | os.PathLike[str] | None = None)
     if not path or not Path(path).exists():
         return {}
     values = json.loads(Path(path).read_text(encoding="utf-8"))
-    known = set(LabSettings.class_own_traits(config=True))
+    known = set(LabSettings.class_traits(config=True))
     for key, value in values.get("lab", {}).items():
         if key not in known:
             raise ValueError(

@@ -8,14 +8,13 @@ variables) happens in :func:`settings_from_env`, never at import.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-#: The task image used when neither the spec nor ``TFK8S_IMAGE`` names one.
-DEFAULT_IMAGE = "tfk8s/tensorflow-task:0.1.0"
-DEFAULT_STORAGE_CLASS = "glusterfs"
+from ... import options
+from ...options import DEFAULT_IMAGE, DEFAULT_STORAGE_CLASS
+
 #: Where the in-pod namespace of the notebook's ServiceAccount is mounted.
 NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -64,26 +63,22 @@ def in_pod_namespace(path: str = NAMESPACE_FILE) -> str | None:
 
 
 def settings_from_env(**overrides: object) -> K8sSettings:
-    """Settings from keyword ``overrides``, falling back to the environment.
+    """Settings from keyword ``overrides``, else the options (:mod:`tfk8s_magics.options`).
 
-    ``namespace``: the in-pod namespace file, else ``TFK8S_NAMESPACE``, else
-    the kubeconfig context's namespace (read only here, lazily), else
-    ``default``.  ``image``: ``TFK8S_IMAGE``.  ``storage_class``:
-    ``TFK8S_STORAGE_CLASS``.  ``user``: ``JUPYTERHUB_USER``.
+    ``namespace``: the in-pod namespace file, else option ``namespace``
+    (``$TFK8S_NAMESPACE``), else the kubeconfig context's namespace (read
+    only here, lazily), else ``default``.  ``image``: option
+    ``default_image`` (``$TFK8S_IMAGE``); ``storage_class`` and ``user``:
+    the options of those names.
     """
     values = {k: v for k, v in overrides.items() if v is not None}
     if "namespace" not in values:
         values["namespace"] = (
-            in_pod_namespace()
-            or os.environ.get("TFK8S_NAMESPACE")
-            or _kubeconfig_namespace()
-            or "default"
+            in_pod_namespace() or options.get("namespace") or _kubeconfig_namespace() or "default"
         )
-    values.setdefault("image", os.environ.get("TFK8S_IMAGE") or DEFAULT_IMAGE)
-    values.setdefault(
-        "storage_class", os.environ.get("TFK8S_STORAGE_CLASS") or DEFAULT_STORAGE_CLASS
-    )
-    values.setdefault("user", os.environ.get("JUPYTERHUB_USER") or os.environ.get("USER", ""))
+    values.setdefault("image", options.get("default_image"))
+    values.setdefault("storage_class", options.get("storage_class"))
+    values.setdefault("user", options.get("user"))
     return K8sSettings(**values)  # type: ignore[arg-type]
 
 

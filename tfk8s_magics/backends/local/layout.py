@@ -26,13 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ... import options
+
 
 def default_state_dir() -> Path:
-    """``$TFK8S_STATE_DIR``, else ``$XDG_DATA_HOME/tfk8s``, else ``~/.local/share/tfk8s``."""
-    if os.environ.get("TFK8S_STATE_DIR"):
-        return Path(os.environ["TFK8S_STATE_DIR"]).expanduser()
-    base = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
-    return Path(base) / "tfk8s"
+    """Option ``state_dir``: ``$TFK8S_STATE_DIR``, else ``$XDG_DATA_HOME/tfk8s``."""
+    return Path(options.get("state_dir")).expanduser()
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -1,0 +1,507 @@
+"""Every option of tfk8s, defined once: name, type, default, help, environment variable, check.
+
+One :class:`Option` entry is the whole definition of a setting.  Everything
+else derives from this registry, so adding a flag is one entry here plus the
+code that consumes it:
+
+* the ``%tfcluster`` and ``tfk8s`` argument parsers (:func:`build_parser`,
+  typed: ``--workers`` is an ``int`` from the first hop);
+* the magic's traitlets (``c.TFClusterMagics.default_workers``,
+  :func:`defaults_class`), whose default is :func:`get` of the option;
+* the Python API's keyword arguments (``tk.launch(name, workers=3)``):
+  a keyword left out, or ``None``, resolves with :func:`get`;
+* the Kubernetes backend's settings and the hub's environment for the
+  extension (:attr:`Option.hub_trait`).
+
+Resolution order, as ``dask.config.get(key, override_with=value)``: an
+explicit value, else the option's environment variable (what an
+administrator or the hub sets), else its built-in default.  A traitlet set
+in an IPython config file is an explicit value.  Checks (ranges, spellings)
+run once, when a :class:`~tfk8s_magics.spec.ClusterSpec` is built or a
+traitlet is set; the parsers only convert types.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import traitlets
+from traitlets.config import Configurable
+
+from .errors import SpecError
+
+# -- values every layer agrees on ------------------------------------------
+
+#: Replication modes.  ``between``: every worker runs the script.
+#: ``in-graph``: only servers run; the notebook kernel is the client.
+BETWEEN = "between"
+IN_GRAPH = "in-graph"
+_MODE_ALIASES = {
+    "between": BETWEEN,
+    "between-graph": BETWEEN,
+    "between_graph": BETWEEN,
+    "in-graph": IN_GRAPH,
+    "in_graph": IN_GRAPH,
+    "ingraph": IN_GRAPH,
+}
+
+#: A Kubernetes resource quantity (``500m``, ``4Gi``, ``10``).
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
+#: A DNS-1123 label: the name of most Kubernetes objects (at most 63 characters).
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+#: A DNS-1123 subdomain: a PersistentVolumeClaim's name.
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$")
+
+#: The task image used when neither the spec nor ``$TFK8S_IMAGE`` names one.
+DEFAULT_IMAGE = "tfk8s/tensorflow-task:0.1.0"
+DEFAULT_STORAGE_CLASS = "glusterfs"
+_SA_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+def normalize_mode(mode: str) -> str:
+    """Map a user's spelling of a mode to ``between`` or ``in-graph``."""
+    key = str(mode).strip().lower()
+    if key not in _MODE_ALIASES:
+        raise SpecError(
+            f"unknown mode {mode!r}: use 'between' (every worker runs the script) "
+            f"or 'in-graph' (servers only; this kernel is the client)."
+        )
+    return _MODE_ALIASES[key]
+
+
+def in_kubernetes_pod() -> bool:
+    """Whether this process runs in a pod with a mounted service account."""
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and _SA_TOKEN.exists()
+
+
+# -- converters (text → value) and checks (value → value or SpecError) --------
+
+
+def parse_bool(text: str) -> bool:
+    """``1/true/yes/on`` → True, ``0/false/no/off`` → False; anything else is an error."""
+    key = str(text).strip().lower()
+    if key in ("1", "true", "yes", "on"):
+        return True
+    if key in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"{text!r} is not a yes/no value: use 1 or 0")
+
+
+def _whole(text: str) -> int:
+    try:
+        return int(str(text), 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def count(low: int, high: int) -> Callable[[str, Any], int]:
+    """A check: a whole number from ``low`` to ``high``, named by its flag in errors."""
+
+    def check(flag: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            try:
+                value = int(str(value), 10)
+            except ValueError:
+                raise SpecError(
+                    f"{flag} {value!r} is not a whole number: give a count from {low} to {high}."
+                ) from None
+        if not low <= value <= high:
+            raise SpecError(f"{flag} {value} is out of range: give a count from {low} to {high}.")
+        return value
+
+    return check
+
+
+def seconds(high: float, zero_means: str) -> Callable[[str, Any], float]:
+    """A check: seconds from 0 to ``high``."""
+
+    def check(flag: str, value: Any) -> float:
+        try:
+            number = float(value)
+            shown = f"{number:g}"
+        except (TypeError, ValueError):
+            number, shown = -1.0, repr(value)
+        if not 0 <= number <= high:
+            raise SpecError(
+                f"{flag} {shown} is not valid: give seconds from 0 ({zero_means}) to {high:g}."
+            )
+        return number
+
+    return check
+
+
+def quantity(flag: str, value: Any) -> str | None:
+    """A check: a Kubernetes quantity, or None."""
+    if value is not None and not QUANTITY.match(str(value)):
+        example = "500m or 2" if "cpu" in flag else "512Mi or 4Gi"
+        raise SpecError(f"{flag} {value!r} is not a Kubernetes quantity: use e.g. {example}.")
+    return value if value is None else str(value)
+
+
+def claim(flag: str, value: Any) -> str | None:
+    """A check: the name of a PersistentVolumeClaim, or None."""
+    if value is not None and not DNS_SUBDOMAIN.match(str(value)):
+        raise SpecError(
+            f"{flag} {value!r} is not a valid PersistentVolumeClaim name: use lowercase "
+            "letters, digits, '-' and '.'."
+        )
+    return value
+
+
+def _mode(flag: str, value: Any) -> str:
+    return normalize_mode(value)
+
+
+def _backend_default() -> str:
+    return "kubernetes" if in_kubernetes_pod() else "local"
+
+
+def _state_dir_default() -> str:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
+    return str(Path(base) / "tfk8s")
+
+
+def _user_default() -> str:
+    return os.environ.get("USER", "")
+
+
+# -- the registry -------------------------------------------------------------
+
+#: The subcommands a cluster spec is built by.
+SPEC_COMMANDS = ("launch", "render")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: how it is named, typed, defaulted, documented and checked.
+
+    ``name`` is the keyword of :func:`tfk8s_magics.launch` and the attribute
+    of parsed arguments.  ``flag`` is its command-line spelling (``None``:
+    ``--name`` with dashes; ``""``: positional; no ``commands``: no flag).
+    ``type`` converts text (a flag or an environment variable).  ``default``
+    is a value or a zero-argument callable.  ``env`` is the environment
+    variable that overrides the default.  ``trait`` names the
+    ``c.TFClusterMagics`` traitlet, ``hub_trait`` the ``c.LabSettings``
+    traitlet whose value the hub passes to every notebook as ``env``.
+    ``check(flag, value)`` normalises a value or raises one SpecError sentence.
+    """
+
+    name: str
+    type: Callable[[str], Any]
+    default: Any
+    help: str
+    flag: str | None = None
+    env: str | None = None
+    trait: str | None = None
+    hub_trait: str | None = None
+    check: Callable[[str, Any], Any] | None = None
+    commands: tuple[str, ...] = ()
+    action: str = "store"
+    nargs: str | None = None
+    metavar: str | None = None
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def option_string(self) -> str:
+        """How a user spells it on a command line (``--restarts``), for messages."""
+        if self.flag == "":
+            return self.name
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    def builtin_default(self) -> Any:
+        """The default when nothing (no value, no environment variable) is given."""
+        return self.default() if callable(self.default) else self.default
+
+    def from_env(self) -> Any:
+        """The environment's value (typed), else the built-in default."""
+        text = os.environ.get(self.env, "").strip() if self.env else ""
+        if not text:
+            return self.builtin_default()
+        try:
+            return self.type(text)
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            raise SpecError(
+                f"environment variable {self.env}={text!r} is not valid for "
+                f"{self.option_string} ({e}): fix or unset it."
+            ) from None
+
+    def validate(self, value: Any) -> Any:
+        """``value`` normalised by this option's check (unchanged without one)."""
+        return self.check(self.option_string, value) if self.check else value
+
+    def to_env(self, value: Any) -> str:
+        """``value`` as the text of its environment variable."""
+        if isinstance(value, bool):
+            return "1" if value else "0"
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
+        return str(value)
+
+
+_OPTIONS = (
+    # -- the cluster spec (launch, render; keywords of tk.launch / make_spec) --
+    Option("name", str, None, "cluster name (a DNS-1123 label, e.g. mnist)", flag="",
+           commands=("launch", "render", "connect", "status", "wait", "tensorboard", "stop",
+                     "delete", "events", "dashboard", "logs")),
+    Option("mode", str, BETWEEN, "between (every worker runs the script) | in-graph (servers only)",
+           trait="default_mode", check=_mode, commands=SPEC_COMMANDS),
+    Option("workers", _whole, 2, "worker tasks", trait="default_workers",
+           check=count(0, 256), commands=SPEC_COMMANDS, metavar="N"),
+    Option("ps", _whole, 0, "parameter-server tasks (0 for between-graph "
+           "MultiWorkerMirroredStrategy; in-graph needs at least 1)",
+           trait="default_ps", check=count(0, 256), commands=SPEC_COMMANDS, metavar="N"),
+    Option("chief", _whole, 0, "chief task (0 or 1)", check=count(0, 1), commands=SPEC_COMMANDS,
+           metavar="N"),
+    Option("evaluator", _whole, 0, "evaluator task (0 or 1)", check=count(0, 1),
+           commands=SPEC_COMMANDS, metavar="N"),
+    Option("script_path", str, None, "path of the training script (instead of the cell body)",
+           flag="--script", commands=SPEC_COMMANDS, metavar="PATH"),
+    Option("env", _env_pair, None, "environment variable of every task (repeatable)",
+           commands=SPEC_COMMANDS, action="append", metavar="KEY=VALUE"),
+    Option("restart_budget", _whole, 2, "restarts a cluster may spend on crashed tasks",
+           flag="--restarts", env="TFK8S_RESTARTS", trait="restart_budget",
+           hub_trait="restart_budget", check=count(0, 100), commands=SPEC_COMMANDS, metavar="N"),
+    Option("ps_grace_period", _seconds, 30.0,
+           "seconds parameter servers live on after the workers finish (0: stop them at once)",
+           flag="--ps-grace", env="TFK8S_PS_GRACE", trait="ps_grace_period",
+           hub_trait="ps_grace_period", check=seconds(86400, "stop parameter servers at once"),
+           commands=SPEC_COMMANDS, metavar="S"),
+    Option("legacy_keras", parse_bool, True,
+           "run tasks and the in-graph client with tf-keras (TF_USE_LEGACY_KERAS=1), which "
+           "TensorFlow's distributed tutorials need under TF 2.21; --no-legacy-keras: Keras 3",
+           flag="--no-legacy-keras", env="TFK8S_LEGACY_KERAS", trait="legacy_keras",
+           hub_trait="legacy_keras", commands=SPEC_COMMANDS, action="store_false"),
+    Option("log_dir", str, None, "log dir (TensorBoard, checkpoints, task logs)",
+           commands=SPEC_COMMANDS),
+    Option("data_dir", str, None, "data dir", commands=SPEC_COMMANDS),
+    Option("log_claim", str, None, "existing PVC for /log (kubernetes)", check=claim,
+           commands=SPEC_COMMANDS),
+    Option("data_claim", str, None, "existing PVC for /data (kubernetes)", check=claim,
+           commands=SPEC_COMMANDS),
+    Option("image", str, None, "task image (kubernetes; default: $TFK8S_IMAGE)",
+           commands=SPEC_COMMANDS),
+    Option("cpu", str, None, "CPU per task, e.g. 2 or 500m (kubernetes)", check=quantity,
+           commands=SPEC_COMMANDS),
+    Option("memory", str, None, "memory per task, e.g. 4Gi (kubernetes)", check=quantity,
+           commands=SPEC_COMMANDS),
+    Option("gpus", _whole, 0, "GPUs per task (kubernetes)", check=count(0, 64),
+           commands=SPEC_COMMANDS, metavar="N"),
+    # -- how a launch runs ----------------------------------------------------
+    Option("detach", parse_bool, False, "keep running after this kernel exits",
+           commands=("launch",), action="store_true"),
+    Option("show_dashboard", parse_bool, True,
+           "show the live dashboard (without widgets: a streaming log view) under the launch cell",
+           flag="--no-dashboard", aliases=("--no-follow",), trait="show_dashboard",
+           commands=("launch",), action="store_false"),
+    Option("output_dir", str, None, "write one YAML file per object here", commands=("render",)),
+    Option("tensorboard", parse_bool, False, "include a TensorBoard Deployment",
+           commands=("render",), action="store_true"),
+    Option("timeout", _seconds, None, "seconds to wait (default: ready_timeout for connect, "
+           "no limit for wait)", commands=("connect", "wait"), metavar="S"),
+    Option("keep_logs", parse_bool, False, "keep the log dir", commands=("delete",),
+           action="store_true"),
+    Option("task", str, None, "one task, e.g. worker-1 (default: all)", flag="",
+           commands=("logs",), nargs="?"),
+    Option("tail", _whole, None, "only the last N lines (per task)", check=count(0, 10**9),
+           commands=("logs",), metavar="N"),
+    Option("follow", parse_bool, False, "keep streaming new lines", commands=("logs",),
+           action="store_true", aliases=("-f",)),
+    # -- where (every subcommand) ---------------------------------------------
+    Option("backend", str, _backend_default,
+           "backend: 'local' (processes on 127.0.0.1) or 'kubernetes' (default: $TFK8S_BACKEND, "
+           "else 'kubernetes' inside a pod with a service account, else 'local')",
+           env="TFK8S_BACKEND", trait="default_backend", hub_trait="default_backend",
+           commands=("*",)),
+    # -- the notebook's views (traitlets only) --------------------------------
+    Option("log_lines", _whole, 500,
+           "most log lines a live log view holds in the notebook (the files keep all)",
+           trait="log_lines", check=count(0, 10**7)),
+    Option("ready_timeout", _seconds, 300.0,
+           "seconds `launch --mode in-graph` and `connect` wait for the servers to be ready",
+           trait="ready_timeout", check=seconds(86400, "do not wait")),
+    # -- backend settings (environment only) ---------------------------------
+    Option("state_dir", str, _state_dir_default, "where the local backend keeps its clusters",
+           env="TFK8S_STATE_DIR"),
+    Option("namespace", str, None, "Kubernetes namespace of the clusters (default: the pod's "
+           "own, else the kubeconfig context's, else 'default')", env="TFK8S_NAMESPACE"),
+    Option("default_image", str, DEFAULT_IMAGE, "task image when a launch names none",
+           env="TFK8S_IMAGE", hub_trait="task_image"),
+    Option("storage_class", str, DEFAULT_STORAGE_CLASS,
+           "StorageClass of the volumes the Kubernetes backend creates",
+           env="TFK8S_STORAGE_CLASS", hub_trait="storage_class"),
+    Option("user", str, _user_default, "the user owning the clusters (labels, records)",
+           env="JUPYTERHUB_USER"),
+)
+
+#: Every option by name.
+OPTIONS: Mapping[str, Option] = {o.name: o for o in _OPTIONS}
+
+
+def get(name: str, override_with: Any = None) -> Any:
+    """The value of option ``name``: ``override_with`` unless None, else its env var, else its default.
+
+    Like ``dask.config.get(key, override_with=...)``.  The value is not
+    checked here: checks run once, where a spec is built.
+    """
+    if override_with is not None:
+        return override_with
+    return OPTIONS[name].from_env()
+
+
+def for_command(command: str) -> list[Option]:
+    """The options (flags and positionals) of one subcommand, in registry order."""
+    return [o for o in _OPTIONS if command in o.commands or "*" in o.commands]
+
+
+def spec_options() -> list[Option]:
+    """The options that build a cluster spec (the keywords of :func:`tfk8s_magics.make_spec`)."""
+    return [o for o in for_command("launch") if "render" in o.commands and o.name != "name"]
+
+
+def hub_options() -> list[Option]:
+    """The options the hub sets for every notebook (``LabSettings.<hub_trait>`` → ``env``)."""
+    return [o for o in _OPTIONS if o.hub_trait]
+
+
+# -- subcommands and the parser ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand of ``%tfcluster`` and ``tfk8s``: name, help, its own defaults."""
+
+    name: str
+    help: str
+    takes_cell: bool = False
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+
+COMMANDS: Mapping[str, Command] = {
+    c.name: c
+    for c in (
+        Command("launch", "launch a cluster (cell body = training script)", takes_cell=True),
+        Command("render", "print the Kubernetes YAML without applying it", takes_cell=True,
+                defaults={"backend": "kubernetes"}),
+        Command("connect", "make this kernel the client of an in-graph cluster"),
+        Command("list", "list clusters"),
+        Command("status", "show a cluster's tasks and progress"),
+        Command("logs", "show a cluster's logs"),
+        Command("wait", "wait until a cluster ends"),
+        Command("tensorboard", "start or reuse TensorBoard on a cluster's log dir"),
+        Command("stop", "stop a cluster's tasks (logs are kept)"),
+        Command("delete", "delete a cluster and what it created"),
+        Command("events", "show what happened to a cluster"),
+        Command("dashboard", "show a live dashboard of a cluster"),
+    )
+}
+
+
+def add_option(parser: argparse.ArgumentParser, opt: Option, default: Any) -> None:
+    """Add ``opt`` to ``parser`` with ``default`` (typed by ``opt.type``)."""
+    kwargs: dict[str, Any] = {"help": opt.help}
+    if opt.flag == "":
+        if opt.nargs:
+            kwargs.update(nargs=opt.nargs, default=default)
+        parser.add_argument(opt.name, **kwargs)
+        return
+    kwargs.update(dest=opt.name, action=opt.action)
+    if opt.action in ("store_true", "store_false"):
+        kwargs["default"] = default
+    else:
+        kwargs.update(type=opt.type, default=default, metavar=opt.metavar)
+        if default is not None and opt.action == "store" and "default" not in opt.help:
+            kwargs["help"] += " (default: %(default)s)"
+    parser.add_argument(opt.option_string, *opt.aliases, **kwargs)
+
+
+def build_parser(
+    prog: str,
+    defaults: Mapping[str, Any],
+    parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser,
+    commands: Iterable[str] | None = None,
+    extra: Iterable[Option] = (),
+) -> argparse.ArgumentParser:
+    """The parser of ``prog``'s subcommands, every flag from the registry.
+
+    ``defaults`` maps option names to the defaults this front end shows
+    (see :func:`defaults`); an option not in it defaults to None.
+    ``commands`` limits the subcommands; ``extra`` are options only this
+    front end has.
+    """
+    parser = parser_class(prog=prog, description="Launch and manage TensorFlow clusters.")
+    sub = parser.add_subparsers(dest="cmd", metavar="SUBCOMMAND", parser_class=parser_class)
+    for cmd in COMMANDS.values():
+        if commands is not None and cmd.name not in commands:
+            continue
+        sp = sub.add_parser(cmd.name, help=cmd.help)
+        for opt in [*for_command(cmd.name), *(o for o in extra if cmd.name in o.commands)]:
+            add_option(sp, opt, cmd.defaults.get(opt.name, defaults.get(opt.name, opt.builtin_default())))
+    return parser
+
+
+def defaults(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Every option's current default: ``overrides`` (e.g. traitlets), else :func:`get`."""
+    overrides = overrides or {}
+    return {name: get(name, overrides.get(name)) for name in OPTIONS}
+
+
+_TRAIT_TYPES = {_whole: "Int", _seconds: "Float", parse_bool: "Bool", str: "Unicode"}
+
+
+def defaults_class(class_name: str, doc: str, attr: str = "trait", read_env: bool = True) -> type:
+    """A traitlets ``Configurable`` with one config trait per option that has ``attr`` set.
+
+    ``attr="trait"`` gives the magic's traits, ``attr="hub_trait"`` the
+    hub's.  With ``read_env``, a trait's default is :meth:`Option.from_env`
+    (read when first used, not at import); otherwise the built-in default.
+    Setting a trait runs the option's check, so
+    ``c.TFClusterMagics.default_ps = -1`` fails with the same sentence as
+    ``--ps -1``.
+    """
+    namespace: dict[str, Any] = {"__doc__": doc}
+    for opt in _OPTIONS:
+        trait = getattr(opt, attr)
+        if not trait:
+            continue
+        kind = getattr(traitlets, _TRAIT_TYPES[opt.type])
+        text = opt.help[:1].upper() + opt.help[1:] + (f" (${opt.env})." if opt.env else ".")
+        namespace[trait] = kind(help=text).tag(config=True)
+        namespace[f"_default_{trait}"] = traitlets.default(trait)(
+            lambda self, o=opt: o.from_env() if read_env else o.builtin_default()
+        )
+        namespace[f"_validate_{trait}"] = traitlets.validate(trait)(
+            lambda self, proposal, o=opt: _trait_check(o, proposal["value"])
+        )
+    return type(Configurable)(class_name, (Configurable,), namespace)
+
+
+def _trait_check(opt: Option, value: Any) -> Any:
+    try:
+        return opt.validate(value)
+    except SpecError as e:
+        raise traitlets.TraitError(str(e)) from None
+
+
+def trait_values(configurable: Any) -> dict[str, Any]:
+    """Option name → value of every option trait of ``configurable`` (see :func:`defaults_class`)."""
+    return {o.name: getattr(configurable, o.trait) for o in _OPTIONS if o.trait}
