@@ -4,7 +4,7 @@
 things are one call each of the Python API, usable without IPython::
 
     import tfk8s_magics as tk
-    cluster = tk.launch("mnist", workers=2, ps=1, script=source)
+    cluster = tk.launch("mnist", workers=2, script=source)
     cluster.wait()
     strategy = tk.connect("ig")          # in-graph: this process is the client
 

@@ -1,7 +1,7 @@
 """The public Python API: everything ``%tfcluster`` does, without IPython.
 
 >>> import tfk8s_magics as tk
->>> c = tk.launch("mnist", workers=2, ps=1, script=open("train.py").read())  # doctest: +SKIP
+>>> c = tk.launch("mnist", workers=2, script=open("train.py").read())  # doctest: +SKIP
 >>> c.wait()                                                                  # doctest: +SKIP
 >>> print(c.logs("worker-0", tail=20))                                        # doctest: +SKIP
 >>> c.delete()                                                                # doctest: +SKIP
