@@ -78,7 +78,7 @@ def test_the_readme_names_exactly_the_variables_the_hub_sets(tmp_path):
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     sentence = readme.split("<!-- hub-env -->")[1]
-    named = set(re.findall(r"`([A-Z_]+)`", sentence))
+    named = set(re.findall(r"`([A-Z0-9_]+)`", sentence))
     s = LabSettings()
     emitted = set(s.extension_environment()) | set(local_environment(s, tmp_path, "u"))
     assert named == emitted - {"IPYTHONDIR"}
