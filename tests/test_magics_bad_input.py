@@ -80,7 +80,7 @@ def test_name_in_use_unknown_task_and_bad_tail(ip, state_dir):
         run(ip, "logs dup worker-9")
     with pytest.raises(UsageError, match="'boss-0' is not a task name"):
         run(ip, "logs dup boss-0")
-    with pytest.raises(UsageError, match="--tail -2 must be"):
+    with pytest.raises(UsageError, match="--tail -2 is out of range"):
         run(ip, "logs dup worker-0 --tail -2")
     with pytest.raises(UsageError, match="is between-graph"):
         run(ip, "connect dup")

@@ -322,7 +322,7 @@ _OPTIONS = (
            action="store_true"),
     Option("task", str, None, "one task, e.g. worker-1 (default: all)", flag="",
            commands=("logs",), nargs="?"),
-    Option("tail", _whole, None, "only the last N lines (per task)", check=count(0, 10**9),
+    Option("tail", _whole, None, "only the last N lines (per task)", check=count(0, 10**6),
            commands=("logs",), metavar="N"),
     Option("follow", parse_bool, False, "keep streaming new lines", commands=("logs",),
            action="store_true", aliases=("-f",)),
