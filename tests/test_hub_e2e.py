@@ -236,8 +236,9 @@ class KernelClient:
 
 
 def _text(nb) -> str:
+    # One print may arrive as several stream messages: join their texts with nothing between.
     return "".join(
-        o.get("text", "") + json.dumps(o.get("data", {}))
+        o.get("text", "") + (json.dumps(o["data"]) if "data" in o else "")
         for cell in nb.cells
         if cell.cell_type == "code"
         for o in cell.outputs
