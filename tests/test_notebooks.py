@@ -14,6 +14,7 @@ import json
 import os
 import re
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -69,12 +70,13 @@ def run_notebook(state_dir, python3_kernel, tmp_path):
     import nbformat
     from nbclient import NotebookClient
 
-    def run(name: str) -> Run:
+    def run(name: str, on_cell_executed=None) -> Run:
         nb = read_notebook(name)
         workdir = tmp_path / "work"
         workdir.mkdir()
         client = NotebookClient(nb, kernel_name=python3_kernel, timeout=600,
-                                resources={"metadata": {"path": str(workdir)}})
+                                resources={"metadata": {"path": str(workdir)}},
+                                on_cell_executed=on_cell_executed)
         try:
             client.execute()
         finally:
@@ -174,6 +176,10 @@ def test_in_graph_walkthrough(run_notebook):
     assert "ps-0 serving at grpc://127.0.0.1:" in ps_log, ps_log
     assert len(ps_log.strip().splitlines()) <= 5, ps_log
     assert nb.text("%tfcluster delete ig").strip() == "ig: deleted"
+    # The launch cell keeps a record of the servers as they were when deleted.
+    record = nb.html("%tfcluster launch ig")
+    assert 'class="tfk8s-summary" data-phase="deleted"' in record, record
+    assert "ps-0 serving at grpc://127.0.0.1:" in record, record
     assert nb.text("%tfcluster list").strip() == "no clusters"
 
 
@@ -183,6 +189,9 @@ def test_between_graph_walkthrough(run_notebook):
 
     # Part A: MultiWorkerMirroredStrategy + tf-keras fit on two workers.
     done = nb.text("%tfcluster wait mwms")
+    # The saved launch cell says how the cluster ended (then deleted), not "starting".
+    record = nb.html("%%tfcluster launch mwms")
+    assert "it had ended <b>succeeded</b>" in record and ": final loss " in record, record
     assert "cluster mwms (local, between): succeeded" in done, done
     for task in ("worker-0", "worker-1"):
         assert "succeeded" in task_line(done, task) and "exit code 0" in task_line(done, task), done
@@ -191,8 +200,10 @@ def test_between_graph_walkthrough(run_notebook):
     assert len(chief.strip().splitlines()) <= 10, chief
     assert re.search(r"worker-0: checkpoint \S+/checkpoints/ckpt-1$", chief, re.M), chief
     loss0 = re.search(r"worker-0: final loss ([\d.]+)", chief)
-    loss1 = re.search(r"worker-1: final loss ([\d.]+)", nb.text("%tfcluster logs mwms worker-1"))
-    assert loss0 and loss1, chief
+    # The prose: worker-1's final loss, picked out of its log, is the chief's.
+    picked = nb.text("import tfk8s_magics as tk").strip()
+    loss1 = re.fullmatch(r"worker-1: final loss ([\d.]+)", picked)
+    assert loss0 and loss1, (chief, picked)
     assert float(loss0[1]) < 0.1 and loss0[1] == loss1[1], (loss0[1], loss1[1])
     # Only the chief wrote to the shared log dir: its summaries and its checkpoint.
     files = nb.text("from pathlib import Path").split()
@@ -206,11 +217,15 @@ def test_between_graph_walkthrough(run_notebook):
     assert "parameter servers stop after a 5 s grace period" in done, done
     for task in ("worker-0", "worker-1"):
         assert "exit code 0" in task_line(done, task), done
-    logs = nb.text("%tfcluster logs tf1 worker-0")
+    for task in ("ps-0", "ps-1"):  # the prose: "still serving for their 5 s grace period"
+        assert " running " in task_line(done, task) and "serving" in task_line(done, task), done
+    logs = nb.text("%tfcluster logs tf1 worker-0") + "\n" + nb.text("reports = ")
     placed = dict(re.findall(r"^worker-0: (\S+) on (\S+)$", logs, re.M))
     assert set(placed) == {"global_step", "w", "b"}, logs
     assert all(d.startswith("/job:ps/task:") for d in placed.values()), placed
     assert {d.split("/task:")[1][0] for d in placed.values()} == {"0", "1"}, placed
+    # The prose: the line shown for worker-1 is the last global step it reported, the total.
+    assert re.fullmatch(r"worker-1: global step 100/100, .*", nb.text("reports = ").strip())
     for i in (0, 1):  # both trained the shared variables up to the total global step
         final = re.search(rf"^worker-{i}: global step 100/100, loss [\d.]+, w \[([^\]]*)\]$",
                           logs, re.M)
@@ -230,7 +245,9 @@ def test_between_graph_walkthrough(run_notebook):
         recycled = rf"{task}\s+Recycled\s+recycled after the workers finished"
         assert re.search(recycled, events), events
 
-    assert nb.text("%tfcluster delete mwms").split("\n")[:2] == ["mwms: deleted", "tf1: deleted"]
+    # (Two stream outputs when a display update came between the prints: compare the lines.)
+    deleted = [line for line in nb.text("%tfcluster delete mwms").splitlines() if line]
+    assert deleted == ["mwms: deleted", "tf1: deleted"], deleted
     assert nb.text("%tfcluster list").strip() == "no clusters"
 
 
@@ -240,9 +257,83 @@ def test_every_example_notebook_is_run_here():
 
 @pytest.mark.slow
 def test_dashboard_tour(run_notebook):
-    nb = run_notebook("dashboard_tour.ipynb")
+    curve: list = []
+
+    def read_tensorboard(cell, **_):
+        # While the tour's TensorBoard runs (the cluster is deleted later): ask it for the curve.
+        if not cell.source.startswith("%tfcluster tensorboard tour"):
+            return
+        text = "".join(o.get("text", "") for o in cell.outputs)
+        url = re.search(r"TensorBoard \((?:started|reused)\) on (http://127\.0\.0\.1:\d+/)", text)
+        assert url, cell.outputs
+        query = "data/plugin/scalars/scalars?run=train&tag=loss"
+        with urllib.request.urlopen(url[1] + query, timeout=30) as r:
+            curve.extend(json.load(r))
+
+    nb = run_notebook("dashboard_tour.ipynb", on_cell_executed=read_tensorboard)
+    # Regression: the tour invited the user to press TensorBoard but wrote no summaries
+    # ("No dashboards are active").  Now TensorBoard has the loss curve, every step of it.
+    assert [step for _, step, _ in curve] == list(range(1, 101)), curve
+    losses = [value for *_, value in curve]
+    assert losses[-1] < losses[0] / 10, losses
     # The training ran to the end and reported its progress; then it was removed.
     final = nb.text("%tfcluster wait tour")
     assert "cluster tour (local, between): succeeded" in final, final
     assert "step 100/100 (100.0%)" in final and "loss" in final, final
     assert "tour: deleted" in nb.text("%tfcluster delete tour")
+
+
+SHORT_RUN = """%%tfcluster launch short --workers 1 --ps 0
+for i in range(3):
+    print(f"line {i} <b>not bold</b>", flush=True)
+print("the script's last line", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ending", ["wait-then-delete", "ends-while-another-cell-runs"])
+def test_a_saved_notebook_records_how_its_cluster_ended(ending, state_dir, python3_kernel, tmp_path):
+    """Regression: a notebook executed by nbclient (or saved after the browser closed) showed
+    the launch cell frozen at "starting".  Now the launch cell's output gains a static summary
+    when the cluster ends — ``%tfcluster wait`` returning, or the cluster ending while another
+    cell runs (the watcher's update) — that survives saving and nbconvert."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbconvert import HTMLExporter
+
+    then = {
+        "wait-then-delete": ["%tfcluster wait short --timeout 300", "%tfcluster delete short"],
+        "ends-while-another-cell-runs": [
+            "import time\nimport tfk8s_magics as tk\n"
+            "deadline = time.monotonic() + 300\n"
+            "while not tk.get('short').status().terminal and time.monotonic() < deadline:\n"
+            "    time.sleep(0.2)\n"
+            "time.sleep(3)  # the summary is drawn by the watcher's thread meanwhile"],
+    }[ending]
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(src) for src in ["%load_ext tfk8s_magics", SHORT_RUN, *then]],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    (workdir := tmp_path / "work").mkdir()
+    NotebookClient(nb, kernel_name=python3_kernel, timeout=600,
+                   resources={"metadata": {"path": str(workdir)}}).execute()
+    path = tmp_path / "saved.ipynb"
+    nbformat.write(nb, path)
+    saved = nbformat.read(path, as_version=4)
+    outputs = saved.cells[1].outputs
+    summaries = [o.data["text/html"] for o in outputs
+                 if o.output_type == "display_data" and "tfk8s-summary" in o.data.get("text/html", "")]
+    assert len(summaries) == 1, outputs
+    html = summaries[0]
+    if ending == "wait-then-delete":  # deleted afterwards; the record says how it had ended
+        assert 'data-phase="deleted"' in html and "it had ended <b>succeeded</b>" in html, html
+        plain = "final state of short (then deleted)"
+    else:
+        assert 'data-phase="succeeded"' in html, html
+        plain = "final state of short\ncluster short (local, between): succeeded"
+    assert "tfk8s-phase-succeeded" in html and "starting" not in html, html
+    assert "line 2 &lt;b&gt;not bold&lt;/b&gt;" in html and "the script&#x27;s last line" in html, html
+    assert plain in "".join(
+        o.data.get("text/plain", "") for o in outputs if o.output_type == "display_data")
+    exported, _ = HTMLExporter().from_notebook_node(saved)
+    assert "final state of short" in exported, exported[-3000:]
+    assert re.search(r"the script(&#x27;|')s last line", exported), exported[-3000:]

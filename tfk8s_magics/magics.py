@@ -110,6 +110,10 @@ class TFClusterMagics(Magics, MagicDefaults):
                 dashboard.show(cluster, max_lines=self.log_lines)
             else:
                 LogView(cluster.backend, cluster.name, max_lines=self.log_lines).show()
+        from .ui import summary
+
+        # Empty until the cluster ends; then the static record a saved notebook keeps.
+        summary.show(cluster)
         if spec.mode == "in-graph":
             cluster.wait_ready(self.ready_timeout)
             print(f"{spec.name}: every server is ready; `strategy = %tfcluster connect {spec.name}` "
@@ -154,7 +158,12 @@ class TFClusterMagics(Magics, MagicDefaults):
     def _cmd_wait(self, args, cell):
         from .ui.render import StatusView
 
-        st = api.get(args.name, args.backend).wait(args.timeout)
+        cluster = api.get(args.name, args.backend)
+        st = cluster.wait(args.timeout)
+        if st.terminal:
+            from .ui import summary
+
+            summary.finish_all(cluster.backend, cluster.name, st)
         display(StatusView(st))
 
     def _cmd_logs(self, args, cell):
@@ -178,11 +187,20 @@ class TFClusterMagics(Magics, MagicDefaults):
         show_tensorboard(info)
 
     def _cmd_stop(self, args, cell):
-        st = api.get(args.name, args.backend).stop()
+        from .ui import summary
+
+        cluster = api.get(args.name, args.backend)
+        st = cluster.stop()
+        summary.finish_all(cluster.backend, cluster.name, st)
         print(f"{args.name}: {st.phase}; logs kept in {st.log_dir}")
 
     def _cmd_delete(self, args, cell):
-        kept = api.get(args.name, args.backend).delete(keep_logs=args.keep_logs)
+        from .ui import summary
+
+        cluster = api.get(args.name, args.backend)
+        summary.finish_all(cluster.backend, cluster.name, final=True)  # while its logs exist
+        kept = cluster.delete(keep_logs=args.keep_logs)
+        summary.finish_all(cluster.backend, cluster.name, deleted=True)
         print(f"{args.name}: deleted" + (f"; logs kept in {kept}" if kept else ""))
 
     def _cmd_events(self, args, cell):

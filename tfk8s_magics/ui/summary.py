@@ -1,0 +1,202 @@
+"""The launch cell's record of how a cluster ended: static HTML that a saved notebook keeps.
+
+The live dashboard is made of widgets.  A notebook executed by nbclient or
+nbconvert, or saved after the browser closed, keeps only the snapshot the
+dashboard had when it was first shown ("starting") and partial logs.  So
+the launch cell also holds a :class:`FinalSummary`: an output with a
+display id, empty while the cluster runs, replaced by a static summary —
+final phase, task table, progress, the last lines of each task's log — once
+the cluster ends.
+
+Who writes it:
+
+* the cluster's watcher (a thread), the moment the status turns terminal;
+* ``%tfcluster wait`` when it returns, and ``stop`` / ``delete`` from this
+  kernel, on the kernel's main thread — so the update belongs to a cell
+  that is executing, which is what nbclient records (it applies an
+  ``update_display_data`` to every cell showing that display id).
+
+The summary is plain HTML and text (no widget, no script), every value
+escaped.  Threading rule: ``_lock`` guards a summary's state; reading log
+tails happens outside it.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from typing import Any
+
+from ..backends import ClusterStatus
+from .render import status_html, status_text
+
+#: Lines of each task's log kept in the summary.
+TAIL_LINES = 8
+
+_e = html.escape
+
+
+def summary_html(st: ClusterStatus, tails: dict[str, list[str]], deleted: bool = False) -> str:
+    """The static summary: final phase, task table, progress, the last lines of each log."""
+    phase = "deleted" if deleted else st.phase
+    logs = "".join(
+        f'<details class="tfk8s-summary-log" data-task="{_e(task, quote=True)}">'
+        f"<summary>{_e(task)}: last {len(lines)} lines</summary>"
+        f"<pre>{_e(chr(10).join(lines))}</pre></details>"
+        for task, lines in tails.items()
+    )
+    after = (
+        f" (then deleted; it had ended <b>{_e(st.phase)}</b>)" if deleted and st.terminal
+        else " (then deleted)" if deleted else ""
+    )
+    return (
+        f'<div class="tfk8s-summary" data-phase="{_e(phase, quote=True)}" '
+        'style="border-left:3px solid #ccc;padding-left:8px;margin-top:4px">'
+        f"<div><b>final state of {_e(st.name)}</b>{after}</div>"
+        f"{status_html(st)}{logs}</div>"
+    )
+
+
+def summary_text(st: ClusterStatus, tails: dict[str, list[str]], deleted: bool = False) -> str:
+    """The same summary as plain text (what a terminal or a text export shows)."""
+    head = f"final state of {st.name}" + (" (then deleted)" if deleted else "")
+    parts = [head, status_text(st)]
+    for task, lines in tails.items():
+        parts.append(f"--- {task}: last {len(lines)} lines")
+        parts.extend(lines)
+    return "\n".join(parts)
+
+
+class _Static:
+    """A display-able pair of renderings (HTML for notebooks, text elsewhere)."""
+
+    def __init__(self, html_text: str, plain: str) -> None:
+        self.html_text, self.plain = html_text, plain
+
+    def _repr_html_(self) -> str:
+        return self.html_text
+
+    def __repr__(self) -> str:
+        return self.plain
+
+
+_EMPTY = _Static("", "")
+
+
+class FinalSummary:
+    """The launch cell's static summary of one cluster (see the module docstring)."""
+
+    _registry: dict[tuple[str, int, str], list[FinalSummary]] = {}
+    _registry_lock = threading.Lock()
+
+    def __init__(self, cluster, tail: int = TAIL_LINES) -> None:
+        self.cluster = cluster
+        self.backend = cluster.backend
+        self.name = cluster.name
+        self.tail = tail
+        #: What the summary shows now: None until the cluster has ended.
+        self.status: ClusterStatus | None = None
+        self.deleted = False
+        self.tails: dict[str, list[str]] = {}
+        self._lock = threading.Lock()
+        self._handle = None
+        self._unsubscribe = None
+
+    @property
+    def _key(self) -> tuple[str, int, str]:
+        return (self.backend.name, id(self.backend), self.name)
+
+    def show(self) -> FinalSummary:
+        """Display the (empty) placeholder under the current cell and follow the cluster."""
+        from IPython.display import display
+
+        from ..watch import ClusterWatcher
+
+        self._handle = display(_EMPTY, display_id=True)
+        with self._registry_lock:
+            self._registry.setdefault(self._key, []).append(self)
+        self._unsubscribe = ClusterWatcher.of(self.backend, self.name).subscribe(
+            on_status=self._on_status
+        )
+        return self
+
+    def _on_status(self, st: ClusterStatus) -> None:
+        if st.terminal and self.status is None:
+            # Off the watcher's thread: reading the log tails is file (or API) I/O.
+            threading.Thread(
+                target=self.finish, args=(st,), name=f"tfk8s-summary-{self.name}", daemon=True
+            ).start()
+
+    def finish(self, st: ClusterStatus | None = None, deleted: bool = False, final: bool = False) -> bool:
+        """Draw the final state (``st``, or the backend's now); whether anything changed.
+
+        A status is recorded once it is terminal, or with ``final`` (the cluster is about to
+        be deleted: this is the last look at it).  ``deleted`` marks the record deleted.
+        """
+        if st is None:
+            try:
+                st = self.backend.status(self.name)
+            except Exception:  # noqa: BLE001 - gone (or unreachable): keep what was recorded
+                st = None
+        record = st is not None and (st.terminal or final or deleted)
+        tails = self._read_tails(st) if record and not deleted else None
+        with self._lock:
+            status = st if record else self.status
+            if status is None:
+                return False
+            now_deleted = deleted or self.deleted
+            if (status, now_deleted) == (self.status, self.deleted) and tails in (None, self.tails):
+                return False
+            self.status, self.deleted = status, now_deleted
+            if tails is not None:
+                self.tails = tails
+            view = _Static(
+                summary_html(status, self.tails, now_deleted),
+                summary_text(status, self.tails, now_deleted),
+            )
+            if self._handle is not None:
+                self._handle.update(view)
+        if now_deleted or status.terminal:
+            self._stop_following()
+        return True
+
+    def _read_tails(self, st: ClusterStatus) -> dict[str, list[str]]:
+        tails = {}
+        for task in st.tasks:
+            try:
+                text = self.cluster.logs(task.name, self.tail)
+            except Exception:  # noqa: BLE001 - a log that cannot be read is shown as such
+                text = "(the log could not be read)"
+            tails[task.name] = [line for line in text.splitlines() if line.strip()][-self.tail :]
+        return tails
+
+    def _stop_following(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+
+def summaries_of(backend, name: str) -> list[FinalSummary]:
+    """The summaries shown in this kernel for cluster ``name`` on ``backend``."""
+    with FinalSummary._registry_lock:
+        return list(FinalSummary._registry.get((backend.name, id(backend), name), ()))
+
+
+def finish_all(
+    backend, name: str, st: ClusterStatus | None = None, deleted: bool = False, final: bool = False
+) -> None:
+    """Bring every summary of ``name`` to its final state (``wait``, ``stop``, ``delete``)."""
+    for s in summaries_of(backend, name):
+        s.finish(st, deleted=deleted, final=final)
+    if deleted:
+        with FinalSummary._registry_lock:
+            FinalSummary._registry.pop((backend.name, id(backend), name), None)
+
+
+def show(cluster: Any, tail: int = TAIL_LINES) -> FinalSummary | None:
+    """Show the launch cell's summary placeholder, in a Jupyter kernel only (else None)."""
+    from . import live
+
+    if not live.in_kernel():
+        return None
+    return FinalSummary(cluster, tail).show()
