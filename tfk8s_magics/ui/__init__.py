@@ -6,7 +6,8 @@ and the fallbacks), :mod:`.dashboard` (one cluster, live), :mod:`.actions`
 dashboard's per-task logs), :mod:`.cluster_list` (every cluster, live),
 :mod:`.logview` (the log under a launch cell), :mod:`.live` (the render
 thread, the end-state enum :class:`~.live.ViewEnd`, cell bookkeeping),
-:mod:`.plot` (metric curves), :mod:`.tensorboard`.
+:mod:`.plot` (metric curves), :mod:`.tensorboard`, :mod:`.summary` (the launch
+cell's static record of how a cluster ended, kept by a saved notebook).
 
 Everything built from names, log lines or error messages is escaped: it
 is shown as text, never interpreted as HTML.

@@ -17,8 +17,9 @@ Who writes it:
   ``update_display_data`` to every cell showing that display id).
 
 The summary is plain HTML and text (no widget, no script), every value
-escaped.  Threading rule: ``_lock`` guards a summary's state; reading log
-tails happens outside it.
+escaped.  Threading (the rule in :mod:`tfk8s_magics.ui`): the feed's
+callback only starts a short thread that reads the log tails (I/O) and
+draws; ``_lock`` guards a summary's state, never held during I/O.
 """
 
 from __future__ import annotations
@@ -110,12 +111,12 @@ class FinalSummary:
         """Display the (empty) placeholder under the current cell and follow the cluster."""
         from IPython.display import display
 
-        from ..watch import ClusterWatcher
+        from ..watch import ClusterFeed
 
         self._handle = display(_EMPTY, display_id=True)
         with self._registry_lock:
             self._registry.setdefault(self._key, []).append(self)
-        self._unsubscribe = ClusterWatcher.of(self.backend, self.name).subscribe(
+        self._unsubscribe = ClusterFeed.of(self.backend, self.name).subscribe(
             on_status=self._on_status
         )
         return self
