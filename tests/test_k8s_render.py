@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 
+import psutil
+import pytest
 import yaml
 
 from tfk8s_magics.backends import get_backend
@@ -79,11 +84,36 @@ def test_logcopy_tees_output_and_passes_the_exit_code(tmp_path):
     assert kept[0].startswith("--- tfk8s:") and kept[1:] == ["out", "err"]
 
 
-def test_logcopy_reraises_a_signal_death(tmp_path):
+def test_logcopy_reports_a_signal_death_as_128_plus_n(tmp_path):
     child = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     proc = subprocess.run(
         [sys.executable, "-m", "tfk8s_magics.backends.kubernetes.logcopy",
          str(tmp_path / "x.log"), "--", sys.executable, "-c", child],
         capture_output=True, timeout=30,
     )
-    assert proc.returncode == -9  # the container would report 137, as for the task itself
+    assert proc.returncode == 128 + 9  # what a container runtime reports for the task itself
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_logcopy_as_pid_1_exits_128_plus_n(tmp_path, sig):
+    """As PID 1 of a PID namespace (a container's case) the kernel drops signals PID 1 has
+    no handler for: logcopy must still exit 128 + N when its task dies of the forwarded signal."""
+    ready = tmp_path / "ready"
+    child = f"import pathlib, time; pathlib.Path({str(ready)!r}).touch(); time.sleep(60)"
+    proc = subprocess.Popen(
+        ["unshare", *([] if os.geteuid() == 0 else ["--user", "--map-root-user"]),
+         "--pid", "--fork", "--kill-child", sys.executable, "-m",
+         "tfk8s_magics.backends.kubernetes.logcopy", str(tmp_path / "x.log"), "--",
+         sys.executable, "-c", child],
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the task never started"
+            time.sleep(0.05)
+        (pid1,) = psutil.Process(proc.pid).children()  # PID 1 inside the namespace
+        pid1.send_signal(sig)
+        assert proc.wait(timeout=30) == 128 + sig
+    finally:
+        proc.kill()
+        proc.wait()

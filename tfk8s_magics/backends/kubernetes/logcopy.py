@@ -7,8 +7,9 @@ No shell is involved: the command is a fixed argv built by
 task's name (``worker-1``), which a pod made from a per-role template
 learns from its environment
 (:func:`~tfk8s_magics.runtime.task.task_from_env`).  The child's exit status is passed on
-unchanged (a signal death is re-raised), so the backend's restart decision
-sees the runtime's own exit code.
+unchanged, and a death by signal N becomes exit 128 + N (also as a
+container's PID 1), so the backend's restart decision sees the runtime's
+own exit code.
 """
 
 from __future__ import annotations
@@ -55,12 +56,11 @@ def run(path: str, argv: list[str]) -> int:
             except OSError:
                 copy = None  # a full volume must not kill the task
     rc = child.wait()
-    if rc < 0:  # die of the same signal, so the container's exit code is the task's
-        try:
-            signal.signal(-rc, signal.SIG_DFL)
-        except (OSError, ValueError):
-            pass  # SIGKILL/SIGSTOP cannot be caught, so they need no reset
-        os.kill(os.getpid(), -rc)
+    if rc < 0:
+        # Killed by signal N: exit 128 + N, as a shell and the container runtimes report
+        # it.  Re-raising the signal on ourselves does not work: as a container's PID 1
+        # the kernel drops signals we have no handler for (measured: SIGTERM gave 241).
+        return 128 - rc
     return rc
 
 
