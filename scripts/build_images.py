@@ -27,6 +27,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -126,14 +127,28 @@ def pip_mounts() -> list[str]:
     return out
 
 
-def input_hash(name: str, base_id: str) -> str:
-    """A hash of everything the image ``name`` is built from."""
-    directory, target, _ = IMAGES[name]
+def snapshot(name: str, into: Path) -> Path:
+    """Copy what image ``name`` is built from (its Dockerfile and COPY sources) into ``into``.
+
+    The build reads this copy, not the working tree, so the image is exactly what
+    its tag's hash says even if the tree changes during a long build.
+    """
+    directory, _, _ = IMAGES[name]
     dockerfile = REPO / "images" / directory / "Dockerfile"
-    h = hashlib.sha256(f"{base_id}\0{target}\0".encode())
     for src in [dockerfile, *_copy_sources(dockerfile)]:
         for f in _files(src):
-            h.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes() + b"\0")
+            dest = into / f.relative_to(REPO)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, dest)
+    return into / "images" / directory / "Dockerfile"
+
+
+def input_hash(name: str, base_id: str, root: Path) -> str:
+    """A hash of everything the image ``name`` is built from (as copied under ``root``)."""
+    _, target, _ = IMAGES[name]
+    h = hashlib.sha256(f"{base_id}\0{target}\0".encode())
+    for f in _files(root):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()[:12]
 
 
@@ -146,25 +161,23 @@ def image_id(ref: str) -> str | None:
 
 def build(name: str, base: str, log=sys.stderr) -> tuple[str, float]:
     """Build ``name`` on ``base`` unless an image with the same inputs exists: (image, seconds)."""
-    directory, target, repo = IMAGES[name]
+    _, target, repo = IMAGES[name]
     base_id = image_id(base)
     if base_id is None:
         raise SystemExit(f"build_images: the base image {base} does not exist")
-    ref = f"{repo}:h-{input_hash(name, base_id)}"
-    if image_id(ref) is None:
-        cmd = [*podman_base(), "build", "--network", "host", *ulimits(),
-               "--build-arg", f"BASE_IMAGE={base}", "--label", f"tfk8s.inputs={ref}",
-               "-f", str(REPO / "images" / directory / "Dockerfile"), "-t", ref]
-        cmd += pip_mounts()
-        if target:
-            cmd += ["--target", target]
-        start = time.monotonic()
-        r = subprocess.run([*cmd, str(REPO)], stdout=log, stderr=subprocess.STDOUT)
-        if r.returncode != 0:
-            raise SystemExit(f"build_images: building {name} failed (podman build exit {r.returncode})")
-        seconds = time.monotonic() - start
-    else:
+    with tempfile.TemporaryDirectory(prefix=f"tfk8s-{name}-", dir="/var/tmp") as tmp:
+        dockerfile = snapshot(name, Path(tmp))
+        ref = f"{repo}:h-{input_hash(name, base_id, Path(tmp))}"
         seconds = 0.0
+        if image_id(ref) is None:
+            cmd = [*podman_base(), "build", "--network", "host", *ulimits(), *pip_mounts(),
+                   "--build-arg", f"BASE_IMAGE={base}", "--label", f"tfk8s.inputs={ref}",
+                   "-f", str(dockerfile), "-t", ref, *(["--target", target] if target else []), tmp]
+            start = time.monotonic()
+            r = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+            if r.returncode != 0:
+                raise SystemExit(f"build_images: building {name} failed (podman build exit {r.returncode})")
+            seconds = time.monotonic() - start
     subprocess.run([*podman_base(), "tag", ref, f"{repo}:{RELEASE}"], check=True)
     return ref, seconds
 

@@ -54,9 +54,9 @@ def test_a_rendered_task_pod_is_mapped_field_by_field():
     assert env["TFK8S_SCRIPT"] == "/etc/tfk8s/script.py" and env["TFK8S_LOG_DIR"] == "/log"
     assert '"worker-1.c1.ns1.svc:2222"' in env["TF_CONFIG"]
     assert flag_values(args, "-v") == ["@claim:c1-data:/data:rw", "@claim:c1-log:/log:rw",
-                                       "@files:cm-c1-worker-1-script:/etc/tfk8s:ro"]
+                                       "@files:cm-c1-worker-1-script-0:/etc/tfk8s:ro"]
     assert flag_values(args, "--mount") == ["type=tmpfs,destination=/tmp,tmpfs-mode=0777"]
-    assert plan.config_files["cm-c1-worker-1-script"] == {"script.py": ("print(1)\n", 0o644)}
+    assert plan.config_files["cm-c1-worker-1-script-0"] == {"script.py": ("print(1)\n", 0o644)}
     assert plan.readiness == ["test", "-f", "/tmp/tfk8s-ready"]
 
 

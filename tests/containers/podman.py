@@ -91,7 +91,9 @@ class PodmanRun:
                     target = f"{self.volume(claim, plan.fs_group)}:{rest}"
                 elif target.startswith("@files:"):
                     _, rel, rest = target.split(":", 2)
-                    target = f"{self._write_files(rel, plan)}:{rest}"
+                    rel, _, sub = rel.partition("/")  # a subPath: one file of the volume
+                    source = self._write_files(rel, plan)
+                    target = f"{source / sub if sub else source}:{rest}"
                 args += ["-v", target]
             else:
                 args.append(a)

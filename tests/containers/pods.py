@@ -64,6 +64,14 @@ def pod_instances(objects: Iterable[Manifest]) -> list[PodInstance]:
                                    copy.deepcopy(obj["spec"])))
         elif obj.get("kind") == "JobSet":
             out += list(_jobset_pods(obj))
+        elif obj.get("kind") == "Deployment":
+            meta, template = obj["metadata"], obj["spec"]["template"]
+            if obj["spec"].get("replicas", 1) != 1:
+                raise Unmappable(f"Deployment {meta['name']}: replicas != 1 are not mapped")
+            tmeta = template.get("metadata") or {}
+            out.append(PodInstance(f"{meta['name']}-0", meta.get("namespace", "default"),
+                                   dict(tmeta.get("labels", {})), dict(tmeta.get("annotations", {})),
+                                   copy.deepcopy(template["spec"])))
     return out
 
 
@@ -115,6 +123,7 @@ _POD_FIELDS = {"hostname", "subdomain", "restartPolicy", "automountServiceAccoun
                "enableServiceLinks", "securityContext", "containers", "volumes",
                "serviceAccountName", "terminationGracePeriodSeconds", "dnsPolicy"}
 _CONTAINER_FIELDS = {"name", "image", "imagePullPolicy", "command", "args", "workingDir", "env",
+                     "livenessProbe",
                      "ports", "readinessProbe", "securityContext", "volumeMounts", "resources",
                      "terminationMessagePolicy", "terminationMessagePath"}
 _POD_SECURITY = {"runAsNonRoot", "runAsUser", "runAsGroup", "fsGroup", "fsGroupChangePolicy",
@@ -155,22 +164,40 @@ def _check_keys(where: str, obj: Manifest, allowed: set[str]) -> None:
 
 
 def promised_names(pod: PodInstance, objects: list[Manifest], cluster_domain: str) -> list[str]:
-    """``<hostname>.<subdomain>.<ns>.svc.<domain>`` when a headless Service of that name selects
-    the pod (or its controller creates one); otherwise no name (Kubernetes gives none)."""
+    """The DNS names the rendered Services promise for ``pod``.
+
+    * ``<hostname>.<subdomain>.<ns>.svc.<domain>`` when a headless Service named
+      ``subdomain`` selects the pod (or its controller creates one);
+    * ``<service>.<ns>.svc.<domain>`` for a ClusterIP Service that selects this pod
+      only and whose ports are its target ports (a network alias cannot translate
+      ports, so any other Service is refused).
+    """
+    names = []
     host, sub = pod.spec.get("hostname"), pod.spec.get("subdomain")
-    if not host or not sub:
-        return []
-    selected = sub == pod.controller_service
+    headless = bool(host and sub and sub == pod.controller_service)
     for obj in objects:
-        if obj.get("kind") != "Service" or obj["metadata"]["name"] != sub:
-            continue
-        if obj["metadata"].get("namespace", "default") != pod.namespace:
+        if obj.get("kind") != "Service" or obj["metadata"].get("namespace", "default") != pod.namespace:
             continue
         spec = obj.get("spec", {})
         sel = spec.get("selector") or {}
-        if spec.get("clusterIP") == "None" and sel and all(pod.labels.get(k) == v for k, v in sel.items()):
-            selected = True
-    return [f"{host}.{sub}.{pod.namespace}.svc.{cluster_domain}"] if selected else []
+        if not sel or not all(pod.labels.get(k) == v for k, v in sel.items()):
+            continue
+        name = obj["metadata"]["name"]
+        if spec.get("clusterIP") == "None":
+            headless = headless or bool(host and sub == name)
+            continue
+        if spec.get("type", "ClusterIP") != "ClusterIP":
+            refuse(f"Service {name}.spec.type", spec["type"])
+        ports = {p.get("name"): p["containerPort"]
+                 for c in pod.spec["containers"] for p in c.get("ports", [])}
+        for port in spec.get("ports", []):
+            target = port.get("targetPort", port["port"])
+            if ports.get(target, target) != port["port"]:
+                refuse(f"Service {name} port {port['port']} -> targetPort (no port translation here)", target)
+        names.append(f"{name}.{pod.namespace}.svc.{cluster_domain}")
+    if headless:
+        names.insert(0, f"{host}.{sub}.{pod.namespace}.svc.{cluster_domain}")
+    return names
 
 
 _QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T|m)?$")
@@ -217,6 +244,9 @@ def _env(pod: PodInstance, container: Manifest, objects: list[Manifest]) -> dict
             elif set(src) == {"configMapKeyRef"}:
                 ref = src["configMapKeyRef"]
                 value = _configmap(objects, pod.namespace, ref["name"])["data"][ref["key"]]
+            elif set(src) == {"secretKeyRef"}:
+                ref = src["secretKeyRef"]
+                value = _secret_value(objects, pod.namespace, ref["name"], ref["key"])
             else:
                 refuse(f"env {item['name']}.valueFrom", src)
         else:
@@ -232,6 +262,19 @@ def _configmap(objects: list[Manifest], namespace: str, name: str) -> Manifest:
                 meta.get("namespace", "default") == namespace:
             return obj
     raise Unmappable(f"ConfigMap {name!r} is not among the rendered objects (nothing would mount)")
+
+
+def _secret_value(objects: list[Manifest], namespace: str, name: str, key: str) -> str:
+    import base64
+
+    for obj in objects:
+        meta = obj.get("metadata", {})
+        if obj.get("kind") == "Secret" and meta.get("name") == name and \
+                meta.get("namespace", "default") == namespace:
+            if key in (obj.get("stringData") or {}):
+                return obj["stringData"][key]
+            return base64.b64decode(obj["data"][key]).decode()
+    raise Unmappable(f"Secret {name!r} is not among the rendered objects")
 
 
 def _claim_names(objects: list[Manifest], namespace: str) -> set[str]:
@@ -308,11 +351,13 @@ def _volumes(pod: PodInstance, container: Manifest, objects: list[Manifest],
     claims: dict[str, bool] = {}
     files: dict[str, dict[str, tuple[str, int]]] = {}
     for mount in container.get("volumeMounts", []):
-        _check_keys("volumeMounts[]", mount, {"name", "mountPath", "readOnly"})
+        _check_keys("volumeMounts[]", mount, {"name", "mountPath", "readOnly", "subPath"})
         vol = dict(volumes[mount["name"]])
         path, ro = mount["mountPath"], bool(mount.get("readOnly"))
         vol.pop("name")
         (kind, source), = vol.items()
+        if mount.get("subPath") and kind != "configMap":
+            refuse(f"volumeMounts[{mount['name']}].subPath on a {kind}", mount["subPath"])
         if kind == "emptyDir":
             _check_keys("emptyDir", source or {}, {"medium", "sizeLimit"})
             opts = f"type=tmpfs,destination={path},tmpfs-mode=0777"  # the kubelet makes emptyDirs 0777
@@ -333,30 +378,62 @@ def _volumes(pod: PodInstance, container: Manifest, objects: list[Manifest],
             data = _configmap(objects, pod.namespace, source["name"]).get("data", {})
             mode = int(source.get("defaultMode", 0o644))
             items = source.get("items") or [{"key": k, "path": k} for k in data]
-            rel = f"cm-{pod.name}-{mount['name']}"
+            rel = f"cm-{pod.name}-{mount['name']}-{len(files)}"
             files[rel] = {}
             for item in items:
                 _check_keys("configMap.items[]", item, {"key", "path", "mode"})
                 files[rel][item["path"]] = (data[item["key"]], int(item.get("mode", mode)))
-            args += ["-v", f"@files:{rel}:{path}:ro"]  # ConfigMap volumes are always read-only
+            if mount.get("subPath"):  # one file of the volume at mountPath
+                args += ["-v", f"@files:{rel}/{mount['subPath']}:{path}:ro"]
+            else:
+                args += ["-v", f"@files:{rel}:{path}:ro"]  # ConfigMap volumes are always read-only
         else:
             refuse(f"volume {mount['name']} of kind", kind)
     return args, claims, files
 
 
+def _probe(c: Manifest, probe: Manifest | None, what: str) -> list[str] | None:
+    """An exec probe's argv; an httpGet or tcpSocket probe as the same request from inside
+    the pod (the kubelet sends it to the pod's IP; here python3 in the image sends it)."""
+    if probe is None:
+        return None
+    _check_keys(what, probe, {"exec", "httpGet", "tcpSocket", "periodSeconds", "failureThreshold",
+                              "initialDelaySeconds", "timeoutSeconds", "successThreshold"})
+    if "exec" in probe:
+        return list(probe["exec"]["command"])
+    if "tcpSocket" in probe:
+        port = probe["tcpSocket"]["port"]
+        if isinstance(port, str):
+            port = next(p["containerPort"] for p in c.get("ports", []) if p.get("name") == port)
+        return ["python3", "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}), 5)"]
+    if "httpGet" in probe:
+        get = probe["httpGet"]
+        _check_keys(f"{what}.httpGet", get, {"path", "port", "scheme"})
+        port = get["port"]
+        if isinstance(port, str):
+            port = next(p["containerPort"] for p in c.get("ports", []) if p.get("name") == port)
+        url = f"http://127.0.0.1:{port}{get.get('path', '/')}"
+        return ["python3", "-c", f"import urllib.request; urllib.request.urlopen({url!r}, timeout=5)"]
+    refuse(what, probe)
+    return None
+
+
 def container_plan(pod: PodInstance, objects: list[Manifest], *, prefix: str, network: str,
                    image_user: str = "", cluster_domain: str = "cluster.local",
-                   existing_claims: Iterable[str] = ()) -> ContainerPlan:
+                   existing_claims: Iterable[str] = (), unenforced: Iterable[str] = ()) -> ContainerPlan:
     """How to run ``pod`` with podman, or :class:`Unmappable` naming the first field it cannot map.
 
     ``-v @claim:NAME:…`` and ``-v @files:DIR:…`` in ``run_args`` are placeholders the
     runner replaces with the podman volume of claim NAME and the host dir of DIR.
+    ``unenforced`` names what the caller accepts to go without, explicitly:
+    ``livenessProbe`` (never run) and ``serviceAccountToken`` (no API server, no token).
     """
+    unenforced = set(unenforced)
     spec = pod.spec
     _check_keys("pod.spec", spec, _POD_FIELDS)
     if spec.get("restartPolicy", "Always") != "Never":
         refuse("restartPolicy (the harness starts each pod once)", spec.get("restartPolicy", "Always"))
-    if spec.get("automountServiceAccountToken") is not False:
+    if spec.get("automountServiceAccountToken") is not False and "serviceAccountToken" not in unenforced:
         refuse("automountServiceAccountToken (no API server token here)",
                spec.get("automountServiceAccountToken"))
     if spec.get("enableServiceLinks") is not False:
@@ -394,14 +471,10 @@ def container_plan(pod: PodInstance, objects: list[Manifest], *, prefix: str, ne
         import json
 
         args += ["--entrypoint", json.dumps(command)]  # podman then drops the image's CMD too
-    readiness = None
-    probe = c.get("readinessProbe")
-    if probe:
-        _check_keys("readinessProbe", probe, {"exec", "periodSeconds", "failureThreshold",
-                                              "initialDelaySeconds", "timeoutSeconds", "successThreshold"})
-        if "exec" not in probe:
-            refuse("readinessProbe (only exec probes are mapped)", probe)
-        readiness = list(probe["exec"]["command"])
+    readiness = _probe(c, c.get("readinessProbe"), "readinessProbe")
+    if c.get("livenessProbe") is not None and "livenessProbe" not in unenforced:
+        refuse("livenessProbe (not run here; pass unenforced={'livenessProbe'} to accept that)",
+               c["livenessProbe"])
     for port in c.get("ports", []):
         # containers on one network reach each other's ports, as pods do; nothing is published
         _check_keys("ports[]", port, {"name", "containerPort", "protocol"})
