@@ -83,3 +83,15 @@ def test_loopback_shim_is_built_once_and_can_be_turned_off(tmp_path, monkeypatch
     assert env["LD_PRELOAD"] == f"{lib} /other.so"
     monkeypatch.setenv("TFK8S_LOOPBACK_ONLY", "0")
     assert isolation.shim_path(tmp_path) is None
+
+
+def test_what_the_local_backend_cannot_do_is_said_before_anything_starts(local, state_dir):
+    from tfk8s_magics.errors import SpecError
+    from tfk8s_magics.spec import ClusterSpec
+
+    spec = ClusterSpec(name="ttl", workers=1, script="print(1)\n", ttl_after_finished=60)
+    with pytest.raises(SpecError, match="enforced on Kubernetes only"):
+        local.launch(spec)
+    with pytest.raises(SpecError, match="the local backend has nothing to render"):
+        local.render(spec)
+    assert not (state_dir / "clusters" / "ttl").exists()  # nothing left behind

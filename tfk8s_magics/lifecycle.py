@@ -34,8 +34,8 @@ backend describes how one try of a task ended as a :class:`TaskEnd`
   cluster only holds resources.
 * **TTL:** ``ttl_after_finished`` seconds after it ended, a cluster is
   deleted (None: kept until deleted by hand).  Only the Kubernetes backend
-  enforces it (a controller outlives the notebook there); a local cluster
-  is a directory the user deletes.
+  enforces it (its controller, and later JobSet, outlives the cluster's
+  tasks); the local backend refuses a TTL at launch rather than ignore it.
 
 Where the two backends disagreed before this module existed — the local
 supervisor retried any exit code but 3 and stopped the rest at once, the

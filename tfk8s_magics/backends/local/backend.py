@@ -109,6 +109,12 @@ class LocalBackend(Backend):
                 "--log-claim/--data-claim name Kubernetes volumes; on the local backend use "
                 "--log-dir/--data-dir instead."
             )
+        if spec.ttl_after_finished is not None:
+            # The lifecycle policy's TTL needs a controller that outlives the cluster's processes.
+            raise SpecError(
+                f"ttl_after_finished={spec.ttl_after_finished:g} is enforced on Kubernetes only; on the "
+                "local backend leave it unset and remove a finished cluster with %tfcluster delete NAME."
+            )
 
     def launch(self, spec: ClusterSpec, *, detach: bool = False) -> ClusterStatus:
         self.preflight(spec)
