@@ -60,6 +60,7 @@ class ActionBar:
         self._lock = threading.Lock()
         self.state = ActionState.IDLE
         self.deleted = False
+        self._status: ClusterStatus | None = None  # as last drawn
         #: The thread of the last action (tests join it).
         self.thread: threading.Thread | None = None
         self.widget = self._build(compact, extra) if widgets else None
@@ -159,7 +160,7 @@ class ActionBar:
     def _redraw(self) -> None:
         if self.widget is not None:
             with self._draw_lock:
-                self.draw(getattr(self, "_status", None), self.deleted)
+                self.draw(self._status, self.deleted)
 
     def draw(self, st: ClusterStatus | None, gone: bool) -> None:
         """Enable what can be done now (call under the view's draw lock)."""

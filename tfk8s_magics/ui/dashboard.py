@@ -139,11 +139,10 @@ class Dashboard:
         self._throttle: live.Throttle | None = None
         self._display_handle = None
         self.widget = None
-        self.actions = ActionBar(cluster, self._draw_lock, on_outcome=self._set_outcome,
-                                 on_stopped=self._on_status, on_deleted=self._on_deleted,
-                                 widgets=False)
         if self.use_widgets:
             self._build()
+        else:
+            self.actions = self._action_bar(widgets=False)
 
     @property
     def deleted(self) -> bool:
@@ -171,9 +170,7 @@ class Dashboard:
         self.tensorboard_button.on_click(lambda _b: self._on_tensorboard())
         self.outcome_label = w.HTML("")
         self.outcome_label.add_class("tfk8s-outcome")
-        self.actions = ActionBar(self.cluster, self._draw_lock, on_outcome=self._set_outcome,
-                                 on_stopped=self._on_status, on_deleted=self._on_deleted,
-                                 extra=(self.tensorboard_button, self.outcome_label))
+        self.actions = self._action_bar(extra=(self.tensorboard_button, self.outcome_label))
         self.actions.widget.layout = w.Layout(align_items="center", flex_flow="row wrap")
         self.events_view = w.HTML(events_html([]))
         self.tensorboard_view = w.HTML(
@@ -194,6 +191,11 @@ class Dashboard:
             self.tabs,
         ])
         self.widget.add_class("tfk8s-dashboard")
+
+    def _action_bar(self, widgets: bool = True, extra: tuple = ()) -> ActionBar:
+        return ActionBar(self.cluster, self._draw_lock, on_outcome=self._set_outcome,
+                         on_stopped=self._on_status, on_deleted=self._on_deleted,
+                         widgets=widgets, extra=extra)
 
     def _read_log(self, task: str) -> list[str]:
         return [ln.text for ln in self.backend.read_logs(self.name, task)]
