@@ -328,7 +328,7 @@ class KubernetesBackend(Backend):
     def events(self, name: str) -> list[Event]:
         """The cluster's Kubernetes Events and the backend's own (restarts, recycles)."""
         watcher = self._watcher(name)
-        out = list(watcher.events)
+        out = watcher.own_events()
         for e in watcher.refresh_events():
             obj = (e.get("involvedObject") or {}).get("name", "")
             task = obj[len(name) + 1:] if obj.startswith(name + "-") else ""

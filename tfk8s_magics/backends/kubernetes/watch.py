@@ -13,7 +13,7 @@ are listed at most every :data:`EVENT_PERIOD` seconds (one request for all
 tasks) to surface FailedScheduling, ImagePullBackOff and the like.
 
 Threads: the watch thread writes ``pods``/``gone``/``progress``/
-``api_events`` under ``_cond``; every reader copies them under it
+``api_events``/``events`` under ``_cond``; every reader copies them under it
 (:meth:`latest_pods`, :meth:`view`) before iterating.
 """
 
@@ -202,7 +202,13 @@ class PodWatch:
     # -- what other objects may record --------------------------------------------
     def record_event(self, task: str, reason: str, message: str, kind: str = "Normal") -> None:
         """Add one of the backend's own events (a restart, a recycle, a stop)."""
-        self.events.append(Event(time.time(), task, reason, message, kind))
+        with self._cond:  # an RLock underneath: callers may hold it already
+            self.events.append(Event(time.time(), task, reason, message, kind))
+
+    def own_events(self) -> list[Event]:
+        """The backend's own events so far (a copy)."""
+        with self._cond:
+            return list(self.events)
 
     def record_progress(self, progress: Progress) -> None:
         """Keep ``progress`` if it is newer than what is known."""
