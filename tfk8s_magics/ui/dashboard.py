@@ -53,13 +53,13 @@ from .logview import widgets_available
 from .plot import curves_html, history_of
 from .render import (
     bar_style,
+    dashboard_html,
     events_html,
     events_text,
     header_html,
     last_warning,
     outcome_html,
     progress_html,
-    status_html,
     status_text,
     tasks_html,
 )
@@ -463,16 +463,8 @@ class Dashboard:
         points = self._history.points() if self._history is not None else {}
         with self._lock:
             tails = {t: list(q)[-10:] for t, q in self.lines.items()}
-        logs = "".join(
-            f"<details><summary>{_e(t)} (last {len(lines)} lines)</summary>"
-            f"<pre>{_e(chr(10).join(lines))}</pre></details>"
-            for t, lines in tails.items()
-        )
-        deleted = ' <b style="color:#dc322f">deleted</b>' if self.deleted else ""
-        return (
-            f'<div class="tfk8s-dashboard-static">{status_html(st)}{deleted}{curves_html(points)}'
-            f"{events_html(self.events)}{logs}</div>"
-        )
+        return dashboard_html(st, deleted=self.deleted, curves=curves_html(points), events=self.events,
+                              log_tails=tails)
 
     def __repr__(self) -> str:
         st = self._snapshot()

@@ -261,6 +261,27 @@ def status_html(st: ClusterStatus) -> str:
     )
 
 
+def dashboard_html(
+    st: ClusterStatus,
+    *,
+    deleted: bool = False,
+    curves: str = "",
+    events: list[Event] | None = None,
+    log_tails: dict[str, list[str]] | None = None,
+) -> str:
+    """A dashboard as static HTML (no widgets): status, curves (already drawn), events, log tails."""
+    logs = "".join(
+        f"<details><summary>{_e(t)} (last {len(lines)} lines)</summary>"
+        f"<pre>{_e(chr(10).join(lines))}</pre></details>"
+        for t, lines in (log_tails or {}).items()
+    )
+    gone = ' <b style="color:#dc322f">deleted</b>' if deleted else ""
+    return (
+        f'<div class="tfk8s-dashboard-static">{status_html(st)}{gone}{curves}'
+        f"{events_html(events or [])}{logs}</div>"
+    )
+
+
 def list_text(statuses: list[ClusterStatus]) -> str:
     """A plain-text table of clusters."""
     if not statuses:
