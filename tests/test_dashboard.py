@@ -617,3 +617,39 @@ def test_a_watch_error_is_reported_not_swallowed():
     wait_for(lambda: w.status_done.is_set() and got, what="the error to reach the view")
     assert "403 Forbidden: pods is forbidden" in w.error
     assert got[-1].task == "tfk8s" and "watching the status of 'x' stopped" in got[-1].text
+
+
+def test_a_views_end_is_one_value_and_deleted_or_closed_is_final():
+    from tfk8s_magics.ui.live import ViewEnd
+
+    assert not ViewEnd.LIVE.final and all(e.final for e in ViewEnd if e is not ViewEnd.LIVE)
+    assert ViewEnd.LIVE.then(ViewEnd.ENDED) is ViewEnd.ENDED
+    assert ViewEnd.ENDED.then(ViewEnd.DELETED) is ViewEnd.DELETED  # deleted after it ended
+    assert ViewEnd.ENDED.then(ViewEnd.LIVE) is ViewEnd.ENDED
+    assert ViewEnd.DELETED.then(ViewEnd.ENDED) is ViewEnd.DELETED
+    assert ViewEnd.CLOSED.then(ViewEnd.DELETED) is ViewEnd.CLOSED
+
+
+def test_the_cell_registry_is_bounded(monkeypatch):
+    from tfk8s_magics.ui import live
+
+    class View:
+        def __init__(self):
+            self.end = live.ViewEnd.LIVE
+
+        def close(self, destroy=False):
+            self.end = live.ViewEnd.CLOSED
+
+    monkeypatch.setattr(live, "_by_cell", type(live._by_cell)())
+    monkeypatch.setattr(live, "_current_msg_id", lambda: "run")
+    ended = View()
+    monkeypatch.setattr(live, "current_cell_id", lambda: "first")
+    live.supersede(ended)
+    ended.end = live.ViewEnd.ENDED
+    monkeypatch.setattr(live, "current_cell_id", lambda: "second")
+    live.supersede(View())
+    assert list(live._by_cell) == ["second"]  # a cell whose views all ended is dropped at once
+    for i in range(3 * live.MAX_CELLS):
+        monkeypatch.setattr(live, "current_cell_id", lambda i=i: f"cell-{i}")
+        live.supersede(View())
+    assert len(live._by_cell) == live.MAX_CELLS  # one entry per cell, the oldest forgotten

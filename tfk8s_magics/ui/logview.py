@@ -17,7 +17,7 @@ import threading
 
 from ..backends import ClusterStatus, LogLine
 from ..watch import ClusterFeed
-from .live import LogOutput
+from .live import LogOutput, ViewEnd
 
 
 def widgets_available() -> bool:
@@ -51,6 +51,8 @@ class LogView:
         self.output = None
         self._output: LogOutput | None = None
         self._unsubscribe = None
+        #: Where the view is in its life; ``done`` is set once nothing more will be shown.
+        self.end = ViewEnd.LIVE
         self.done = threading.Event()
 
     def show(self) -> LogView:
@@ -73,12 +75,14 @@ class LogView:
     def _await_end(self, feed: ClusterFeed) -> None:
         feed.logs_done.wait()
         feed.status_done.wait()
-        if self._unsubscribe:
-            self._unsubscribe()
-        self.done.set()
+        self._end(ViewEnd.ENDED)
 
     def close(self) -> None:
         """Stop updating."""
+        self._end(ViewEnd.CLOSED)
+
+    def _end(self, how: ViewEnd) -> None:
+        self.end = self.end.then(how)
         if self._unsubscribe:
             self._unsubscribe()
         self.done.set()
