@@ -653,3 +653,30 @@ def test_the_cell_registry_is_bounded(monkeypatch):
         monkeypatch.setattr(live, "current_cell_id", lambda i=i: f"cell-{i}")
         live.supersede(View())
     assert len(live._by_cell) == live.MAX_CELLS  # one entry per cell, the oldest forgotten
+
+
+def test_no_backend_call_under_the_feed_registry_lock(scripted, monkeypatch):
+    """A slow status read (a far API) for one cluster never holds up the feeds of others."""
+    scripted.add(make_status(name="slow", phase=Phase.SUCCEEDED, finished=time.time()))
+    scripted.add(make_status(name="demo"))
+    first = ClusterFeed.of(scripted, "slow")
+    wait_for(lambda: not first.running, what="the ended cluster's feed to finish")
+    release = threading.Event()
+    entered = threading.Event()
+    real_status = scripted.status
+
+    def slow_status(name):
+        if name == "slow":
+            entered.set()
+            release.wait(TIMEOUT)
+        return real_status(name)
+
+    monkeypatch.setattr(scripted, "status", slow_status)
+    blocked = threading.Thread(target=ClusterFeed.of, args=(scripted, "slow"), daemon=True)
+    blocked.start()
+    assert entered.wait(TIMEOUT)  # ClusterFeed.of("slow") is inside the backend now
+    started = time.monotonic()
+    other = ClusterFeed.of(scripted, "demo")
+    assert time.monotonic() - started < 1.0 and other.name == "demo"
+    release.set()
+    blocked.join(TIMEOUT)
