@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -215,6 +216,8 @@ def test_in_graph_client_progress_and_kept_logs_location(cluster_env):
     assert backend.status("ig").progress.step == 7  # report_progress in the kernel shows here
     kept = backend.delete("ig", keep_logs=True)
     assert (kept.path, kept.volume) == ("/log", "ig-log")
+    with pytest.raises(TypeError, match="not a path on this machine"):
+        Path(kept)
 
 
 def test_stop_keeps_record_and_volumes_delete_cascades(cluster_env):

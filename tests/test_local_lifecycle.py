@@ -132,8 +132,8 @@ def test_delete_removes_everything_unless_logs_are_kept(local, workdir, state_di
     b = tk.launch("kept", workers=1, script="print('keep me')\n", backend=local)
     b.wait(timeout=120)
     kept = b.delete(keep_logs=True)
-    assert kept.volume is None  # a directory on this machine
-    assert "keep me" in (Path(kept.path) / "tasks" / "worker-0.log").read_text()
+    assert kept.volume is None  # a directory on this machine: Path() takes it
+    assert "keep me" in (Path(kept) / "tasks" / "worker-0.log").read_text()
     with pytest.raises(tk.ClusterNotFound):
         tk.get("kept", local)
 

@@ -109,7 +109,8 @@ class LogLocation:
 
     ``path`` is the directory as the tasks see it; ``volume`` names the
     PersistentVolumeClaim that holds it (Kubernetes), or is None for a
-    directory on this machine (local).  ``str()`` gives one readable form.
+    directory on this machine (local).  ``str()`` gives one readable form;
+    ``Path(location)`` works where it is a directory on this machine.
     """
 
     path: str
@@ -117,6 +118,15 @@ class LogLocation:
 
     def __str__(self) -> str:
         return self.path if self.volume is None else f"{self.path} on volume {self.volume}"
+
+    def __fspath__(self) -> str:
+        """The directory, for ``Path(location)`` / ``open`` — only where it is on this machine."""
+        if self.volume is not None:
+            raise TypeError(
+                f"the logs are at {self}, on a Kubernetes volume, not a path on this machine: read "
+                "them with %tfcluster logs NAME, or from a pod that mounts the claim."
+            )
+        return self.path
 
 
 @dataclass
