@@ -680,3 +680,83 @@ def test_no_backend_call_under_the_feed_registry_lock(scripted, monkeypatch):
     assert time.monotonic() - started < 1.0 and other.name == "demo"
     release.set()
     blocked.join(TIMEOUT)
+
+
+# -- views never contradict the truth (issue 8, item 5) ------------------------------------
+def _failed(name="demo"):
+    return make_status(name=name, phase=Phase.FAILED, reason="worker-0 failed", finished=time.time(),
+                       tasks=[TaskStatus("worker-0", Phase.FAILED, "exit code 1", exit_code=1,
+                                         started=time.time() - 5, finished=time.time())])
+
+
+def test_delete_button_of_an_ended_dashboard_shows_deleted(scripted):
+    """Regression: after the Delete button of a failed cluster's dashboard, its header still
+    said "failed" (the view had drawn its final state and stopped drawing)."""
+    cluster = scripted.add(_failed())
+    d = Dashboard(cluster, widgets=True).start()
+    assert d.wait(TIMEOUT) and 'data-phase="failed"' in d.header.value
+    d.actions.delete_button.click()
+    d.actions.confirm_button.click()
+    d.actions.thread.join(TIMEOUT)
+    wait_for(lambda: 'data-phase="deleted"' in d.header.value, what="the header to say deleted")
+    assert d.actions.delete_button.disabled and d.actions.stop_button.disabled
+    assert d.tensorboard_button.disabled
+
+
+def test_delete_elsewhere_of_an_ended_cluster_reaches_its_dashboard(scripted):
+    """A cluster that ended, then was deleted by another cell (or another process): the view
+    that had stopped drawing shows it within one tick, with every button disabled."""
+    cluster = scripted.add(_failed())
+    d = Dashboard(cluster, widgets=True).start()
+    assert d.wait(TIMEOUT)
+    del scripted.statuses["demo"]  # as another process deleting it: no call in this kernel
+    wait_for(lambda: 'data-phase="deleted"' in d.header.value, 10, "the header to say deleted")
+    assert d.actions.delete_button.disabled and d.tensorboard_button.disabled
+
+
+def test_a_deleted_running_cluster_shows_no_running_task(scripted):
+    """Regression: after `%tfcluster delete` of an in-graph cluster its task table stayed
+    "running / serving"."""
+    cluster = scripted.add(make_status(tasks=[
+        TaskStatus("ps-0", Phase.RUNNING, "serving", started=time.time() - 5),
+        TaskStatus("worker-0", Phase.RUNNING, "serving", started=time.time() - 5)]))
+    d = Dashboard(cluster, widgets=True).start()
+    wait_for(lambda: 'data-phase="running"' in d.tasks.value, what="running")
+    Cluster("demo", scripted).delete()
+    assert d.wait(TIMEOUT)
+    wait_for(lambda: 'data-phase="running"' not in d.tasks.value, what="the table to drop running")
+    assert "serving" not in d.tasks.value and 'data-phase="deleted"' in d.tasks.value
+
+
+def test_cluster_list_after_a_delete_elsewhere(scripted):
+    """Regression: `%tfcluster list` kept a deleted cluster with live buttons, a summary that
+    contradicted its row ("1 running"), and Delete there said "There are none yet"."""
+    scripted.add(make_status(name="gone"))
+    scripted.add(_failed(name="ended"))
+    lst = ClusterList(scripted, widgets=True)
+    assert "1 running" in lst.summary.value
+    Cluster("gone", scripted).delete()  # another cell of this kernel
+    del scripted.statuses["ended"]  # another process
+    for name in ("gone", "ended"):
+        row = lst.rows[name]
+        wait_for(lambda r=row: 'data-phase="deleted"' in r.phase_cell.value, 10, f"{name} deleted")
+        assert row.actions.delete_button.disabled and row.actions.stop_button.disabled
+        assert row.dash_button.disabled
+    wait_for(lambda: "0 running" in lst.summary.value or "no clusters" in lst.summary.value, 10,
+             "the summary to agree with the rows")
+    assert "1 running" not in lst.summary.value
+    lst.close()
+
+
+def test_a_delete_that_finds_the_cluster_gone_says_so(scripted):
+    """Pressing Delete on a row whose cluster another process removed a moment ago."""
+    scripted.add(make_status(name="racy"))
+    lst = ClusterList(scripted, widgets=True)
+    row = lst.rows["racy"]
+    row.actions.delete_button.click()
+    del scripted.statuses["racy"]
+    row.actions.confirm_button.click()
+    row.actions.thread.join(TIMEOUT)
+    assert "racy was already deleted" in lst.outcome, lst.outcome
+    assert row.deleted and row.actions.delete_button.disabled
+    lst.close()

@@ -271,11 +271,13 @@ class Cluster:
     def delete(self, keep_logs: bool = False):
         """Remove it and all it created (its logs too, unless ``keep_logs``)."""
         from .runtime.progress import end_redirect
-        from .watch import ClusterFeed
+        from .watch import ClusterFeed, announce_deleted
 
         ClusterFeed.forget(self.backend, self.name)
         end_redirect((self.backend.name, self.name))
-        return self.backend.delete(self.name, keep_logs=keep_logs)
+        kept = self.backend.delete(self.name, keep_logs=keep_logs)
+        announce_deleted(self.backend, self.name)  # every view in this process, at once
+        return kept
 
     def connect(self, timeout: float | None = None, **strategy_kwargs):
         """Return a ParameterServerStrategy with this process as the coordinator (in-graph only)."""

@@ -209,3 +209,84 @@ def _safe(cb, arg) -> None:
         cb(arg)
     except Exception:  # noqa: BLE001 - one broken view must not stop the others
         traceback.print_exc()
+
+
+#: Seconds between checks that the clusters of ended views still exist.
+DELETION_INTERVAL = 2.0
+
+
+class DeletionWatch:
+    """Tells views when a cluster they show is deleted — from this process or any other.
+
+    A view whose cluster has ended is no longer fed (its feed stopped with the
+    cluster), yet the cluster can still be deleted: by its own Delete button,
+    ``%tfcluster delete`` in another cell, another kernel or the ``tfk8s`` CLI.
+    Views register here with :func:`watch_deletion`; a deletion in this
+    process is announced at once (:func:`announce_deleted`, called by
+    ``Cluster.delete``), and one daemon thread — running only while something
+    is registered — checks the others every :data:`DELETION_INTERVAL` seconds
+    (a status read per watched cluster; the backend is read with no lock held).
+    """
+
+    _lock = threading.Lock()
+    _callbacks: dict[tuple[int, str], list[tuple[Backend, float | None, Callable[[], None]]]] = {}
+    _thread: threading.Thread | None = None
+
+    @classmethod
+    def add(cls, backend: Backend, name: str, created: float | None, cb: Callable[[], None]):
+        """Call ``cb`` once when ``name`` (launched at ``created``) is gone; return an unsubscribe."""
+        entry = (backend, created, cb)
+        with cls._lock:
+            cls._callbacks.setdefault((id(backend), name), []).append(entry)
+            if cls._thread is None or not cls._thread.is_alive():
+                cls._thread = threading.Thread(target=cls._run, name="tfk8s-deletions", daemon=True)
+                cls._thread.start()
+
+        def unsubscribe() -> None:
+            with cls._lock:
+                entries = cls._callbacks.get((id(backend), name), [])
+                if entry in entries:
+                    entries.remove(entry)
+                if not entries:
+                    cls._callbacks.pop((id(backend), name), None)
+
+        return unsubscribe
+
+    @classmethod
+    def announce(cls, backend: Backend, name: str) -> None:
+        """``name`` was deleted: call (and forget) every callback registered for it."""
+        with cls._lock:
+            entries = cls._callbacks.pop((id(backend), name), [])
+        for _backend, _created, cb in entries:
+            _safe(lambda _none, f=cb: f(), None)
+
+    @classmethod
+    def _run(cls) -> None:
+        while True:
+            time.sleep(DELETION_INTERVAL)
+            with cls._lock:
+                watched = {key: list(entries) for key, entries in cls._callbacks.items()}
+                if not watched:
+                    cls._thread = None
+                    return
+            for (_id, name), entries in watched.items():
+                backend, created, _cb = entries[0]
+                try:
+                    st = backend.status(name)
+                except ClusterNotFound:
+                    cls.announce(backend, name)
+                    continue
+                except Exception:  # noqa: BLE001 - an unreachable backend is not a deletion
+                    continue
+                if created is not None and st.created != created:  # deleted and launched again
+                    cls.announce(backend, name)
+
+
+def watch_deletion(backend: Backend, name: str, created: float | None, cb: Callable[[], None]):
+    """See :class:`DeletionWatch`: call ``cb`` (no argument) once ``name`` is deleted."""
+    return DeletionWatch.add(backend, name, created, cb)
+
+
+def announce_deleted(backend: Backend, name: str) -> None:
+    """Tell every view in this process that ``name`` was just deleted."""
+    DeletionWatch.announce(backend, name)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..backends import ClusterStatus
+from ..errors import ClusterNotFound
 
 
 class ActionState(enum.Enum):
@@ -93,7 +94,10 @@ class ActionBar:
     def stop(self) -> None:
         """Stop the cluster (on a thread); a click while busy is ignored."""
         def stop() -> str:
-            st = self.cluster.stop()
+            try:
+                st = self.cluster.stop()
+            except ClusterNotFound:
+                return self._found_gone()
             self._on_stopped(st)
             return f"stopped: the cluster is {st.phase}; logs kept in {st.log_dir}"
 
@@ -125,12 +129,26 @@ class ActionBar:
             self.state = ActionState.IDLE
 
         def delete() -> str:
-            self.cluster.delete()
-            self.deleted = True
-            self._on_deleted()
+            try:
+                self.cluster.delete()
+            except ClusterNotFound:
+                return self._found_gone()
+            self.mark_deleted()
             return f"deleted {self.name}"
 
         self.run("deleting", delete)
+
+    def mark_deleted(self) -> None:
+        """The cluster is gone (deleted here or elsewhere): no action applies any more."""
+        with self._lock:
+            if self.deleted:
+                return
+            self.deleted = True
+        self._on_deleted()
+
+    def _found_gone(self) -> str:
+        self.mark_deleted()
+        return f"{self.name} was already deleted (by another cell, kernel or the tfk8s command)"
 
     # -- running an action -----------------------------------------------------------------
     def run(self, label: str, action: Callable[[], str]) -> bool:

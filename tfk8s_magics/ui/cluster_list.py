@@ -22,7 +22,7 @@ import time
 
 from ..api import Cluster
 from ..backends import ClusterStatus
-from ..watch import ClusterFeed
+from ..watch import ClusterFeed, watch_deletion
 from . import live
 from .actions import ActionBar
 from .dashboard import Dashboard
@@ -71,6 +71,8 @@ class _Row:
         self.dash_button.on_click(lambda _b: owner.open_dashboard(self.name))
         self.actions = ActionBar(owner.cluster(st.name), owner._draw_lock, on_outcome=owner.say,
                                  on_stopped=self.on_status, on_deleted=self.on_deleted, compact=True)
+        # Deleted by another cell, kernel or the CLI: the row says so within one check.
+        self._deletion = watch_deletion(owner.backend, st.name, st.created, self.actions.mark_deleted)
         self.cells = [
             self.name_cell, self.backend_cell, self.mode_cell, self.phase_cell, self.tasks_cell,
             w.HBox([self.bar, self.progress_text], layout=w.Layout(align_items="center")),
@@ -100,8 +102,8 @@ class _Row:
         self.owner.poke()
 
     def on_deleted(self) -> None:
-        """The cluster was deleted from this row: stop following it."""
-        self.unwatch()
+        """The cluster was deleted (from this row or elsewhere): stop following it, redraw."""
+        self.forget()
         self.owner.poke()
 
     def ended(self) -> bool:
@@ -117,6 +119,13 @@ class _Row:
         if self.unsubscribe:
             self.unsubscribe()
         self.unsubscribe = None
+
+    def forget(self) -> None:
+        """The row is dropped (a refresh, or the list closed): stop every subscription."""
+        self.unwatch()
+        stop, self._deletion = self._deletion, None
+        if stop is not None:
+            stop()
 
     def draw(self, now: float | None = None) -> None:
         """Draw the row from its status (under the list's draw lock)."""
@@ -197,7 +206,7 @@ class ClusterList:
 
         with self._draw_lock:
             for row in list(self.rows.values()):
-                row.unwatch()
+                row.forget()
             self.rows = {}
             cells = [w.HTML(f"<b>{h}</b>") for h in HEADINGS]
             for st in self.statuses:
@@ -207,25 +216,33 @@ class ClusterList:
                 if not st.terminal:
                     row.watch()
             self.table.children = cells
-            n = len(self.statuses)
-            running = sum(1 for st in self.statuses if not st.terminal)
-            self.summary.value = (
-                f"<span>{n} cluster{'s' if n != 1 else ''} on "
-                f"<b>{_e(self.backend.name)}</b>, {running} running</span>"
-                if n
-                else f"<i>no clusters on {_e(self.backend.name)}</i>"
-            )
+            self._draw_summary()
         if any(r.live for r in self.rows.values()):
-            if self._throttle is None or not self._throttle.alive:
-                self._throttle = live.Throttle(
-                    self._render, name="tfk8s-cluster-list", tick=2.0, finished=self._all_ended
-                ).start()
-            self._throttle.poke()
+            self.poke()
+
+    def _draw_summary(self) -> None:
+        """The line above the table, from the rows as drawn (so it never contradicts them)."""
+        rows = list(self.rows.values())
+        n = sum(1 for r in rows if not r.deleted)
+        running = sum(1 for r in rows if not r.deleted and not r.status.terminal)
+        gone = len(rows) - n
+        deleted = f", {gone} deleted since listed" if gone else ""
+        self.summary.value = (
+            f"<span>{n} cluster{'s' if n != 1 else ''} on "
+            f"<b>{_e(self.backend.name)}</b>, {running} running{deleted}</span>"
+            if rows
+            else f"<i>no clusters on {_e(self.backend.name)}</i>"
+        )
 
     def poke(self) -> None:
-        """Ask for a redraw soon (rows call this when their status changes)."""
-        if self._throttle is not None:
-            self._throttle.poke()
+        """Ask for a redraw soon (rows call this when their status changes or they are deleted)."""
+        if self.widget is None or self.end.final:
+            return
+        if self._throttle is None or not self._throttle.alive:
+            self._throttle = live.Throttle(
+                self._render, name="tfk8s-cluster-list", tick=2.0, finished=self._all_ended
+            ).start()
+        self._throttle.poke()
 
     def _all_ended(self) -> bool:
         with self._draw_lock:
@@ -238,6 +255,7 @@ class ClusterList:
                 if row.live and row.ended():
                     row.unwatch()
                 row.draw()
+            self._draw_summary()
             self.outcome_label.value = outcome_html(self.outcome)
 
     # -- actions ----------------------------------------------------------------------
@@ -264,7 +282,7 @@ class ClusterList:
         with self._draw_lock:
             rows = list(self.rows.values())
         for row in rows:
-            row.unwatch()
+            row.forget()
         if self._throttle is not None:
             self._throttle.close()
         if self.dashboard is not None:

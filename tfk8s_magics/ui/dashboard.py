@@ -44,7 +44,7 @@ import time
 
 from ..backends import ClusterStatus, Event
 from ..errors import ClusterNotFound
-from ..watch import ClusterFeed
+from ..watch import ClusterFeed, watch_deletion
 from . import live
 from .actions import ActionBar
 from .live import ViewEnd
@@ -134,6 +134,7 @@ class Dashboard:
         self._curve_version = -1
         self._end_checked = 0.0
         self._feed: ClusterFeed | None = None
+        self._deletion = None  # unsubscribes from the DeletionWatch once the view has ended
         self._unsubscribe = None
         self._history = None
         self._throttle: live.Throttle | None = None
@@ -240,6 +241,7 @@ class Dashboard:
     def close(self, destroy: bool = False) -> None:
         """Stop updating (and with ``destroy``, free the widgets)."""
         self._end_as(ViewEnd.CLOSED)
+        self._forget_deletion()
         if self._unsubscribe:
             self._unsubscribe()
         if self._throttle:
@@ -284,9 +286,22 @@ class Dashboard:
             self._throttle.poke()
 
     def _on_deleted(self) -> None:
+        """The cluster is gone (its Delete button, another cell, another process)."""
         self._end_as(ViewEnd.DELETED)
-        if self._throttle:
+        self._forget_deletion()
+        if self._throttle is None:
+            return
+        if self._throttle.alive:
             self._throttle.poke()
+        elif self.use_widgets:
+            # The view had drawn its final state and stopped: one more draw, on a render thread.
+            live.Throttle(self._render, name=f"tfk8s-dashboard-{self.name}",
+                          finished=lambda: True).start().poke()
+
+    def _forget_deletion(self) -> None:
+        stop, self._deletion = self._deletion, None
+        if stop is not None:
+            stop()
 
     # -- drawing (the render thread) ------------------------------------------------
     def _feed_ended(self) -> bool:
@@ -363,7 +378,7 @@ class Dashboard:
             now = time.monotonic()
             if dirty or ended or now - self._table_at >= TABLE_TICK_INTERVAL:
                 self._table_at = now
-                self.tasks.value = tasks_html(st)
+                self.tasks.value = tasks_html(st, deleted=self.deleted)
                 self._draw_progress(st)
             if self._history is not None and self._history.version != self._curve_version:
                 self._curve_version = self._history.version
@@ -405,10 +420,13 @@ class Dashboard:
         self.outcome_label.value = outcome_html(self.outcome)
 
     def _finish(self) -> None:
-        """The final state is drawn: nothing more will be."""
+        """The final state is drawn: nothing more will be — unless the cluster is deleted later."""
         self._end_as(ViewEnd.ENDED)
         if self._unsubscribe:
             self._unsubscribe()
+        st = self.status
+        if self.end is ViewEnd.ENDED and self._deletion is None and st is not None:
+            self._deletion = watch_deletion(self.backend, self.name, st.created, self._on_deleted)
         self.finished.set()
 
     def _render_fallback(self) -> None:

@@ -158,18 +158,25 @@ def header_html(
     )
 
 
-def tasks_html(st: ClusterStatus | None, now: float | None = None) -> str:
-    """The task table: one row per task, every cell escaped."""
+def tasks_html(st: ClusterStatus | None, now: float | None = None, deleted: bool = False) -> str:
+    """The task table: one row per task, every cell escaped.
+
+    ``deleted``: the cluster is gone, so a task last seen running is shown
+    as deleted (never "running" in a table of a cluster that no longer exists).
+    """
     if st is None or not st.tasks:
         return '<div class="tfk8s-tasks" style="color:#888">no tasks yet</div>'
     now = time.time() if now is None else now
     rows = []
     for t in st.tasks:
-        duration = None if t.started is None else (t.finished or now) - t.started
+        gone = deleted and t.phase not in Phase.TERMINAL
+        phase, reason = ("deleted", "the cluster was deleted") if gone else (t.phase, t.reason)
+        end = t.finished or (st.finished if gone else None) or now
+        duration = None if t.started is None else end - t.started
         rows.append(
-            f'<tr data-task="{_e(t.name, quote=True)}" data-phase="{_e(t.phase, quote=True)}">'
-            f"<td><code>{_e(t.name)}</code></td><td>{phase_badge(t.phase)}</td>"
-            f'<td class="tfk8s-reason">{_e(t.reason)}</td>'
+            f'<tr data-task="{_e(t.name, quote=True)}" data-phase="{_e(phase, quote=True)}">'
+            f"<td><code>{_e(t.name)}</code></td><td>{phase_badge(phase)}</td>"
+            f'<td class="tfk8s-reason">{_e(reason)}</td>'
             f'<td style="text-align:right">{int(t.restarts)}</td>'
             f"<td>{_e(exit_text(t.exit_code, t.signal))}</td><td>{_e(t.host)}</td>"
             f"<td>{_e(clock(t.started))}</td>"
