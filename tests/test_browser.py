@@ -365,3 +365,77 @@ def test_dashboard_in_jupyterlab(lab, browser_page, state_dir):
     assert dash.locator(".widget-hprogress .progress-bar-success").count() == 1
     _shot(page, "dashboard-succeeded.png", dash)
     assert page.dialogs == []  # type: ignore[attr-defined]
+
+
+DOOMED_CELL = """%%tfcluster launch doomed --workers 1 --ps 0
+import sys
+print("failing on purpose", flush=True)
+sys.exit(1)
+"""
+ENDLESS_CELL = """%%tfcluster launch endless --workers 1 --ps 0
+import time
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+def test_views_after_delete_in_jupyterlab(lab, browser_page, state_dir):
+    """Views never contradict the truth, in a real browser: the Delete button of a failed
+    cluster's dashboard turns its header to "deleted" and disables its buttons; a cluster
+    deleted from another cell disappears from every view — its dashboard's task table and
+    the cluster list's row and summary — and none of their buttons stays live."""
+    page = browser_page
+    cells_src = ["%load_ext tfk8s_magics", DOOMED_CELL, ENDLESS_CELL, "%tfcluster list",
+                 "%tfcluster delete endless"]
+    nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {},
+                     "outputs": [], "source": src} for i, src in enumerate(cells_src)],
+          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                      "language": "python"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    (lab["root"] / "views.ipynb").write_text(json.dumps(nb), encoding="utf-8")
+    page.goto(f"{lab['base']}/lab/tree/views.ipynb?token={lab['token']}")
+    cells = page.locator(".jp-Notebook .jp-CodeCell")
+    _wait(lambda: cells.count() == len(cells_src), 60, "the notebook to load", page)
+    _wait(lambda: "Idle" in page.locator("#jp-main-statusbar").inner_text(), 90, "the kernel", page)
+    _run_cell(page, cells.nth(0))
+    _wait(lambda: "[1]" in cells.nth(0).locator(".jp-InputPrompt").first.inner_text(), 90,
+          "the kernel to run the first cell", page)
+    _run_cell(page, cells.nth(1))
+    _run_cell(page, cells.nth(2))
+
+    doomed = cells.nth(1).locator(".tfk8s-dashboard")
+    doomed.wait_for(timeout=60_000)
+    header = doomed.locator(".tfk8s-header")
+    _wait(lambda: header.get_attribute("data-phase") == "failed", 150, "doomed failed", page)
+    endless = cells.nth(2).locator(".tfk8s-dashboard")
+    erow = endless.locator('tr[data-task="worker-0"]')
+    erow.wait_for(timeout=60_000)
+    _wait(lambda: erow.get_attribute("data-phase") == "running", 150, "endless running", page)
+
+    _run_cell(page, cells.nth(3))
+    table = cells.nth(3).locator(".tfk8s-cluster-list")
+    table.wait_for(timeout=30_000)
+    _wait(lambda: table.locator(".tfk8s-name").count() == 2, 30, "two rows in the list", page)
+    assert "1 running" in table.inner_text()
+
+    # The failed cluster's own Delete button (asks once).
+    doomed.locator("button.tfk8s-delete").click()
+    doomed.locator("button.tfk8s-confirm").click()
+    _wait(lambda: header.get_attribute("data-phase") == "deleted", 30, "doomed header deleted", page)
+    for button in ("tfk8s-delete", "tfk8s-stop", "tfk8s-tb"):
+        assert doomed.locator(f"button.{button}").is_disabled(), button
+
+    # The running one, deleted from another cell.
+    _run_cell(page, cells.nth(4))
+    eheader = endless.locator(".tfk8s-header")
+    _wait(lambda: eheader.get_attribute("data-phase") == "deleted", 60, "endless header deleted", page)
+    _wait(lambda: erow.get_attribute("data-phase") == "deleted", 30, "endless row deleted", page)
+    assert endless.locator("button.tfk8s-delete").is_disabled()
+
+    # The list agrees: both rows deleted, no live Stop/Delete, and the summary says so.
+    _wait(lambda: table.locator('[data-phase="deleted"]').count() == 2, 30, "list rows deleted", page)
+    _wait(lambda: "0 running" in table.inner_text(), 30, "the list summary", page)
+    deletes, stops = table.locator("button.tfk8s-delete"), table.locator("button.tfk8s-stop")
+    assert all(deletes.nth(i).is_disabled() for i in range(deletes.count()))
+    assert all(stops.nth(i).is_disabled() for i in range(stops.count()))
+    assert page.dialogs == []  # type: ignore[attr-defined]

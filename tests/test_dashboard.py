@@ -9,6 +9,7 @@ browser would get is asserted on the widget objects themselves.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import re
 import threading
@@ -760,3 +761,48 @@ def test_a_delete_that_finds_the_cluster_gone_says_so(scripted):
     assert "racy was already deleted" in lst.outcome, lst.outcome
     assert row.deleted and row.actions.delete_button.disabled
     lst.close()
+
+
+def test_the_log_shown_first_is_the_failed_task_else_the_chief_else_worker_0():
+    """Regression: PS clusters opened on ps-0's log, and a failed cluster on a healthy worker."""
+    from tfk8s_magics.ui.render import default_log_task
+
+    def tasks(*specs):
+        return make_status(tasks=[TaskStatus(n, ph, "", finished=f) for n, ph, f in specs])
+
+    run = Phase.RUNNING
+    assert default_log_task(tasks(("ps-0", run, None), ("worker-0", run, None))) == "worker-0"
+    assert default_log_task(tasks(("ps-0", run, None), ("chief-0", run, None),
+                                  ("worker-0", run, None))) == "chief-0"
+    assert default_log_task(tasks(("ps-0", run, None), ("worker-0", run, None),
+                                  ("worker-1", Phase.FAILED, 5.0), ("worker-2", Phase.FAILED, 3.0))
+                            ) == "worker-2"
+    assert default_log_task(tasks(("ps-0", Phase.FAILED, 1.0), ("worker-0", run, None))) == "ps-0"
+
+
+def test_dashboard_opens_on_the_failed_task_and_respects_the_users_choice(scripted):
+    cluster = scripted.add(make_status(tasks=[
+        TaskStatus("ps-0", Phase.RUNNING, "serving"), TaskStatus("worker-0", Phase.RUNNING, ""),
+        TaskStatus("worker-1", Phase.RUNNING, "")]))
+    d = Dashboard(cluster, widgets=True).start()
+    wait_for(lambda: d.tabs.titles[:3] == ("ps-0", "worker-0", "worker-1"), what="tabs")
+    wait_for(lambda: d.tabs.selected_index == 1, what="worker-0 shown first (not ps-0)")
+    scripted.push(make_status(phase=Phase.FAILED, finished=time.time(), tasks=[
+        TaskStatus("ps-0", Phase.STOPPED, ""), TaskStatus("worker-0", Phase.STOPPED, ""),
+        TaskStatus("worker-1", Phase.FAILED, "exit code 1", exit_code=1, finished=time.time())]))
+    wait_for(lambda: d.tabs.selected_index == 2, what="the failed worker-1 shown")
+    d.close()
+
+
+def test_in_graph_hints_speak_of_the_kernel_not_a_script():
+    """Regression: the in-graph dashboard told the user to call report_progress "in the script"
+    (there is none in-graph: the training loop runs in the kernel)."""
+    from tfk8s_magics.ui.plot import curves_html
+    from tfk8s_magics.ui.render import progress_html
+
+    st = make_status()
+    st_ig = dataclasses.replace(st, mode="in-graph")
+    hint = progress_html(st_ig)
+    assert "script" not in hint and "this notebook" in hint and "%tfcluster connect demo" in hint
+    assert "in the training script" in progress_html(st)
+    assert "script" not in curves_html({})

@@ -54,6 +54,7 @@ from .plot import curves_html, history_of
 from .render import (
     bar_style,
     dashboard_html,
+    default_log_task,
     events_html,
     events_text,
     header_html,
@@ -372,6 +373,7 @@ class Dashboard:
             if st is not None:
                 for t in st.tasks:
                     self.log_tabs.page(t.name)
+                self.log_tabs.prefer(default_log_task(st))
             self.header.value = header_html(st, self.name, deleted=self.deleted,
                                             warning=last_warning(self.events))
             # Between status changes only running durations move: redraw them every few seconds.

@@ -41,6 +41,23 @@ class TaskLogTabs:
         #: task → its page (a VBox with ``.output``), in the order the tasks were seen.
         self.pages: dict[str, object] = {}
         self._logs: dict[str, LogOutput] = {}
+        #: The tab this view chose last; once the user picks another, the view stops choosing.
+        self._chosen: int | None = None
+        self._user_chose = False
+        tabs.observe(self._on_select, names="selected_index")
+
+    def _on_select(self, change) -> None:
+        if change["new"] != self._chosen:
+            self._user_chose = True
+
+    def prefer(self, task: str | None) -> None:
+        """Show ``task``'s tab (see :func:`.render.default_log_task`) unless the user chose one."""
+        if task is None or self._user_chose or task not in self.pages:
+            return
+        index = list(self.pages).index(task)
+        if self.tabs.selected_index != index:
+            self._chosen = index
+            self.tabs.selected_index = index
 
     def page(self, task: str):
         """The tab of one task's log, created the first time the task is seen."""
@@ -80,8 +97,10 @@ class TaskLogTabs:
         self.tabs.children = children[:n] + [page] + children[n:]
         self.tabs.titles = tuple(titles[:n] + [task] + titles[n:])
         if n == 0 or selected is None:
+            self._chosen = 0
             self.tabs.selected_index = 0
-        elif selected >= n:
+        elif selected >= n:  # the same tab stays selected (its index moved)
+            self._chosen = selected + 1
             self.tabs.selected_index = selected + 1
 
     def append(self, task: str, lines: list[str], total: int) -> None:

@@ -148,11 +148,8 @@ _COLOURS = ("#268bd2", "#dc322f", "#859900", "#6c71c4")
 def curves_html(points: dict[str, list[tuple[int, float]]]) -> str:
     """Every metric's sparkline side by side (at most :data:`MAX_METRICS`)."""
     if not points:
-        return (
-            '<div class="tfk8s-curves tfk8s-muted" style="color:#888">no metrics reported yet — '
-            "call <code>tfk8s_magics.report_progress(step, total, loss=...)</code> "
-            "in the script</div>"
-        )
+        # Where to report them is said on the progress line (the script, or in-graph the kernel).
+        return '<div class="tfk8s-curves tfk8s-muted" style="color:#888">no metrics reported yet</div>'
     names = list(points)[:MAX_METRICS]
     return (
         '<div class="tfk8s-curves" style="display:flex;flex-wrap:wrap">'

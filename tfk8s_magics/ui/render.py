@@ -14,7 +14,7 @@ import html
 import time
 
 from ..backends import ClusterStatus, Event, Phase, Progress
-from ..spec import BETWEEN
+from ..spec import BETWEEN, IN_GRAPH
 
 _e = html.escape
 
@@ -190,6 +190,34 @@ def tasks_html(st: ClusterStatus | None, now: float | None = None, deleted: bool
     )
 
 
+def default_log_task(st: ClusterStatus | None) -> str | None:
+    """The log a dashboard opens on: the first task that failed, else the chief, else worker 0.
+
+    Never a parameter server (its log is a banner and "serving") unless it is the one that
+    failed or the only task there is.
+    """
+    if st is None or not st.tasks:
+        return None
+    failed = [t for t in st.tasks if t.phase == Phase.FAILED]
+    if failed:
+        return min(failed, key=lambda t: t.finished or float("inf")).name
+    names = [t.name for t in st.tasks]
+    for preferred in ("chief-0", "worker-0"):
+        if preferred in names:
+            return preferred
+    return next((n for n in names if not n.startswith("ps-")), names[0])
+
+
+def report_hint(st: ClusterStatus | None) -> str:
+    """Where the user calls ``report_progress`` (HTML): the script, or — in-graph — the kernel."""
+    call = "<code>tfk8s_magics.report_progress(step, total, loss=...)</code>"
+    if st is not None and st.mode == IN_GRAPH:
+        # In-graph there is no script: the training loop runs in the notebook that connected.
+        return (f"call {call} in this notebook's training loop (the kernel is the client once "
+                f"<code>%tfcluster connect {_e(st.name)}</code> returned)")
+    return f"call {call} in the training script (the cell body every worker runs)"
+
+
 def progress_html(st: ClusterStatus | None) -> str:
     """The progress line of a dashboard (escaped HTML), or how to report progress."""
     p = st.progress if st is not None else None
@@ -197,8 +225,8 @@ def progress_html(st: ClusterStatus | None) -> str:
         if st is not None and st.terminal:
             return '<span class="tfk8s-progress-text" style="color:#888">no progress was reported</span>'
         return (
-            '<span class="tfk8s-progress-text" style="color:#888">no progress reported yet '
-            "(<code>tfk8s_magics.report_progress(step, total, loss=...)</code>)</span>"
+            '<span class="tfk8s-progress-text" style="color:#888">no progress reported yet: '
+            f"{report_hint(st)}</span>"
         )
     text = fmt_progress(p, ended=st is not None and st.terminal)
     if p.task:
