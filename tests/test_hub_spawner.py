@@ -97,13 +97,15 @@ def test_config_loads_in_jupyterhub_and_sets_kubespawner(kubeconfig, tmp_path, m
         },
         "hub": {
             "hubService": "hub",
+            "namespace": "jhub",
             "proxyApiService": "proxy-api",
             "auth": {"adminUsers": ["root"]},
         },
     }
     app = load_hub(REPO / "hub_config" / "jupyterhub_config.py", values, tmp_path, monkeypatch)
     assert app.config.JupyterHub.spawner_class == "kubespawner.KubeSpawner"
-    assert app.config.JupyterHub.hub_connect_url == "http://hub:8081"
+    # namespace-qualified: notebooks in jhub-alice cannot resolve a short name of namespace jhub
+    assert app.config.JupyterHub.hub_connect_url == "http://hub.jhub.svc:8081"
     assert app.config.ConfigurableHTTPProxy.should_start is False
     assert app.config.Authenticator.admin_users == {"root"}
     sp = make_spawner(app)

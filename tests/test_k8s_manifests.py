@@ -26,9 +26,17 @@ def in_graph(**kw) -> ClusterSpec:
 
 LABELS = {
     "app.kubernetes.io/managed-by": "tfk8s",
+    "app.kubernetes.io/name": "tfk8s",
+    "app.kubernetes.io/part-of": "tfk8s-lab",
+    "app.kubernetes.io/instance": "mnist",
     "tfk8s.io/cluster": "mnist",
     "tfk8s.io/user": "alice",
 }
+
+
+def labels(component: str) -> dict[str, str]:
+    """A cluster object's labels: the recommended app.kubernetes.io set and the project's own."""
+    return {**LABELS, "app.kubernetes.io/component": component, "tfk8s.io/component": component}
 CLUSTER = {
     "ps": ["ps-0.mnist.alice.svc:2222"],
     "worker": ["worker-0.mnist.alice.svc:2222", "worker-1.mnist.alice.svc:2222"],
@@ -50,8 +58,7 @@ def test_worker_pod_is_exactly_this():
             "name": "mnist-worker-1",
             "namespace": "alice",
             "labels": {
-                **LABELS,
-                "tfk8s.io/component": "task",
+                **labels("task"),
                 "tfk8s.io/role": "worker",
                 "tfk8s.io/index": "1",
             },
@@ -68,6 +75,7 @@ def test_worker_pod_is_exactly_this():
                 "runAsUser": 1000,
                 "runAsGroup": 1000,
                 "fsGroup": 1000,
+                "fsGroupChangePolicy": "OnRootMismatch",
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
             "containers": [
@@ -166,7 +174,7 @@ def test_root_configmap_holds_script_and_spec_without_script():
         "metadata": {
             "name": "mnist",
             "namespace": "alice",
-            "labels": {**LABELS, "tfk8s.io/component": "root"},
+            "labels": labels("root"),
             "annotations": {"tfk8s.io/owner": "alice"},
         },
         "data": {"spec.json": json.dumps(record, sort_keys=True), "script.py": SCRIPT},
@@ -183,7 +191,7 @@ def test_headless_service():
         "metadata": {
             "name": "mnist",
             "namespace": "alice",
-            "labels": {**LABELS, "tfk8s.io/component": "dns"},
+            "labels": labels("dns"),
         },
         "spec": {
             "clusterIP": "None",
@@ -203,7 +211,7 @@ def test_claims_use_storage_class_and_skip_named_claims():
             "metadata": {
                 "name": "mnist-data",
                 "namespace": "alice",
-                "labels": {**LABELS, "tfk8s.io/component": "data"},
+                "labels": labels("data"),
             },
             "spec": {
                 "accessModes": ["ReadWriteMany"],
@@ -217,7 +225,7 @@ def test_claims_use_storage_class_and_skip_named_claims():
             "metadata": {
                 "name": "mnist-log",
                 "namespace": "alice",
-                "labels": {**LABELS, "tfk8s.io/component": "log"},
+                "labels": labels("log"),
             },
             "spec": {
                 "accessModes": ["ReadWriteMany"],
@@ -243,35 +251,6 @@ def test_claims_use_storage_class_and_skip_named_claims():
         "containers"][0]["command"][2] == "/log/mnist"
 
 
-def test_network_policy_opens_the_task_port_to_the_notebook_only():
-    assert m.network_policy(in_graph(), SETTINGS) == {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {
-            "name": "ig",
-            "namespace": "alice",
-            "labels": {**LABELS, "tfk8s.io/cluster": "ig", "tfk8s.io/component": "network-policy"},
-        },
-        "spec": {
-            "podSelector": {
-                "matchLabels": {"tfk8s.io/cluster": "ig", "tfk8s.io/component": "task"}
-            },
-            "policyTypes": ["Ingress"],
-            "ingress": [
-                {
-                    "from": [{"podSelector": {"matchLabels": {
-                        "tfk8s.io/cluster": "ig", "tfk8s.io/component": "task"}}}],
-                    "ports": [{"port": 2222, "protocol": "TCP"}],
-                },
-                {
-                    "from": [{"podSelector": {"matchLabels": {"component": "singleuser-server"}}}],
-                    "ports": [{"port": 2222, "protocol": "TCP"}],
-                },
-            ],
-        },
-    }
-
-
 def test_tensorboard_service_and_deployment():
     spec = between()
     svc = m.tensorboard_service(spec, SETTINGS)
@@ -281,7 +260,7 @@ def test_tensorboard_service_and_deployment():
         "metadata": {
             "name": "mnist-tensorboard",
             "namespace": "alice",
-            "labels": {**LABELS, "tfk8s.io/component": "tensorboard"},
+            "labels": labels("tensorboard"),
         },
         "spec": {
             "selector": {"tfk8s.io/cluster": "mnist", "tfk8s.io/component": "tensorboard"},
@@ -315,8 +294,8 @@ def test_cluster_manifests_order_counts_and_common_labels():
         ("Pod", "mnist-worker-0"),
         ("Pod", "mnist-worker-1"),
     ]
-    # N tasks → N + 4 objects; in-graph adds the NetworkPolicy; TensorBoard adds 2
-    assert len(m.cluster_manifests(in_graph(), SETTINGS)) == 2 + 4 + 1
+    # N tasks → N + 4 objects, in-graph too (no per-cluster NetworkPolicy); TensorBoard adds 2
+    assert len(m.cluster_manifests(in_graph(), SETTINGS)) == 2 + 4
     assert len(m.cluster_manifests(spec, SETTINGS, tensorboard=True)) == 3 + 4 + 2
     for obj in m.cluster_manifests(spec, SETTINGS, tensorboard=True):
         assert obj["metadata"]["labels"].items() >= LABELS.items(), obj["metadata"]["name"]

@@ -473,7 +473,8 @@ def test_pod_count_quota_and_limit_range_defaults(kube, core):
         status_of(exc.value)["message"]
     with pytest.raises(ApiException) as exc:
         core.create_namespaced_pod(NS, pod_manifest("huge", resources={"limits": {"cpu": "4"}}))
-    assert "maximum cpu usage per Container is 2, but limit is 4" in \
+    # the real LimitRanger's sentence (capitalised, with its full stop)
+    assert "Maximum cpu usage per Container is 2, but limit is 4." in \
         status_of(exc.value)["message"]
 
 

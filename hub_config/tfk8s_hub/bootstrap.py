@@ -23,15 +23,45 @@ Manifest = dict[str, Any]
 
 #: Labels of every bootstrap object (what ``kubectl get -l`` finds them by).
 BOOTSTRAP_LABELS = {
+    "app.kubernetes.io/name": "tfk8s-lab",
+    "app.kubernetes.io/component": "user-namespace",
     "app.kubernetes.io/part-of": "tfk8s-lab",
     "app.kubernetes.io/managed-by": "tfk8s-lab-hub",
 }
+
+#: Marks a namespace as a lab user namespace; the value is the hub's namespace.  The
+#: chart's admission policy lets the hub write only in namespaces carrying it, and the
+#: hub's NetworkPolicy lets notebooks from them in.
+USER_NAMESPACE_LABEL = "tfk8s.io/hub-namespace"
+
+#: Pod Security Admission: user pods must meet the "restricted" profile (no
+#: privileged pods, no hostPath, non-root, no capabilities...), or a user with
+#: the right to create pods would have root on the node.
+POD_SECURITY_LABELS = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+    "pod-security.kubernetes.io/warn": "restricted",
+    "pod-security.kubernetes.io/audit": "restricted",
+}
+
+
+def namespace_labels(spec: BootstrapSpec) -> dict[str, str]:
+    """The labels of every user namespace (KubeSpawner puts them on the namespace it creates)."""
+    return {
+        **BOOTSTRAP_LABELS,
+        USER_NAMESPACE_LABEL: spec.hub_namespace,
+        **POD_SECURITY_LABELS,
+    }
 
 #: Hub and proxy pods carry this label (as in zero-to-jupyterhub): user pods accept them.
 HUB_ACCESS_LABEL = "hub.jupyter.org/network-access-singleuser"
 #: The hub pod's component label: notebook servers call the hub API on :data:`HUB_API_PORT`.
 HUB_COMPONENT = {"app.kubernetes.io/component": "hub"}
 HUB_API_PORT = 8081
+
+#: NodeLocal DNSCache's link-local address: with it, pods' resolv.conf names this address,
+#: not the kube-dns Service, and the traffic never reaches a pod in kube-system.
+NODE_LOCAL_DNS = "169.254.20.10/32"
 
 #: Address ranges that are never "the internet": pods, services, nodes, cloud metadata.
 PRIVATE_CIDRS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16")
@@ -146,7 +176,8 @@ def network_policy(spec: BootstrapSpec, namespace: str) -> Manifest | None:
     namespace is denied -- which is what keeps users apart, since each user
     namespace carries this policy.
 
-    Egress: the same namespace, the hub API, DNS in ``kube-system``, the
+    Egress: the same namespace, the hub API, DNS (``kube-system``, and
+    NodeLocal DNSCache at :data:`NODE_LOCAL_DNS`), the
     Kubernetes API server (``api_server_cidrs`` x ``api_server_ports``), and,
     if ``allow_internet``, public addresses (private ranges and the cloud
     metadata address excluded).
@@ -171,7 +202,8 @@ def network_policy(spec: BootstrapSpec, namespace: str) -> Manifest | None:
                     "namespaceSelector": {
                         "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
                     }
-                }
+                },
+                {"ipBlock": {"cidr": NODE_LOCAL_DNS}},
             ],
             "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
         },

@@ -157,7 +157,6 @@ class LabSettings(ExtensionDefaults):
         default_value={
             "requests.cpu": "8",
             "requests.memory": "32Gi",
-            "limits.cpu": "16",
             "limits.memory": "64Gi",
             "requests.storage": "200Gi",
             "persistentvolumeclaims": "20",
@@ -165,18 +164,28 @@ class LabSettings(ExtensionDefaults):
             "services": "20",
         },
         help="""ResourceQuota 'hard' limits of each user namespace (notebook and all
-        its TensorFlow pods together).  Empty: no quota object.""",
+        its TensorFlow pods together).  Empty: no quota object.
+
+        The resource model: CPU is counted by requests only -- TensorFlow tasks
+        set no CPU limit, because throttling one task stalls every peer waiting
+        on it; memory by requests and limits (a task's memory limit equals its
+        request, so over-use ends in a retryable OOM kill).  Adding
+        'limits.cpu' here needs a CPU limit in default_limits too, and then
+        users cannot ask for more CPU than that limit.""",
     ).tag(config=True)
 
     default_limits = Dict(
-        default_value={"cpu": "2", "memory": "4Gi"},
+        default_value={"memory": "4Gi"},
         help="""LimitRange default limits of a container that sets none (a quota on
-        limits.* rejects pods without limits otherwise).""",
+        limits.* rejects pods without limits otherwise).  No CPU by default: a
+        default CPU limit throttles every task at it, and a user's --cpu above
+        it is refused (a request may not exceed its limit).""",
     ).tag(config=True)
 
     default_requests = Dict(
-        default_value={"cpu": "100m", "memory": "256Mi"},
-        help="LimitRange default requests of a container that sets none.",
+        default_value={"cpu": "500m", "memory": "1Gi"},
+        help="""LimitRange default requests of a container that sets none (a task
+        launched without --cpu/--memory; TensorFlow alone takes ~500 MB).""",
     ).tag(config=True)
 
     max_limits = Dict(

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .bootstrap import BootstrapSpec, Manifest, bootstrap_objects
+from .bootstrap import BootstrapSpec, Manifest, bootstrap_objects, namespace_labels
 from .settings import LabSettings
 
 log = logging.getLogger("tfk8s_hub")
@@ -176,10 +176,23 @@ def kubespawner_config(settings: LabSettings) -> dict[str, Any]:
             "{hubnamespace}", settings.hub_namespace
         ),
         "user_namespace_labels": {
-            "app.kubernetes.io/part-of": "tfk8s-lab",
+            **namespace_labels(BootstrapSpec.from_settings(settings)),
             "hub.jupyter.org/username": "{username}",
         },
         "image": settings.notebook_image,
+        # The notebook pod meets Pod Security "restricted" (the namespace enforces it):
+        # jovyan (1000) in group users (100); the home volume's files belong to group 100
+        # (fs_gid, as Zero-to-JupyterHub), re-chowned only when its root is wrong.
+        "uid": NOTEBOOK_UID,
+        "gid": NOTEBOOK_GID,
+        "fs_gid": NOTEBOOK_GID,
+        "allow_privilege_escalation": False,
+        "pod_security_context": {
+            "runAsNonRoot": True,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "container_security_context": {"capabilities": {"drop": ["ALL"]}},
         "service_account": settings.service_account,
         "automount_service_account_token": True,
         "storage_pvc_ensure": True,
@@ -196,6 +209,11 @@ def kubespawner_config(settings: LabSettings) -> dict[str, Any]:
         "environment": env,
         "default_url": "/lab",
     }
+
+
+#: The notebook image's user (jovyan) and group (users), as in the Jupyter docker stacks.
+NOTEBOOK_UID = 1000
+NOTEBOOK_GID = 100
 
 
 def _cpu(quantity: str) -> float:

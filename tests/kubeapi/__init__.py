@@ -123,9 +123,16 @@ What it models
   403 with the real wording, e.g. ``pods is forbidden: User
   "system:serviceaccount:NS:SA" cannot create resource "pods" in API group ""
   in the namespace "other"``.
-* Admission: pod defaults (restartPolicy, imagePullPolicy, qosClass, requests
-  default to limits, ``status.phase: Pending``), LimitRange ``default`` /
-  ``defaultRequest`` / ``max`` for containers, ResourceQuota on ``pods``,
+* Admission, in the real server's order: pod defaults (restartPolicy,
+  imagePullPolicy, qosClass, requests default to limits, ``status.phase:
+  Pending``); LimitRange defaulting of the object itself and the LimitRanger
+  (container ``default``/``defaultRequest``, then ``min``/``max``/
+  ``maxLimitRequestRatio`` per Container and Pod → 403 with the plugin's
+  sentences; ``limitranger.py``); a request above its limit → 422; Pod
+  Security ``baseline``/``restricted`` from the namespace's ``enforce`` label
+  → 403 ``violates PodSecurity "restricted:latest": ...`` (``podsecurity.py``);
+  ConfigMap/Secret data over 1 MiB → 422 ``Too long``; a request body over
+  3 MiB → 413; ResourceQuota on ``pods``,
   ``cpu``, ``memory``, ``requests.*``, ``limits.*`` (incl.
   ``requests.nvidia.com/gpu``), object counts (``services``, ``configmaps``,
   ``count/<resource>``...) → 403 ``exceeded quota: ...`` or ``failed quota:

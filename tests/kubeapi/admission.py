@@ -3,8 +3,9 @@
 What happens to an object between "the request body was valid" and "it was
 stored", for API requests and controller-created pods alike: the defaults a
 backend would see on the stored object (pod ``restartPolicy``, ``status.phase
-Pending``, a Job's selector and labels), LimitRange defaults, and
-ResourceQuota admission. Call :func:`admit_create` with ``store.lock`` held,
+Pending``, a Job's selector and labels), LimitRange defaulting and bounds
+(``limitranger.py``), Pod Security (``podsecurity.py``) and ResourceQuota
+admission. Call :func:`admit_create` with ``store.lock`` held,
 together with the create.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 
-from . import errors, quota
+from . import errors, limitranger, podsecurity, quota
 from .resources import ResourceKind, lookup
 from .store import Store
 
@@ -70,11 +71,33 @@ def default_job(job: dict, uid: str) -> None:
     spec.setdefault("suspend", False)
 
 
+def admit_pod(store: Store, namespace: dict, pod: dict) -> None:
+    """A pod's way through the real server: defaults, mutation, validation, validating plugins.
+
+    Decoding defaults requests to limits; the LimitRanger fills defaults
+    (mutating); validation refuses a request above its limit (422); then the
+    validating plugins in the real order: LimitRanger bounds, PodSecurity
+    (403); ResourceQuota runs last, in :func:`admit_create`.
+    """
+    default_pod(pod)
+    limit_ranges = store.objects(lookup("limitranges"), namespace["metadata"]["name"])
+    limitranger.default_requests_to_limits(pod)
+    limitranger.mutate(limit_ranges, pod)
+    problems = limitranger.request_limit_problems(pod)
+    if problems:
+        raise errors.invalid(lookup("pods"), pod["metadata"].get("name", ""), problems)
+    limitranger.validate(limit_ranges, pod)
+    podsecurity.admit(namespace, pod)
+    pod["status"]["qosClass"] = _qos_class(pod["spec"])
+
+
 def admit_create(store: Store, kind: ResourceKind, namespace: str | None, obj: dict) -> str | None:
     """Default and admit ``obj`` for creation; returns a pre-assigned uid or None.
 
     Raises the real server's errors: 404 when the namespace does not exist,
-    403 when it is terminating or a quota/LimitRange forbids the object.
+    403 when it is terminating or a quota, LimitRange or Pod Security level
+    forbids the object, 422 when LimitRange defaults leave a request above
+    its limit.
     """
     if kind.namespaced:
         ns = store.get(lookup("namespaces"), None, namespace)
@@ -87,9 +110,9 @@ def admit_create(store: Store, kind: ResourceKind, namespace: str | None, obj: d
                 "terminated")
     uid = None
     if kind.kind == "Pod":
-        default_pod(obj)
-        quota.apply_limit_ranges(store, namespace, obj)
-        obj["status"]["qosClass"] = _qos_class(obj["spec"])
+        admit_pod(store, ns, obj)
+    elif kind.kind == "LimitRange":
+        limitranger.default_limit_range(obj)
     elif kind.kind == "Job":
         uid = str(uuid.uuid4())
         default_job(obj, uid)

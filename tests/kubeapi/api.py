@@ -25,6 +25,8 @@ from .validation import Validator
 
 #: Bearer token that bypasses RBAC (the harness's admin client sends it).
 ADMIN_TOKEN = "kubeapi-test-double-admin"
+#: The apiserver's ``MaxRequestBodyBytes`` (3 MiB): a bigger body is a 413 before decoding.
+MAX_REQUEST_BODY = 3 * 1024 * 1024
 # Real apiservers pick 30-60 min for watches without timeoutSeconds.
 DEFAULT_WATCH_TIMEOUT = 1800.0
 
@@ -165,6 +167,9 @@ class KubeAPI:
             listing = self._discovery(req)
             if listing is not None:
                 return listing
+            if len(req.body) > MAX_REQUEST_BODY:
+                raise errors.ApiError(413, "RequestEntityTooLarge",
+                                      f"Request entity too large: limit is {MAX_REQUEST_BODY}")
             route = parse_route(req.path)
             if route.kind.group in self.disabled_groups:
                 raise _NOT_FOUND_PATH

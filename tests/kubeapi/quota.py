@@ -1,9 +1,9 @@
-"""ResourceQuota and LimitRange admission of the fake API server (a TEST DOUBLE).
+"""ResourceQuota admission of the fake API server (a TEST DOUBLE).
 
-Mirrors the real admission plugins closely enough for a backend to meet the
-same failures: LimitRange fills container defaults (and enforces ``max``);
-ResourceQuota rejects a create that would exceed ``spec.hard`` with 403
-``exceeded quota: ...``, rejects pods that omit a constrained compute
+Mirrors the real admission plugin closely enough for a backend to meet the
+same failures (LimitRange is ``limitranger.py``).  ResourceQuota rejects a
+create that would exceed ``spec.hard`` with 403 ``exceeded quota: ...``,
+rejects pods that omit a constrained compute
 resource with 403 ``failed quota: ...: must specify ...``, and keeps
 ``status.used`` current as pods come and go (terminal pods stop counting).
 Not modelled: quota scopes/scopeSelector, storage-class quotas,
@@ -76,42 +76,6 @@ def pod_usage(pod: dict) -> dict[str, Decimal]:
             peak = max((amount(c) for c in inits), default=Decimal(0))
             usage[f"{section}.{name}"] = max(total, peak)
     return usage
-
-
-def apply_pod_defaults(pod: dict) -> None:
-    """Default requests to limits when only limits are set (apiserver defaulting)."""
-    containers, inits = _containers(pod)
-    for c in containers + inits:
-        res = c.get("resources") or {}
-        limits = res.get("limits") or {}
-        if limits:
-            requests = res.setdefault("requests", {})
-            for name, value in limits.items():
-                requests.setdefault(name, value)
-            c["resources"] = res
-
-
-def apply_limit_ranges(store: Store, namespace: str, pod: dict) -> None:
-    """LimitRanger admission: fill ``default``/``defaultRequest``, enforce ``max``."""
-    pods = lookup("pods")
-    containers, inits = _containers(pod)
-    for lr in store.objects(lookup("limitranges"), namespace):
-        for item in (lr.get("spec") or {}).get("limits") or []:
-            if item.get("type") != "Container":
-                continue
-            for c in containers + inits:
-                res = c.setdefault("resources", {})
-                for section, key in (("limits", "default"), ("requests", "defaultRequest")):
-                    for name, value in (item.get(key) or {}).items():
-                        res.setdefault(section, {}).setdefault(name, value)
-                for name, value in (item.get("max") or {}).items():
-                    limit = (res.get("limits") or {}).get(name)
-                    if limit is not None and parse_quantity(limit) > parse_quantity(value):
-                        raise errors.forbidden(
-                            pods, pod["metadata"].get("name"),
-                            f"maximum {name} usage per Container is {value}, "
-                            f"but limit is {limit}")
-    apply_pod_defaults(pod)
 
 
 def _charges(kind: ResourceKind, obj: dict) -> dict[str, Decimal]:

@@ -87,6 +87,22 @@ def _pod_spec_problems(spec: dict, field: str) -> list[tuple[str, str]]:
     return problems
 
 
+#: ``core.MaxSecretSize``: what ConfigMap and Secret data may total (``ValidateConfigMap``).
+MAX_DATA_BYTES = 1024 * 1024
+
+
+def _data_size_problems(kind: ResourceKind, obj: dict) -> list[tuple[str, str]]:
+    """A ConfigMap's (or Secret's) values over 1 MiB in total: 422 ``Too long``."""
+    if kind.kind not in ("ConfigMap", "Secret"):
+        return []
+    total = sum(len(str(v).encode("utf-8")) for v in (obj.get("data") or {}).values())
+    total += sum(len(str(v)) * 3 // 4 for v in (obj.get("binaryData") or {}).values())
+    if total > MAX_DATA_BYTES:
+        field = "[]" if kind.kind == "ConfigMap" else "data"
+        return [(field, f"Too long: must have at most {MAX_DATA_BYTES} bytes")]
+    return []
+
+
 @functools.cache
 def _definitions(schema_dir: str, version: str) -> Resource:
     """The shared ``_definitions.json`` of one schema directory, parsed once."""
@@ -147,6 +163,7 @@ class Validator:
             problems += _check_dns(meta["name"], _NAME_RULES.get(kind.kind, "subdomain"),
                                    "metadata.name")
         problems += _check_labels(meta.get("labels"), "metadata.labels")
+        problems += _data_size_problems(kind, obj)
         spec = obj.get("spec") or {}
         if kind.kind == "Pod":
             problems += _pod_spec_problems(spec, "spec")

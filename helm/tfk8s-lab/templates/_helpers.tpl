@@ -32,10 +32,12 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- define "tfk8s-lab.hubValues" -}}
 {{- $hub := dict
       "hubService" (include "tfk8s-lab.hub.name" .)
+      "namespace" .Release.Namespace
       "proxyApiService" (include "tfk8s-lab.proxyApi.name" .)
       "dbUrl" .Values.hub.db.url
       "baseUrl" .Values.hub.baseUrl
       "extraConfig" .Values.hub.extraConfig
+      "cull" .Values.cull
       "auth" (dict "class" .Values.auth.class "adminUsers" .Values.auth.adminUsers "allowedUsers" .Values.auth.allowedUsers "allowAll" .Values.auth.allowAll) -}}
 {{- $lab := deepCopy .Values.lab -}}
 {{- $_ := set $lab "hub_namespace" .Release.Namespace -}}

@@ -19,7 +19,7 @@ from kubernetes.client.rest import ApiException
 from ...errors import LaunchFailed
 from .client import Api, api_reason
 from .manifests import owner_reference, with_owner
-from .quota import node_problems, quota_problems
+from .quota import admitted, limit_problems, node_problems, quota_problems
 
 Manifest = dict[str, Any]
 #: Concurrent pod creations: enough to hide round trips, few enough to be polite.
@@ -34,9 +34,9 @@ def failure_sentence(e: ApiException, manifest: Manifest, namespace: str) -> str
     """One sentence saying why the API refused ``manifest``, and what to do."""
     reason = api_reason(e)
     what = _what(manifest)
-    if e.status == 403 and "quota" in reason.lower():
-        return (f"creating {what} would exceed the namespace's ResourceQuota ({reason}); "
-                "ask for fewer tasks or resources, or delete finished clusters.")
+    admission = _admission_sentence(e.status, reason, what)
+    if admission:
+        return admission
     if e.status == 403:
         return (f"the notebook's service account may not create {what} in namespace "
                 f"{namespace!r} ({reason}); ask your administrator to bind the tfk8s-backend "
@@ -49,21 +49,54 @@ def failure_sentence(e: ApiException, manifest: Manifest, namespace: str) -> str
     return f"creating {what} failed: the API answered {e.status} ({reason})."
 
 
+def _admission_sentence(status: int | None, reason: str, what: str) -> str | None:
+    """The sentence for a refusal by an admission plugin (quota, LimitRange, Pod Security)."""
+    if status == 403 and "must specify" in reason:
+        return (f"the namespace's ResourceQuota needs every pod to state its resources and "
+                f"{what} does not ({reason}): give --cpu and --memory for every role, or ask "
+                "your administrator for LimitRange defaults.")
+    if status == 403 and "quota" in reason.lower():
+        return (f"creating {what} would exceed the namespace's ResourceQuota ({reason}); "
+                "ask for fewer tasks or resources, or delete finished clusters.")
+    if status == 403 and ("usage per Container" in reason or "usage per Pod" in reason
+                          or "limit to request ratio" in reason):
+        return (f"the namespace's LimitRange refuses {what} ({reason}): ask for resources "
+                "within its bounds (`kubectl describe limitrange`), or ask your "
+                "administrator to change them.")
+    if status == 403 and "violates PodSecurity" in reason:
+        return (f"the namespace's Pod Security level refuses {what} ({reason}): use an image "
+                "that runs as a non-root user; the lab's own pods meet the restricted level.")
+    if status == 422 and "must be less than or equal to" in reason and "limit" in reason:
+        return (f"{what} asks for more than its limit ({reason}), probably a default limit "
+                "from the namespace's LimitRange: ask for less (--cpu, --memory), or ask "
+                "your administrator to raise the LimitRange's default limit.")
+    if status == 422 and "Too long" in reason:
+        return (f"{what} is larger than Kubernetes accepts ({reason}): keep large data and "
+                "code in files on the /data volume and load them from a small script.")
+    return None
+
+
 def preflight(api: Api, manifests: list[Manifest], check_nodes: bool = False) -> None:
-    """Raise :class:`LaunchFailed` if the manifests cannot fit the namespace's quota.
+    """Raise :class:`LaunchFailed` if admission would refuse the manifests.
+
+    The pods are given the namespace's LimitRange defaults first, as the API
+    server will, then checked against the LimitRanges and the quota.
 
     Nodes are compared too when ``check_nodes`` (listing nodes needs a
     ClusterRole the per-user Role does not give).
     """
     try:
+        ranges = api.list_objects("v1", "LimitRange").get("items", [])
         quotas = api.list_objects("v1", "ResourceQuota").get("items", [])
-        problems = quota_problems(manifests, quotas)
+        problems = limit_problems(manifests, ranges)
+        problems += quota_problems(admitted(manifests, ranges), quotas)
         if check_nodes:
             nodes = api.core.list_node(_preload_content=False, _request_timeout=api.timeout)
             problems += node_problems(manifests, api._json(nodes).get("items", []))
     except ApiException as e:
         raise LaunchFailed(
-            f"could not read the quota of namespace {api.namespace!r} before launching: "
+            f"could not read the quota and limit ranges of namespace {api.namespace!r} "
+            "before launching: "
             f"{api_reason(e)}."
         ) from e
     if problems:

@@ -16,9 +16,17 @@ Per cluster (N tasks):
   the spec names existing claims;
 * one bare **Pod** per task ``<cluster>-<task>`` (restarts are decided by the
   backend: see :mod:`.state`);
-* in-graph only, a **NetworkPolicy** letting the notebook (and the
-  cluster's own pods) reach the task port, and nothing else;
 * on request, a TensorBoard **Deployment** + **Service** reading ``/log``.
+
+No NetworkPolicy: policies are additive, so one selecting a cluster's pods
+cannot narrow what the namespace's isolation policy (the hub's bootstrap,
+owned by the administrator) already allows -- every pod of the user's own
+namespace, which is the user.  The user's Role has no NetworkPolicy verbs,
+so that policy is not theirs to delete either.
+
+Labels: every object carries the recommended ``app.kubernetes.io/*`` set
+(what generic tools group by) and the project's own ``tfk8s.io/*`` labels
+(what this backend selects by; :data:`LABEL_PREFIX`, one constant).
 """
 
 from __future__ import annotations
@@ -29,7 +37,8 @@ from typing import Any
 
 import yaml
 
-from ...spec import IN_GRAPH, ClusterSpec, Task
+from ...errors import SpecError
+from ...spec import ClusterSpec, Task
 from ...tfconfig import cluster_def, tf_config
 from .settings import K8sSettings, label_value
 
@@ -42,6 +51,8 @@ ROLE_LABEL = LABEL_PREFIX + "role"
 INDEX_LABEL = LABEL_PREFIX + "index"
 USER_LABEL = LABEL_PREFIX + "user"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "tfk8s"}
+#: The recommended labels' fixed part: which application, and the whole it belongs to.
+APP_LABELS = {"app.kubernetes.io/name": "tfk8s", "app.kubernetes.io/part-of": "tfk8s-lab"}
 #: Annotations on the root object and pods.
 OWNER_ANNOTATION = LABEL_PREFIX + "owner"
 ATTEMPT_ANNOTATION = LABEL_PREFIX + "attempt"
@@ -62,6 +73,9 @@ def object_labels(spec: ClusterSpec, settings: K8sSettings, component: str) -> d
     """The labels every object of the cluster carries."""
     return {
         **MANAGED_BY,
+        **APP_LABELS,
+        "app.kubernetes.io/instance": spec.name,
+        "app.kubernetes.io/component": component,
         CLUSTER_LABEL: spec.name,
         COMPONENT_LABEL: component,
         USER_LABEL: label_value(spec.owner or settings.user) or "unknown",
@@ -126,6 +140,22 @@ def data_claim_name(spec: ClusterSpec) -> str:
     return spec.data_claim or f"{spec.name}-data"
 
 
+#: What the API server accepts in one ConfigMap's data (``ValidateConfigMap``: the sum of
+#: the values' bytes; more is a 422 "Too long: must have at most 1048576 bytes").
+MAX_CONFIGMAP_DATA = 1024 * 1024
+
+
+def _check_size(spec: ClusterSpec, data: dict[str, str]) -> None:
+    size = sum(len(value.encode("utf-8")) for value in data.values())
+    if size > MAX_CONFIGMAP_DATA:
+        raise SpecError(
+            f"cluster {spec.name!r}: its script and spec are {size} bytes, over the "
+            f"{MAX_CONFIGMAP_DATA} bytes Kubernetes accepts in the ConfigMap that carries "
+            "them: keep large data and code in files on the /data volume (or in the image) "
+            "and load them from a small script."
+        )
+
+
 def root_configmap(spec: ClusterSpec, settings: K8sSettings) -> Manifest:
     """The root object: the script and the spec (without the script) as JSON."""
     record = spec.to_dict()
@@ -133,6 +163,7 @@ def root_configmap(spec: ClusterSpec, settings: K8sSettings) -> Manifest:
     data = {SPEC_KEY: json.dumps(record, sort_keys=True)}
     if spec.script is not None:
         data[SCRIPT_KEY] = spec.script
+    _check_size(spec, data)
     meta = _meta(spec, settings, spec.name, "root")
     meta["annotations"] = {OWNER_ANNOTATION: spec.owner or settings.user}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
@@ -188,6 +219,9 @@ def _pod_security(settings: K8sSettings) -> Manifest:
         "runAsUser": settings.run_as_user,
         "runAsGroup": settings.run_as_user,
         "fsGroup": settings.run_as_user,
+        # Without it the kubelet re-chowns every file of /data and /log at each mount:
+        # minutes on a large shared volume.  Root of the volume right: nothing to do.
+        "fsGroupChangePolicy": "OnRootMismatch",
         "seccompProfile": {"type": "RuntimeDefault"},
     }
 
@@ -365,32 +399,6 @@ def task_pod(spec: ClusterSpec, settings: K8sSettings, task: Task, attempt: int 
     }
 
 
-def network_policy(spec: ClusterSpec, settings: K8sSettings) -> Manifest:
-    """In-graph: let the notebook and the cluster's own pods reach the task port; nothing else.
-
-    Selecting the task pods isolates them, so this also closes the port to
-    every other pod of the namespace.
-    """
-    port = [{"port": settings.port, "protocol": "TCP"}]
-    tasks = {CLUSTER_LABEL: spec.name, COMPONENT_LABEL: "task"}
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": _meta(spec, settings, spec.name, "network-policy"),
-        "spec": {
-            "podSelector": {"matchLabels": dict(tasks)},
-            "policyTypes": ["Ingress"],
-            "ingress": [
-                {"from": [{"podSelector": {"matchLabels": dict(tasks)}}], "ports": port},
-                {
-                    "from": [{"podSelector": {"matchLabels": dict(settings.notebook_labels)}}],
-                    "ports": copy.deepcopy(port),
-                },
-            ],
-        },
-    }
-
-
 def tensorboard_name(spec: ClusterSpec) -> str:
     """The name of the TensorBoard Deployment and Service."""
     return f"{spec.name}-tensorboard"
@@ -482,8 +490,6 @@ def cluster_manifests(
     """
     out = [root_configmap(spec, settings), headless_service(spec, settings)]
     out += claims(spec, settings)
-    if spec.mode == IN_GRAPH:
-        out.append(network_policy(spec, settings))
     if tensorboard:
         out += tensorboard_manifests(spec, settings)
     out += [task_pod(spec, settings, t) for t in _start_order(spec)]
@@ -519,7 +525,7 @@ def render_yaml(spec: ClusterSpec, settings: K8sSettings, tensorboard: bool = Fa
 
     Without ownerReferences (their uid exists only once the root is
     created): delete a rendered cluster with
-    ``kubectl delete cm,svc,pvc,pod,netpol,deploy -l tfk8s.io/cluster=NAME``.
+    ``kubectl delete cm,svc,pvc,pod,deploy -l tfk8s.io/cluster=NAME``.
     """
     docs = cluster_manifests(spec, settings, tensorboard=tensorboard)
     return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False)

@@ -1,14 +1,25 @@
-"""The launch pre-flight check: would these manifests fit the namespace's ResourceQuota?
+"""The launch pre-flight check: would these manifests pass the namespace's admission?
 
-Pure arithmetic over dicts: :func:`demand` sums what a cluster asks for,
-:func:`quota_problems` compares it with ResourceQuota objects (``status.hard``
-minus ``status.used``) and :func:`node_problems` with nodes' allocatable
-resources.  Each problem is one sentence naming the resource, the need and
-what is left.
+Pure arithmetic over dicts, in the order the API server admits a pod:
+
+1. :func:`admitted` -- the LimitRanger's mutation: every container without
+   a request or limit gets the namespace's LimitRange defaults (after the
+   LimitRange's own defaulting: a missing ``default`` is its ``max``, a
+   missing ``defaultRequest`` its ``default``), exactly as admission will;
+2. :func:`limit_problems` -- then validation (a request above its limit is
+   a 422) and the LimitRanger's ``min``/``max``/``maxLimitRequestRatio``
+   (a 403);
+3. :func:`quota_problems` -- the ResourceQuota on what is left
+   (``status.hard`` minus ``status.used``), on the *admitted* pods.
+
+:func:`node_problems` compares pods with nodes' allocatable resources.
+Each problem is one sentence naming the resource, the need, the limit and
+what to do.
 """
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from collections.abc import Iterable
 from decimal import Decimal
@@ -101,11 +112,7 @@ def quota_problems(manifests: list[Manifest], quotas: list[Manifest]) -> list[st
                 section, res = _COMPUTE_KEYS[key]
                 missing = _pods_missing(manifests, section, res)
                 if missing:
-                    problems.append(
-                        f"ResourceQuota {name} limits {key}, so every pod must set "
-                        f"{section}.{res}, but {', '.join(missing)} do not: give --{res} for "
-                        "every role (e.g. --cpu 1 --memory 2Gi)."
-                    )
+                    problems.append(_must_specify(name, key, section, res, missing))
                     continue
             wanted = need.get(key, Decimal(0))
             if wanted > left:
@@ -157,3 +164,141 @@ def node_problems(manifests: list[Manifest], nodes: list[Manifest]) -> list[str]
                     "node can allocate: ask for less per task."
                 )
     return problems
+
+
+#: The magic's flag that sets a resource's request (and, for memory, its limit).
+_FLAGS = {"cpu": "--cpu", "memory": "--memory", "nvidia.com/gpu": "--gpus"}
+
+
+def _must_specify(quota: str, key: str, section: str, res: str, pods: list[str]) -> str:
+    who = ", ".join(pods)
+    if section == "limits" and res == "cpu":
+        # --cpu sets a request only (a CPU limit throttles a task and stalls its peers)
+        return (
+            f"ResourceQuota {quota} counts {key}, so every pod needs a CPU limit, but {who} "
+            "get none (tasks set no CPU limit and the namespace's LimitRange gives no default "
+            "one): ask your administrator to drop limits.cpu from the quota or to give the "
+            "LimitRange a default CPU limit."
+        )
+    flag = _FLAGS.get(res, f"a {res} {section[:-1]}")
+    return (
+        f"ResourceQuota {quota} counts {key}, so every pod must set {section}.{res}, but "
+        f"{who} do not and the namespace's LimitRange gives no default: give {flag} for "
+        "every role (e.g. --cpu 1 --memory 2Gi)."
+    )
+
+
+# -- LimitRange: what the LimitRanger admission plugin does to a pod -----------
+
+
+def _defaulted_item(item: Manifest) -> Manifest:
+    """A LimitRange item after the API's defaulting (``SetDefaults_LimitRangeItem``)."""
+    item = copy.deepcopy(item)
+    if item.get("type") != "Container":
+        return item
+    default = item.setdefault("default", {}) or {}
+    request = item.setdefault("defaultRequest", {}) or {}
+    for key, value in (item.get("max") or {}).items():
+        default.setdefault(key, value)
+    for key, value in default.items():
+        request.setdefault(key, value)
+    for key, value in (item.get("min") or {}).items():
+        request.setdefault(key, value)
+    item["default"], item["defaultRequest"] = default, request
+    return item
+
+
+def _items(limit_ranges: list[Manifest]) -> list[tuple[str, Manifest]]:
+    return [
+        (lr.get("metadata", {}).get("name", "?"), _defaulted_item(item))
+        for lr in limit_ranges
+        for item in (lr.get("spec") or {}).get("limits") or []
+    ]
+
+
+def _containers(pod_spec: Manifest) -> list[Manifest]:
+    return [*(pod_spec.get("initContainers") or []), *(pod_spec.get("containers") or [])]
+
+
+def _merge_defaults(pod_spec: Manifest, limit_ranges: list[Manifest]) -> None:
+    # The API server first defaults a missing request to its limit (decoding),
+    # then the LimitRanger fills what is still missing from each LimitRange.
+    for c in _containers(pod_spec):
+        res = c.setdefault("resources", {})
+        for key, value in (res.get("limits") or {}).items():
+            res.setdefault("requests", {}).setdefault(key, value)
+    for lr in limit_ranges:
+        defaults: dict[str, dict[str, str]] = {"limits": {}, "requests": {}}
+        for _, item in _items([lr]):
+            if item.get("type") == "Container":
+                defaults["limits"].update(item["default"])
+                defaults["requests"].update(item["defaultRequest"])
+        for c in _containers(pod_spec):
+            res = c["resources"]
+            for section, values in defaults.items():
+                for key, value in values.items():
+                    res.setdefault(section, {}).setdefault(key, value)
+
+
+def admitted(manifests: list[Manifest], limit_ranges: list[Manifest]) -> list[Manifest]:
+    """Copies of ``manifests`` whose pods carry the resources admission will give them."""
+    out = []
+    for m in manifests:
+        m = copy.deepcopy(m)
+        for pod_spec in _pod_specs(m)[:1]:
+            _merge_defaults(pod_spec, limit_ranges)
+        out.append(m)
+    return out
+
+
+def limit_problems(manifests: list[Manifest], limit_ranges: list[Manifest]) -> list[str]:
+    """Why the admitted pods of ``manifests`` would be refused by validation or the LimitRanger."""
+    problems = []
+    for m in admitted(manifests, limit_ranges):
+        for pod_spec in _pod_specs(m)[:1]:
+            for c in pod_spec.get("containers") or []:
+                problems += _container_problems(m["metadata"]["name"], c, limit_ranges)
+    return problems
+
+
+def _container_problems(pod: str, c: Manifest, limit_ranges: list[Manifest]) -> list[str]:
+    res = c.get("resources") or {}
+    requests, limits = res.get("requests") or {}, res.get("limits") or {}
+    out = []
+    for key, request in sorted(requests.items()):
+        limit = limits.get(key)
+        if limit is not None and parse_quantity(request) > parse_quantity(limit):
+            out.append(
+                f"{pod} asks for {key} {request} but the namespace's LimitRange gives its "
+                f"container a {key} limit of {limit}: ask for at most {limit} "
+                f"({_FLAGS.get(key, key)}), or ask your administrator to raise the "
+                f"LimitRange's default {key} limit."
+            )
+    for lr, item in _items(limit_ranges):
+        if item.get("type") != "Container":
+            continue
+        for key, bound in (item.get("max") or {}).items():
+            value = limits.get(key)
+            if value is None or parse_quantity(value) > parse_quantity(bound):
+                out.append(
+                    f"{pod} has a {key} limit of {value or 'none'} but LimitRange {lr} allows "
+                    f"at most {bound} per container: ask for less ({_FLAGS.get(key, key)})."
+                )
+        for key, bound in (item.get("min") or {}).items():
+            value = requests.get(key)
+            if value is None or parse_quantity(value) < parse_quantity(bound):
+                out.append(
+                    f"{pod} requests {key} {value or 'none'} but LimitRange {lr} asks for at "
+                    f"least {bound} per container: ask for more ({_FLAGS.get(key, key)})."
+                )
+        for key, ratio in (item.get("maxLimitRequestRatio") or {}).items():
+            req, lim = requests.get(key), limits.get(key)
+            if not req or not lim or parse_quantity(req) == 0 or (
+                parse_quantity(lim) / parse_quantity(req) > parse_quantity(ratio)
+            ):
+                out.append(
+                    f"{pod}'s {key} limit {lim or 'none'} over its request {req or 'none'} "
+                    f"exceeds LimitRange {lr}'s ratio {ratio}: ask for a larger {key} "
+                    f"request ({_FLAGS.get(key, key)})."
+                )
+    return out

@@ -7,7 +7,8 @@ and the tests prove that every request the backend makes is allowed by
 What is *not* granted, on purpose: ``secrets`` (nothing here reads them),
 ``pods/exec`` and ``pods/attach`` (logs are read, never a shell), ``nodes``
 (cluster-scoped; the node pre-flight check is opt-in and needs a separate
-ClusterRole), ``update``/``patch`` on pods, and anything in other namespaces.
+ClusterRole), ``update``/``patch`` on pods, ``networkpolicies`` (see
+:func:`role_rules`), and anything in other namespaces.
 """
 
 from __future__ import annotations
@@ -28,10 +29,15 @@ def role_rules() -> list[dict[str, Any]]:
     * ``services`` — the headless Service (task DNS) and TensorBoard's.
     * ``persistentvolumeclaims`` — ``/data`` and ``/log``; ``patch`` drops the
       owner reference of the log claim when a delete keeps the logs.
-    * ``events`` (read) — why a pod is pending; ``resourcequotas`` (read) —
-      the launch pre-flight check.
-    * ``deployments`` — TensorBoard; ``networkpolicies`` — in-graph access
-      from the notebook to its cluster's pods.
+    * ``events`` (read) — why a pod is pending; ``resourcequotas`` and
+      ``limitranges`` (read) — the launch pre-flight check applies the
+      LimitRange defaults as admission will, then compares with the quota.
+    * ``deployments`` — TensorBoard.
+
+    No ``networkpolicies``: the namespace's isolation policy is the
+    administrator's (the hub's bootstrap), and a user who could delete it
+    would lift its egress block on private ranges and the cloud metadata
+    address.
     """
     return [
         {
@@ -50,15 +56,14 @@ def role_rules() -> list[dict[str, Any]]:
             "resources": ["services", "persistentvolumeclaims"],
             "verbs": [*_READ, "create", "patch", "delete"],
         },
-        {"apiGroups": [""], "resources": ["events", "resourcequotas"], "verbs": _READ},
+        {
+            "apiGroups": [""],
+            "resources": ["events", "resourcequotas", "limitranges"],
+            "verbs": _READ,
+        },
         {
             "apiGroups": ["apps"],
             "resources": ["deployments"],
-            "verbs": [*_READ, "create", "delete"],
-        },
-        {
-            "apiGroups": ["networking.k8s.io"],
-            "resources": ["networkpolicies"],
             "verbs": [*_READ, "create", "delete"],
         },
     ]
