@@ -29,6 +29,7 @@ def test_defaults():
     assert s.extension_environment() == {
         "TFK8S_BACKEND": "kubernetes",
         "TFK8S_IMAGE": "tfk8s/tensorflow-task:0.1.0",
+        "TFK8S_GPU_IMAGE": "tfk8s/tensorflow-task-gpu:0.1.0",
         "TFK8S_STORAGE_CLASS": "glusterfs",
         "TFK8S_RESTARTS": "2",
         "TFK8S_PS_GRACE": "30",

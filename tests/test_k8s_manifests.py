@@ -10,6 +10,7 @@ import yaml
 
 from tfk8s_magics.backends.kubernetes import manifests as m
 from tfk8s_magics.backends.kubernetes.settings import K8sSettings
+from tfk8s_magics.errors import SpecError
 from tfk8s_magics.spec import ClusterSpec, Resources, Task
 
 SETTINGS = K8sSettings(namespace="alice", image="tfk8s/tensorflow-task:0.1.0", user="alice")
@@ -81,7 +82,8 @@ def test_worker_pod_is_exactly_this():
             "containers": [
                 {
                     "name": "tensorflow",
-                    "image": "tfk8s/tensorflow-task:0.1.0",
+                    # the worker asks for a GPU: the tensorflow[and-cuda] image, not the CPU one
+                    "image": "tfk8s/tensorflow-task-gpu:0.1.0",
                     "imagePullPolicy": "IfNotPresent",
                     "command": [
                         "python", "-m", "tfk8s_magics.backends.kubernetes.logcopy",
@@ -368,3 +370,31 @@ def test_strict_validation_catches_an_unknown_field():
     pod["spec"]["containers"][0]["imagePullPolcy"] = "Always"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(pod, "1.37", strict=True)
+
+
+def test_gpus_select_the_gpu_image_and_cpu_roles_keep_the_cpu_image():
+    spec = between(resources={"worker": Resources(gpus=1)})
+    images = {t.name: m.task_pod(spec, SETTINGS, t)["spec"]["containers"][0]["image"]
+              for t in spec.tasks()}
+    assert images == {"ps-0": "tfk8s/tensorflow-task:0.1.0",
+                      "worker-0": "tfk8s/tensorflow-task-gpu:0.1.0",
+                      "worker-1": "tfk8s/tensorflow-task-gpu:0.1.0"}
+    # TensorBoard needs no GPU
+    tb = m.tensorboard_deployment(spec, SETTINGS)["spec"]["template"]["spec"]["containers"][0]
+    assert tb["image"] == "tfk8s/tensorflow-task:0.1.0"
+    # a user's own image wins; with no GPU image configured, --gpus is refused in one sentence
+    named = between(resources={"worker": Resources(gpus=1)}, image="reg/tf-cuda:1")
+    assert m.task_pod(named, SETTINGS, Task("worker", 0))["spec"]["containers"][0]["image"] == \
+        "reg/tf-cuda:1"
+    no_gpu_image = K8sSettings(namespace="alice", gpu_image="")
+    with pytest.raises(SpecError, match="no GPU task image is configured"):
+        m.cluster_manifests(spec, no_gpu_image)
+    assert m.cluster_manifests(between(), no_gpu_image)  # CPU clusters do not care
+
+
+def test_gpu_image_from_the_environment(monkeypatch):
+    from tfk8s_magics.backends.kubernetes.settings import settings_from_env
+
+    assert settings_from_env(namespace="x").gpu_image == "tfk8s/tensorflow-task-gpu:0.1.0"
+    monkeypatch.setenv("TFK8S_GPU_IMAGE", "reg/gpu:2")
+    assert settings_from_env(namespace="x").gpu_image == "reg/gpu:2"

@@ -60,6 +60,8 @@ DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$")
 
 #: The task image used when neither the spec nor ``$TFK8S_IMAGE`` names one.
 DEFAULT_IMAGE = "tfk8s/tensorflow-task:0.1.0"
+#: The task image of roles that ask for GPUs (the task image's tensorflow[and-cuda] variant).
+DEFAULT_GPU_IMAGE = "tfk8s/tensorflow-task-gpu:0.1.0"
 DEFAULT_STORAGE_CLASS = "glusterfs"
 _SA_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
@@ -346,6 +348,10 @@ _OPTIONS = (
            "own, else the kubeconfig context's, else 'default')", env="TFK8S_NAMESPACE"),
     Option("default_image", str, DEFAULT_IMAGE, "task image when a launch names none",
            env="TFK8S_IMAGE", hub_trait="task_image"),
+    Option("gpu_image", str, DEFAULT_GPU_IMAGE,
+           "task image of roles that ask for GPUs (--gpus) when a launch names none: "
+           "TensorFlow for CUDA (the CPU image cannot use GPUs)",
+           env="TFK8S_GPU_IMAGE", hub_trait="task_gpu_image"),
     Option("storage_class", str, DEFAULT_STORAGE_CLASS,
            "StorageClass of the volumes the Kubernetes backend creates",
            env="TFK8S_STORAGE_CLASS", hub_trait="storage_class"),

@@ -270,6 +270,23 @@ def log_dir(spec: ClusterSpec) -> str:
     return f"{LOG_MOUNT}/{spec.name}" if spec.log_claim else LOG_MOUNT
 
 
+def task_image(spec: ClusterSpec, settings: K8sSettings, role: str) -> str:
+    """The image of ``role``'s tasks: the spec's; else the GPU image when the role asks
+    for GPUs (the CPU image's TensorFlow cannot use them); else the default."""
+    if spec.image:
+        return spec.image
+    if spec.resources_for(role).gpus:
+        if not settings.gpu_image:
+            raise SpecError(
+                f"cluster {spec.name!r}: --gpus asks for GPUs for {role} tasks but no GPU task "
+                "image is configured: name an image with "
+                "TensorFlow for CUDA with --image, or ask your administrator to set "
+                "lab.task_gpu_image."
+            )
+        return settings.gpu_image
+    return settings.image
+
+
 def role_env(spec: ClusterSpec, settings: K8sSettings, role: str) -> dict[str, str]:
     """The environment every task of ``role`` shares (its identity aside)."""
     env = {
@@ -350,7 +367,7 @@ def pod_spec(
         )
     container: Manifest = {
         "name": CONTAINER,
-        "image": spec.image or settings.image,
+        "image": task_image(spec, settings, role),
         "imagePullPolicy": settings.image_pull_policy,
         "command": task_command(spec, task),
         "workingDir": DATA_MOUNT,

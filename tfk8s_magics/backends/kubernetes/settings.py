@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ... import options
-from ...options import DEFAULT_IMAGE, DEFAULT_STORAGE_CLASS
+from ...options import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE, DEFAULT_STORAGE_CLASS
 
 #: Where the in-pod namespace of the notebook's ServiceAccount is mounted.
 NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -32,6 +32,7 @@ class K8sSettings:
 
     namespace: str = "default"
     image: str = DEFAULT_IMAGE
+    gpu_image: str = DEFAULT_GPU_IMAGE
     storage_class: str = DEFAULT_STORAGE_CLASS
     user: str = ""
     service_account: str | None = None
@@ -68,7 +69,8 @@ def settings_from_env(**overrides: object) -> K8sSettings:
     ``namespace``: the in-pod namespace file, else option ``namespace``
     (``$TFK8S_NAMESPACE``), else the kubeconfig context's namespace (read
     only here, lazily), else ``default``.  ``image``: option
-    ``default_image`` (``$TFK8S_IMAGE``); ``storage_class`` and ``user``:
+    ``default_image`` (``$TFK8S_IMAGE``); ``gpu_image``: option ``gpu_image``
+    (``$TFK8S_GPU_IMAGE``); ``storage_class`` and ``user``:
     the options of those names.
     """
     values = {k: v for k, v in overrides.items() if v is not None}
@@ -77,6 +79,7 @@ def settings_from_env(**overrides: object) -> K8sSettings:
             in_pod_namespace() or options.get("namespace") or _kubeconfig_namespace() or "default"
         )
     values.setdefault("image", options.get("default_image"))
+    values.setdefault("gpu_image", options.get("gpu_image"))
     values.setdefault("storage_class", options.get("storage_class"))
     values.setdefault("user", options.get("user"))
     return K8sSettings(**values)  # type: ignore[arg-type]
