@@ -87,7 +87,9 @@ class Hub:
 
 
 @pytest.fixture
-def hub(tmp_path):
+def hub(tmp_path, request):
+    """The local profile's hub (or the config file given by indirect parametrization)."""
+    config = getattr(request, "param", CONFIG)
     port, hub_port, api_port = free_ports(3)
     lab_dir = tmp_path / "lab"
     token = secrets.token_hex(16)
@@ -103,7 +105,7 @@ def hub(tmp_path):
     log = tmp_path / "hub.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [str(Path(sys.executable).with_name("jupyterhub")), "-f", str(CONFIG)],
+            [str(Path(sys.executable).with_name("jupyterhub")), "-f", str(config)],
             cwd=tmp_path,
             env=env,
             stdout=out,
@@ -435,3 +437,21 @@ def _answers(url: str) -> bool:
         return requests.get(url, timeout=5).status_code == 200
     except requests.ConnectionError:
         return False
+
+
+CULLER_CONFIG = REPO / "tests" / "jupyterhub_config_culler.py"
+
+
+@pytest.mark.parametrize("hub", [CULLER_CONFIG], indirect=True)
+def test_the_idle_culler_stops_an_idle_server_and_the_stop_hook_runs(hub):
+    """The chart's culler service (tfk8s_hub.hub.culler_service), for real, with a 2 s timeout."""
+    r = hub.api("POST", "/users/carol")
+    assert r.status_code == 201, r.text
+    r = hub.api("POST", "/users/carol/server")
+    assert r.status_code in (201, 202), r.text
+    wait_for(lambda: "Culling server carol" in hub.log.read_text(), 180,
+             "the culler to cull carol's server once it is up and idle")
+    wait_for(lambda: not hub.user_model("carol")["servers"], 60, "carol's server to stop")
+    log = hub.log.read_text()
+    # stopped like any other server: the spawner's post_stop_hook ran (it stops clusters)
+    assert "tfk8s: stopped nothing of carol" in log, log[-3000:]

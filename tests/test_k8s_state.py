@@ -153,8 +153,9 @@ def test_quota_on_cpu_requires_every_pod_to_ask_for_cpu():
     quota = {"metadata": {"name": "q"}, "status": {"hard": {"requests.cpu": "100"}}}
     problems = quota_problems(_manifests(worker={"cpu": "1"}), [quota])
     assert problems == [
-        "ResourceQuota q limits requests.cpu, so every pod must set requests.cpu, but "
-        "q-ps-0 do not: give --cpu for every role (e.g. --cpu 1 --memory 2Gi)."
+        "ResourceQuota q counts requests.cpu, so every pod must set requests.cpu, but "
+        "q-ps-0 do not and the namespace's LimitRange gives no default: give --cpu for "
+        "every role (e.g. --cpu 1 --memory 2Gi)."
     ]
 
 

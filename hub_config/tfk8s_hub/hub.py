@@ -57,18 +57,21 @@ def configure_hub(c: Any, hub: dict[str, Any], environ: dict[str, str] | None = 
     c.Authenticator.allow_all = bool(auth.get("allowAll", False))
 
 
-def culler_service(cull: dict[str, Any], base_url: str = "/") -> tuple[dict, dict] | None:
+def culler_service(
+    cull: dict[str, Any], base_url: str = "/", hub_url: str = "http://127.0.0.1:8081"
+) -> tuple[dict, dict] | None:
     """The idle culler as a hub-managed service, and its role (``None`` when disabled).
 
     ``jupyterhub-idle-culler`` asks the hub API (from inside the hub's pod) for
     servers idle longer than ``timeout`` and stops them; the hub's
     ``post_stop_hook`` then stops that user's TensorFlow clusters.  The
     scopes are the culler's documented minimum; ``admin:users`` only when it
-    deletes users too.
+    deletes users too (``adminUsers: false`` then spares admins).  ``hub_url``
+    is where the hub listens, seen from its own pod.
     """
     if not cull.get("enabled", False):
         return None
-    api = f"http://127.0.0.1:8081{base_url.rstrip('/')}/hub/api"
+    api = f"{hub_url}{base_url.rstrip('/')}/hub/api"
     command = [
         sys.executable, "-m", "jupyterhub_idle_culler",
         f"--url={api}",
