@@ -22,9 +22,17 @@ SETTINGS = K8sSettings(namespace="alice", image="tfk8s/tensorflow-task:0.1.0", u
 SCRIPT = "print('hi')\n"
 LABELS = {
     "app.kubernetes.io/managed-by": "tfk8s",
+    "app.kubernetes.io/name": "tfk8s",
+    "app.kubernetes.io/part-of": "tfk8s-lab",
+    "app.kubernetes.io/instance": "mnist",
     "tfk8s.io/cluster": "mnist",
     "tfk8s.io/user": "alice",
 }
+
+
+def labels(component: str) -> dict[str, str]:
+    """The recommended app.kubernetes.io labels and the project's own, for one component."""
+    return {**LABELS, "app.kubernetes.io/component": component, "tfk8s.io/component": component}
 CLUSTER = {
     "ps": ["mnist-ps-0-0.mnist.alice.svc:2222"],
     "worker": ["mnist-worker-0-0.mnist.alice.svc:2222", "mnist-worker-0-1.mnist.alice.svc:2222"],
@@ -96,6 +104,7 @@ def _pod(role: str, *, script: bool, extra_env: dict, grace: int | None = None) 
             "runAsUser": 1000,
             "runAsGroup": 1000,
             "fsGroup": 1000,
+            "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [{
@@ -121,8 +130,7 @@ def _pod(role: str, *, script: bool, extra_env: dict, grace: int | None = None) 
     }
     if grace is not None:
         spec["terminationGracePeriodSeconds"] = grace
-    labels = {**LABELS, "tfk8s.io/component": "task", "tfk8s.io/role": role}
-    return {"metadata": {"labels": labels}, "spec": spec}
+    return {"metadata": {"labels": {**labels("task"), "tfk8s.io/role": role}}, "spec": spec}
 
 
 def _rjob(role: str, n: int, pod: dict) -> dict:
@@ -130,7 +138,7 @@ def _rjob(role: str, n: int, pod: dict) -> dict:
         "name": role,
         "replicas": 1,
         "template": {
-            "metadata": {"labels": {**LABELS, "tfk8s.io/component": "task", "tfk8s.io/role": role}},
+            "metadata": {"labels": {**labels("task"), "tfk8s.io/role": role}},
             "spec": {
                 "parallelism": n,
                 "completions": n,
@@ -157,7 +165,7 @@ def test_between_graph_jobset_is_exactly_this():
         "metadata": {
             "name": "mnist",
             "namespace": "alice",
-            "labels": {**LABELS, "tfk8s.io/component": "jobset"},
+            "labels": labels("jobset"),
         },
         "spec": {
             "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True,
