@@ -185,8 +185,33 @@ def network_policy(spec: BootstrapSpec, namespace: str) -> Manifest | None:
     if not spec.network_policy:
         return None
     same_namespace = {"podSelector": {}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(NETWORK_POLICY_NAME, namespace),
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [
+                {
+                    "from": [
+                        dict(same_namespace),
+                        {
+                            "namespaceSelector": _hub_namespace_selector(spec),
+                            "podSelector": {"matchLabels": {HUB_ACCESS_LABEL: "true"}},
+                        },
+                    ]
+                }
+            ],
+            "egress": _egress(spec),
+        },
+    }
+
+
+def _egress(spec: BootstrapSpec) -> list[dict[str, Any]]:
+    """The egress rules of :func:`network_policy`."""
     egress: list[dict[str, Any]] = [
-        {"to": [dict(same_namespace)]},
+        {"to": [{"podSelector": {}}]},
         {
             "to": [
                 {
@@ -217,27 +242,7 @@ def network_policy(spec: BootstrapSpec, namespace: str) -> Manifest | None:
         )
     if spec.allow_internet:
         egress.append({"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": list(PRIVATE_CIDRS)}}]})
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": _meta(NETWORK_POLICY_NAME, namespace),
-        "spec": {
-            "podSelector": {},
-            "policyTypes": ["Ingress", "Egress"],
-            "ingress": [
-                {
-                    "from": [
-                        dict(same_namespace),
-                        {
-                            "namespaceSelector": _hub_namespace_selector(spec),
-                            "podSelector": {"matchLabels": {HUB_ACCESS_LABEL: "true"}},
-                        },
-                    ]
-                }
-            ],
-            "egress": egress,
-        },
-    }
+    return egress
 
 
 def bootstrap_objects(spec: BootstrapSpec, namespace: str) -> list[Manifest]:

@@ -335,15 +335,8 @@ def task_command(spec: ClusterSpec, task: Task | None) -> list[str]:
     ]
 
 
-def pod_spec(
-    spec: ClusterSpec, settings: K8sSettings, role: str, env: list[Manifest], task: Task | None
-) -> Manifest:
-    """The pod spec every task of ``role`` runs with ``env`` (the identity is the caller's).
-
-    Shared by the bare task pods and the JobSet's per-role pod templates
-    (:mod:`.jobset`, ``task=None``).
-    """
-    runs_script = spec.runs_script(Task(role, 0))
+def _storage(spec: ClusterSpec, runs_script: bool) -> tuple[list[Manifest], list[Manifest]]:
+    """A task container's volume mounts and its pod's volumes (the script only where it runs)."""
     mounts: list[Manifest] = [
         {"name": "data", "mountPath": DATA_MOUNT},
         _log_mount(spec),
@@ -365,6 +358,18 @@ def pod_spec(
                 },
             }
         )
+    return mounts, volumes
+
+
+def pod_spec(
+    spec: ClusterSpec, settings: K8sSettings, role: str, env: list[Manifest], task: Task | None
+) -> Manifest:
+    """The pod spec every task of ``role`` runs with ``env`` (the identity is the caller's).
+
+    Shared by the bare task pods and the JobSet's per-role pod templates
+    (:mod:`.jobset`, ``task=None``).
+    """
+    mounts, volumes = _storage(spec, spec.runs_script(Task(role, 0)))
     container: Manifest = {
         "name": CONTAINER,
         "image": task_image(spec, settings, role),
