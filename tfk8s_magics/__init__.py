@@ -15,6 +15,7 @@ Kubernetes client) are imported only when used.
 
 from __future__ import annotations
 
+from .api import Cluster, connect, get, launch, list_clusters, make_spec, render, render_objects
 from .errors import (
     ClusterExists,
     ClusterNotFound,
@@ -54,17 +55,6 @@ __all__ = [
     "task_info",
 ]
 
-_API = {"Cluster", "connect", "get", "launch", "list_clusters", "make_spec", "render", "render_objects"}
-
-
-def __getattr__(name: str):
-    if name in _API:
-        from . import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module 'tfk8s_magics' has no attribute {name!r}")
-
-
 def task_info() -> dict:
     """Inside a task: its TF_CONFIG as a dict plus ``is_chief`` (the chief, or worker 0 without one)."""
     import json
@@ -81,10 +71,12 @@ def task_info() -> dict:
 
 
 def load_ipython_extension(ipython) -> None:
-    """Register the magics (``%load_ext tfk8s_magics``)."""
-    from .magics import TFClusterMagics
+    """Register the magics (``%load_ext tfk8s_magics``) and the HTML view of a Cluster handle."""
+    # Deferred: the magics import IPython's magic machinery, which a task or script never needs.
+    from .magics import TFClusterMagics, cluster_html
 
     ipython.register_magics(TFClusterMagics(shell=ipython))
+    ipython.display_formatter.formatters["text/html"].for_type(Cluster, cluster_html)
 
 
 def unload_ipython_extension(ipython) -> None:

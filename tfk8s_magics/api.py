@@ -12,6 +12,7 @@ In-graph: ``tk.launch("ig", mode="in-graph", ps=2, workers=2)`` then
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +20,12 @@ from typing import Any
 
 from . import options
 from .backends import Backend, ClusterStatus, Event, LogLine, Phase, TensorBoardInfo, get_backend
+from .backends.kubernetes.manifests import dump_yaml
 from .errors import ClusterTimeout, LaunchFailed, SpecError
+from .runtime.progress import end_redirect, redirect_progress
 from .spec import IN_GRAPH, ROLES, ClusterSpec, Resources
+from .tfconfig import coordinator_cluster_def
+from .watch import ClusterFeed, announce_deleted
 
 _backends: dict[str, Backend] = {}
 _lock = threading.Lock()
@@ -161,11 +166,10 @@ def render_objects(
 
 def render(spec: ClusterSpec, backend: str | Backend = "kubernetes", tensorboard: bool = False) -> str:
     """The YAML a backend would apply for ``spec`` (see :func:`render_objects`)."""
-    import yaml
-
-    return yaml.safe_dump_all(render_objects(spec, backend, tensorboard), sort_keys=False)
+    return dump_yaml(render_objects(spec, backend, tensorboard))
 
 
+#: The strategy of each in-graph cluster this process is the client of, until it is deleted.
 _connections: dict[tuple, Any] = {}
 
 
@@ -182,11 +186,6 @@ class Cluster:
         except Exception as e:  # noqa: BLE001 - a repr must not raise
             return f"<Cluster {self.name!r} ({self.backend.name}): {e}>"
         return f"<Cluster {self.name!r} ({st.backend}, {st.mode}): {st.phase}>"
-
-    def _repr_html_(self) -> str:
-        from .ui.render import status_html
-
-        return status_html(self.status())
 
     @property
     def spec(self) -> ClusterSpec:
@@ -270,11 +269,11 @@ class Cluster:
 
     def delete(self, keep_logs: bool = False):
         """Remove it and all it created (its logs too, unless ``keep_logs``)."""
-        from .runtime.progress import end_redirect
-        from .watch import ClusterFeed, announce_deleted
-
         ClusterFeed.forget(self.backend, self.name)
         end_redirect((self.backend.name, self.name))
+        with _lock:
+            for key in [k for k in _connections if k[:2] == (self.backend.name, self.name)]:
+                del _connections[key]
         kept = self.backend.delete(self.name, keep_logs=keep_logs)
         announce_deleted(self.backend, self.name)  # every view in this process, at once
         return kept
@@ -291,17 +290,14 @@ class Cluster:
         self.wait_ready(timeout)
         addresses = self.backend.addresses(self.name)
         key = (self.backend.name, self.name, repr(sorted(addresses.items())))
-        if key in _connections:
-            return _connections[key]
-        import os
-
+        with _lock:
+            if key in _connections:
+                return _connections[key]
         if spec.legacy_keras:
-            # Read at the first use of tf.keras, so it must be set before that.
+            # TensorFlow reads this (and only from the environment) at the first use of
+            # tf.keras, so it is set before that; the hub already sets it for its notebooks.
             os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-        import tensorflow as tf
-
-        from .runtime.progress import redirect_progress
-        from .tfconfig import coordinator_cluster_def
+        import tensorflow as tf  # deferred: a heavy import only an in-graph client needs
 
         coordinator = self.backend.coordinator(self.name)
         cluster = coordinator_cluster_def(spec, addresses, coordinator.address)
@@ -311,7 +307,8 @@ class Cluster:
         strategy = tf.distribute.ParameterServerStrategy(resolver, **strategy_kwargs)
         # report_progress() in this kernel now shows in the cluster's status.
         redirect_progress(coordinator.progress, coordinator.task, key=(self.backend.name, self.name))
-        _connections[key] = strategy
+        with _lock:
+            _connections[key] = strategy
         return strategy
 
 

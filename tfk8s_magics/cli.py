@@ -19,8 +19,6 @@ import sys
 import threading
 from collections.abc import Callable
 
-import yaml
-
 from . import api, options
 from .errors import ClusterExists, ClusterNotFound, SpecError, TaskNotFound, TFClusterError
 from .ui.render import events_text, list_text, status_text
@@ -73,8 +71,7 @@ def _launch(args: argparse.Namespace) -> int:
 
 def _render(args: argparse.Namespace) -> int:
     spec = api.make_spec(args.name, **{o.name: getattr(args, o.name) for o in options.spec_options()})
-    print(yaml.safe_dump_all(api.render_objects(spec, args.backend, args.tensorboard),
-                             sort_keys=False), end="")
+    print(api.render(spec, args.backend, args.tensorboard), end="")
     return 0
 
 

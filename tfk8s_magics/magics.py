@@ -14,13 +14,17 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-import yaml
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 from . import api, options
+from .backends.kubernetes.manifests import dump_yaml
 from .errors import ClusterExists, ClusterNotFound, SpecError, TaskNotFound
+from .ui import cluster_list, dashboard, summary
+from .ui.logview import LogView, widgets_available
+from .ui.render import ListView, StatusView, events_text, status_html
+from .ui.tensorboard import show_tensorboard
 
 SUBCOMMANDS = tuple(options.COMMANDS)
 
@@ -102,15 +106,10 @@ class TFClusterMagics(Magics, MagicDefaults):
         spec = self._spec(args, cell)
         cluster = api.launch(spec, backend=args.backend, detach=args.detach)
         if args.show_dashboard:
-            from .ui.logview import LogView, widgets_available
-
             if widgets_available():
-                from .ui import dashboard
-
                 dashboard.show(cluster, max_lines=self.log_lines)
             else:
                 LogView(cluster.backend, cluster.name, max_lines=self.log_lines).show()
-        from .ui import summary
 
         # Empty until the cluster ends; then the static record a saved notebook keeps.
         summary.show(cluster)
@@ -128,41 +127,29 @@ class TFClusterMagics(Magics, MagicDefaults):
             out.mkdir(parents=True, exist_ok=True)
             for i, obj in enumerate(objects):
                 path = out / f"{i:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
-                path.write_text(yaml.safe_dump(obj, sort_keys=False), encoding="utf-8")
+                path.write_text(dump_yaml([obj]), encoding="utf-8")
             print(f"wrote {len(objects)} objects to {out}")
             return None
-        print(yaml.safe_dump_all(objects, sort_keys=False), end="")
+        print(dump_yaml(objects), end="")
         return None
 
     def _cmd_connect(self, args, cell):
         return api.connect(args.name, args.backend, timeout=args.timeout or self.ready_timeout)
 
     def _cmd_list(self, args, cell):
-        from .ui.logview import widgets_available
-
         if widgets_available():
-            from .ui import cluster_list
-
             cluster_list.show(api.resolve_backend(args.backend))
             return None
-        from .ui.render import ListView
-
         display(ListView(api.list_clusters(args.backend)))
         return None
 
     def _cmd_status(self, args, cell):
-        from .ui.render import StatusView
-
         display(StatusView(api.get(args.name, args.backend).status()))
 
     def _cmd_wait(self, args, cell):
-        from .ui.render import StatusView
-
         cluster = api.get(args.name, args.backend)
         st = cluster.wait(args.timeout)
         if st.terminal:
-            from .ui import summary
-
             summary.finish_all(cluster.backend, cluster.name, st)
         display(StatusView(st))
 
@@ -172,8 +159,6 @@ class TFClusterMagics(Magics, MagicDefaults):
             cluster.spec.task(args.task)  # raises TaskNotFound with the valid names
         options.OPTIONS["tail"].validate(args.tail)
         if args.follow:
-            from .ui.logview import LogView
-
             LogView(cluster.backend, cluster.name, max_lines=self.log_lines,
                     tasks=[args.task] if args.task else None, announce_status=False).show()
             return None
@@ -181,22 +166,16 @@ class TFClusterMagics(Magics, MagicDefaults):
         return None
 
     def _cmd_tensorboard(self, args, cell):
-        from .ui.tensorboard import show_tensorboard
-
         info = api.get(args.name, args.backend).tensorboard()
         show_tensorboard(info)
 
     def _cmd_stop(self, args, cell):
-        from .ui import summary
-
         cluster = api.get(args.name, args.backend)
         st = cluster.stop()
         summary.finish_all(cluster.backend, cluster.name, st)
         print(f"{args.name}: {st.phase}; logs kept in {st.log_dir}")
 
     def _cmd_delete(self, args, cell):
-        from .ui import summary
-
         cluster = api.get(args.name, args.backend)
         summary.finish_all(cluster.backend, cluster.name, final=True)  # while its logs exist
         kept = cluster.delete(keep_logs=args.keep_logs)
@@ -204,15 +183,15 @@ class TFClusterMagics(Magics, MagicDefaults):
         print(f"{args.name}: deleted" + (f"; logs kept in {kept}" if kept else ""))
 
     def _cmd_events(self, args, cell):
-        from .ui.render import events_text
-
         events = api.get(args.name, args.backend).events()
         print(events_text(events, last=len(events)))
 
     def _cmd_dashboard(self, args, cell):
-        from .ui import dashboard
-
         # Shown here, not returned: a returned handle would be displayed a second time.
         dashboard.show(api.get(args.name, args.backend), max_lines=self.log_lines)
         return None
 
+
+def cluster_html(cluster: api.Cluster) -> str:
+    """The HTML view of a :class:`~tfk8s_magics.api.Cluster` handle in a notebook: its status."""
+    return status_html(cluster.status())

@@ -31,9 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import traitlets
-from traitlets.config import Configurable
-
 from .errors import SpecError
 
 # -- values every layer agrees on ------------------------------------------
@@ -471,6 +468,7 @@ def defaults(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     return {name: get(name, overrides.get(name)) for name in OPTIONS}
 
 
+#: The traitlets type of each option type.
 _TRAIT_TYPES = {_whole: "Int", _seconds: "Float", parse_bool: "Bool", str: "Unicode"}
 
 
@@ -484,6 +482,11 @@ def defaults_class(class_name: str, doc: str, attr: str = "trait", read_env: boo
     ``c.TFClusterMagics.default_ps = -1`` fails with the same sentence as
     ``--ps -1``.
     """
+    # Deferred: traitlets' config machinery costs every task process a third of a second
+    # at start, and only the magic and the hub build trait classes.
+    import traitlets
+    from traitlets.config import Configurable
+
     namespace: dict[str, Any] = {"__doc__": doc}
     for opt in _OPTIONS:
         trait = getattr(opt, attr)
@@ -502,6 +505,8 @@ def defaults_class(class_name: str, doc: str, attr: str = "trait", read_env: boo
 
 
 def _trait_check(opt: Option, value: Any) -> Any:
+    import traitlets  # deferred, see defaults_class
+
     try:
         return opt.validate(value)
     except SpecError as e:

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tfk8s_magics.backends.local import LocalBackend
+
 from .settings import LabSettings
 
 #: The IPython profile every local kernel gets (loads ``tfk8s_magics``).
@@ -202,8 +204,6 @@ def stop_local_clusters(state_dir: Path, grace: float = 5.0) -> list[str]:
 
     stopped = []
     if (state_dir / "clusters").is_dir():
-        from tfk8s_magics.backends.local import LocalBackend
-
         backend = LocalBackend(state_dir=state_dir)
         for status in backend.list_clusters():
             if not status.terminal:

@@ -6,7 +6,7 @@ so a third-party package adds one without touching this package.
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
+import importlib
 from typing import Any
 
 from ..errors import SpecError
@@ -30,7 +30,6 @@ __all__ = [
     "Progress",
     "TaskStatus",
     "TensorBoardInfo",
-    "available_backends",
     "get_backend",
 ]
 
@@ -43,15 +42,14 @@ _BUILTIN = {
 
 
 def _registry() -> dict[str, str]:
+    # Deferred: importlib.metadata scans the installed distributions, which every task
+    # process would pay for at start; only choosing a backend needs it.
+    from importlib.metadata import entry_points
+
     found = dict(_BUILTIN)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         found[ep.name] = ep.value
     return found
-
-
-def available_backends() -> list[str]:
-    """Names accepted by ``--backend``."""
-    return sorted(_registry())
 
 
 def get_backend(name: str, **options: Any) -> Backend:
@@ -62,7 +60,5 @@ def get_backend(name: str, **options: Any) -> Backend:
             f"unknown backend {name!r}: use one of {', '.join(sorted(registry))}."
         )
     module_name, _, attr = registry[name].partition(":")
-    import importlib
-
     cls = getattr(importlib.import_module(module_name), attr)
     return cls(**options)

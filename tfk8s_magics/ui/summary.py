@@ -29,6 +29,8 @@ import threading
 from typing import Any
 
 from ..backends import ClusterStatus
+from ..watch import ClusterFeed
+from . import live
 from .render import status_html, status_text
 
 #: Lines of each task's log kept in the summary.
@@ -110,8 +112,6 @@ class FinalSummary:
     def show(self) -> FinalSummary:
         """Display the (empty) placeholder under the current cell and follow the cluster."""
         from IPython.display import display
-
-        from ..watch import ClusterFeed
 
         self._handle = display(_EMPTY, display_id=True)
         with self._registry_lock:
@@ -196,8 +196,6 @@ def finish_all(
 
 def show(cluster: Any, tail: int = TAIL_LINES) -> FinalSummary | None:
     """Show the launch cell's summary placeholder, in a Jupyter kernel only (else None)."""
-    from . import live
-
     if not live.in_kernel():
         return None
     return FinalSummary(cluster, tail).show()

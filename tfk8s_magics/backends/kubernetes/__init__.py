@@ -21,16 +21,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from .manifests import render_yaml
+
 __all__ = ["KubernetesBackend", "render_yaml"]
 
 
 def __getattr__(name: str) -> Any:
+    # Deferred: the backend imports the official kubernetes client, a heavy import that
+    # rendering YAML or using the local backend never needs.
     if name == "KubernetesBackend":
         from .backend import KubernetesBackend
 
         return KubernetesBackend
-    if name == "render_yaml":
-        from .manifests import render_yaml
-
-        return render_yaml
     raise AttributeError(name)

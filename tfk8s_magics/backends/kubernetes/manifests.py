@@ -549,5 +549,9 @@ def render_yaml(spec: ClusterSpec, settings: K8sSettings, tensorboard: bool = Fa
     created): delete a rendered cluster with
     ``kubectl delete cm,svc,pvc,pod,deploy -l tfk8s.io/cluster=NAME``.
     """
-    docs = cluster_manifests(spec, settings, tensorboard=tensorboard)
-    return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False)
+    return dump_yaml(cluster_manifests(spec, settings, tensorboard=tensorboard))
+
+
+def dump_yaml(objects: list[Manifest]) -> str:
+    """Objects as one multi-document YAML string, keys in the order built (the one dumper)."""
+    return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False)
