@@ -55,6 +55,27 @@ def test_spec_round_trips_through_dict():
     assert again.resources_for("ps") == Resources()
 
 
+def test_a_record_is_read_leniently_and_not_validated_again():
+    record = ClusterSpec(name="m", workers=3, script=SCRIPT).to_dict()
+    assert record["schema_version"] == 1
+    # a newer writer: unknown keys are ignored
+    newer = {**record, "schema_version": 2, "shards": 4, "gang": {"queue": "q"}}
+    assert ClusterSpec.from_dict(newer).workers == 3
+    # an older writer: missing keys take their defaults
+    older = {k: v for k, v in record.items() if k not in ("legacy_keras", "schema_version", "queue")}
+    assert ClusterSpec.from_dict(older).legacy_keras is True
+    # the script is not compiled again on a read (it was when the spec was made)
+    assert ClusterSpec.from_dict({**record, "script": "def broken(:"}).script == "def broken(:"
+
+
+def test_an_unreadable_record_is_one_sentence():
+    record = ClusterSpec(name="m", script=SCRIPT).to_dict()
+    with pytest.raises(SpecError, match=r"record of cluster 'm' cannot be read \('workers' is str, not int"):
+        ClusterSpec.from_dict({**record, "workers": "two"})
+    with pytest.raises(SpecError, match="it has no name"):
+        ClusterSpec.from_dict({k: v for k, v in record.items() if k != "name"})
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -117,3 +138,12 @@ def test_missing_imports_finds_only_absent_top_level_modules():
         "try:\n    import opt_missing\nexcept ImportError:\n    pass\n"
     )
     assert missing_imports(src) == ["no_such_module_xyz", "also_missing_abc"]
+
+
+def test_the_local_record_is_versioned(tmp_path):
+    from tfk8s_magics.backends.local.layout import RECORD_SCHEMA_VERSION, read_json, write_record
+
+    write_record(tmp_path / "cluster.json", {"spec": ClusterSpec(name="m", script=SCRIPT).to_dict()})
+    record = read_json(tmp_path / "cluster.json")
+    assert record["schema_version"] == RECORD_SCHEMA_VERSION == 1
+    assert ClusterSpec.from_dict(record["spec"]).name == "m"

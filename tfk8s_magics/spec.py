@@ -353,16 +353,54 @@ class ClusterSpec:
 
     # -- (de)serialisation --------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict; :meth:`from_dict` reverses it."""
+        """A JSON-ready record, stamped with :data:`SCHEMA_VERSION`; :meth:`from_dict` reads it."""
         d = dataclasses.asdict(self)
         d["resources"] = {r: res.to_dict() for r, res in self.resources.items()}
         d["tolerations"] = [dict(t) for t in self.tolerations]
+        d["schema_version"] = SCHEMA_VERSION
         return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ClusterSpec:
-        """Rebuild (and re-validate) a spec from :meth:`to_dict` output."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in known}
-        kwargs["tolerations"] = tuple(kwargs.get("tolerations", ()))
-        return cls(**kwargs)
+        """Read a record written by :meth:`to_dict`, leniently and without re-validating it.
+
+        As TensorBoard's ``manager._info_from_string``: keys this version
+        does not know are ignored (a newer writer never crashes an older
+        reader), a missing key takes its default (an older writer), and only
+        the types a reader relies on are checked.  The script is not
+        compiled again: the spec was validated when it was made.
+        """
+        wrong = [
+            f"{key!r} is {type(data[key]).__name__}, not {getattr(kind, '__name__', 'a number')}"
+            for key, kind in _RECORD_TYPES.items()
+            if key in data and data[key] is not None and not isinstance(data[key], kind)
+        ]
+        if not isinstance(data.get("name"), str) or wrong:
+            raise SpecError(
+                f"the record of cluster {data.get('name')!r} cannot be read "
+                f"({'; '.join(wrong) or 'it has no name'}): delete the cluster and launch it again."
+            )
+        spec = object.__new__(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in data:
+                value = data[f.name]
+            elif f.default is not dataclasses.MISSING:
+                value = f.default
+            else:
+                value = f.default_factory()  # type: ignore[misc]
+            object.__setattr__(spec, f.name, value)
+        set_ = object.__setattr__
+        set_(spec, "resources", {r: Resources(**res) for r, res in dict(spec.resources).items()})
+        set_(spec, "tolerations", tuple(dict(t) for t in spec.tolerations))
+        set_(spec, "spread", tuple(spec.spread))
+        set_(spec, "node_affinity", {r: tuple(v) for r, v in dict(spec.node_affinity).items()})
+        return spec
+
+
+#: The version of the record :meth:`ClusterSpec.to_dict` writes.  Raise it only when a
+#: reader of the previous version would misread the new one; new keys need no new version.
+SCHEMA_VERSION = 1
+#: What a reader of a record relies on (anything else is taken as written).
+_RECORD_TYPES = {"mode": str, "workers": int, "ps": int, "chief": int, "evaluator": int,
+                 "script": str, "env": dict, "resources": dict, "restart_budget": int,
+                 "ps_grace_period": (int, float), "legacy_keras": bool}

@@ -35,7 +35,6 @@ class K8sSettings:
     gpu_image: str = DEFAULT_GPU_IMAGE
     storage_class: str = DEFAULT_STORAGE_CLASS
     user: str = ""
-    service_account: str | None = None
     log_size: str = "10Gi"
     data_size: str = "10Gi"
     port: int = 2222

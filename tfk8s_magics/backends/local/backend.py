@@ -44,7 +44,14 @@ from ..base import (
 )
 from . import isolation, logtail
 from .inotify import DirWatcher
-from .layout import ClusterDir, default_state_dir, read_json, task_log_path, write_json_atomic
+from .layout import (
+    ClusterDir,
+    default_state_dir,
+    read_json,
+    task_log_path,
+    write_json_atomic,
+    write_record,
+)
 from .status import LocalTaskStatus
 
 #: Seconds to wait for a new supervisor to report in.
@@ -156,7 +163,7 @@ class LocalBackend(Backend):
                 "log_dir": str(log_dir),
                 "data_dir": str(data_dir),
             }
-            write_json_atomic(cdir.record, record)
+            write_record(cdir.record, record)
             with open(cdir.supervisor_log, "ab") as out:
                 sup = subprocess.Popen(
                     [sys.executable, "-m", "tfk8s_magics.backends.local.supervisor", str(cdir.root)],

@@ -3,7 +3,7 @@
 ::
 
     <state_dir>/clusters/<name>/
-        cluster.json     the record: spec, ports, owner (written once at launch)
+        cluster.json     the record: spec, ports, owner (written once at launch; schema_version)
         status.json      phases of the cluster and its tasks (the supervisor rewrites it)
         events.jsonl     what happened, one JSON object per line
         script.py        the training script (between-graph)
@@ -47,6 +47,17 @@ def write_json_atomic(path: Path, data: Any) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+#: The version of ``cluster.json`` this code writes.  Readers take the keys they need and
+#: ignore the rest, so a new key needs no new version; raise it only when a reader of the
+#: previous version would misread a record.  (The spec inside carries its own version.)
+RECORD_SCHEMA_VERSION = 1
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    """Write a cluster's record (``cluster.json``), stamped with :data:`RECORD_SCHEMA_VERSION`."""
+    write_json_atomic(path, {"schema_version": RECORD_SCHEMA_VERSION, **record})
 
 
 def read_json(path: Path) -> Any:
