@@ -806,3 +806,23 @@ def test_in_graph_hints_speak_of_the_kernel_not_a_script():
     assert "script" not in hint and "this notebook" in hint and "%tfcluster connect demo" in hint
     assert "in the training script" in progress_html(st)
     assert "script" not in curves_html({})
+
+
+def test_the_header_says_stalled_with_how_long_and_the_last_lines():
+    """The stall detector's verdict (ClusterStatus.shown_phase / stall_text) reaches the header."""
+    from tfk8s_magics.ui.render import header_html
+
+    base = make_status()
+
+    class Stalled(ClusterStatus):
+        shown_phase = "stalled"
+
+        def stall_text(self, now=None):
+            return "stalled for 2m10s; worker-0 last printed: <b>epoch 1</b>"
+
+    st = Stalled(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+    html_text = header_html(st, "demo")
+    assert 'data-phase="stalled"' in html_text and "tfk8s-phase-stalled" in html_text
+    assert "stalled for 2m10s" in html_text and "&lt;b&gt;epoch 1&lt;/b&gt;" in html_text
+    assert 'data-phase="deleted"' in header_html(st, "demo", deleted=True)
+    assert 'data-phase="running"' in header_html(base, "demo")

@@ -27,6 +27,7 @@ _PHASE_COLOURS = {
     Phase.RUNNING: "#268bd2",
     Phase.SUCCEEDED: "#2aa198",
     Phase.FAILED: "#dc322f",
+    "stalled": "#cb4b16",
     Phase.STOPPED: "#6c71c4",
 }
 #: The ipywidgets progress-bar style of a cluster in each phase.
@@ -132,7 +133,9 @@ def header_html(
             f'<div class="tfk8s-header"><b class="tfk8s-name">{_e(name)}</b> '
             '<span style="color:#888">waiting for the first status…</span></div>'
         )
-    phase = "deleted" if deleted else st.phase
+    # "stalled" (a running cluster in which nothing happens) comes from the stall detector;
+    # read leniently so a status from before it (or from another backend) still renders.
+    phase = "deleted" if deleted else getattr(st, "shown_phase", st.phase)
     bits = [
         "between-graph" if st.mode == BETWEEN else _e(st.mode),
         _e(st.backend),
@@ -146,6 +149,11 @@ def header_html(
         warn = (
             f'<div class="tfk8s-warning" style="color:#b58900">⚠ {_e(warning.task or "cluster")}: '
             f"{_e(warning.reason)} — {_e(warning.message)}</div>"
+        )
+    if phase == "stalled" and callable(getattr(st, "stall_text", None)):
+        warn += (
+            '<div class="tfk8s-stall" style="color:#b58900;white-space:pre-wrap">'
+            f"⚠ {_e(st.stall_text(now))}</div>"
         )
     reason = f' <span class="tfk8s-reason">{_e(st.reason)}</span>' if st.reason and not deleted else ""
     return (
