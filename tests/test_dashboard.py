@@ -826,3 +826,16 @@ def test_the_header_says_stalled_with_how_long_and_the_last_lines():
     assert "stalled for 2m10s" in html_text and "&lt;b&gt;epoch 1&lt;/b&gt;" in html_text
     assert 'data-phase="deleted"' in header_html(st, "demo", deleted=True)
     assert 'data-phase="running"' in header_html(base, "demo")
+
+
+def test_a_log_tab_the_user_picked_stays_picked(scripted):
+    cluster = scripted.add(make_status(tasks=[
+        TaskStatus("ps-0", Phase.RUNNING, "serving"), TaskStatus("worker-0", Phase.RUNNING, "")]))
+    d = Dashboard(cluster, widgets=True).start()
+    wait_for(lambda: d.tabs.selected_index == 1, what="worker-0 shown first")
+    d.tabs.selected_index = 0  # the user opens ps-0 (the browser syncs the trait like this)
+    scripted.push(make_status(phase=Phase.FAILED, finished=time.time(), tasks=[
+        TaskStatus("ps-0", Phase.STOPPED, ""),
+        TaskStatus("worker-0", Phase.FAILED, "exit code 1", exit_code=1, finished=time.time())]))
+    assert d.wait(TIMEOUT)
+    assert d.tabs.selected_index == 0
