@@ -275,30 +275,36 @@ def _container_problems(pod: str, c: Manifest, limit_ranges: list[Manifest]) -> 
                 f"LimitRange's default {key} limit."
             )
     for lr, item in _items(limit_ranges):
-        if item.get("type") != "Container":
-            continue
-        for key, bound in (item.get("max") or {}).items():
-            value = limits.get(key)
-            if value is None or parse_quantity(value) > parse_quantity(bound):
-                out.append(
-                    f"{pod} has a {key} limit of {value or 'none'} but LimitRange {lr} allows "
-                    f"at most {bound} per container: ask for less ({_FLAGS.get(key, key)})."
-                )
-        for key, bound in (item.get("min") or {}).items():
-            value = requests.get(key)
-            if value is None or parse_quantity(value) < parse_quantity(bound):
-                out.append(
-                    f"{pod} requests {key} {value or 'none'} but LimitRange {lr} asks for at "
-                    f"least {bound} per container: ask for more ({_FLAGS.get(key, key)})."
-                )
-        for key, ratio in (item.get("maxLimitRequestRatio") or {}).items():
-            req, lim = requests.get(key), limits.get(key)
-            if not req or not lim or parse_quantity(req) == 0 or (
-                parse_quantity(lim) / parse_quantity(req) > parse_quantity(ratio)
-            ):
-                out.append(
-                    f"{pod}'s {key} limit {lim or 'none'} over its request {req or 'none'} "
-                    f"exceeds LimitRange {lr}'s ratio {ratio}: ask for a larger {key} "
-                    f"request ({_FLAGS.get(key, key)})."
-                )
+        if item.get("type") == "Container":
+            out += _bound_problems(pod, lr, item, requests, limits)
+    return out
+
+
+def _bound_problems(pod: str, lr: str, item: Manifest, requests: dict, limits: dict) -> list[str]:
+    """What one Container item of LimitRange ``lr`` refuses (max, min, limit/request ratio)."""
+    out = []
+    for key, bound in (item.get("max") or {}).items():
+        value = limits.get(key)
+        if value is None or parse_quantity(value) > parse_quantity(bound):
+            out.append(
+                f"{pod} has a {key} limit of {value or 'none'} but LimitRange {lr} allows "
+                f"at most {bound} per container: ask for less ({_FLAGS.get(key, key)})."
+            )
+    for key, bound in (item.get("min") or {}).items():
+        value = requests.get(key)
+        if value is None or parse_quantity(value) < parse_quantity(bound):
+            out.append(
+                f"{pod} requests {key} {value or 'none'} but LimitRange {lr} asks for at "
+                f"least {bound} per container: ask for more ({_FLAGS.get(key, key)})."
+            )
+    for key, ratio in (item.get("maxLimitRequestRatio") or {}).items():
+        req, lim = requests.get(key), limits.get(key)
+        if not req or not lim or parse_quantity(req) == 0 or (
+            parse_quantity(lim) / parse_quantity(req) > parse_quantity(ratio)
+        ):
+            out.append(
+                f"{pod}'s {key} limit {lim or 'none'} over its request {req or 'none'} "
+                f"exceeds LimitRange {lr}'s ratio {ratio}: ask for a larger {key} "
+                f"request ({_FLAGS.get(key, key)})."
+            )
     return out
