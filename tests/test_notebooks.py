@@ -22,7 +22,8 @@ from conftest import wait_gone
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
-ALL = ("in_graph_walkthrough.ipynb", "between_graph_walkthrough.ipynb", "dashboard_tour.ipynb")
+ALL = ("in_graph_walkthrough.ipynb", "between_graph_walkthrough.ipynb", "dashboard_tour.ipynb",
+       "trainer_and_serving.ipynb")
 
 
 def read_notebook(name: str):
@@ -337,3 +338,29 @@ def test_a_saved_notebook_records_how_its_cluster_ended(ending, state_dir, pytho
     exported, _ = HTMLExporter().from_notebook_node(saved)
     assert "final state of short" in exported, exported[-3000:]
     assert re.search(r"the script(&#x27;|')s last line", exported), exported[-3000:]
+
+
+@pytest.mark.slow
+def test_trainer_and_serving(run_notebook):
+    nb = run_notebook("trainer_and_serving.ipynb")
+    assert "killed worker-1" in nb.text("import os") and "killed worker-0" in nb.text("import os")
+    done = nb.text("%tfcluster wait demo")
+    assert "cluster demo (local, between): succeeded" in done, done
+    assert "progress: step 300/300 (100.0%)" in done, done
+    events = nb.text("%tfcluster events demo")
+    assert re.search(r"worker-1\s+Restarted", events) and re.search(r"worker-0\s+Restarted", events), events
+    resumed = [int(n) for n in re.findall(r"resumed from step (\d+)", nb.text("for line in cluster.logs()"))]
+    assert len(resumed) == 2 and all(50 <= n < 300 for n in resumed), resumed
+    assert "exported demo version 1" in nb.text("for line in cluster.logs()")
+    layout = nb.text("models = Path").split()
+    assert "demo/1/saved_model.pb" in layout and "demo/1/variables" in layout, layout
+    served = nb.text("%tfcluster serve demo")
+    assert "serving model 'demo' version 1" in served, served
+    queried = nb.text("import numpy as np")
+    assert "'state': 'AVAILABLE'" in queried, queried
+    assert "served predictions == model.predict (float32 rounding): True" in queried, queried
+    assert "served predictions == the SavedModel's signature, bit for bit: True" in queried, queried
+    w = [float(v) for v in re.search(r"learned w: \[([^\]]*)\]", queried)[1].split()]
+    assert w == pytest.approx([2.0, -1.0, 0.5, 3.0], abs=0.2), queried
+    assert "serving stopped and removed" in nb.text("%tfcluster serve --stop demo")
+    assert nb.text("%tfcluster delete demo").strip() == "demo: deleted"

@@ -9,13 +9,25 @@ things are one call each of the Python API, usable without IPython::
     strategy = tk.connect("ig")          # in-graph: this process is the client
 
 Training scripts report progress with :func:`report_progress` or
-:func:`progress_callback`.  Heavy modules (TensorFlow, IPython, the
+:func:`progress_callback`, or subclass :class:`Trainer` and let the
+platform do it; :func:`serve` serves what a cluster exported.  Heavy modules (TensorFlow, IPython, the
 Kubernetes client) are imported only when used.
 """
 
 from __future__ import annotations
 
-from .api import Cluster, connect, get, launch, list_clusters, make_spec, render, render_objects
+from .api import (
+    Cluster,
+    connect,
+    get,
+    launch,
+    list_clusters,
+    make_spec,
+    render,
+    render_objects,
+    serve,
+    train,
+)
 from .errors import (
     ClusterExists,
     ClusterNotFound,
@@ -27,6 +39,7 @@ from .errors import (
 )
 from .runtime.progress import progress_callback, report_progress
 from .spec import ClusterSpec, Resources, Task
+from .trainer import Trainer, TrainerOptions
 
 __version__ = "0.1.0"
 
@@ -42,6 +55,8 @@ __all__ = [
     "TFClusterError",
     "Task",
     "TaskNotFound",
+    "Trainer",
+    "TrainerOptions",
     "connect",
     "get",
     "launch",
@@ -52,7 +67,9 @@ __all__ = [
     "render",
     "render_objects",
     "report_progress",
+    "serve",
     "task_info",
+    "train",
 ]
 
 def task_info() -> dict:

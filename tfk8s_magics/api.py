@@ -69,17 +69,40 @@ def make_spec(name: str, *, script: str | None = None, **values: Any) -> Cluster
         )
     resolved = {name: options.get(name, given.get(name)) for name in known}
     script, script_name = _script(script, resolved["script_path"])
+    trainer_options, script = _with_trainer(resolved, script)
     res = Resources(cpu=resolved["cpu"], memory=resolved["memory"], gpus=resolved["gpus"])
     if res != Resources() and "resources" not in values:
         values["resources"] = {role: res for role in ROLES}
-    return ClusterSpec(
+    return _checked(trainer_options, ClusterSpec(
         name=name,
         script=script,
         script_name=script_name,
         env=dict(resolved["env"] or {}),  # argparse gives --env as a list of pairs
         **{field: resolved[field] for field in _SPEC_FIELDS},
         **values,
-    )
+    ))
+
+
+def _with_trainer(resolved: dict[str, Any], script: str | None):
+    """``(TrainerOptions, script)`` with ``trainer`` given: its options and the script that runs it."""
+    if resolved.get("trainer") is None:
+        return None, script
+    from .trainer import launch as trainer_launch
+    from .trainer.options import NAMES
+
+    trainer_options = trainer_launch.options_from({n: resolved[n] for n in NAMES})
+    if options.normalize_mode(resolved["mode"]) == IN_GRAPH:
+        trainer_launch.check_shape(IN_GRAPH, 0, 0, 0, trainer_options)
+    return trainer_options, trainer_launch.trainer_script(resolved["trainer"], trainer_options, script)
+
+
+def _checked(trainer_options, spec: ClusterSpec) -> ClusterSpec:
+    """``spec``, once the Trainer (if any) is known to be able to train on its shape."""
+    if trainer_options is not None:
+        from .trainer.launch import check_shape
+
+        check_shape(spec.mode, spec.workers, spec.ps, spec.chief, trainer_options)
+    return spec
 
 
 def _script(script: str | None, script_path: str | None) -> tuple[str | None, str]:
@@ -167,6 +190,36 @@ def render_objects(
 def render(spec: ClusterSpec, backend: str | Backend = "kubernetes", tensorboard: bool = False) -> str:
     """The YAML a backend would apply for ``spec`` (see :func:`render_objects`)."""
     return dump_yaml(render_objects(spec, backend, tensorboard))
+
+
+def render_serving(spec: ClusterSpec, model: str, backend: str | Backend = "kubernetes",
+                   **serving: Any) -> list[dict]:
+    """The objects that would serve ``model`` of ``spec`` (TF Serving Deployment + Service)."""
+    be = resolve_backend(backend)
+    if not hasattr(be, "render_serving"):
+        raise SpecError(f"the {be.name} backend has nothing to render; use --backend kubernetes.")
+    return be.render_serving(spec, model, **serving)
+
+
+def serve(name: str, backend: str | Backend | None = None, *, model: str | None = None,
+          stop: bool = False, **serving: Any):
+    """Serve cluster ``name``'s newest exported model with TensorFlow Serving's REST and gRPC APIs.
+
+    Returns a :class:`~tfk8s_magics.serving.ServingInfo` (endpoint, model,
+    version); ``stop=True`` removes the server instead and returns whether
+    one was running.  Kubernetes options: ``replicas``, ``cpu``, ``memory``.
+    """
+    return get(name, backend).serve(model=model, stop=stop, **serving)
+
+
+def train(name: str, trainer: type, backend: str | Backend | None = None, timeout: float | None = None,
+          **trainer_options: Any):
+    """Train ``trainer`` from this process on in-graph cluster ``name`` (asynchronous: this process
+    coordinates its parameter servers and workers); return the Trainer after training."""
+    from .trainer.launch import options_from
+
+    opts = options_from({**trainer_options, "sync": "async"})
+    return get(name, backend).train(trainer, opts, timeout=timeout)
 
 
 #: The strategy of each in-graph cluster this process is the client of, until it is deleted.
@@ -277,6 +330,33 @@ class Cluster:
         kept = self.backend.delete(self.name, keep_logs=keep_logs)
         announce_deleted(self.backend, self.name)  # every view in this process, at once
         return kept
+
+    def serve(self, model: str | None = None, stop: bool = False, **serving: Any):
+        """Serve (or, with ``stop``, stop serving) its newest exported model; see :func:`serve`."""
+        serve_fn = getattr(self.backend, "serve", None)
+        if serve_fn is None:
+            raise SpecError(f"the {self.backend.name} backend cannot serve models; use local or kubernetes.")
+        if stop:
+            return self.backend.stop_serving(self.name)
+        return serve_fn(self.name, model=model, **{k: v for k, v in serving.items() if v is not None})
+
+    def serving(self):
+        """What it serves now (a ServingInfo), or None."""
+        fn = getattr(self.backend, "serving", None)
+        return fn(self.name) if fn is not None else None
+
+    def train(self, trainer: type, trainer_options=None, timeout: float | None = None):
+        """In-graph: train ``trainer`` with this process as the coordinator; return the Trainer."""
+        from .trainer import TrainerOptions
+        from .trainer import runtime as trainer_runtime
+
+        trainer_options = trainer_options or TrainerOptions(sync="async")
+        strategy = self.connect(timeout=timeout)
+        settings = {"cluster": self.name}
+        where = self.status().log_dir
+        if where.path and where.volume is None:  # a directory this process can write to
+            settings.update(log_dir=where.path, checkpoint_dir=f"{where.path}/checkpoints")
+        return trainer_runtime.train(trainer(trainer_options, **settings), {}, strategy=strategy)
 
     def connect(self, timeout: float | None = None, **strategy_kwargs):
         """Return a ParameterServerStrategy with this process as the coordinator (in-graph only)."""

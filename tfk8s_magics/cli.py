@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable
 
 from . import api, options
+from .backends.kubernetes.manifests import dump_yaml
 from .errors import ClusterExists, ClusterNotFound, SpecError, TaskNotFound, TFClusterError
 from .ui.render import events_text, list_text, status_text
 
@@ -71,7 +72,10 @@ def _launch(args: argparse.Namespace) -> int:
 
 def _render(args: argparse.Namespace) -> int:
     spec = api.make_spec(args.name, **{o.name: getattr(args, o.name) for o in options.spec_options()})
-    print(api.render(spec, args.backend, args.tensorboard), end="")
+    objects = api.render_objects(spec, args.backend, args.tensorboard)
+    if args.serve_model:
+        objects += api.render_serving(spec, args.serve_model, args.backend)
+    print(dump_yaml(objects), end="")
     return 0
 
 
@@ -134,6 +138,27 @@ def _delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    cluster = api.get(args.name, args.backend)
+    if args.stop_serving:
+        print(f"{args.name}: " + ("serving stopped and removed" if cluster.serve(stop=True)
+                                  else "nothing was being served"))
+        return 0
+    from .ui.serving import serving_text
+
+    info = cluster.serve(model=args.model, replicas=args.replicas, cpu=args.serving_cpu,
+                         memory=args.serving_memory)
+    print(serving_text(info))
+    if cluster.backend.name == "local":
+        # The local server lives as long as the process that started it: this one.
+        print("serving until Ctrl-C (the local server exits with this command)", flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            cluster.serve(stop=True)
+    return 0
+
+
 #: The subcommands a terminal offers, each one API call.
 _RUN: dict[str, Callable[[argparse.Namespace], int]] = {
     "launch": _launch,
@@ -146,6 +171,7 @@ _RUN: dict[str, Callable[[argparse.Namespace], int]] = {
     "stop": _stop,
     "delete": _delete,
     "events": _events,
+    "serve": _serve,
 }
 
 

@@ -122,6 +122,8 @@ class TFClusterMagics(Magics, MagicDefaults):
     def _cmd_render(self, args, cell):
         spec = self._spec(args, cell)
         objects = api.render_objects(spec, args.backend, tensorboard=args.tensorboard)
+        if args.serve_model:
+            objects += api.render_serving(spec, args.serve_model, args.backend)
         if args.output_dir:
             out = Path(args.output_dir).expanduser()
             out.mkdir(parents=True, exist_ok=True)
@@ -185,6 +187,18 @@ class TFClusterMagics(Magics, MagicDefaults):
     def _cmd_events(self, args, cell):
         events = api.get(args.name, args.backend).events()
         print(events_text(events, last=len(events)))
+
+    def _cmd_serve(self, args, cell):
+        cluster = api.get(args.name, args.backend)
+        if args.stop_serving:
+            what = "serving stopped and removed" if cluster.serve(stop=True) else "nothing was being served"
+            print(f"{args.name}: {what}")
+            return None
+        from .ui.serving import show_serving
+
+        show_serving(cluster.serve(model=args.model, replicas=args.replicas, cpu=args.serving_cpu,
+                                   memory=args.serving_memory))
+        return None
 
     def _cmd_dashboard(self, args, cell):
         # Shown here, not returned: a returned handle would be displayed a second time.

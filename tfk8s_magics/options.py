@@ -171,6 +171,23 @@ def _mode(flag: str, value: Any) -> str:
     return normalize_mode(value)
 
 
+def _sync(flag: str, value: Any) -> str:
+    """A check: ``sync`` or ``async`` (the Trainer's strategy family)."""
+    mode = {"true": "sync", "false": "async"}.get(str(value).strip().lower(), str(value).strip().lower())
+    if mode not in ("sync", "async"):
+        raise SpecError(f"{flag} {value!r} is not valid: use 'sync' (all-reduce) or 'async' "
+                        "(parameter servers).")
+    return mode
+
+
+def _model_name(flag: str, value: Any) -> str | None:
+    """A check: a model name (a directory under ``<log dir>/models`` and a Kubernetes name), or None."""
+    if value is not None and (not DNS_LABEL.match(str(value)) or len(str(value)) > 63):
+        raise SpecError(f"{flag} {value!r} is not a valid model name: use lowercase letters, digits "
+                        "and '-' (it names a directory and Kubernetes objects).")
+    return value
+
+
 def _backend_default() -> str:
     return "kubernetes" if in_kubernetes_pod() else "local"
 
@@ -261,7 +278,7 @@ _OPTIONS = (
     # -- the cluster spec (launch, render; keywords of tk.launch / make_spec) --
     Option("name", str, None, "cluster name (a DNS-1123 label, e.g. mnist)", flag="",
            commands=("launch", "render", "connect", "status", "wait", "tensorboard", "stop",
-                     "delete", "events", "dashboard", "logs")),
+                     "delete", "events", "dashboard", "logs", "serve")),
     Option("mode", str, BETWEEN, "between (every worker runs the script) | in-graph (servers only)",
            trait="default_mode", check=_mode, commands=SPEC_COMMANDS),
     Option("workers", _whole, 2, "worker tasks", trait="default_workers",
@@ -305,6 +322,39 @@ _OPTIONS = (
            commands=SPEC_COMMANDS),
     Option("gpus", _whole, 0, "GPUs per task (kubernetes)", check=count(0, 64),
            commands=SPEC_COMMANDS, metavar="N"),
+    # -- the Trainer (tfk8s_magics.trainer: TrainerOptions is made of these) ----
+    Option("trainer", str, None, "name of the tfk8s_magics.Trainer subclass the cell defines: the "
+           "platform runs it with the options below", commands=SPEC_COMMANDS, metavar="CLASS"),
+    Option("steps", _whole, 100, "Trainer: training steps in total (global batches)",
+           check=count(1, 10**9), commands=SPEC_COMMANDS, metavar="N"),
+    Option("batch_size", _whole, 64, "Trainer: global batch size (split across the replicas)",
+           check=count(1, 10**7), commands=SPEC_COMMANDS, metavar="N"),
+    Option("sync", str, "sync", "Trainer: sync (MultiWorkerMirroredStrategy, all-reduce) or async "
+           "(ParameterServerStrategy coordinated by the chief, or in-graph by this kernel)",
+           check=_sync, commands=SPEC_COMMANDS, metavar="sync|async"),
+    Option("checkpoint_every", _whole, 50, "Trainer: steps between checkpoints (0: only at the end)",
+           check=count(0, 10**9), commands=SPEC_COMMANDS, metavar="N"),
+    Option("summary_every", _whole, 10, "Trainer: steps between TensorBoard summaries",
+           check=count(1, 10**9), commands=SPEC_COMMANDS, metavar="N"),
+    Option("model_name", str, None, "Trainer: name of the exported model (default: the cluster's)",
+           check=_model_name, commands=SPEC_COMMANDS, metavar="NAME"),
+    Option("export", parse_bool, True, "Trainer: export a SavedModel on the chief after training "
+           "(--no-export: do not)", flag="--no-export", commands=SPEC_COMMANDS, action="store_false"),
+    Option("use_gpu", parse_bool, True, "Trainer: let TensorFlow use GPUs (--no-gpu: CPU only)",
+           flag="--no-gpu", commands=SPEC_COMMANDS, action="store_false"),
+    # -- serving (serve; render --serve) -----------------------------------------
+    Option("model", str, None, "model under <log dir>/models to serve (default: the cluster's)",
+           check=_model_name, commands=("serve",)),
+    Option("replicas", _whole, 1, "serving replicas (kubernetes)", check=count(1, 50),
+           commands=("serve",), metavar="N"),
+    Option("serving_cpu", str, None, "CPU per serving replica, e.g. 500m (kubernetes)", flag="--cpu",
+           check=quantity, commands=("serve",)),
+    Option("serving_memory", str, None, "memory per serving replica, e.g. 1Gi (kubernetes)",
+           flag="--memory", check=quantity, commands=("serve",)),
+    Option("stop_serving", parse_bool, False, "stop serving and remove the server", flag="--stop",
+           commands=("serve",), action="store_true"),
+    Option("serve_model", str, None, "include TF Serving of MODEL (Deployment + Service)",
+           flag="--serve", check=_model_name, commands=("render",), metavar="MODEL"),
     # -- how a launch runs ----------------------------------------------------
     Option("detach", parse_bool, False, "keep running after this kernel exits",
            commands=("launch",), action="store_true"),
@@ -415,6 +465,8 @@ COMMANDS: Mapping[str, Command] = {
         Command("delete", "delete a cluster and what it created"),
         Command("events", "show what happened to a cluster"),
         Command("dashboard", "show a live dashboard of a cluster"),
+        Command("serve", "serve a cluster's newest exported model (TensorFlow Serving's REST + "
+                "gRPC APIs); --stop removes the server"),
     )
 }
 

@@ -413,6 +413,58 @@ class KubernetesBackend(Backend):
             raise BackendError(f"could not start TensorBoard for {name!r}: {api_reason(e)}.") from e
         return TensorBoardInfo(port=port, url=url, logdir="/log", reused=reused)
 
+    # -- TF Serving (pure builders in .serving) -----------------------------------
+    def render_serving(self, spec: ClusterSpec, model: str, **options: Any) -> list[dict[str, Any]]:
+        """The TF Serving Deployment + Service for ``model`` of ``spec``; needs no cluster."""
+        from .serving import serving_manifests, serving_options
+
+        return serving_manifests(self._owned(spec), self.settings, serving_options(model, **options))
+
+    def serve(self, name: str, model: str | None = None, **options: Any):
+        """Create (or reuse) the cluster's TF Serving Deployment + Service, owned by its root."""
+        from .serving import serving_info, serving_manifests, serving_name, serving_options
+
+        root = self._require_root(name)
+        spec = self._spec_of(root)
+        opts = serving_options(model or spec.name, **options)
+        svc = serving_name(spec)
+        try:
+            existing = self.api.get("apps/v1", "Deployment", svc)
+            if existing is None:
+                created: list[dict[str, Any]] = []
+                try:
+                    for m in serving_manifests(spec, self.settings, opts):
+                        created.append(self.api.create(with_owner(m, owner_reference(root))))
+                except ApiException as e:
+                    for obj in reversed(created):
+                        self.api.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
+                    raise LaunchFailed(failure_sentence(e, m, self.settings.namespace)) from e
+        except ApiException as e:
+            raise BackendError(f"could not serve {name!r}: {api_reason(e)}.") from e
+        return serving_info(spec, self.settings, existing or serving_manifests(spec, self.settings, opts)[0],
+                            reused=existing is not None)
+
+    def serving(self, name: str):
+        """What the cluster serves (a ServingInfo), or None."""
+        from .serving import serving_info, serving_name
+
+        spec = self._spec_of(self._require_root(name))
+        dep = self.api.get("apps/v1", "Deployment", serving_name(spec))
+        return None if dep is None else serving_info(spec, self.settings, dep, reused=True)
+
+    def stop_serving(self, name: str) -> bool:
+        """Delete the cluster's TF Serving Deployment and Service; return whether they existed."""
+        from .serving import serving_name
+
+        spec = self._spec_of(self._require_root(name))
+        found = False
+        try:
+            for api_version, kind in (("apps/v1", "Deployment"), ("v1", "Service")):
+                found = self.api.delete(api_version, kind, serving_name(spec)) or found
+        except ApiException as e:
+            raise BackendError(f"could not stop serving {name!r}: {api_reason(e)}.") from e
+        return found
+
     def coordinator(self, name: str) -> Coordinator:
         """This notebook pod listens as chief on its own address.  Its progress records go to
         the cluster's watch in this process: ``status`` here shows them; another process

@@ -382,6 +382,7 @@ class LocalBackend(Backend):
         record = read_json(cdir.record)
         self.stop(name)
         self._stop_tensorboard(cdir)
+        self.stop_serving(name)
         kept = None
         log_dir = Path(record["log_dir"])
         if keep_logs and _inside(log_dir, cdir.root) and log_dir.exists():
@@ -438,6 +439,35 @@ class LocalBackend(Backend):
                 time.sleep(0.02)
             if pid_alive(info["pid"]):
                 os.kill(info["pid"], signal.SIGKILL)
+
+    # -- serving (see tfk8s_magics.serving.local) -------------------------------
+    def serve(self, name: str, model: str | None = None, **options):
+        """Serve the cluster's newest exported model with the local TF-Serving-compatible server.
+
+        ``replicas``/``cpu``/``memory`` are Kubernetes choices: one process serves here.
+        """
+        from ...serving import local as serving
+
+        cdir = self._dir(name)
+        allowed = {"poll_seconds", "timeout"}
+        for key, value in options.items():
+            if key not in allowed and value not in (None, 1):
+                raise SpecError(f"--{key.replace('_', '-')} applies to Kubernetes serving; "
+                                "the local backend runs one server process.")
+        kwargs = {k: v for k, v in options.items() if k in allowed}
+        return serving.start(name, cdir.root, read_json(cdir.record)["log_dir"], model, **kwargs)
+
+    def serving(self, name: str):
+        """The model this cluster serves, or None."""
+        from ...serving import local as serving
+
+        return serving.current(name, self._dir(name).root)
+
+    def stop_serving(self, name: str) -> bool:
+        """Stop serving the cluster's model; return whether a server was running."""
+        from ...serving import local as serving
+
+        return serving.stop(self._dir(name).root)
 
 
 def _tb_url(port: int) -> str:
