@@ -205,6 +205,13 @@ class ScriptedBackend(Backend):
         self.calls.append(("tensorboard", name))
         return TensorBoardInfo(6006, "/proxy/6006/", "/tmp/logs", False, 1)
 
+    def serve(self, name, model=None, **options):
+        from tfk8s_magics.serving import ServingInfo
+
+        self.calls.append(("serve", name))
+        return ServingInfo(name, model or name, 3, "/proxy/8501/", "http://127.0.0.1:8501/",
+                           "127.0.0.1:8500", "/tmp/logs/models/demo")
+
 
 @pytest.fixture
 def scripted():
@@ -472,6 +479,16 @@ def test_tensorboard_button_shows_proxied_link_and_iframe(scripted):
     assert scripted.calls == [("tensorboard", "demo")]
     assert 'href="/proxy/6006/"' in d.tensorboard_view.value and "<iframe" in d.tensorboard_view.value
     assert d.tabs.selected_index == len(d.tabs.children) - 1
+
+
+def test_serve_button_shows_the_endpoint_and_model_version(scripted):
+    cluster = scripted.add(make_status())
+    d = Dashboard(cluster, widgets=True).start()
+    d.serve_button.click()
+    d.actions.thread.join(TIMEOUT)
+    assert scripted.calls == [("serve", "demo")]
+    assert "serving model 'demo' version 3" in d.outcome, d.outcome
+    assert "/proxy/8501/v1/models/demo" in d.outcome_label.value and "127.0.0.1:8500" in d.outcome
 
 
 def test_two_views_share_one_feed(scripted):

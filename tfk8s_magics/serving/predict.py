@@ -113,6 +113,45 @@ def parse_request(body: bytes) -> dict[str, Any]:
     return doc
 
 
+def _named(values: dict[str, Any], specs: dict[str, Any]) -> dict[str, np.ndarray]:
+    # An unknown name is kept (as is) so that run() reports it in TF Serving's words.
+    return {n: _array(v, specs[n]) if n in specs else np.asarray(v) for n, v in values.items()}
+
+
+def _single(specs: dict[str, Any], value: Any, why: str) -> dict[str, np.ndarray]:
+    """An unnamed value: the signature's one input (an error when it has several)."""
+    if len(specs) > 1:
+        raise ServingError("INVALID_ARGUMENT", why)
+    (name, spec), = specs.items()
+    return {name: _array(value, spec)}
+
+
+def _rows(rows: Any, specs: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The row format: a list of values, or of objects naming every input."""
+    if not isinstance(rows, list):
+        raise ServingError("INVALID_ARGUMENT", "Expecting 'instances' to be an list/array")
+    if not rows:
+        raise ServingError("INVALID_ARGUMENT", "No values in 'instances' array")
+    if not isinstance(rows[0], dict) or _is_b64(rows[0]):
+        return _single(specs, rows, "instances is a plain list, but expecting list of objects as multiple "
+                       "input tensors required as per tensorinfo_map")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ServingError("INVALID_ARGUMENT", f"Expecting object but got list at item {i} of input list")
+        missing = [name for name in specs if name not in row]
+        if missing:
+            raise ServingError("INVALID_ARGUMENT", f"Missing named input: {missing[0]} in item {i}")
+    return _named({n: [r.get(n) for r in rows] for n in rows[0]}, specs)
+
+
+def _columns(cols: Any, specs: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The columnar format: one value, or an object of named values."""
+    if isinstance(cols, dict) and not _is_b64(cols):
+        return _named(cols, specs)
+    return _single(specs, cols, f"the signature has {len(specs)} inputs ({', '.join(sorted(specs))}): "
+                   "give 'inputs' as an object of named tensors")
+
+
 def inputs_from_json(doc: dict[str, Any], specs: dict[str, Any]) -> tuple[dict[str, np.ndarray], str]:
     """Named input arrays from a row (``instances``) or columnar (``inputs``) request, and the format."""
     has_rows, has_cols = "instances" in doc, "inputs" in doc
@@ -122,42 +161,9 @@ def inputs_from_json(doc: dict[str, Any], specs: dict[str, Any]) -> tuple[dict[s
             "Not formatted correctly expecting only one of 'inputs' or 'instances' keys to exist",
         )
     if has_rows:
-        rows = doc["instances"]
-        if not isinstance(rows, list):
-            raise ServingError("INVALID_ARGUMENT", "Expecting 'instances' to be an list/array")
-        if not rows:
-            raise ServingError("INVALID_ARGUMENT", "No values in 'instances' array")
-        if isinstance(rows[0], dict) and not _is_b64(rows[0]):
-            for i, row in enumerate(rows):
-                if not isinstance(row, dict):
-                    raise ServingError("INVALID_ARGUMENT",
-                                       f"Expecting object but got list at item {i} of input list")
-                for name in specs:
-                    if name not in row:
-                        raise ServingError("INVALID_ARGUMENT", f"Missing named input: {name} in item {i}")
-            named = {n: [r.get(n) for r in rows] for n in rows[0]}
-            return {n: _array(v, specs[n]) if n in specs else np.asarray(v) for n, v in named.items()}, ROW
-        if len(specs) > 1:
-            raise ServingError(
-                "INVALID_ARGUMENT",
-                "instances is a plain list, but expecting list of objects as multiple input tensors "
-                "required as per tensorinfo_map",
-            )
-        (name, spec), = specs.items()
-        return {name: _array(rows, spec)}, ROW
+        return _rows(doc["instances"], specs), ROW
     if has_cols:
-        cols = doc["inputs"]
-        if isinstance(cols, dict) and not _is_b64(cols):
-            named = {n: _array(v, specs[n]) if n in specs else np.asarray(v) for n, v in cols.items()}
-            return named, COLUMNAR
-        if len(specs) > 1:
-            raise ServingError(
-                "INVALID_ARGUMENT",
-                f"the signature has {len(specs)} inputs ({', '.join(sorted(specs))}): give 'inputs' as an "
-                "object of named tensors",
-            )
-        (name, spec), = specs.items()
-        return {name: _array(cols, spec)}, COLUMNAR
+        return _columns(doc["inputs"], specs), COLUMNAR
     raise ServingError("INVALID_ARGUMENT", "Missing 'inputs' or 'instances' key")
 
 

@@ -170,9 +170,16 @@ class Dashboard:
         )
         self.tensorboard_button.add_class("tfk8s-tb")
         self.tensorboard_button.on_click(lambda _b: self._on_tensorboard())
+        self.serve_button = w.Button(
+            description="Serve", icon="server",
+            tooltip="serve the newest exported model (TensorFlow Serving's REST + gRPC APIs)",
+        )
+        self.serve_button.add_class("tfk8s-serve")
+        self.serve_button.on_click(lambda _b: self._on_serve())
         self.outcome_label = w.HTML("")
         self.outcome_label.add_class("tfk8s-outcome")
-        self.actions = self._action_bar(extra=(self.tensorboard_button, self.outcome_label))
+        self.actions = self._action_bar(extra=(self.tensorboard_button, self.serve_button,
+                                               self.outcome_label))
         self.actions.widget.layout = w.Layout(align_items="center", flex_flow="row wrap")
         self.events_view = w.HTML(events_html([]))
         self.tensorboard_view = w.HTML(
@@ -419,6 +426,7 @@ class Dashboard:
     def _draw_actions(self, st: ClusterStatus | None) -> None:
         self.actions.draw(st, self.deleted)
         self.tensorboard_button.disabled = self.deleted
+        self.serve_button.disabled = self.deleted
         self.outcome_label.value = outcome_html(self.outcome)
 
     def _finish(self) -> None:
@@ -459,6 +467,12 @@ class Dashboard:
             return f"TensorBoard on {info.url}"
 
         self.actions.run("starting TensorBoard", tensorboard)
+
+    def _on_serve(self) -> None:
+        from .serving import serving_text
+
+        # The outcome line then shows the endpoint and the model version being served.
+        self.actions.run("serving the model", lambda: serving_text(self.cluster.serve()))
 
     # -- rich display and fallback --------------------------------------------------
     def _snapshot(self) -> ClusterStatus | None:
