@@ -14,7 +14,9 @@ from tfk8s_magics.spec import ClusterSpec
 
 SETTINGS = K8sSettings(namespace="alice", image="tfk8s/tensorflow-task:0.1.0", user="alice")
 SPEC = ClusterSpec(name="mnist", workers=2, script="print(1)\n", owner="alice")
-LABELS = {"app.kubernetes.io/managed-by": "tfk8s", "tfk8s.io/cluster": "mnist", "tfk8s.io/user": "alice",
+LABELS = {"app.kubernetes.io/managed-by": "tfk8s", "app.kubernetes.io/name": "tfk8s",
+          "app.kubernetes.io/part-of": "tfk8s-lab", "app.kubernetes.io/instance": "mnist",
+          "app.kubernetes.io/component": "serving", "tfk8s.io/cluster": "mnist", "tfk8s.io/user": "alice",
           "tfk8s.io/component": "serving"}
 
 
@@ -33,7 +35,8 @@ def test_deployment_is_exactly_this():
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
-                                        "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+                                        "fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch",
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [{
                         "name": "serving",
                         "image": "tensorflow/serving:2.20.0",
