@@ -25,6 +25,10 @@ from .errors import ClusterTimeout, LaunchFailed, SpecError
 from .runtime.progress import end_redirect, redirect_progress
 from .spec import IN_GRAPH, ROLES, ClusterSpec, Resources
 from .tfconfig import coordinator_cluster_def
+from .trainer import TrainerOptions
+from .trainer import launch as trainer_launch
+from .trainer import runtime as trainer_runtime
+from .trainer.options import NAMES
 from .watch import ClusterFeed, announce_deleted
 
 _backends: dict[str, Backend] = {}
@@ -87,9 +91,6 @@ def _with_trainer(resolved: dict[str, Any], script: str | None):
     """``(TrainerOptions, script)`` with ``trainer`` given: its options and the script that runs it."""
     if resolved.get("trainer") is None:
         return None, script
-    from .trainer import launch as trainer_launch
-    from .trainer.options import NAMES
-
     trainer_options = trainer_launch.options_from({n: resolved[n] for n in NAMES})
     if options.normalize_mode(resolved["mode"]) == IN_GRAPH:
         trainer_launch.check_shape(IN_GRAPH, 0, 0, 0, trainer_options)
@@ -99,9 +100,7 @@ def _with_trainer(resolved: dict[str, Any], script: str | None):
 def _checked(trainer_options, spec: ClusterSpec) -> ClusterSpec:
     """``spec``, once the Trainer (if any) is known to be able to train on its shape."""
     if trainer_options is not None:
-        from .trainer.launch import check_shape
-
-        check_shape(spec.mode, spec.workers, spec.ps, spec.chief, trainer_options)
+        trainer_launch.check_shape(spec.mode, spec.workers, spec.ps, spec.chief, trainer_options)
     return spec
 
 
@@ -216,9 +215,7 @@ def train(name: str, trainer: type, backend: str | Backend | None = None, timeou
           **trainer_options: Any):
     """Train ``trainer`` from this process on in-graph cluster ``name`` (asynchronous: this process
     coordinates its parameter servers and workers); return the Trainer after training."""
-    from .trainer.launch import options_from
-
-    opts = options_from({**trainer_options, "sync": "async"})
+    opts = trainer_launch.options_from({**trainer_options, "sync": "async"})
     return get(name, backend).train(trainer, opts, timeout=timeout)
 
 
@@ -347,9 +344,6 @@ class Cluster:
 
     def train(self, trainer: type, trainer_options=None, timeout: float | None = None):
         """In-graph: train ``trainer`` with this process as the coordinator; return the Trainer."""
-        from .trainer import TrainerOptions
-        from .trainer import runtime as trainer_runtime
-
         trainer_options = trainer_options or TrainerOptions(sync="async")
         strategy = self.connect(timeout=timeout)
         settings = {"cluster": self.name}

@@ -23,6 +23,7 @@ from . import api, options
 from .backends.kubernetes.manifests import dump_yaml
 from .errors import ClusterExists, ClusterNotFound, SpecError, TaskNotFound, TFClusterError
 from .ui.render import events_text, list_text, status_text
+from .ui.serving import serving_text
 
 _ALIASES = {"submit": "launch", "get": "status", "rm": "delete", "ls": "list"}
 #: Mistakes in what the user typed: exit code 2, like argparse's own.
@@ -144,8 +145,6 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"{args.name}: " + ("serving stopped and removed" if cluster.serve(stop=True)
                                   else "nothing was being served"))
         return 0
-    from .ui.serving import serving_text
-
     info = cluster.serve(model=args.model, replicas=args.replicas, cpu=args.serving_cpu,
                          memory=args.serving_memory)
     print(serving_text(info))

@@ -24,6 +24,7 @@ from .errors import ClusterExists, ClusterNotFound, SpecError, TaskNotFound
 from .ui import cluster_list, dashboard, summary
 from .ui.logview import LogView, widgets_available
 from .ui.render import ListView, StatusView, events_text, status_html
+from .ui.serving import show_serving
 from .ui.tensorboard import show_tensorboard
 
 SUBCOMMANDS = tuple(options.COMMANDS)
@@ -194,8 +195,6 @@ class TFClusterMagics(Magics, MagicDefaults):
             what = "serving stopped and removed" if cluster.serve(stop=True) else "nothing was being served"
             print(f"{args.name}: {what}")
             return None
-        from .ui.serving import show_serving
-
         show_serving(cluster.serve(model=args.model, replicas=args.replicas, cpu=args.serving_cpu,
                                    memory=args.serving_memory))
         return None

@@ -13,6 +13,7 @@ import grpc
 
 from . import predict
 from .models import Models, ServingError
+from .rest import status_proto
 
 
 def _abort(context, err: ServingError):
@@ -31,8 +32,6 @@ def make_servicers(models: Models):
         predict_pb2,
         prediction_service_pb2_grpc,
     )
-
-    from .rest import status_proto
 
     class Prediction(prediction_service_pb2_grpc.PredictionServiceServicer):
         """``Predict``: inputs and outputs as TensorProtos; other methods are UNIMPLEMENTED."""

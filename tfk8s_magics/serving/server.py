@@ -17,6 +17,8 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from ..lifeline import exit_with
+from .grpc_api import start_grpc
 from .models import Model, Models
 from .rest import handle
 
@@ -71,8 +73,6 @@ class ServingServer:
         self.http.daemon_threads = True
         self.grpc = None
         if grpc_port is not None:
-            from .grpc_api import start_grpc
-
             self.grpc = start_grpc(models, f"{host}:{grpc_port}")
         self._stop_polling = models.start_polling(poll_seconds)
         self._thread: threading.Thread | None = None
@@ -110,8 +110,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--owner", type=int, default=0, help="exit when this process exits")
     args = p.parse_args(argv)
     if args.owner:
-        from ..lifeline import exit_with
-
         exit_with(args.owner)
     model = Model(args.model_name, args.model_base_path)
     model.refresh()

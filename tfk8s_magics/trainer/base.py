@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime.progress import report_progress
+from .loop import Loop
 from .options import ASYNC, TrainerOptions
 
 
@@ -73,8 +74,6 @@ class Trainer:
     # -- the platform's loop (override train() for full control) -----------------
     def train(self, model, optimizer) -> int:
         """Run ``options.steps`` steps from the restored step; return the last step."""
-        from .loop import Loop
-
         return Loop(self, model, optimizer).run()
 
     # -- helpers a custom train() may use ------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import SpecError
 from ..spec import IN_GRAPH
+from .base import Trainer
 from .options import ASYNC, TrainerOptions
 
 _FOOTER = (
@@ -87,8 +88,6 @@ def trainer_script(trainer: str | type, options: TrainerOptions, cell: str | Non
             raise SpecError(f"--trainer {trainer}: the cell defines no class {trainer} "
                             f"(its classes: {', '.join(sorted(classes)) or 'none'}); check the name.")
         return cell + _FOOTER.format(name=trainer, options=json.dumps(options.to_dict()))
-    from .base import Trainer
-
     if not (isinstance(trainer, type) and issubclass(trainer, Trainer)):
         raise SpecError(f"trainer={trainer!r} is not a subclass of tfk8s_magics.Trainer: subclass it and "
                         "override build_model() and dataset().")

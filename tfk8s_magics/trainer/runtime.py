@@ -27,6 +27,7 @@ from .options import ASYNC, TrainerOptions
 
 
 def _tf_config() -> dict[str, Any]:
+    # Deferred: the package's __init__ imports api, which imports this module.
     from .. import task_info
 
     return task_info() if os.environ.get("TF_CONFIG") else {}

@@ -64,6 +64,7 @@ from .render import (
     status_text,
     tasks_html,
 )
+from .serving import serving_text
 from .tensorboard import tensorboard_html
 
 #: Log lines each task's tab holds (the log file keeps every line).
@@ -469,8 +470,6 @@ class Dashboard:
         self.actions.run("starting TensorBoard", tensorboard)
 
     def _on_serve(self) -> None:
-        from .serving import serving_text
-
         # The outcome line then shows the endpoint and the model version being served.
         self.actions.run("serving the model", lambda: serving_text(self.cluster.serve()))
 

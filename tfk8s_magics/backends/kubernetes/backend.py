@@ -56,6 +56,7 @@ from .manifests import (
     tensorboard_name,
     with_owner,
 )
+from .serving import serving_info, serving_manifests, serving_name, serving_options
 from .settings import K8sSettings, label_value, settings_from_env
 from .watch import PodWatch
 
@@ -416,14 +417,10 @@ class KubernetesBackend(Backend):
     # -- TF Serving (pure builders in .serving) -----------------------------------
     def render_serving(self, spec: ClusterSpec, model: str, **options: Any) -> list[dict[str, Any]]:
         """The TF Serving Deployment + Service for ``model`` of ``spec``; needs no cluster."""
-        from .serving import serving_manifests, serving_options
-
         return serving_manifests(self._owned(spec), self.settings, serving_options(model, **options))
 
     def serve(self, name: str, model: str | None = None, **options: Any):
         """Create (or reuse) the cluster's TF Serving Deployment + Service, owned by its root."""
-        from .serving import serving_info, serving_manifests, serving_name, serving_options
-
         root = self._require_root(name)
         spec = self._spec_of(root)
         opts = serving_options(model or spec.name, **options)
@@ -446,16 +443,12 @@ class KubernetesBackend(Backend):
 
     def serving(self, name: str):
         """What the cluster serves (a ServingInfo), or None."""
-        from .serving import serving_info, serving_name
-
         spec = self._spec_of(self._require_root(name))
         dep = self.api.get("apps/v1", "Deployment", serving_name(spec))
         return None if dep is None else serving_info(spec, self.settings, dep, reused=True)
 
     def stop_serving(self, name: str) -> bool:
         """Delete the cluster's TF Serving Deployment and Service; return whether they existed."""
-        from .serving import serving_name
-
         spec = self._spec_of(self._require_root(name))
         found = False
         try:

@@ -15,9 +15,14 @@ jupyter-server-proxy behind the hub's login — never a NodePort.
 from __future__ import annotations
 
 import copy
+import json
+import os
+import urllib.request
 from dataclasses import dataclass
 
+from ... import options
 from ...errors import SpecError
+from ...serving import ServingInfo
 from ...spec import ClusterSpec
 from .manifests import (
     _CONTAINER_SECURITY,
@@ -151,8 +156,6 @@ def serving_manifests(spec: ClusterSpec, settings: K8sSettings, opts: ServingOpt
 def serving_options(model: str, replicas: int | None = None, cpu: str | None = None,
                     memory: str | None = None, image: str | None = None) -> ServingOptions:
     """Validated :class:`ServingOptions` (the checks of the options registry: one sentence each)."""
-    from ... import options
-
     if not model:
         raise SpecError("serving needs a model name: give --model NAME (a directory under <log dir>/models).")
     return ServingOptions(
@@ -166,10 +169,6 @@ def serving_options(model: str, replicas: int | None = None, cpu: str | None = N
 
 def serving_info(spec: ClusterSpec, settings: K8sSettings, deployment: Manifest, reused: bool):
     """Where the served model is reached: the Service by name, and through jupyter-server-proxy."""
-    import os
-
-    from ...serving import ServingInfo
-
     host = f"{serving_name(spec)}.{settings.namespace}.svc"
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/")
     pod = deployment["spec"]["template"]
@@ -184,12 +183,7 @@ def serving_info(spec: ClusterSpec, settings: K8sSettings, deployment: Manifest,
 
 def _live_version(host: str, model: str) -> int | None:
     """The AVAILABLE version the Service answers with now (None: not reachable or still loading)."""
-    import json
-    import urllib.request
-
-    from ...options import in_kubernetes_pod
-
-    if not in_kubernetes_pod():
+    if not options.in_kubernetes_pod():
         return None  # the Service's name resolves only inside the cluster
     try:
         with urllib.request.urlopen(f"http://{host}:{REST_PORT}/v1/models/{model}", timeout=2) as r:

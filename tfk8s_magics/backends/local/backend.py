@@ -29,6 +29,7 @@ from ...errors import BackendError, ClusterExists, ClusterNotFound, LaunchFailed
 from ...lifeline import pid_alive
 from ...ports import free_ports, port_open
 from ...runtime.progress import append_to, parse_record
+from ...serving import local as serving
 from ...spec import ClusterSpec, missing_imports
 from ...tfconfig import cluster_def
 from ..base import (
@@ -446,8 +447,6 @@ class LocalBackend(Backend):
 
         ``replicas``/``cpu``/``memory`` are Kubernetes choices: one process serves here.
         """
-        from ...serving import local as serving
-
         cdir = self._dir(name)
         allowed = {"poll_seconds", "timeout"}
         for key, value in options.items():
@@ -459,14 +458,10 @@ class LocalBackend(Backend):
 
     def serving(self, name: str):
         """The model this cluster serves, or None."""
-        from ...serving import local as serving
-
         return serving.current(name, self._dir(name).root)
 
     def stop_serving(self, name: str) -> bool:
         """Stop serving the cluster's model; return whether a server was running."""
-        from ...serving import local as serving
-
         return serving.stop(self._dir(name).root)
 
 
