@@ -115,6 +115,20 @@ def test_image_requirements_are_the_projects(name, extras):
     assert sorted(listed) == sorted(wanted)
 
 
+def test_hub_requirements_are_the_projects():
+    """The hub image's list: tfk8s-magics' own dependencies (no TensorFlow) and tfk8s-hub's."""
+    import tomllib
+
+    magics = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    hub = tomllib.loads((REPO / "hub_config" / "pyproject.toml").read_text())["project"]
+    wanted = magics["dependencies"] + hub["optional-dependencies"]["kubernetes"]
+    wanted += [r for r in hub["dependencies"] if not r.startswith("tfk8s-magics")]
+    listed = [line.strip() for line in (IMAGES / "hub" / "requirements.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    names = {_normalize(re.split(r"[<>=!~ ;]", r, maxsplit=1)[0]) for r in listed}
+    assert names == {_normalize(re.split(r"[<>=!~ ;]", r, maxsplit=1)[0]) for r in wanted}
+
+
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
 def test_base_image_is_a_build_argument(dockerfile):
     """The same Dockerfile builds FROM the official Python image or a base made here

@@ -163,14 +163,15 @@ def _check_keys(where: str, obj: Manifest, allowed: set[str]) -> None:
             refuse(f"{where}.{key}", obj[key])
 
 
-def promised_names(pod: PodInstance, objects: list[Manifest], cluster_domain: str) -> list[str]:
+def promised_names(pod: PodInstance, objects: list[Manifest], cluster_domain: str,
+                   unenforced: Iterable[str] = ()) -> list[str]:
     """The DNS names the rendered Services promise for ``pod``.
 
     * ``<hostname>.<subdomain>.<ns>.svc.<domain>`` when a headless Service named
       ``subdomain`` selects the pod (or its controller creates one);
     * ``<service>.<ns>.svc.<domain>`` for a ClusterIP Service that selects this pod
       only and whose ports are its target ports (a network alias cannot translate
-      ports, so any other Service is refused).
+      ports, so any other Service is refused unless ``Service/<name>`` is in ``unenforced``).
     """
     names = []
     host, sub = pod.spec.get("hostname"), pod.spec.get("subdomain")
@@ -190,6 +191,8 @@ def promised_names(pod: PodInstance, objects: list[Manifest], cluster_domain: st
             refuse(f"Service {name}.spec.type", spec["type"])
         ports = {p.get("name"): p["containerPort"]
                  for c in pod.spec["containers"] for p in c.get("ports", [])}
+        if f"Service/{name}" in unenforced:
+            continue
         for port in spec.get("ports", []):
             target = port.get("targetPort", port["port"])
             if ports.get(target, target) != port["port"]:
@@ -426,7 +429,8 @@ def container_plan(pod: PodInstance, objects: list[Manifest], *, prefix: str, ne
     ``-v @claim:NAME:…`` and ``-v @files:DIR:…`` in ``run_args`` are placeholders the
     runner replaces with the podman volume of claim NAME and the host dir of DIR.
     ``unenforced`` names what the caller accepts to go without, explicitly:
-    ``livenessProbe`` (never run) and ``serviceAccountToken`` (no API server, no token).
+    ``livenessProbe`` (never run), ``serviceAccountToken`` (no API server, no token),
+    ``enableServiceLinks`` (no Service variables) and ``Service/<name>`` (no alias for it).
     """
     unenforced = set(unenforced)
     spec = pod.spec
@@ -436,7 +440,7 @@ def container_plan(pod: PodInstance, objects: list[Manifest], *, prefix: str, ne
     if spec.get("automountServiceAccountToken") is not False and "serviceAccountToken" not in unenforced:
         refuse("automountServiceAccountToken (no API server token here)",
                spec.get("automountServiceAccountToken"))
-    if spec.get("enableServiceLinks") is not False:
+    if spec.get("enableServiceLinks") is not False and "enableServiceLinks" not in unenforced:
         refuse("enableServiceLinks (Service environment variables)", spec.get("enableServiceLinks"))
     if spec.get("dnsPolicy", "ClusterFirst") != "ClusterFirst":
         refuse("dnsPolicy", spec["dnsPolicy"])
@@ -449,7 +453,7 @@ def container_plan(pod: PodInstance, objects: list[Manifest], *, prefix: str, ne
     name = f"{prefix}-{pod.name}"
     args = ["--name", name, "--network", network, "--pull", "never",
             "--label", f"tfk8s.test-run={prefix}", "--hostname", spec.get("hostname") or pod.name]
-    dns = promised_names(pod, objects, cluster_domain)
+    dns = promised_names(pod, objects, cluster_domain, unenforced)
     args += [a for n in dns for a in ("--network-alias", n)]
     # The resolv.conf of a ClusterFirst pod: its namespace first, then the cluster, ndots:5.
     for search in (f"{pod.namespace}.svc.{cluster_domain}", f"svc.{cluster_domain}", cluster_domain):
