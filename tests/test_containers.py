@@ -283,7 +283,6 @@ COORDINATOR = '''
 import time
 import tensorflow as tf
 import tfk8s_magics as tk
-from tests.test_helm import helm as _helm_fixture  # noqa: F401 - registers the "helm" fixture
 
 strategy = tk.connect("ig", "kubernetes", timeout=300)
 print("CONNECTED", type(strategy).__name__, flush=True)
@@ -328,6 +327,7 @@ def test_in_graph_coordinator_in_the_notebook_container(images, pods, make_kube,
         backend.launch(ClusterSpec(name="ig", mode="in-graph", ps=1, workers=2), detach=True)
 
         def running():
+            assert not kubelet.errors, kubelet.errors
             got = kube.list_objects("pods", NAMESPACE)
             return len(got) == 3 and all((p.get("status") or {}).get("phase") == "Running" for p in got)
 

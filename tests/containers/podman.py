@@ -12,6 +12,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +41,8 @@ class PodmanRun:
         self.network = f"{prefix}-net"
         self._network_made = False
         self.volumes: dict[str, str] = {}
+        # pods start from several threads (the podman kubelet): create shared things once
+        self._lock = threading.Lock()
 
     def run(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
         """``podman ARGS`` (no shell), output captured as text."""
@@ -50,14 +53,23 @@ class PodmanRun:
 
     def ensure_network(self) -> str:
         """The run's network (its DNS resolves the aliases of the containers on it)."""
+        with self._lock:
+            if not self._network_made:
+                self._create_network()
+        return self.network
+
+    def _create_network(self) -> None:
         if not self._network_made:
             self.run("network", "create", "--label", f"tfk8s.test-run={self.prefix}", self.network)
             self._network_made = True
-        return self.network
 
     def volume(self, claim: str, fs_group: int | None) -> str:
         """The podman volume standing for ``claim``; with ``fs_group``, owned as the kubelet
         leaves a volume for a pod with ``fsGroup``: group-owned, group-writable, setgid."""
+        with self._lock:
+            return self._volume(claim, fs_group)
+
+    def _volume(self, claim: str, fs_group: int | None) -> str:
         if claim not in self.volumes:
             name = f"{self.prefix}-{claim}"
             self.run("volume", "create", "--label", f"tfk8s.test-run={self.prefix}", name)
