@@ -435,8 +435,9 @@ def container_plan(pod: PodInstance, objects: list[Manifest], *, prefix: str, ne
     unenforced = set(unenforced)
     spec = pod.spec
     _check_keys("pod.spec", spec, _POD_FIELDS)
-    if spec.get("restartPolicy", "Always") != "Never":
-        refuse("restartPolicy (the harness starts each pod once)", spec.get("restartPolicy", "Always"))
+    restart = {"Never": "no", "OnFailure": "on-failure", "Always": "always"}
+    if spec.get("restartPolicy", "Always") not in restart:
+        refuse("restartPolicy", spec["restartPolicy"])
     if spec.get("automountServiceAccountToken") is not False and "serviceAccountToken" not in unenforced:
         refuse("automountServiceAccountToken (no API server token here)",
                spec.get("automountServiceAccountToken"))
@@ -452,6 +453,7 @@ def container_plan(pod: PodInstance, objects: list[Manifest], *, prefix: str, ne
         refuse("imagePullPolicy (no registry here)", c["imagePullPolicy"])
     name = f"{prefix}-{pod.name}"
     args = ["--name", name, "--network", network, "--pull", "never",
+            "--restart", restart[spec.get("restartPolicy", "Always")],
             "--label", f"tfk8s.test-run={prefix}", "--hostname", spec.get("hostname") or pod.name]
     dns = promised_names(pod, objects, cluster_domain, unenforced)
     args += [a for n in dns for a in ("--network-alias", n)]
