@@ -277,3 +277,99 @@ def build_flags() -> list[str]:
 
     return build_images.run_flags()
 
+
+COORDINATOR = '''
+import time
+import tensorflow as tf
+import tfk8s_magics as tk
+
+strategy = tk.connect("ig", "kubernetes", timeout=300)
+print("CONNECTED", type(strategy).__name__, flush=True)
+with strategy.scope():
+    counter = tf.Variable(0.0)
+    weights = tf.Variable(tf.zeros([4]))
+print("DEVICES", counter.device, weights.device, flush=True)
+coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+
+
+@tf.function
+def step():
+    counter.assign_add(1.0)
+    weights.assign_add(tf.ones([4]))
+    return tf.constant(1)
+
+
+first = coordinator.schedule(step)
+first.fetch()
+print("FIRST_STEP", time.time(), flush=True)
+results = [first] + [coordinator.schedule(step) for _ in range(11)]
+coordinator.join()
+print("RESULTS", [int(r.fetch()) for r in results], "COUNTER", counter.numpy(), flush=True)
+print("STOPPED", tk.get("ig", "kubernetes").stop().phase, flush=True)
+'''
+
+
+def test_in_graph_coordinator_in_the_notebook_container(images, pods, make_kube, tmp_path):
+    """The backend launches against the API double; its pods run as task containers (the podman
+    kubelet); the notebook image's container connects with ``tk.connect``, trains and stops them."""
+    from tests.containers.kubelet import PodmanKubelet
+    from tfk8s_magics.backends.kubernetes.rbac import backend_role
+
+    kube = make_kube()
+    kube.create_namespace(NAMESPACE)
+    kube.set_role(backend_role(NAMESPACE), NAMESPACE, service_account="jupyter")
+    kubelet = PodmanKubelet(kube, pods, NAMESPACE)
+    backend = KubernetesBackend(namespace=NAMESPACE, api_client=kube.api_client, user="alice",
+                                storage_class="standard", image=images["task"])
+    try:
+        t0 = time.time()
+        backend.launch(ClusterSpec(name="ig", mode="in-graph", ps=1, workers=2), detach=True)
+
+        def running():
+            assert not kubelet.errors, kubelet.errors
+            got = kube.list_objects("pods", NAMESPACE)
+            return len(got) == 3 and all((p.get("status") or {}).get("phase") == "Running" for p in got)
+
+        kube.wait_for(running, timeout=400, interval=0.5, message="3 task containers ready")
+        assert not kubelet.errors, kubelet.errors
+        hosts = []
+        for plan in kubelet.plans.values():
+            ip = pods.run("inspect", "--format", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+                          plan.container).stdout.strip()
+            (fqdn,) = plan.dns_names
+            # the TF_CONFIG names (…svc) and the fully qualified ones resolve to the task's container
+            hosts += ["--add-host", f"{fqdn.removesuffix('.cluster.local')}:{ip}",
+                      "--add-host", f"{fqdn}:{ip}"]
+        config = tmp_path / "kube" / "config"
+        config.parent.mkdir()
+        config.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "lab",
+            "clusters": [{"name": "double", "cluster": {"server": kube.url}}],
+            "users": [{"name": "jupyter", "user": {}}],
+            "contexts": [{"name": "lab", "context": {"cluster": "double", "user": "jupyter",
+                                                    "namespace": NAMESPACE}}]}))
+        config.chmod(0o644)
+        config.parent.chmod(0o755)
+        # host network: the API double listens on the host's 127.0.0.1 only
+        r = pods.run("run", "--rm", "--network", "host", *hosts, *build_flags(),
+                     "--label", f"tfk8s.test-run={pods.prefix}",
+                     "-v", f"{config.parent}:/etc/tfk8s-kube:ro",
+                     "--env", "KUBECONFIG=/etc/tfk8s-kube/config",
+                     "--env", f"TFK8S_NAMESPACE={NAMESPACE}", "--env", "TFK8S_POD_IP=127.0.0.1",
+                     images["notebook"], "python", "-c", COORDINATOR, check=False, timeout=600)
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out[-5000:]
+        assert "CONNECTED ParameterServerStrategy" in out
+        devices = re.search(r"^DEVICES (\S+) (\S+)$", out, re.M).groups()
+        assert all("/job:ps/" in d for d in devices), devices
+        assert f"RESULTS {[1] * 12} COUNTER 12.0" in out, out[-3000:]
+        assert "STOPPED" in out
+        first = float(re.search(r"^FIRST_STEP (\S+)$", out, re.M).group(1))
+        record("in_graph", {"launch_to_first_step_s": round(first - t0, 1)})
+        # stop deleted the pods; each container got the kubelet's SIGTERM and reported it as 143
+        codes = kubelet.wait_stopped(["ig-ps-0", "ig-worker-0", "ig-worker-1"])
+        assert codes == {"ig-ps-0": 143, "ig-worker-0": 143, "ig-worker-1": 143}
+    finally:
+        backend.close()
+        kubelet.close()
+
