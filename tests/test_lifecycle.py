@@ -32,6 +32,8 @@ TABLE = [
     pytest.param(TaskEnd(exit_code=1, conditions=frozenset({"DisruptionTarget"})), 0, 2, RESTART,
                  "DisruptionTarget", id="disruption beats the exit code"),
     pytest.param(TaskEnd(vanished=True), 0, 2, RESTART, "removed by someone else", id="pod deleted"),
+    pytest.param(TaskEnd(exit_code=75), 0, 2, RESTART, "lost a peer", id="exit 75: lost a peer"),
+    pytest.param(TaskEnd(exit_code=75), 2, 2, FAIL, "restart budget 2 used up", id="peer lost, no budget"),
     pytest.param(TaskEnd(signal="SIGKILL"), 2, 2, FAIL, "restart budget 2 used up", id="budget spent"),
     pytest.param(TaskEnd(exit_code=137), 0, 0, FAIL, "restart budget 0 used up", id="no budget"),
     pytest.param(TaskEnd(exit_code=3), 0, 5, FAIL, "exit code 3", id="budget never saves exit 3"),

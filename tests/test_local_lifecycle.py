@@ -54,9 +54,11 @@ def test_killed_worker_is_restarted_then_the_cluster_fails(local, workdir):
     *_, st = cluster.watch()
     assert st.phase == Phase.FAILED
     assert "killed by SIGKILL" in st.reason and "restart budget 2 used up" in st.reason
-    restarts = [e for e in cluster.events() if e.reason == "Restarted"]
-    assert len(restarts) == 2
-    assert sum(t.restarts for t in st.tasks) == 2
+    restarts = [e.message for e in cluster.events() if e.reason == "Restarted"]
+    # Two incidents were paid for; a peer's end inside an incident restarts without paying again.
+    assert sum("restart 1 of 2" in m or "restart 2 of 2" in m for m in restarts) == 2, restarts
+    assert all(" of 2" in m or "same incident" in m or "with its group" in m for m in restarts), restarts
+    assert sum(t.restarts for t in st.tasks) == len(restarts)
     failed = [t for t in st.tasks if t.phase == Phase.FAILED]
     assert failed and failed[0].signal == "SIGKILL"
     # The rest of the cluster was stopped at once, and nothing is left running.
@@ -64,6 +66,39 @@ def test_killed_worker_is_restarted_then_the_cluster_fails(local, workdir):
     assert all(t.pid is None or not pid_alive(t.pid) for t in st.tasks)
     # Each attempt is in the kept log.
     assert cluster.logs(failed[0].name).count("crashing") >= 1
+
+
+MWMS_KILL = """
+import json, os, time
+import tensorflow as tf
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+first = not os.path.exists("attempted")
+
+@tf.function
+def step():
+    return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce("sum", 1.0))
+
+for i in range(40):
+    step()
+    if i == 5 and index == 1 and first:
+        open("attempted", "w").close()
+        os.kill(os.getpid(), 9)
+    time.sleep(0.05)
+print("all-reduced 40 steps", flush=True)
+"""
+
+
+def test_a_killed_worker_is_one_incident_its_peer_restarts_with_it(local, workdir):
+    # worker-1 is SIGKILLed mid-training; worker-0 then loses its collective peer.
+    # One incident: both restart once, and a budget of 1 is enough.
+    cluster = tk.launch("incident", workers=2, restart_budget=1, script=MWMS_KILL, backend=local)
+    st = cluster.wait(timeout=300)
+    assert st.phase == Phase.SUCCEEDED, (st.reason, cluster.logs(tail=20))
+    assert st.task("worker-0").restarts == 1 and st.task("worker-1").restarts == 1
+    restarted = [e.message for e in cluster.events() if e.reason == "Restarted"]
+    assert len(restarted) == 2 and sum("restart 1 of 1" in m for m in restarted) == 1, restarted
+    assert "all-reduced 40 steps" in cluster.logs("worker-0")
 
 
 def test_an_exit_code_the_script_chose_is_not_restarted(local, workdir):

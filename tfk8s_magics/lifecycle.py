@@ -23,8 +23,17 @@ backend describes how one try of a task ended as a :class:`TaskEnd`
   someone else.  Restarts come out of one **restart budget** for the whole
   cluster (not per task); when it is used up, the next such failure fails
   the cluster.
-* **Not retried** — the user's outcome: any exit code from 1 to 127 the
-  script (or server) chose: :data:`EXIT_SCRIPT_RAISED` (the script raised:
+* **One incident, one restart:** a lost collective peer or parameter server
+  makes the others raise TensorFlow's Unavailable/Aborted/Cancelled; the
+  task runtime maps that to :data:`EXIT_PEER_LOST` (75), which is retried.
+  The first retryable end opens an *incident* (``incident_window``
+  seconds): ends inside it are restarted without spending the budget again,
+  and for a between-graph cluster the other success-role tasks (the
+  synchronous group) are restarted with the first, as JobSet restarts all
+  its Jobs.  (Local supervisor; the Kubernetes bare-pod controller counts
+  each replaced pod — the JobSet move restarts the group.)
+* **Not retried** — the user's outcome: any other exit code from 1 to 127
+  the script (or server) chose: :data:`EXIT_SCRIPT_RAISED` (the script raised:
   rerunning the same code on the same data raises again, and the traceback
   is in the log) and :data:`EXIT_SCRIPT_BROKEN` (syntax or import error: no
   restart can fix it) included.
@@ -53,7 +62,7 @@ from __future__ import annotations
 import signal as _signal
 from dataclasses import dataclass
 
-from .runtime.task import EXIT_SCRIPT_BROKEN
+from .runtime.task import EXIT_PEER_LOST, EXIT_SCRIPT_BROKEN
 from .spec import BETWEEN, ClusterSpec, Task
 
 #: The script raised an exception (Python's own exit code for that).
@@ -79,7 +88,7 @@ RESTART = "restart"
 FAIL = "fail"
 
 __all__ = [
-    "EXIT_SCRIPT_BROKEN", "EXIT_SCRIPT_RAISED", "FAIL", "RECYCLED", "RESTART", "SUCCEED",
+    "EXIT_PEER_LOST", "EXIT_SCRIPT_BROKEN", "EXIT_SCRIPT_RAISED", "FAIL", "RECYCLED", "RESTART", "SUCCEED",
     "Decision", "LifecyclePolicy", "TaskEnd",
 ]
 
@@ -145,8 +154,13 @@ class LifecyclePolicy:
     retry_reasons: frozenset[str] = RETRYABLE_REASONS
     #: Pod conditions that are retried whatever the exit code.
     retry_conditions: frozenset[str] = RETRYABLE_CONDITIONS
-    #: Exit codes (inclusive range) that are the user's outcome: never retried.
+    #: Exit codes (inclusive range) that are the user's outcome: never retried ...
     user_exit_codes: tuple[int, int] = (1, SIGNAL_EXIT_BASE - 1)
+    #: ... except these: the task runtime's "lost a peer" (a consequence of another end).
+    retry_exit_codes: frozenset[int] = frozenset({EXIT_PEER_LOST})
+    #: Seconds after a retryable end during which further retryable ends are the same
+    #: incident: restarted, but not counted against the budget again.
+    incident_window: float = 30.0
     #: Seconds the others run on after the cluster failed (0: stopped at once).
     failure_grace: float = 0.0
     #: Seconds what runs on after success (parameter servers, evaluators) is kept.
@@ -191,6 +205,8 @@ class LifecyclePolicy:
             return Decision(RESTART if self.retry_signals else FAIL, f"killed by {killed}")
         if end.exit_code == 0:
             return Decision(SUCCEED, "exit code 0")
+        if end.exit_code in self.retry_exit_codes:
+            return Decision(RESTART, f"lost a peer (exit code {end.exit_code})")
         low, high = self.user_exit_codes
         if end.exit_code is not None and not low <= end.exit_code <= high:
             return Decision(RESTART, f"exit code {end.exit_code}")

@@ -24,7 +24,9 @@ restarted pod has the same role and index, hence the same identity.
 
 Exit codes: 0 success; 1 the script raised; :data:`EXIT_SCRIPT_BROKEN` the
 script could not be compiled or failed on an import, which no restart can
-fix; anything else is the script's own ``sys.exit`` code.
+fix; :data:`EXIT_PEER_LOST` the script lost a peer (TensorFlow's
+Unavailable/Aborted/Cancelled), a consequence of another task's end;
+anything else is the script's own ``sys.exit`` code.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ from ..spec import Task
 
 #: The script cannot run at all (syntax error, missing module): do not restart it.
 EXIT_SCRIPT_BROKEN = 3
+#: The script lost a peer (TensorFlow's Unavailable/Aborted/Cancelled in a collective or a
+#: PS call): a consequence of another task's end, retried (EX_TEMPFAIL).
+EXIT_PEER_LOST = 75
 
 
 def task_from_env(environ: MutableMapping[str, str]) -> Task | None:
@@ -131,10 +136,21 @@ def run_script(path: str) -> int:
         print("tfk8s: the training script failed on an import; restarting cannot fix it.",
               file=sys.stderr, flush=True)
         return EXIT_SCRIPT_BROKEN
-    except BaseException:  # noqa: BLE001 - report any failure of user code as exit 1
+    except BaseException as e:  # noqa: BLE001 - report any failure of user code as exit 1
         traceback.print_exc()
+        if _lost_a_peer(e):
+            print("tfk8s: the script lost a peer (another task ended); it will be restarted.",
+                  file=sys.stderr, flush=True)
+            return EXIT_PEER_LOST
         return 1
     return 0
+
+
+def _lost_a_peer(e: BaseException) -> bool:
+    """Whether ``e`` is TensorFlow saying a peer or parameter server went away."""
+    import tensorflow as tf
+
+    return isinstance(e, (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError))
 
 
 def main() -> int:

@@ -74,6 +74,9 @@ class Supervisor:
         self.restarts_used = 0
         self.stop_reason = ""
         self.grace_deadline: float | None = None
+        #: The open incident: until when, "task: why" of its first retryable end, and the
+        #: tasks already restarted in it (a second end of one of those is a new failure).
+        self.incident: tuple[float, str, set[str]] | None = None
         self.dirty = True
 
     # -- events and status ------------------------------------------------
@@ -241,29 +244,58 @@ class Supervisor:
         st.exit_code = rc if rc >= 0 else None
         st.signal = signal.Signals(-rc).name if rc < 0 else None
         self.dirty = True
-        if t.stopping == "stop":
+        if t.stopping == "stop" or (t.stopping == "restart" and self.stop_reason):
             st.phase, st.reason = Phase.STOPPED, self.stop_reason
             return
         if t.stopping == "recycle":
             st.phase, st.reason = Phase.SUCCEEDED, lifecycle.RECYCLED
             self.event(t.task.name, "Recycled", st.reason)
             return
-        decision = self.policy.decide(
-            lifecycle.TaskEnd(exit_code=st.exit_code, signal=st.signal), self.restarts_used
-        )
+        if t.stopping == "restart":  # ended by us: its group restarts after another's end
+            self._restart(t, f"restarted with its group ({self.incident[1]})")
+            return
+        end = lifecycle.TaskEnd(exit_code=st.exit_code, signal=st.signal)
+        if self._in_incident(t) and self.policy.classify(end).action == lifecycle.RESTART:
+            # A consequence of the incident already paid for: restart, do not count again.
+            self._restart(t, f"{self.policy.classify(end).reason}; same incident as {self.incident[1]}")
+            return
+        decision = self.policy.decide(end, self.restarts_used)
         if decision.action == lifecycle.SUCCEED:
             st.phase, st.reason = Phase.SUCCEEDED, decision.reason
             self.event(t.task.name, "Completed", "exited with code 0")
         elif decision.action == lifecycle.RESTART and not self.stop_reason:
             self.restarts_used += 1
-            st.restarts += 1
-            self.event(t.task.name, "Restarted", f"{decision.reason}; restart "
-                       f"{self.restarts_used} of {self.policy.restart_budget}", "Warning")
-            self.start(t)
+            self.incident = (time.time() + self.policy.incident_window, f"{t.task.name}: {decision.reason}",
+                             set())
+            budget = self.policy.restart_budget
+            self._restart(t, f"{decision.reason}; restart {self.restarts_used} of {budget}")
+            self._restart_group(t)
         else:
             st.phase, st.reason = Phase.FAILED, decision.reason
             self.fail(f"{t.task.name} failed: {decision.reason}")
             self.event(t.task.name, "Failed", st.reason, "Warning")
+
+    def _in_incident(self, t: _Task) -> bool:
+        """Whether ``t``'s end belongs to the open incident (its first end since it opened)."""
+        return (self.incident is not None and time.time() < self.incident[0] and not self.stop_reason
+                and t.task.name not in self.incident[2])
+
+    def _restart(self, t: _Task, why: str) -> None:
+        if self.incident is not None:
+            self.incident[2].add(t.task.name)
+        t.status.restarts += 1
+        self.event(t.task.name, "Restarted", why, "Warning")
+        self.start(t)
+
+    def _restart_group(self, first: _Task) -> None:
+        """A between-graph chief/worker ended: its synchronous peers restart with it (one incident)."""
+        group = {t.name for t in self.policy.success_tasks(self.spec)}
+        if first.task.name not in group:
+            return
+        for t in self.tasks.values():
+            running = t.proc is not None and t.proc.returncode is None
+            if t is not first and t.task.name in group and running and not t.stopping:
+                self.end_task(t, "restart")
 
     # -- cluster-level decisions -------------------------------------------
     def fail(self, reason: str) -> None:
