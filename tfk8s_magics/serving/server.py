@@ -33,6 +33,8 @@ def make_handler(models: Models) -> type[BaseHTTPRequestHandler]:
         """GET model status, POST predict; JSON in, JSON out."""
 
         protocol_version = "HTTP/1.1"  # keep-alive: clients reuse one connection
+        # Headers and body go out in two writes: without this, Nagle + delayed ACK add ~40 ms.
+        disable_nagle_algorithm = True
 
         def _answer(self, method: str) -> None:
             length = int(self.headers.get("Content-Length") or 0)
