@@ -274,6 +274,36 @@ def _thread_cpu(fn, seconds: float) -> float:
     return used[0] if used else float("nan")
 
 
+def mark_stalled(state: Path) -> None:
+    """Rewrite the idle cluster's status.json as the supervisor does once it is stalled."""
+    from tfk8s_magics.backends.local.layout import read_json
+    from tfk8s_magics.stall import Stall, TaskActivity
+
+    cdir = ClusterDir(state / "clusters" / NAME)
+    status = read_json(cdir.status)
+    since = time.time() - 150
+    status["stall"] = Stall(
+        since, 120.0, [TaskActivity(t["name"], since, f"tfk8s: {t['name']} started") for t in status["tasks"]]
+    ).to_dict()
+    write_json_atomic(cdir.status, status)
+
+
+def stall_check_cost(state: Path, rounds: int = 200) -> tuple[float, float]:
+    """CPU of one supervisor stall check of the 16-task cluster (ms), and its share of a core."""
+    from tfk8s_magics.backends.local.stallwatch import StallWatch
+
+    cdir = ClusterDir(state / "clusters" / NAME)
+    logs = {p.stem: p for p in (cdir.default_log_dir / "tasks").glob("*.log")}
+    watch = StallWatch(logs, cdir.progress_dir, 120.0)
+    t0 = time.thread_time()
+    for _ in range(rounds):
+        watch.deadline = 0.0  # due now: a full check (stat + last line of every log)
+        watch.check(time.time(), [])
+        watch.disarm()
+    per_check = (time.thread_time() - t0) / rounds
+    return per_check * 1000, 100 * per_check / 120.0
+
+
 def polling_breakdown(state: Path, seconds: float) -> list[tuple[str, float]]:
     """Where the watcher's idle cost goes, measured in this process one piece at a time."""
     from tfk8s_magics.backends.local import LocalBackend, logtail
@@ -349,6 +379,12 @@ def main() -> int:
         k.run("from tfk8s_magics.ui import dashboard\nd = dashboard.show(c)")
         k.run("time.sleep(2)")  # first draw, replayed log history
         rows.append(("dashboard, idle 16-task cluster", measure(k, args.seconds)))
+        # The same cluster once the supervisor has called it stalled (status.json gains "stall").
+        mark_stalled(state)
+        k.run("time.sleep(2)")
+        assert k.value("c.status().shown_phase") == "'stalled'"
+        rows.append(("dashboard, idle 16-task cluster, stalled", measure(k, args.seconds)))
+        stall_cost = stall_check_cost(state)
         # Before the flood grows worker-0's log: the pieces read it from the start.
         breakdown = polling_breakdown(state, min(args.seconds, 10.0))
 
@@ -391,7 +427,7 @@ def main() -> int:
             f"{name:<44}{r['cpu']:>10.2f}%{r['cpu'] - base:>+11.2f}%{r['msgs']:>15.1f}"
             f"{r['kbytes']:>8.1f}{r['p50']:>8.1f}ms{r['max']:>6.0f}ms"
         )
-    flood = rows[3][1]
+    flood = rows[4][1]
     print(
         f"flood: ~{flood['written']:,.0f} lines/s written; the watcher handed the dashboard "
         f"{flood['seen']:,} lines in the window (its tab keeps the newest 300)"
@@ -401,6 +437,13 @@ def main() -> int:
         print(f"  {name:<66}{value:>6.2f}%")
     idle = rows[2][1]["cpu"] - base
     view = rows[2][1]["cpu"] - rows[1][1]["cpu"]
+    stalled = rows[3][1]["cpu"] - rows[2][1]["cpu"]
+    per_check, share = stall_cost
+    print(
+        f"stall detector: the stalled idle dashboard costs {stalled:+.2f}% of one core more than the "
+        f"idle one; the supervisor's check of 16 tasks takes {per_check:.2f} ms of CPU and runs once "
+        f"per timeout (120 s): {share:.5f}% of one core"
+    )
     print(
         f"idle 16-task dashboard: {idle:+.2f}% of one core over the baseline (target < 1%: "
         f"{'OK' if idle < 1.0 else 'OVER'}), of which the view itself {view:+.2f}%; "

@@ -54,6 +54,10 @@ def state_dir(tmp_path, monkeypatch):
     d = tmp_path / "state"
     d.mkdir()
     monkeypatch.setenv("TFK8S_STATE_DIR", str(d))
+    # The API keeps one backend per name and process: a test's must see this test's state dir.
+    from tfk8s_magics import api
+
+    monkeypatch.setattr(api, "_backends", {})
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
     yield d
     from tfk8s_magics.backends.local import LocalBackend

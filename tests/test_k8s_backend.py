@@ -322,3 +322,22 @@ def test_watch_requests_do_not_grow_with_tasks(cluster_env):
         counts[n] = len([r for r in kube.requests[start:]
                          if r.resource == "pods" and r.verb in ("list", "watch")])
     assert counts[32] <= counts[2] + 1, counts
+
+
+def test_a_stalled_cluster_is_reported_from_pod_log_timestamps(cluster_env, monkeypatch):
+    """Every pod running, no log line for the timeout: status says stalled, events say so."""
+    kube, backend = cluster_env
+    monkeypatch.setenv("TFK8S_STALL_TIMEOUT", "1")
+    backend.launch(spec(), detach=True)
+    for pod in ("mnist-ps-0", "mnist-worker-0", "mnist-worker-1"):
+        kube.kubelet.run(NS, pod)
+    kube.kubelet.log(NS, "mnist-worker-0", "waiting for the others")
+    watch = backend._watcher("mnist")
+    watch.stalls.period = 0.2  # the backend re-reads the log tails at most this often
+    status = wait_until(backend, "mnist", lambda s: s.stall is not None, what="a stall")
+    assert status.shown_phase == "stalled" and status.phase == Phase.RUNNING
+    assert "worker-0: 'waiting for the others'" in status.stall_text()
+    assert any(e.reason == "Stalled" for e in backend.events("mnist"))
+    kube.kubelet.log(NS, "mnist-worker-1", "and now we go on")
+    status = wait_until(backend, "mnist", lambda s: s.stall is None, what="the stall to clear")
+    assert any(e.reason == "Resumed" for e in backend.events("mnist"))

@@ -90,10 +90,13 @@ def _pod(role: str, *, script: bool, extra_env: dict, grace: int | None = None) 
     ]
     if script:
         env.append({"name": "TFK8S_SCRIPT", "value": "/etc/tfk8s/script.py"})
+        env.append({"name": "TFK8S_SCRIPT_DIR", "value": "/etc/tfk8s"})
         mounts.append({"name": "script", "mountPath": "/etc/tfk8s", "readOnly": True})
         volumes.append({"name": "script", "configMap": {
             "name": "mnist", "items": [{"key": "script.py", "path": "script.py"}]}})
     env += [{"name": "TF_USE_LEGACY_KERAS", "value": "1"}]
+    quiet = ("TF_CPP_MIN_LOG_LEVEL", "GLOG_minloglevel", "ABSL_MIN_LOG_LEVEL")
+    env += [{"name": k, "value": "2"} for k in quiet]
     env += [{"name": k, "value": v} for k, v in extra_env.items()]
     spec = {
         "restartPolicy": "Never",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import kubernetes_validate
@@ -108,7 +109,11 @@ def test_worker_pod_is_exactly_this():
                         {"name": "HOME", "value": "/tmp"},
                         {"name": "PYTHONUNBUFFERED", "value": "1"},
                         {"name": "TFK8S_SCRIPT", "value": "/etc/tfk8s/script.py"},
+                        {"name": "TFK8S_SCRIPT_DIR", "value": "/etc/tfk8s"},
                         {"name": "TF_USE_LEGACY_KERAS", "value": "1"},
+                        {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"},
+                        {"name": "GLOG_minloglevel", "value": "2"},
+                        {"name": "ABSL_MIN_LOG_LEVEL", "value": "2"},
                         {"name": "EPOCHS", "value": "3"},
                     ],
                     "ports": [{"name": "grpc", "containerPort": 2222, "protocol": "TCP"}],
@@ -170,6 +175,7 @@ def test_root_configmap_holds_script_and_spec_without_script():
     root = m.root_configmap(spec, SETTINGS)
     record = spec.to_dict()
     del record["script"]
+    record["files"] = []  # names only: each file's text is a key of its own
     assert root == {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -183,6 +189,7 @@ def test_root_configmap_holds_script_and_spec_without_script():
     }
     restored = json.loads(root["data"]["spec.json"])
     restored["script"] = root["data"]["script.py"]
+    restored["files"] = {n: root["data"][n] for n in restored["files"]}  # as the backend reads it
     assert ClusterSpec.from_dict(restored) == spec
 
 
@@ -398,3 +405,21 @@ def test_gpu_image_from_the_environment(monkeypatch):
     assert settings_from_env(namespace="x").gpu_image == "tfk8s/tensorflow-task-gpu:0.1.0"
     monkeypatch.setenv("TFK8S_GPU_IMAGE", "reg/gpu:2")
     assert settings_from_env(namespace="x").gpu_image == "reg/gpu:2"
+
+
+def test_files_travel_with_the_script_beside_it_and_quiet_is_one_setting():
+    spec = ClusterSpec(name="mnist", workers=1, script="import helper\n",
+                       files={"helper.py": "X = 1\n", "labels.txt": "a\nb\n"})
+    root = m.root_configmap(spec, SETTINGS)
+    assert root["data"]["helper.py"] == "X = 1\n" and root["data"]["labels.txt"] == "a\nb\n"
+    assert json.loads(root["data"]["spec.json"])["files"] == ["helper.py", "labels.txt"]
+    pod = m.task_pod(spec, SETTINGS, Task("worker", 0))
+    script_volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "script")
+    assert script_volume["configMap"]["items"] == [
+        {"key": "script.py", "path": "script.py"},
+        {"key": "helper.py", "path": "helper.py"},
+        {"key": "labels.txt", "path": "labels.txt"},
+    ]
+    loud = dataclasses.replace(SETTINGS, quiet=False)
+    env = {e["name"] for e in m.task_pod(spec, loud, Task("worker", 0))["spec"]["containers"][0]["env"]}
+    assert "TF_CPP_MIN_LOG_LEVEL" not in env

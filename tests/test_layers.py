@@ -87,11 +87,14 @@ class _Gone:
 
 
 def test_delete_forgets_the_in_graph_client_of_that_cluster():
-    api._connections[("fake", "x", "[]")] = "strategy-x"
-    api._connections[("fake", "y", "[]")] = "strategy-y"
+    from tfk8s_magics import ingraph
+    from tfk8s_magics.backends.base import Coordinator
+
+    for name in ("x", "y"):
+        ingraph._clients[("fake", name)] = ingraph._Client({}, Coordinator("127.0.0.1:1", print))
     try:
         api.Cluster("x", _Gone()).delete()
-        assert ("fake", "x", "[]") not in api._connections
-        assert api._connections[("fake", "y", "[]")] == "strategy-y"
+        assert not ingraph.connected("fake", "x")
+        assert ingraph.connected("fake", "y")
     finally:
-        api._connections.pop(("fake", "y", "[]"), None)
+        ingraph._clients.pop(("fake", "y"), None)

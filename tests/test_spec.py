@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tfk8s_magics.errors import SpecError, TaskNotFound
-from tfk8s_magics.spec import ClusterSpec, Resources, Task, missing_imports
+from tfk8s_magics.spec import ClusterSpec, Resources, Task
 from tfk8s_magics.tfconfig import cluster_def, coordinator_cluster_def, tf_config
 
 SCRIPT = "print('hi')\n"
@@ -130,14 +130,6 @@ def test_task_names_parse_and_unknown_tasks_are_named():
     spec = ClusterSpec(name="m", workers=2, script=SCRIPT)
     with pytest.raises(TaskNotFound, match="its tasks are worker-0, worker-1"):
         spec.task("worker-7")
-
-
-def test_missing_imports_finds_only_absent_top_level_modules():
-    src = (
-        "import os, json\nimport no_such_module_xyz\nfrom also_missing_abc import thing\n"
-        "try:\n    import opt_missing\nexcept ImportError:\n    pass\n"
-    )
-    assert missing_imports(src) == ["no_such_module_xyz", "also_missing_abc"]
 
 
 def test_the_local_record_is_versioned(tmp_path):

@@ -25,6 +25,7 @@ from .api import (
     make_spec,
     render,
     render_objects,
+    resolver,
     serve,
     train,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "render",
     "render_objects",
     "report_progress",
+    "resolver",
     "serve",
     "task_info",
     "train",
@@ -91,7 +93,10 @@ def load_ipython_extension(ipython) -> None:
     """Register the magics (``%load_ext tfk8s_magics``) and the HTML view of a Cluster handle."""
     # Deferred: the magics import IPython's magic machinery, which a task or script never needs.
     from .magics import TFClusterMagics, cluster_html
+    from .taskenv import install_quiet_import
 
+    # Before the notebook's first `import tensorflow`: no C++ INFO/WARNING or CUDA-probe noise.
+    install_quiet_import()
     ipython.register_magics(TFClusterMagics(shell=ipython))
     ipython.display_formatter.formatters["text/html"].for_type(Cluster, cluster_html)
 

@@ -12,19 +12,17 @@ In-graph: ``tk.launch("ig", mode="in-graph", ps=2, workers=2)`` then
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import options
+from . import ingraph, options
 from .backends import Backend, ClusterStatus, Event, LogLine, Phase, TensorBoardInfo, get_backend
 from .backends.kubernetes.manifests import dump_yaml
-from .errors import ClusterTimeout, LaunchFailed, SpecError
+from .errors import ClusterExists, ClusterNotFound, ClusterTimeout, LaunchFailed, SpecError
 from .runtime.progress import end_redirect, redirect_progress
 from .spec import IN_GRAPH, ROLES, ClusterSpec, Resources
-from .tfconfig import coordinator_cluster_def
 from .trainer import TrainerOptions
 from .trainer import launch as trainer_launch
 from .trainer import runtime as trainer_runtime
@@ -74,6 +72,8 @@ def make_spec(name: str, *, script: str | None = None, **values: Any) -> Cluster
     resolved = {name: options.get(name, given.get(name)) for name in known}
     script, script_name = _script(script, resolved["script_path"])
     trainer_options, script = _with_trainer(resolved, script)
+    if resolved["files"]:
+        values["files"] = _read_files(resolved["files"])
     res = Resources(cpu=resolved["cpu"], memory=resolved["memory"], gpus=resolved["gpus"])
     if res != Resources() and "resources" not in values:
         values["resources"] = {role: res for role in ROLES}
@@ -111,7 +111,8 @@ def _script(script: str | None, script_path: str | None) -> tuple[str | None, st
         raise SpecError("give the training script as a cell body or as --script, not both.")
     path = Path(script_path).expanduser()
     try:
-        return path.read_text(encoding="utf-8"), str(path)
+        # The absolute path: its folder is importable in every task.
+        return path.read_text(encoding="utf-8"), str(path.resolve())
     except FileNotFoundError:
         raise SpecError(
             f"--script {script_path!r} does not exist: give the path of a Python file."
@@ -120,12 +121,32 @@ def _script(script: str | None, script_path: str | None) -> tuple[str | None, st
         raise SpecError(f"--script {script_path!r} cannot be read as a Python file: {e}.") from None
 
 
+def _read_files(paths: list[str] | dict[str, str]) -> dict[str, str]:
+    """``--file`` paths → name → text (the files travel with the script, beside it)."""
+    if isinstance(paths, dict):
+        return dict(paths)  # already name → text
+    out = {}
+    for given in paths:
+        path = Path(given).expanduser()
+        try:
+            out[path.name] = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise SpecError(
+                f"--file {given!r} does not exist: give the path of a file next to the script."
+            ) from None
+        except (IsADirectoryError, UnicodeDecodeError, PermissionError) as e:
+            raise SpecError(f"--file {given!r} cannot be read as a text file: {e}.") from None
+    return out
+
+
 def launch(
     name_or_spec: str | ClusterSpec,
     *,
     backend: str | Backend | None = None,
     detach: bool = False,
     wait_ready: float | None = None,
+    replace: bool = False,
+    force: bool = False,
     **spec_fields: Any,
 ) -> Cluster:
     """Launch a cluster and return its handle.
@@ -135,6 +156,8 @@ def launch(
     ``backend`` is a backend name or object (default: option ``backend``).
     Unless ``detach``, the cluster is stopped when this process exits.
     With ``wait_ready`` (seconds), also wait until every task is ready.
+    ``replace`` first deletes a finished or stopped cluster of the same
+    name (a running one only with ``force``), so a launch cell can be re-run.
     """
     if isinstance(name_or_spec, ClusterSpec):
         if spec_fields:
@@ -146,11 +169,30 @@ def launch(
     else:
         spec = make_spec(name_or_spec, **spec_fields)
     be = resolve_backend(backend)
+    if force and not replace:
+        raise SpecError("--force only goes with --replace: add --replace to replace a running cluster.")
+    if replace:
+        _remove_for_replace(spec.name, be, force)
     be.launch(spec, detach=detach)
     cluster = Cluster(spec.name, be)
     if wait_ready is not None:
         cluster.wait_ready(wait_ready)
     return cluster
+
+
+def _remove_for_replace(name: str, be: Backend, force: bool) -> None:
+    """Delete cluster ``name`` so it can be launched again; refuse a running one unless ``force``."""
+    try:
+        old = Cluster(name, be)
+        st = old.status()
+    except ClusterNotFound:
+        return
+    if not st.terminal and not force:
+        raise ClusterExists(
+            f"cluster {name!r} is still {st.phase}: --replace only replaces a finished or stopped "
+            f"cluster; stop it first (%tfcluster stop {name}), or add --force to replace it anyway."
+        )
+    old.delete()
 
 
 def get(name: str, backend: str | Backend | None = None) -> Cluster:
@@ -177,6 +219,16 @@ def connect(name: str, backend: str | Backend | None = None, timeout: float | No
     in this process reports the cluster's progress (as ``chief-0``).
     """
     return get(name, backend).connect(timeout=timeout, **strategy_kwargs)
+
+
+def resolver(name: str, backend: str | Backend | None = None, timeout: float | None = None):
+    """A ``ClusterResolver`` for in-graph cluster ``name`` with this process as its chief.
+
+    For code that builds its own strategy, as TensorFlow's parameter-server
+    tutorial does: replace its in-process cluster line with
+    ``cluster_resolver = tk.resolver("ig")`` and the rest runs unchanged.
+    """
+    return get(name, backend).resolver(timeout=timeout)
 
 
 def render_objects(
@@ -217,10 +269,6 @@ def train(name: str, trainer: type, backend: str | Backend | None = None, timeou
     coordinates its parameter servers and workers); return the Trainer after training."""
     opts = trainer_launch.options_from({**trainer_options, "sync": "async"})
     return get(name, backend).train(trainer, opts, timeout=timeout)
-
-
-#: The strategy of each in-graph cluster this process is the client of, until it is deleted.
-_connections: dict[tuple, Any] = {}
 
 
 class Cluster:
@@ -304,6 +352,13 @@ class Cluster:
             return "\n".join(line.text for line in lines)
         return "\n".join(f"[{line.task}] {line.text}" for line in lines)
 
+    def logs_by_task(self, tail: int | None = None) -> dict[str, str]:
+        """Every task's kept log (the last ``tail`` lines of each), task by task, in task order."""
+        out: dict[str, list[str]] = {t.name: [] for t in self.spec.tasks()}
+        for line in self.backend.read_logs(self.name, None, tail):
+            out.setdefault(line.task, []).append(line.text)
+        return {task: "\n".join(lines) for task, lines in out.items()}
+
     def follow(self, stop: threading.Event | None = None, tasks: list[str] | None = None,
                from_start: bool = True) -> Iterator[LogLine]:
         """Yield log lines as tasks print them, until it ends (or ``stop`` is set)."""
@@ -314,16 +369,15 @@ class Cluster:
         return self.backend.tensorboard(self.name)
 
     def stop(self) -> ClusterStatus:
-        """End its tasks; the record and logs stay."""
+        """End its tasks; the record and logs stay (this process lets go of its servers first)."""
+        ingraph.disconnect(self.backend.name, self.name)
         return self.backend.stop(self.name)
 
     def delete(self, keep_logs: bool = False):
         """Remove it and all it created (its logs too, unless ``keep_logs``)."""
+        ingraph.disconnect(self.backend.name, self.name)
         ClusterFeed.forget(self.backend, self.name)
         end_redirect((self.backend.name, self.name))
-        with _lock:
-            for key in [k for k in _connections if k[:2] == (self.backend.name, self.name)]:
-                del _connections[key]
         kept = self.backend.delete(self.name, keep_logs=keep_logs)
         announce_deleted(self.backend, self.name)  # every view in this process, at once
         return kept
@@ -353,37 +407,32 @@ class Cluster:
         return trainer_runtime.train(trainer(trainer_options, **settings), {}, strategy=strategy)
 
     def connect(self, timeout: float | None = None, **strategy_kwargs):
-        """Return a ParameterServerStrategy with this process as the coordinator (in-graph only)."""
-        timeout = options.get("ready_timeout", timeout)
+        """Return a ParameterServerStrategy with this process as the coordinator (in-graph only).
+
+        ``strategy_kwargs`` go to the strategy (``variable_partitioner=``).  The
+        same options again return the same strategy; other options build a new
+        one; after a relaunch of the cluster it connects to the new servers.
+        """
+        addresses = self._in_graph_addresses(timeout)
+        strategy = ingraph.strategy(self, addresses, strategy_kwargs)
+        coordinator = ingraph.coordinator(self, addresses)
+        # report_progress() in this kernel now shows in the cluster's status.
+        redirect_progress(coordinator.progress, coordinator.task, key=(self.backend.name, self.name))
+        return strategy
+
+    def resolver(self, timeout: float | None = None):
+        """A ``ClusterResolver`` of this in-graph cluster, this process as chief (:func:`resolver`)."""
+        return ingraph.resolver(self, self._in_graph_addresses(timeout))
+
+    def _in_graph_addresses(self, timeout: float | None) -> dict[str, list[str]]:
         spec = self.spec
         if spec.mode != IN_GRAPH:
             raise SpecError(
                 f"cluster {self.name!r} is between-graph: its workers run the script themselves. "
-                "connect works on clusters launched with --mode in-graph."
+                "connect and resolver work on clusters launched with --mode in-graph."
             )
-        self.wait_ready(timeout)
-        addresses = self.backend.addresses(self.name)
-        key = (self.backend.name, self.name, repr(sorted(addresses.items())))
-        with _lock:
-            if key in _connections:
-                return _connections[key]
-        if spec.legacy_keras:
-            # TensorFlow reads this (and only from the environment) at the first use of
-            # tf.keras, so it is set before that; the hub already sets it for its notebooks.
-            os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-        import tensorflow as tf  # deferred: a heavy import only an in-graph client needs
-
-        coordinator = self.backend.coordinator(self.name)
-        cluster = coordinator_cluster_def(spec, addresses, coordinator.address)
-        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc"
-        )
-        strategy = tf.distribute.ParameterServerStrategy(resolver, **strategy_kwargs)
-        # report_progress() in this kernel now shows in the cluster's status.
-        redirect_progress(coordinator.progress, coordinator.task, key=(self.backend.name, self.name))
-        with _lock:
-            _connections[key] = strategy
-        return strategy
+        self.wait_ready(options.get("ready_timeout", timeout))
+        return self.backend.addresses(self.name)
 
 
 make_spec.__doc__ += "\n    Options:\n\n" + "\n".join(

@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 def _launch(args: argparse.Namespace) -> int:
     spec = api.make_spec(args.name, **{o.name: getattr(args, o.name) for o in options.spec_options()})
     detach = args.detach or not args.follow
-    cluster = api.launch(spec, backend=args.backend, detach=detach)
+    cluster = api.launch(spec, backend=args.backend, detach=detach, replace=args.replace, force=args.force)
     print(f"{spec.name}: launched on {cluster.backend.name}"
           + (f" (detached; `tfk8s logs {spec.name} -f` follows it)" if detach else ""))
     return _follow(cluster, None) if args.follow else 0
@@ -86,7 +86,13 @@ def _logs(args: argparse.Namespace) -> int:
         cluster.spec.task(args.task)  # raises TaskNotFound with the valid names
     if args.follow:
         return _follow(cluster, args.task)
-    print(cluster.logs(args.task, options.OPTIONS["tail"].validate(args.tail)))
+    tail = None if args.tail is None else options.OPTIONS["tail"].validate(args.tail)
+    if args.task:
+        print(cluster.logs(args.task, tail))
+        return 0
+    for task, text in cluster.logs_by_task(tail).items():
+        print(f"==> {task} <==")
+        print(text)
     return 0
 
 

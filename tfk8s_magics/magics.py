@@ -21,6 +21,7 @@ from IPython.display import display
 from . import api, options
 from .backends.kubernetes.manifests import dump_yaml
 from .errors import ClusterExists, ClusterNotFound, SpecError, TaskNotFound
+from .taskenv import import_tensorflow
 from .ui import cluster_list, dashboard, summary
 from .ui.logview import LogView, widgets_available
 from .ui.render import ListView, StatusView, events_text, status_html
@@ -66,6 +67,8 @@ class TFClusterMagics(Magics, MagicDefaults):
             argv = shlex.split(line)
         except ValueError as e:
             raise UsageError(f"%tfcluster: cannot parse {line!r}: {e}; check the quotes.") from None
+        # As in a shell, a word starting with `#` begins a comment (`%tfcluster launch x  # note`).
+        argv = next((argv[:i] for i, word in enumerate(argv) if word.startswith("#")), argv)
         if not argv:
             raise UsageError(f"%tfcluster needs a subcommand: one of {', '.join(SUBCOMMANDS)}.")
         if argv[0] not in SUBCOMMANDS and not argv[0].startswith("-"):
@@ -98,14 +101,17 @@ class TFClusterMagics(Magics, MagicDefaults):
 
     # -- subcommands ---------------------------------------------------------
     def _spec(self, args: argparse.Namespace, cell: str | None):
-        script = cell if cell is not None and cell.strip() else None
+        # The body starts on the cell's second line: one leading newline makes every
+        # line number (syntax errors, tracebacks) match the cell the user sees.
+        script = "\n" + cell if cell is not None and cell.strip() else None
         return api.make_spec(
             args.name, script=script, **{o.name: getattr(args, o.name) for o in options.spec_options()}
         )
 
     def _cmd_launch(self, args, cell):
         spec = self._spec(args, cell)
-        cluster = api.launch(spec, backend=args.backend, detach=args.detach)
+        cluster = api.launch(spec, backend=args.backend, detach=args.detach,
+                             replace=args.replace, force=args.force)
         if args.show_dashboard:
             if widgets_available():
                 dashboard.show(cluster, max_lines=self.log_lines)
@@ -137,7 +143,14 @@ class TFClusterMagics(Magics, MagicDefaults):
         return None
 
     def _cmd_connect(self, args, cell):
-        return api.connect(args.name, args.backend, timeout=args.timeout or self.ready_timeout)
+        strategy_options = {}
+        if args.shards is not None or args.min_shard_bytes is not None:
+            strategy_options["variable_partitioner"] = _partitioner(args.shards, args.min_shard_bytes)
+        return api.connect(args.name, args.backend, timeout=args.timeout or self.ready_timeout,
+                           **strategy_options)
+
+    def _cmd_resolver(self, args, cell):
+        return api.resolver(args.name, args.backend, timeout=args.timeout or self.ready_timeout)
 
     def _cmd_list(self, args, cell):
         if widgets_available():
@@ -160,12 +173,18 @@ class TFClusterMagics(Magics, MagicDefaults):
         cluster = api.get(args.name, args.backend)
         if args.task:
             cluster.spec.task(args.task)  # raises TaskNotFound with the valid names
-        options.OPTIONS["tail"].validate(args.tail)
+        if args.tail is not None:  # no --tail: every line
+            options.OPTIONS["tail"].validate(args.tail)
         if args.follow:
             LogView(cluster.backend, cluster.name, max_lines=self.log_lines,
                     tasks=[args.task] if args.task else None, announce_status=False).show()
             return None
-        print(cluster.logs(args.task, args.tail))
+        if args.task:
+            print(cluster.logs(args.task, args.tail))
+            return None
+        for task, text in cluster.logs_by_task(args.tail).items():
+            print(f"==> {task} <==")
+            print(text)
         return None
 
     def _cmd_tensorboard(self, args, cell):
@@ -208,3 +227,14 @@ class TFClusterMagics(Magics, MagicDefaults):
 def cluster_html(cluster: api.Cluster) -> str:
     """The HTML view of a :class:`~tfk8s_magics.api.Cluster` handle in a notebook: its status."""
     return status_html(cluster.status())
+
+
+def _partitioner(shards: int | None, min_shard_bytes: int | None):
+    """TensorFlow's variable partitioner for ``--shards N`` and/or ``--min-shard-bytes B``."""
+    shards = options.OPTIONS["shards"].validate(shards) if shards is not None else None
+    if min_shard_bytes is not None:
+        min_shard_bytes = options.OPTIONS["min_shard_bytes"].validate(min_shard_bytes)
+    partitioners = import_tensorflow().distribute.experimental.partitioners
+    if min_shard_bytes is None:
+        return partitioners.FixedShardsPartitioner(shards)
+    return partitioners.MinSizePartitioner(min_shard_bytes=min_shard_bytes, max_shards=shards or 1 << 16)

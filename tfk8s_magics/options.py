@@ -277,8 +277,8 @@ class Option:
 _OPTIONS = (
     # -- the cluster spec (launch, render; keywords of tk.launch / make_spec) --
     Option("name", str, None, "cluster name (a DNS-1123 label, e.g. mnist)", flag="",
-           commands=("launch", "render", "connect", "status", "wait", "tensorboard", "stop",
-                     "delete", "events", "dashboard", "logs", "serve")),
+           commands=("launch", "render", "connect", "resolver", "status", "wait", "tensorboard",
+                     "stop", "delete", "events", "dashboard", "logs", "serve")),
     Option("mode", str, BETWEEN, "between (every worker runs the script) | in-graph (servers only)",
            trait="default_mode", check=_mode, commands=SPEC_COMMANDS),
     Option("workers", _whole, 2, "worker tasks", trait="default_workers",
@@ -292,8 +292,12 @@ _OPTIONS = (
            commands=SPEC_COMMANDS, metavar="N"),
     Option("script_path", str, None, "path of the training script (instead of the cell body)",
            flag="--script", commands=SPEC_COMMANDS, metavar="PATH"),
-    Option("env", _env_pair, None, "environment variable of every task (repeatable)",
+    Option("env", _env_pair, None, "environment variable of every task (repeatable; "
+           "--env PYTHONPATH=DIR extends the inherited path)",
            commands=SPEC_COMMANDS, action="append", metavar="KEY=VALUE"),
+    Option("files", str, None, "a file that travels with the script, importable beside it "
+           "(repeatable; on Kubernetes the modules next to the script must be named so)",
+           flag="--file", commands=SPEC_COMMANDS, action="append", metavar="PATH"),
     Option("restart_budget", _whole, 2, "restarts a cluster may spend on crashed tasks",
            flag="--restarts", env="TFK8S_RESTARTS", trait="restart_budget",
            hub_trait="restart_budget", check=count(0, 100), commands=SPEC_COMMANDS, metavar="N"),
@@ -362,11 +366,21 @@ _OPTIONS = (
            "show the live dashboard (without widgets: a streaming log view) under the launch cell",
            flag="--no-dashboard", aliases=("--no-follow",), trait="show_dashboard",
            commands=("launch",), action="store_false"),
+    Option("replace", parse_bool, False,
+           "first delete a finished or stopped cluster of the same name (re-running a launch cell)",
+           commands=("launch",), action="store_true"),
+    Option("force", parse_bool, False, "with --replace: replace a running cluster too",
+           commands=("launch",), action="store_true"),
+    Option("shards", _whole, None, "split each variable over N parameter servers "
+           "(a FixedShardsPartitioner)", check=count(1, 4096), commands=("connect",), metavar="N"),
+    Option("min_shard_bytes", _whole, None, "split variables into shards of at least B bytes "
+           "(a MinSizePartitioner; --shards caps their number)", check=count(1, 2**62),
+           commands=("connect",), metavar="B"),
     Option("output_dir", str, None, "write one YAML file per object here", commands=("render",)),
     Option("tensorboard", parse_bool, False, "include a TensorBoard Deployment",
            commands=("render",), action="store_true"),
     Option("timeout", _seconds, None, "seconds to wait (default: ready_timeout for connect, "
-           "no limit for wait)", commands=("connect", "wait"), metavar="S"),
+           "no limit for wait)", commands=("connect", "resolver", "wait"), metavar="S"),
     Option("keep_logs", parse_bool, False, "keep the log dir", commands=("delete",),
            action="store_true"),
     Option("task", str, None, "one task, e.g. worker-1 (default: all)", flag="",
@@ -404,6 +418,12 @@ _OPTIONS = (
            env="TFK8S_STORAGE_CLASS", hub_trait="storage_class"),
     Option("user", str, _user_default, "the user owning the clusters (labels, records)",
            env="JUPYTERHUB_USER"),
+    Option("quiet", parse_bool, True,
+           "hide TensorFlow's C++ INFO/WARNING lines and CUDA probing in tasks and the kernel "
+           "(TFK8S_QUIET=0 shows them)", env="TFK8S_QUIET"),
+    Option("stall_timeout", _seconds, 120.0,
+           "seconds with every task running and no log line, progress or exit before a cluster "
+           "is called stalled (0: never)", env="TFK8S_STALL_TIMEOUT"),
 )
 
 #: Every option by name.
@@ -456,6 +476,7 @@ COMMANDS: Mapping[str, Command] = {
         Command("render", "print the Kubernetes YAML without applying it", takes_cell=True,
                 defaults={"backend": "kubernetes"}),
         Command("connect", "make this kernel the client of an in-graph cluster"),
+        Command("resolver", "a ClusterResolver of an in-graph cluster with this kernel as chief"),
         Command("list", "list clusters"),
         Command("status", "show a cluster's tasks and progress"),
         Command("logs", "show a cluster's logs"),

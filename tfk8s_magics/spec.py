@@ -9,17 +9,15 @@ value given and what to do instead.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import importlib.util
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import SpecError, TaskNotFound
 from .options import BETWEEN, IN_GRAPH, OPTIONS
+from .scriptcheck import check_strategy
 
 #: Task roles, in the order tasks are listed and started.
 ROLES = ("chief", "ps", "worker", "evaluator")
@@ -44,8 +42,14 @@ RESERVED_ENV = frozenset(
         "TFK8S_ROLE",
         "TFK8S_CLUSTER_DEF",
         "JOB_COMPLETION_INDEX",
+        "TFK8S_SCRIPT",
+        "TFK8S_SCRIPT_DIR",
+        "TFK8S_FILES_DIR",
     }
 )
+_FILE_NAME = re.compile(r"^[A-Za-z0-9_][-._A-Za-z0-9]*$")
+#: A ConfigMap holds at most 1 MiB; leave room for the spec and metadata.
+MAX_FILES_BYTES = 900 * 1024
 #: A Kueue queue, a PriorityClass, a scheduler: DNS-1123 subdomain names that
 #: also fit a label value (the queue name is one).
 _SCHEDULING_NAME = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-.a-z0-9]*[a-z0-9])?$")
@@ -127,32 +131,6 @@ def check_script(source: str, filename: str = "<cell>") -> None:
         raise SpecError(f"the training script cannot be read as Python: {e}.") from None
 
 
-def missing_imports(source: str) -> list[str]:
-    """Top-level modules that ``source`` imports and this interpreter lacks.
-
-    Only absolute imports at module level are checked: an import inside a
-    ``try`` or a function may be optional, so it is left to run time.
-    """
-    tree = ast.parse(source)
-    wanted: list[str] = []
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            wanted += [alias.name.split(".")[0] for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            wanted.append(node.module.split(".")[0])
-    missing = []
-    for module in dict.fromkeys(wanted):
-        if module in sys.builtin_module_names:
-            continue
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            missing.append(module)
-    return missing
-
-
 #: The spec fields checked by their option's check (see :mod:`.options`).
 _CHECKED = ("mode", "workers", "ps", "chief", "evaluator", "restart_budget", "ps_grace_period",
             "log_claim", "data_claim")
@@ -178,6 +156,8 @@ class ClusterSpec:
     script: str | None = None
     script_name: str = "<cell>"
     env: Mapping[str, str] = field(default_factory=dict)
+    #: Files that travel with the script (``--file``): name → text; importable beside it.
+    files: Mapping[str, str] = field(default_factory=dict)
     resources: Mapping[str, Resources] = field(default_factory=dict)
     image: str | None = None
     log_dir: str | None = None
@@ -213,6 +193,7 @@ class ClusterSpec:
             set_(self, name, OPTIONS[name].validate(getattr(self, name)))
         self._validate_shape()
         self._validate_env()
+        self._validate_files()
         self._validate_resources()
         self._validate_scheduling()
         if self.ttl_after_finished is not None:
@@ -254,6 +235,7 @@ class ClusterSpec:
                     "1 worker (or a chief) to run the script."
                 )
             check_script(self.script, self.script_name)
+            check_strategy(self.script, self.ps, between=True)
 
     def _validate_env(self) -> None:
         env = {}
@@ -270,6 +252,26 @@ class ClusterSpec:
                 )
             env[key] = str(value)
         object.__setattr__(self, "env", env)
+
+    def _validate_files(self) -> None:
+        files = dict(self.files)
+        for name, text in files.items():
+            if not _FILE_NAME.match(str(name)) or name in ("script.py", "spec.json"):
+                raise SpecError(
+                    f"--file {name!r}: a file that travels with the script needs a plain name of "
+                    "letters, digits, '.', '_' or '-' (not script.py or spec.json); rename it."
+                )
+            if not isinstance(text, str):
+                raise SpecError(f"--file {name!r} must be text (a Python module or data file).")
+        if self.mode == IN_GRAPH and files:
+            raise SpecError("--file goes with a training script; an in-graph launch runs none.")
+        size = sum(len(t.encode()) for t in files.values()) + len((self.script or "").encode())
+        if size > MAX_FILES_BYTES:
+            raise SpecError(
+                f"the script and its --file files are {size} bytes, more than the {MAX_FILES_BYTES} "
+                "a Kubernetes ConfigMap holds: put large files on the data volume instead."
+            )
+        object.__setattr__(self, "files", files)
 
     def _validate_resources(self) -> None:
         out = {}

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from ..errors import BackendError, SpecError
 from ..spec import ClusterSpec
+from ..stall import Stall
 
 
 class Phase:
@@ -145,6 +146,17 @@ class ClusterStatus:
     log_dir: LogLocation = field(default_factory=lambda: LogLocation(""))
     tasks: list[TaskStatus] = field(default_factory=list)
     progress: Progress | None = None
+    #: Set while the cluster runs but nothing happens (see :mod:`tfk8s_magics.stall`).
+    stall: Stall | None = None
+
+    @property
+    def shown_phase(self) -> str:
+        """The phase as views show it: ``stalled`` for a running cluster in which nothing happens."""
+        return "stalled" if self.stall is not None and self.phase == Phase.RUNNING else self.phase
+
+    def stall_text(self, now: float | None = None) -> str:
+        """How long it has been stalled and each task's last line; empty when it is not."""
+        return self.stall.describe(time.time() if now is None else now) if self.stall else ""
 
     @property
     def terminal(self) -> bool:
@@ -179,6 +191,7 @@ class ClusterStatus:
             d["log_dir"] = LogLocation(**d["log_dir"])
         if d.get("progress"):
             d["progress"] = Progress(**d["progress"])
+        d["stall"] = Stall.from_dict(d.get("stall"))
         return cls(**d)
 
 

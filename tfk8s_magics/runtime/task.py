@@ -39,7 +39,9 @@ import traceback
 from collections.abc import MutableMapping
 
 from .. import tfconfig
+from ..scriptcheck import COLLECTIVE_WITH_PS
 from ..spec import Task
+from ..taskenv import import_tensorflow
 
 #: The script cannot run at all (syntax error, missing module): do not restart it.
 EXIT_SCRIPT_BROKEN = 3
@@ -91,7 +93,7 @@ def signal_ready() -> None:
 
 def run_server(tf_config: dict) -> int:
     """Serve as one task of the cluster until killed."""
-    import tensorflow as tf
+    tf = import_tensorflow()
 
     task = tf_config["task"]
     server = tf.distribute.Server(
@@ -107,6 +109,34 @@ def run_server(tf_config: dict) -> int:
     return 0
 
 
+class StrategyDoesNotFit(RuntimeError):
+    """The script built a strategy that would wait forever for this cluster's shape."""
+
+
+def guard_collective_strategy() -> None:
+    """Make MultiWorkerMirroredStrategy fail at once, not hang, when TF_CONFIG names a ``ps`` job.
+
+    The launch refuses such scripts when it can see the strategy in the
+    source; this catches the rest (a strategy built in a helper module).
+    """
+    cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    if not cluster.get("ps"):
+        return
+    try:
+        from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+    except ImportError:
+        return
+    def refuse(self, *args, **kwargs):
+        raise StrategyDoesNotFit(
+            COLLECTIVE_WITH_PS.format(name="MultiWorkerMirroredStrategy", ps=len(cluster["ps"]))
+        )
+
+    for name in ("CollectiveAllReduceStrategy", "CollectiveAllReduceStrategyV1"):
+        cls = getattr(cars, name, None)
+        if cls is not None:
+            cls.__init__ = refuse
+
+
 def run_script(path: str) -> int:
     """Run the training script as ``__main__``; map its outcome to an exit code."""
     try:
@@ -116,10 +146,18 @@ def run_script(path: str) -> int:
         print(f"tfk8s: the training script cannot be compiled: {e}", file=sys.stderr, flush=True)
         return EXIT_SCRIPT_BROKEN
     del code
-    import tensorflow  # noqa: F401  (imported before "ready": starting = importing TF)
+    import_tensorflow()  # before "ready": starting = importing TF
 
-    # Like the notebook the script came from: its working dir is importable.
-    sys.path.insert(0, os.getcwd())
+    guard_collective_strategy()
+    # As `python path/script.py` does: the script's own folder comes first (for a
+    # cell body, the kernel's working folder), in place of the folder `-m` put there.
+    script_dir = os.environ.get("TFK8S_SCRIPT_DIR") or os.path.dirname(os.path.abspath(path))
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        sys.path[0] = script_dir
+    else:
+        sys.path.insert(0, script_dir)
+    if os.environ.get("TFK8S_FILES_DIR"):  # --file files, beside the script
+        sys.path.insert(1, os.environ["TFK8S_FILES_DIR"])
     sys.argv = [path]
     signal_ready()
     try:
@@ -131,6 +169,9 @@ def run_script(path: str) -> int:
             return e.code
         print(e.code, file=sys.stderr)
         return 1
+    except StrategyDoesNotFit as e:
+        print(f"tfk8s: {e}", file=sys.stderr, flush=True)
+        return EXIT_SCRIPT_BROKEN
     except ImportError:
         traceback.print_exc()
         print("tfk8s: the training script failed on an import; restarting cannot fix it.",

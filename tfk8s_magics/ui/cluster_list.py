@@ -131,9 +131,10 @@ class _Row:
         """Draw the row from its status (under the list's draw lock)."""
         st = self.status
         now = time.time() if now is None else now
-        phase = "deleted" if self.deleted else st.phase
+        phase = "deleted" if self.deleted else st.shown_phase
+        why = st.stall_text(now) if st.stall else st.reason
         reason = (
-            "" if self.deleted or not st.reason else f'<br><small style="color:#666">{_e(st.reason)}</small>'
+            "" if self.deleted or not why else f'<br><small style="color:#666">{_e(why)}</small>'
         )
         self.phase_cell.value = (
             f'<span data-phase="{_e(phase, quote=True)}">{phase_badge(phase)}{reason}</span>'

@@ -25,9 +25,9 @@ _PHASE_COLOURS = {
     Phase.PENDING: "#888",
     Phase.STARTING: "#b58900",
     Phase.RUNNING: "#268bd2",
+    "stalled": "#cb4b16",
     Phase.SUCCEEDED: "#2aa198",
     Phase.FAILED: "#dc322f",
-    "stalled": "#cb4b16",
     Phase.STOPPED: "#6c71c4",
 }
 #: The ipywidgets progress-bar style of a cluster in each phase.
@@ -277,8 +277,9 @@ def status_text(st: ClusterStatus) -> str:
     """A plain-text table of one cluster and its tasks."""
     age = fmt_duration(time.time() - st.created) if st.created else "-"
     lines = [
-        f"cluster {st.name} ({st.backend}, {st.mode}): {st.phase}"
+        f"cluster {st.name} ({st.backend}, {st.mode}): {st.shown_phase}"
         + (f" — {st.reason}" if st.reason else ""),
+        *([st.stall_text()] if st.stall else []),
         f"owner {st.owner or '-'} · age {age}" + (" · detached" if st.detached else ""),
         f"progress: {fmt_progress(st.progress, st.terminal)}",
         f"{'TASK':<14}{'PHASE':<11}{'RESTARTS':>8}  {'EXIT':<8}{'HOST':<22}{'DURATION':>9}  REASON",
@@ -297,8 +298,9 @@ def status_html(st: ClusterStatus) -> str:
     age = fmt_duration(time.time() - st.created) if st.created else "-"
     return (
         f'<div class="tfk8s-status"><b>{_e(st.name)}</b> ({_e(st.backend)}, {_e(st.mode)}) '
-        f"{phase_badge(st.phase)} {_e(st.reason)}<br>"
-        f"owner {_e(st.owner or '-')} · age {_e(age)} · progress: "
+        f"{phase_badge(st.shown_phase)} {_e(st.reason)}<br>"
+        + (f'<div class="tfk8s-stall">{_e(st.stall_text())}</div>' if st.stall else "")
+        + f"owner {_e(st.owner or '-')} · age {_e(age)} · progress: "
         f"{_e(fmt_progress(st.progress, st.terminal))}"
         f"{tasks_html(st)}logs: <code>{_e(str(st.log_dir))}</code></div>"
     )
@@ -333,7 +335,7 @@ def list_text(statuses: list[ClusterStatus]) -> str:
     for st in statuses:
         age = fmt_duration(time.time() - st.created)
         lines.append(
-            f"{st.name:<20}{st.backend:<12}{st.mode:<10}{st.phase:<11}{len(st.tasks):>6}  "
+            f"{st.name:<20}{st.backend:<12}{st.mode:<10}{st.shown_phase:<11}{len(st.tasks):>6}  "
             f"{age:>7}  {fmt_progress(st.progress, st.terminal)}"
         )
     return "\n".join(lines)
@@ -345,7 +347,7 @@ def list_html(statuses: list[ClusterStatus]) -> str:
         return "<i>no clusters</i>"
     rows = "".join(
         f"<tr><td>{_e(st.name)}</td><td>{_e(st.backend)}</td><td>{_e(st.mode)}</td>"
-        f"<td>{phase_badge(st.phase)}</td><td>{len(st.tasks)}</td>"
+        f"<td>{phase_badge(st.shown_phase)}</td><td>{len(st.tasks)}</td>"
         f"<td>{_e(fmt_duration(time.time() - st.created))}</td>"
         f"<td>{_e(fmt_progress(st.progress, st.terminal))}</td></tr>"
         for st in statuses

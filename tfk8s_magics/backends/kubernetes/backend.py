@@ -30,6 +30,7 @@ from kubernetes.client.rest import ApiException
 from ...errors import BackendError, ClusterExists, ClusterNotFound, LaunchFailed
 from ...ports import free_port
 from ...runtime.progress import parse_record
+from ...scriptcheck import check_files_travel, script_dir
 from ...spec import ClusterSpec
 from ..base import Backend, ClusterStatus, Coordinator, Event, LogLine, LogLocation, TensorBoardInfo
 from . import logs as logs_mod
@@ -152,13 +153,16 @@ class KubernetesBackend(Backend):
         process reattaches with :meth:`status`/:meth:`watch`.
         """
         spec = self._owned(spec)
+        if spec.script is not None:
+            # Its folder is importable in the pods only through the files that travel with it.
+            check_files_travel(spec.script, script_dir(spec), list(spec.files))
         manifests = cluster_manifests(spec, self.settings)
         manifests[0]["metadata"]["annotations"][DETACHED_ANNOTATION] = str(detach).lower()
         if self._root(spec.name) is not None:
             raise ClusterExists(
                 f"a cluster named {spec.name!r} already exists in namespace "
-                f"{self.settings.namespace!r}: choose another name, or "
-                f"`%tfcluster delete {spec.name}` first."
+                f"{self.settings.namespace!r}: launch with --replace to delete it and launch "
+                f"again, choose another name, or `%tfcluster delete {spec.name}` first."
             )
         preflight(self.api, manifests, check_nodes=self.check_nodes)
         created = apply(self.api, manifests)
@@ -213,6 +217,7 @@ class KubernetesBackend(Backend):
         data = root.get("data") or {}
         record = json.loads(data[SPEC_KEY])
         record["script"] = data.get(SCRIPT_KEY)
+        record["files"] = {n: data[n] for n in record.get("files") or [] if n in data}
         return ClusterSpec.from_dict(record)
 
     def _control(self, spec: ClusterSpec, root: dict[str, Any]) -> PodWatch:
@@ -302,7 +307,7 @@ class KubernetesBackend(Backend):
         while True:
             snap = watcher.snapshot()
             key = (snap.phase, snap.reason, [(t.phase, t.reason, t.restarts) for t in snap.tasks],
-                   snap.progress)
+                   snap.progress, snap.stall is not None)
             if key != last:
                 last = key
                 yield snap

@@ -104,11 +104,13 @@ class Api:
         )
 
     def pod_log(self, name: str, *, follow: bool = False, tail: int | None = None,
-                timeout: float | None = None):
+                timeout: float | None = None, timestamps: bool = False):
         """The pod's log: text, or (``follow``) the raw streaming response."""
         kwargs: dict[str, Any] = {"_preload_content": False}
         if tail is not None:
             kwargs["tail_lines"] = tail
+        if timestamps:
+            kwargs["timestamps"] = True
         if follow:
             kwargs["follow"] = True
             kwargs["_request_timeout"] = (self.timeout, timeout) if timeout else self.timeout

@@ -39,6 +39,7 @@ import yaml
 
 from ...errors import SpecError
 from ...spec import ClusterSpec, Task
+from ...taskenv import quiet_env
 from ...tfconfig import cluster_def, tf_config
 from .settings import K8sSettings, label_value
 
@@ -160,9 +161,11 @@ def root_configmap(spec: ClusterSpec, settings: K8sSettings) -> Manifest:
     """The root object: the script and the spec (without the script) as JSON."""
     record = spec.to_dict()
     record.pop("script", None)
+    record["files"] = sorted(spec.files)  # their text is in keys of their own
     data = {SPEC_KEY: json.dumps(record, sort_keys=True)}
     if spec.script is not None:
         data[SCRIPT_KEY] = spec.script
+    data.update(spec.files)
     _check_size(spec, data)
     meta = _meta(spec, settings, spec.name, "root")
     meta["annotations"] = {OWNER_ANNOTATION: spec.owner or settings.user}
@@ -300,8 +303,12 @@ def role_env(spec: ClusterSpec, settings: K8sSettings, role: str) -> dict[str, s
     }
     if spec.runs_script(Task(role, 0)):
         env["TFK8S_SCRIPT"] = f"{SCRIPT_DIR}/{SCRIPT_KEY}"
+        # Sibling files (--file) are mounted beside the script: its folder is importable.
+        env["TFK8S_SCRIPT_DIR"] = SCRIPT_DIR
     if spec.legacy_keras:
         env["TF_USE_LEGACY_KERAS"] = "1"
+    if settings.quiet:
+        env.update(quiet_env())
     env.update(spec.env)
     return env
 
@@ -354,7 +361,7 @@ def _storage(spec: ClusterSpec, runs_script: bool) -> tuple[list[Manifest], list
                 "name": "script",
                 "configMap": {
                     "name": spec.name,
-                    "items": [{"key": SCRIPT_KEY, "path": SCRIPT_KEY}],
+                    "items": [{"key": k, "path": k} for k in (SCRIPT_KEY, *sorted(spec.files))],
                 },
             }
         )

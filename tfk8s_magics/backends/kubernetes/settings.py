@@ -45,6 +45,8 @@ class K8sSettings:
     notebook_labels: Mapping[str, str] = field(
         default_factory=lambda: {"component": "singleuser-server"}
     )
+    #: Hide TensorFlow's C++ logging in the tasks (``TFK8S_QUIET``; see :mod:`tfk8s_magics.taskenv`).
+    quiet: bool = True
 
 
 def label_value(text: str) -> str:
@@ -81,6 +83,7 @@ def settings_from_env(**overrides: object) -> K8sSettings:
     values.setdefault("gpu_image", options.get("gpu_image"))
     values.setdefault("storage_class", options.get("storage_class"))
     values.setdefault("user", options.get("user"))
+    values.setdefault("quiet", options.get("quiet"))
     return K8sSettings(**values)  # type: ignore[arg-type]
 
 

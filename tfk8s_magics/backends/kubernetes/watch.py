@@ -28,10 +28,12 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from ...spec import ClusterSpec
+from ...stall import timeout_from_env
 from ..base import ClusterStatus, Event, Phase, Progress, TaskStatus
 from . import state
 from .client import Api, abort, api_reason
 from .manifests import FINISHED_ANNOTATION, STOPPED_ANNOTATION, selector
+from .stallcheck import StallCheck
 
 #: Longest a single watch request stays open (the server ends it; we reopen).
 WATCH_SECONDS = 60
@@ -67,6 +69,7 @@ class PodWatch:
         self._synced = threading.Event()
         self._events_at = 0.0
         self._response = None  # the open watch request, closed by close()
+        self.stalls = StallCheck(timeout_from_env())
         self._thread = threading.Thread(target=self._run, name=f"tfk8s-watch-{spec.name}", daemon=True)
 
     # -- the watch itself ---------------------------------------------------------
@@ -277,7 +280,20 @@ class PodWatch:
         view = self.view()
         tasks = state.task_statuses(view)
         self._explain_pending(tasks)
-        return state.cluster_status(view, self.root, tasks, self.progress)
+        snap = state.cluster_status(view, self.root, tasks, self.progress)
+        self._check_stall(snap)
+        return snap
+
+    def _check_stall(self, snap: ClusterStatus) -> None:
+        """Attach the stall (see :mod:`.stallcheck`) and record when one starts or ends."""
+        before = self.stalls.stall
+        with self._cond:
+            pods = dict(self.pods)
+        snap.stall = self.stalls.update(self.api, pods, snap)
+        if snap.stall is not None and before is None:
+            self.record_event("", "Stalled", snap.stall.describe(time.time()), "Warning")
+        elif snap.stall is None and before is not None:
+            self.record_event("", "Resumed", "a task showed activity again")
 
     def _explain_pending(self, tasks: list[TaskStatus]) -> None:
         """Give pending tasks the newest Warning event of their pod as the reason."""

@@ -25,12 +25,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ... import scriptcheck, stall
 from ...errors import BackendError, ClusterExists, ClusterNotFound, LaunchFailed, SpecError
 from ...lifeline import pid_alive
 from ...ports import free_ports, port_open
 from ...runtime.progress import append_to, parse_record
 from ...serving import local as serving
-from ...spec import ClusterSpec, missing_imports
+from ...spec import ClusterSpec
 from ...tfconfig import cluster_def
 from ..base import (
     Backend,
@@ -100,15 +101,13 @@ class LocalBackend(Backend):
 
     # -- launch ------------------------------------------------------------
     def preflight(self, spec: ClusterSpec) -> None:
-        """Checks that need this machine: missing modules, unusable dirs."""
+        """Checks that need this machine: imports the tasks cannot resolve, unusable dirs."""
         if spec.script is not None:
-            missing = missing_imports(spec.script)
-            if missing:
-                raise SpecError(
-                    f"the training script imports {', '.join(missing)}, which "
-                    f"{'is' if len(missing) == 1 else 'are'} not installed for {sys.executable}: "
-                    f"install {'it' if len(missing) == 1 else 'them'} (pip install ...) or fix the import."
-                )
+            # Exactly the tasks' rules: the script's folder, then PYTHONPATH (see scriptcheck).
+            scriptcheck.check_imports(
+                spec.script, scriptcheck.script_dir(spec), scriptcheck.task_pythonpath(spec.env, os.environ),
+                provided=list(spec.files),
+            )
         for what, value in (("--log-dir", spec.log_dir), ("--data-dir", spec.data_dir)):
             if value and Path(value).expanduser().exists() and not Path(value).expanduser().is_dir():
                 raise SpecError(f"{what} {value!r} is a file, not a directory: give a directory.")
@@ -132,8 +131,8 @@ class LocalBackend(Backend):
             cdir.root.mkdir()
         except FileExistsError:
             raise ClusterExists(
-                f"a cluster named {spec.name!r} already exists: pick another name, or remove it "
-                f"first with %tfcluster delete {spec.name}."
+                f"a cluster named {spec.name!r} already exists: launch with --replace to delete it "
+                f"and launch again, pick another name, or %tfcluster delete {spec.name} first."
             ) from None
         created: list[Path] = [cdir.root]  # removed again if the launch fails
         sup: subprocess.Popen | None = None
@@ -148,8 +147,7 @@ class LocalBackend(Backend):
             tasks = spec.tasks()
             ports = dict(zip((t.name for t in tasks), free_ports(len(tasks)), strict=True))
             addresses = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
-            if spec.script is not None:
-                cdir.script.write_text(spec.script, encoding="utf-8")
+            _write_script(cdir, spec)
             record = {
                 "backend": self.name,
                 "spec": spec.to_dict(),
@@ -160,6 +158,8 @@ class LocalBackend(Backend):
                 "addresses": addresses,
                 "cluster": cluster_def(spec, lambda t: addresses[t.name]),
                 "workdir": os.getcwd(),
+                "script_dir": scriptcheck.script_dir(spec),
+                "stall_timeout": stall.timeout_from_env(),
                 "loopback_shim": str(shim) if (shim := isolation.shim_path()) else None,
                 "log_dir": str(log_dir),
                 "data_dir": str(data_dir),
@@ -229,6 +229,7 @@ class LocalBackend(Backend):
             log_dir=LogLocation(record["log_dir"]),
             tasks=tasks,
             progress=self._progress(cdir, tasks),
+            stall=stall.Stall.from_dict(raw.get("stall")) if phase == Phase.RUNNING else None,
         )
 
     def _progress(self, cdir: ClusterDir, tasks: list[LocalTaskStatus]) -> Progress | None:
@@ -463,6 +464,16 @@ class LocalBackend(Backend):
     def stop_serving(self, name: str) -> bool:
         """Stop serving the cluster's model; return whether a server was running."""
         return serving.stop(self._dir(name).root)
+
+
+def _write_script(cdir: ClusterDir, spec: ClusterSpec) -> None:
+    """Write the script the tasks run and the files that travel with it (``--file``)."""
+    if spec.script is not None:
+        cdir.script.write_text(spec.script, encoding="utf-8")
+    if spec.files:
+        cdir.files.mkdir()
+        for file_name, text in spec.files.items():
+            (cdir.files / file_name).write_text(text, encoding="utf-8")
 
 
 def _tb_url(port: int) -> str:

@@ -101,6 +101,11 @@ class ClusterDir:
         return self.root / "script.py"
 
     @property
+    def files(self) -> Path:
+        """The files that travel with the script (``--file``), importable in its tasks."""
+        return self.root / "files"
+
+    @property
     def supervisor_log(self) -> Path:
         """The supervisor's own output (``supervisor.log``)."""
         return self.root / "supervisor.log"

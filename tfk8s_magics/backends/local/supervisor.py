@@ -28,13 +28,15 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ... import lifecycle
+from ... import lifecycle, taskenv
 from ...lifeline import open_pidfd, set_parent_death_signal
 from ...spec import ClusterSpec, Task
+from ...stall import DEFAULT_TIMEOUT as DEFAULT_STALL_TIMEOUT
 from ...tfconfig import tf_config
 from ..base import Phase
 from . import isolation
 from .layout import ClusterDir, read_json, task_log_path, write_json_atomic
+from .stallwatch import StallWatch
 from .status import LocalTaskStatus
 
 #: Seconds a task gets between SIGTERM and SIGKILL.
@@ -78,6 +80,11 @@ class Supervisor:
         #: tasks already restarted in it (a second end of one of those is a new failure).
         self.incident: tuple[float, str, set[str]] | None = None
         self.dirty = True
+        self.stalls = StallWatch(
+            {t: task_log_path(self.record["log_dir"], t) for t in self.tasks},
+            cdir.progress_dir,
+            float(self.record.get("stall_timeout", DEFAULT_STALL_TIMEOUT)),
+        )
 
     # -- events and status ------------------------------------------------
     def event(self, task: str, reason: str, message: str, type_: str = "Normal") -> None:
@@ -101,6 +108,7 @@ class Supervisor:
                 "supervisor_done": done,
                 "restarts_used": self.restarts_used,
                 "tasks": [asdict(t.status) for t in self.tasks.values()],
+                "stall": self.stalls.stall.to_dict() if self.stalls.stall else None,
                 "updated": time.time(),
             },
         )
@@ -108,30 +116,24 @@ class Supervisor:
 
     # -- task processes -----------------------------------------------------
     def _env(self, t: _Task) -> dict[str, str]:
+        """The task's environment, built by :func:`taskenv.build` (an allow-list, not a copy)."""
         rec = self.record
-        env = dict(os.environ)
-        env.update(self.spec.env)
-        env.update(
-            {
-                "TF_CONFIG": tf_config(self.cluster, t.task),
-                "TFK8S_TASK": t.task.name,
-                "TFK8S_CLUSTER": self.spec.name,
-                "TFK8S_LOG_DIR": rec["log_dir"],
-                "TFK8S_DATA_DIR": rec["data_dir"],
-                "TFK8S_CHECKPOINT_DIR": str(Path(rec["log_dir"]) / "checkpoints"),
-                "TFK8S_PROGRESS_FILE": str(self.cdir.progress_file(t.task.name)),
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
-        if self.spec.legacy_keras:
-            env.setdefault("TF_USE_LEGACY_KERAS", "1")
-        # TensorFlow's INFO lines drown the script's output; --env TF_CPP_MIN_LOG_LEVEL=0 restores them.
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-        isolation.preload_env(env, rec.get("loopback_shim"))
+        reserved = {
+            "TF_CONFIG": tf_config(self.cluster, t.task),
+            "TFK8S_TASK": t.task.name,
+            "TFK8S_CLUSTER": self.spec.name,
+            "TFK8S_LOG_DIR": rec["log_dir"],
+            "TFK8S_DATA_DIR": rec["data_dir"],
+            "TFK8S_CHECKPOINT_DIR": str(Path(rec["log_dir"]) / "checkpoints"),
+            "TFK8S_PROGRESS_FILE": str(self.cdir.progress_file(t.task.name)),
+        }
         if t.runs_script:
-            env["TFK8S_SCRIPT"] = str(self.cdir.script)
-        else:
-            env.pop("TFK8S_SCRIPT", None)
+            reserved["TFK8S_SCRIPT"] = str(self.cdir.script)
+            reserved["TFK8S_SCRIPT_DIR"] = rec.get("script_dir") or rec["workdir"]
+            if self.spec.files:
+                reserved["TFK8S_FILES_DIR"] = str(self.cdir.files)
+        env = taskenv.build(os.environ, self.spec.env, reserved, self.spec.legacy_keras)
+        isolation.preload_env(env, rec.get("loopback_shim"))
         return env
 
     def start(self, t: _Task) -> None:
@@ -362,12 +364,51 @@ class Supervisor:
             if t.kill_at is not None and now >= t.kill_at and t.proc and t.proc.returncode is None:
                 self.signal_task(t, signal.SIGKILL)
                 t.kill_at = None
+        self.check_stall(now)
+
+    # -- stalls (the rule is in tfk8s_magics.stall) --------------------------
+    def _all_running(self) -> bool:
+        return self.phase == Phase.RUNNING and not self.stop_reason and all(
+            t.status.phase in (Phase.RUNNING, Phase.SUCCEEDED) for t in self.tasks.values()
+        )
+
+    def check_stall(self, now: float) -> None:
+        """Arm, check or clear the stall detector after the cluster's state may have changed."""
+        if not self._all_running():
+            self._unwatch_stall()
+            if self.stalls.disarm():
+                self.dirty = True
+            return
+        self.stalls.arm(now)
+        times = [x for t in self.tasks.values() for x in (t.status.started, t.status.finished)]
+        found = self.stalls.check(now, times)
+        if found is not None:
+            self.event("", "Stalled", found.describe(now), "Warning")
+            fd = self.stalls.fd()
+            if fd is not None:
+                self.sel.register(fd, selectors.EVENT_READ, ("activity", None))
+
+    def on_activity(self, now: float) -> None:
+        """A task wrote, reported progress, started or exited: a stall (if any) is over."""
+        self._unwatch_stall()
+        if self.stalls.resume(now):
+            self.event("", "Resumed", "a task showed activity again")
+
+    def _unwatch_stall(self) -> None:
+        fd = self.stalls.fd()
+        if fd is not None:
+            try:
+                self.sel.unregister(fd)
+            except (KeyError, ValueError):
+                pass
 
     def next_timeout(self) -> float | None:
         """Seconds until the next deadline (the ``select`` timeout), or None when there is none."""
         deadlines = [t.kill_at for t in self.tasks.values() if t.kill_at is not None]
         if self.grace_deadline is not None:
             deadlines.append(self.grace_deadline)
+        if self.stalls.deadline is not None:
+            deadlines.append(self.stalls.deadline)
         if not deadlines:
             return None
         return max(0.0, min(deadlines) - time.time())
@@ -400,6 +441,7 @@ class Supervisor:
             self.event("", "Started", f"started {len(self.tasks)} task(s)")
         while True:
             self.update_phase()
+            self.check_stall(time.time())
             if self.dirty:
                 self.write_status()
             if not self.alive() and (self.phase in Phase.TERMINAL) and self.grace_deadline is None:
@@ -410,6 +452,9 @@ class Supervisor:
                     self.on_ready(obj)
                 elif kind == "exit":
                     self.on_exit(obj)
+                    self.on_activity(time.time())
+                elif kind == "activity":
+                    self.on_activity(time.time())
                 elif kind == "owner":
                     self.sel.unregister(key.fd)
                     self.request_stop(f"its owner (pid {obj}) exited; launch with --detach to keep a cluster")
