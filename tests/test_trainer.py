@@ -243,3 +243,20 @@ def test_serving_a_cluster_that_exported_nothing_is_one_sentence_and_leaves_noth
     assert str(err.value).startswith("cluster 'none' has exported no model yet")
     assert sorted(p.name for p in root.iterdir()) == before
     assert cluster.serve(stop=True) is False
+
+
+@pytest.mark.slow
+def test_sync_training_resumes_after_one_worker_is_killed(local, workdir):
+    """One worker SIGKILLed: its peer's lost collective is the same incident, the group restarts
+    once, and both resume from the checkpoint's step."""
+    script = TRAINER.replace("PAUSE = 0.0", "PAUSE = 0.02")
+    cluster = api.launch("one", backend=local, script=script, trainer="Tiny", workers=2, ps=0,
+                         restart_budget=1, steps=200, checkpoint_every=40, batch_size=16)
+    ckpt = os.path.join(cluster.status().log_dir.path, "checkpoints", "ckpt-40.index")
+    wait_for(lambda: os.path.exists(ckpt), timeout=300, what="the first checkpoint", interval=0.1)
+    os.kill(cluster.status().task("worker-1").pid, signal.SIGKILL)
+    st = cluster.wait(timeout=600)
+    assert st.phase == "succeeded", (st.reason, cluster.logs(tail=30))
+    resumed = [int(n) for n in re.findall(r"resumed from step (\d+)", cluster.logs())]
+    assert len(resumed) == 2 and all(40 <= n < 200 for n in resumed), cluster.logs(tail=40)
+    assert st.progress.step == 200
