@@ -28,7 +28,7 @@ from tfk8s_magics.backends.kubernetes.quota import admitted, limit_problems
 from tfk8s_magics.backends.kubernetes.rbac import backend_role
 from tfk8s_magics.backends.kubernetes.settings import K8sSettings
 from tfk8s_magics.errors import LaunchFailed, SpecError
-from tfk8s_magics.spec import ClusterSpec, Resources, Task
+from tfk8s_magics.spec import MAX_FILES_BYTES, ClusterSpec, Resources, Task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hub_config"))
 from tfk8s_hub.bootstrap import BootstrapSpec, bootstrap_objects, namespace_labels  # noqa: E402
@@ -323,15 +323,21 @@ def test_a_script_over_one_mib_is_refused_before_any_api_call(kube, backend):
     big = "x = 1\n" * 180_000  # 1.08 MB
     with pytest.raises(SpecError) as exc:
         b.launch(ClusterSpec(name="big", workers=1, script=big), detach=True)
-    assert str(exc.value).startswith("cluster 'big': its script and spec are 10")
-    assert "over the 1048576 bytes Kubernetes accepts" in str(exc.value)
+    # The spec refuses it first: the script and its --file files may take at most
+    # MAX_FILES_BYTES of the ConfigMap, leaving room for the spec record.
+    assert str(exc.value).startswith(
+        f"the script and its --file files are 1080000 bytes, more than the {MAX_FILES_BYTES}"
+    )
     assert kube.requests == []
+    # The ConfigMap's own 1 MiB check still stands behind it (a spec record grown by --env).
+    fat = ClusterSpec(name="fat", workers=1, script="#" * MAX_FILES_BYTES, env={"X": "y" * 200_000})
+    with pytest.raises(SpecError, match="its script and spec are .* over the 1048576 bytes"):
+        m.render_yaml(fat, K8sSettings())
     with pytest.raises(SpecError):
-        m.render_yaml(ClusterSpec(name="big", workers=1, script=big), K8sSettings())
-    # just under the limit, the double (like a real server) takes it
-    probe = b.render(ClusterSpec(name="edge", workers=1, script="#"))[0]
-    room = m.MAX_CONFIGMAP_DATA - len(probe["data"]["spec.json"])
-    b.launch(ClusterSpec(name="edge", workers=1, script="#" * room), detach=True)
+        b.launch(fat, detach=True)
+    assert kube.requests == []
+    # At the spec's limit, the double (like a real server) takes it.
+    b.launch(ClusterSpec(name="edge", workers=1, script="#" * MAX_FILES_BYTES), detach=True)
 
 
 def test_task_and_tensorboard_pods_pass_pod_security_restricted(kube, backend, monkeypatch):
