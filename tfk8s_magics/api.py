@@ -110,15 +110,19 @@ def _script(script: str | None, script_path: str | None) -> tuple[str | None, st
     if script is not None:
         raise SpecError("give the training script as a cell body or as --script, not both.")
     path = Path(script_path).expanduser()
+    text = _read_text(path, "--script", script_path, "a Python file", "a Python file")
+    # The absolute path: its folder is importable in every task.
+    return text, str(path.resolve())
+
+
+def _read_text(path: Path, flag: str, given: str, wanted: str, kind: str) -> str:
+    """The text of ``path``, or a SpecError naming ``flag`` and what to give instead."""
     try:
-        # The absolute path: its folder is importable in every task.
-        return path.read_text(encoding="utf-8"), str(path.resolve())
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpecError(
-            f"--script {script_path!r} does not exist: give the path of a Python file."
-        ) from None
+        raise SpecError(f"{flag} {given!r} does not exist: give the path of {wanted}.") from None
     except (IsADirectoryError, UnicodeDecodeError, PermissionError) as e:
-        raise SpecError(f"--script {script_path!r} cannot be read as a Python file: {e}.") from None
+        raise SpecError(f"{flag} {given!r} cannot be read as {kind}: {e}.") from None
 
 
 def _read_files(paths: list[str] | dict[str, str]) -> dict[str, str]:
@@ -128,14 +132,7 @@ def _read_files(paths: list[str] | dict[str, str]) -> dict[str, str]:
     out = {}
     for given in paths:
         path = Path(given).expanduser()
-        try:
-            out[path.name] = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise SpecError(
-                f"--file {given!r} does not exist: give the path of a file next to the script."
-            ) from None
-        except (IsADirectoryError, UnicodeDecodeError, PermissionError) as e:
-            raise SpecError(f"--file {given!r} cannot be read as a text file: {e}.") from None
+        out[path.name] = _read_text(path, "--file", given, "a file next to the script", "a text file")
     return out
 
 
