@@ -112,12 +112,12 @@ def killpg(procs: list[subprocess.Popen]) -> None:
             p.wait(timeout=10)
 
 
-def leftovers() -> list[tuple[int, str]]:
-    """(pid, command) of every live process carrying this run's mark, except us."""
+def leftovers(allow: set[int] = frozenset()) -> list[tuple[int, str]]:
+    """(pid, command) of every live process carrying this run's mark, except us (and ``allow``)."""
     me, needle = os.getpid(), f"{MARK_VAR}={MARK}".encode()
     out = []
     for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == me:
+        if not d.name.isdigit() or int(d.name) == me or int(d.name) in allow:
             continue
         try:
             if needle not in (d / "environ").read_bytes().split(b"\0"):
@@ -140,10 +140,11 @@ def remove_cluster(be, name: str) -> None:
         Cluster(name, be).delete()
 
 
-def assert_clean(what: str, wait: float = 5.0) -> None:
-    """Fail loudly if a process of this run outlived ``what`` (after up to ``wait`` s)."""
+def assert_clean(what: str, wait: float = 5.0, allow: set[int] = frozenset()) -> None:
+    """Fail loudly if a process of this run outlived ``what`` (after up to ``wait`` s);
+    ``allow``: processes meant to live across rounds (a warm pool's daemon)."""
     deadline = time.monotonic() + wait
-    while (left := leftovers()) and time.monotonic() < deadline:
+    while (left := leftovers(allow)) and time.monotonic() < deadline:
         time.sleep(0.05)
     if left:
         sweep()
@@ -182,6 +183,18 @@ def ab_rounds(rounds: int, ours: Callable[[int], dict], base: Callable[[int], di
             acc.append(r)
             print(f"round {i + 1}/{rounds}  {label:4s}  {show(label, i, r)}", flush=True)
     return a, b
+
+
+def rounds(n: int, sides: list[tuple[str, Callable[[int], dict]]],
+           show: Callable[[str, int, dict], str]) -> list[list[dict]]:
+    """Like :func:`ab_rounds` for any number of sides, interleaved: one result list per side."""
+    out: list[list[dict]] = [[] for _ in sides]
+    for i in range(n):
+        for (label, fn), acc in zip(sides, out, strict=True):
+            r = fn(i)
+            acc.append(r)
+            print(f"round {i + 1}/{n}  {label:4s}  {show(label, i, r)}", flush=True)
+    return out
 
 
 def run(main: Callable[[], int]) -> None:

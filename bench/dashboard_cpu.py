@@ -69,11 +69,11 @@ for i in itertools.count():
 # so a flooding task costs the kernel at most ~1.3 MB/s of lines per file.
 BOUNDED_FOLLOW = r"""
 import time
-from tfk8s_magics.backends.base import LogLine
+from tfk8s_magics.backends.base import LogChunk
 from tfk8s_magics.backends.local import logtail
 
 def _bounded_follow(files, stop, finished, from_start=True, interval=logtail.FOLLOW_INTERVAL,
-                    max_behind=64 << 10, keep=16 << 10):
+                    wake_dirs=None, max_behind=64 << 10, keep=16 << 10):
     cursors = [logtail._FileCursor(t, p, from_start) for t, p in files.items()]
     while not stop.is_set():
         done = finished()
@@ -88,14 +88,17 @@ def _bounded_follow(files, stop, finished, from_start=True, interval=logtail.FOL
                 if size - c.offset > max_behind:
                     skipped = size - keep - c.offset
                     c.offset, c.partial, jumped = size - keep, b"", True
-                    yield LogLine(c.task, f"[tfk8s] {skipped} bytes not shown here (see the log file)", now)
-            lines = c.drain(now) if done else c.read(now)
-            yield from (lines[1:] if jumped else lines)
+                    note = f"[tfk8s] {skipped} bytes not shown here (see the log file)"
+                    yield LogChunk(c.task, [note], now)
+            texts = c.drain() if done else c.read()
+            texts = texts[1:] if jumped else texts
+            if texts:
+                yield LogChunk(c.task, texts, now)
         if done:
             return
         stop.wait(interval)
 
-logtail.follow = _bounded_follow
+logtail.follow_batches = _bounded_follow  # what the live views read through
 """
 
 

@@ -1,4 +1,4 @@
-"""Kubernetes backend bench: objects and DNS per cluster, API requests, render+apply time.
+"""Kubernetes backend bench: objects per cluster, API requests, render+apply time (JobSet).
 
     .venv/bin/python bench/k8s_objects.py [--workers 64] [--repeat 5]
 
@@ -25,11 +25,8 @@ from tfk8s_magics.backends.base import Phase  # noqa: E402
 from tfk8s_magics.backends.kubernetes import KubernetesBackend  # noqa: E402
 from tfk8s_magics.backends.kubernetes.apply import apply, preflight  # noqa: E402
 from tfk8s_magics.backends.kubernetes.client import Api  # noqa: E402
-from tfk8s_magics.backends.kubernetes.manifests import (  # noqa: E402
-    cluster_manifests,
-    owner_reference,
-    with_owner,
-)
+from tfk8s_magics.backends.kubernetes.jobset import cluster_manifests  # noqa: E402
+from tfk8s_magics.backends.kubernetes.manifests import owner_reference, with_owner  # noqa: E402
 from tfk8s_magics.backends.kubernetes.rbac import backend_role  # noqa: E402
 from tfk8s_magics.backends.kubernetes.settings import K8sSettings  # noqa: E402
 from tfk8s_magics.backends.kubernetes.watch import WATCH_SECONDS  # noqa: E402
@@ -44,22 +41,18 @@ def spec(name: str, workers: int, ps: int = 2) -> ClusterSpec:
 
 
 def objects_table() -> list[str]:
-    rows = ["| tasks N | ours: objects (between / in-graph) | seed: objects 2N+2 | "
-            "ours: Services + EndpointSlices | seed: Services + EndpointSlices | "
-            "ours: ClusterIPs | seed: ClusterIPs | DNS A names ours / seed |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| tasks N | ours: objects we create (between / in-graph) | + what JobSet creates "
+            "(headless Service + one Job per role) | bare-pod design: N+4 | seed: 2N+2 |",
+            "|---|---|---|---|---|"]
     settings = K8sSettings(namespace=NS)
     for n in (2, 4, 16, 64, 256):
         between = cluster_manifests(spec("b", n - 1, 1), settings, tensorboard=True)
         in_graph = cluster_manifests(
             ClusterSpec(name="g", mode="in-graph", ps=1, workers=n - 1), settings, True)
-        ours_b, ours_g = len(between), len(in_graph)
-        services = sum(1 for m in between if m["kind"] == "Service")
-        # seed: a Service + a Job/Deployment per task, + TensorBoard Deployment + Service
-        rows.append(
-            f"| {n} | {ours_b} / {ours_g} | {2 * n + 2} | {2 * services} | {2 * (n + 1)} | "
-            f"{services - 1} | {n + 1} | {n + services} / {n + 1} |"
-        )
+        jobset = next(m for m in between if m["kind"] == "JobSet")
+        jobs = sum(r["replicas"] for r in jobset["spec"]["replicatedJobs"])
+        rows.append(f"| {n} | {len(between)} / {len(in_graph)} | 1 + {jobs} | "
+                    f"{n + 4 + 2} | {2 * n + 2} |")
     return rows
 
 
@@ -94,16 +87,15 @@ def requests_for_64(workers: int) -> dict[str, float]:
         # a burst of changes: every worker succeeds; count until the cluster is done
         start = len(kube.requests)
         for i in range(workers):
-            kube.kubelet.succeed(NS, f"big-worker-{i}")
+            kube.kubelet.succeed(NS, kube.jobsets.pod_name(NS, "big", "worker", i))
+        kube.jobsets.finish(NS, "big")  # JobSet: Completed; it deletes the PS Job
         t0 = time.monotonic()
         for status in backend.watch("big", stop):
             if status.terminal or time.monotonic() - t0 > 60:
                 break
-        kube.wait_for(lambda: not kube.list_objects("pods", NS, "tfk8s.io/role=ps"),
-                      timeout=30, message="ps recycled")
         finish = len(kube.requests) - start
-        per_task = [r for r in kube.requests if r.name and r.name.startswith("big-worker")
-                    and r.verb in ("get", "list")]
+        per_task = [r for r in kube.requests if r.name and r.name.startswith("big-")
+                    and r.resource == "pods" and r.verb in ("get", "list")]
         return {"launch": launch, "to_running": to_running, "idle": idle,
                 "finish": finish, "per_task_reads": len(per_task)}
     finally:
@@ -128,7 +120,7 @@ def time_apply(workers: int, repeat: int) -> dict[str, float]:
             for m in manifests[1:]:
                 api.create(with_owner(m, owner_reference(root)))
             naive.append(time.perf_counter() - t0)
-            # ours: render + quota pre-flight + apply (pods 8 at a time, rollback ready)
+            # ours: render + quota pre-flight + apply (rollback ready)
             t0 = time.perf_counter()
             manifests = cluster_manifests(spec(f"a{i}", workers), settings)
             preflight(api, manifests)
@@ -157,20 +149,21 @@ def main() -> None:
     r = requests_for_64(args.workers)
     n = args.workers + 2
     print(f"\n## API requests, {args.workers} workers + 2 ps ({n} tasks)\n")
-    print(f"- launch (pre-flight + create all): {r['launch']} requests "
-          f"({r['launch'] - n} besides the {n} pod creations)")
+    print(f"- launch (discovery + name check + pre-flight + create 4 objects + the watch's "
+          f"first listings): {r['launch']} requests, no pod created by us")
     print(f"- watch from launch to all running: {r['to_running']} requests")
-    print(f"- steady watching, 10 s with nothing changing: {r['idle']} request(s) (the one "
-          f"pod watch, renewed every {WATCH_SECONDS} s: ≈1/minute whatever N)")
-    print(f"- all workers finish → PS recycled → done: {r['finish']} requests")
+    print(f"- steady watching, 10 s with nothing changing: {r['idle']} request(s) (two "
+          f"watches, JobSet and pods, renewed every {WATCH_SECONDS} s: ≈2/minute whatever N)")
+    print(f"- all workers finish → JobSet completes (ends the PS) → done: {r['finish']} requests")
     print(f"- per-task GET/LIST requests (polling) during the whole run: {r['per_task_reads']}")
     t = time_apply(args.workers, args.repeat)
     print(f"\n## Render + apply, {n} tasks, median of {args.repeat}\n")
     print(f"- render (pure): {t['render_ms']:.1f} ms")
     print(f"- baseline, naive loop creating the same objects one by one: {t['naive_s']:.3f} s")
-    print(f"- ours, render + quota pre-flight + apply (pods 8 at a time): {t['ours_s']:.3f} s"
+    print(f"- ours, render + quota pre-flight + apply: {t['ours_s']:.3f} s"
           f" = {t['ours_s'] / t['naive_s']:.2f}× the baseline")
-    print(f"- whole launch (+ name check + watcher's first list): {t['launch_s']:.3f} s"
+    print(f"- whole launch (+ JobSet discovery + name check + the watch's first lists): "
+          f"{t['launch_s']:.3f} s"
           f" = {t['launch_s'] / t['naive_s']:.2f}× the baseline")
 
 

@@ -24,8 +24,9 @@ Reported: latency p50/p95/max (pooled over rounds), ours/bare ratio of
 p95s, delivered lines/s in the burst (lines / (last receive − first write)),
 the share of burst lines shown live (ours bounds a flood: past 512 KiB of
 backlog it jumps to the newest 64 KiB and says so; the file keeps every
-line), and the kernel's p95 tick delay in each phase.  Target: latency
-p95 ≤ 200 ms.
+line), and the kernel's p95 tick delay in each phase.  Targets: latency
+p95 ≤ 200 ms; (issue 16) p95 ≤ 2 × the bare reader's, burst delivery
+≥ 0.9 × the bare reader's lines/s with the kernel's tick p95 ≤ 10 ms.
 
     .venv/bin/python bench/logs.py [--rounds N]
 """
@@ -42,7 +43,16 @@ from pathlib import Path
 
 import _common as c
 
+# The log path alone: with the warm pool (issue 16) on, every launch is followed by two
+# TensorFlow imports refilling it, which on two cores compete with the stream being
+# measured (p50 rose from 0.6 to 11 ms in such rounds); the pool's own costs are measured
+# by bench/cluster_up.py.  TFK8S_POOL_SIZE=2 measures the logs with it.
+os.environ.setdefault("TFK8S_POOL_SIZE", "0")
+
 TARGET_P95_MS = 200.0
+TARGET_P95_RATIO = 2.0  # issue 16: ours p95 <= 2 x the bare reader's, at RATE lines/s
+TARGET_DELIVERED = 0.9  # issue 16: burst delivery >= 0.9 x the bare reader's lines/s ...
+TARGET_TICK_MS = 10.0  # ... with the kernel's tick p95 still <= 10 ms
 RATE = 20.0  # lines/s in the latency phase
 SECONDS = 8.0
 BURST = 3.0  # seconds of printing as fast as possible
@@ -122,8 +132,8 @@ class GCPauses:
         gc.callbacks.remove(self)
 
 
-def kernel_ticks(until: threading.Event, timeout: float) -> tuple[list[tuple[float, float]], float]:
-    """The main thread's trivial operation every TICK s: [(wall time, delay in s)], CPU s used.
+def kernel_ticks(until: threading.Event, timeout: float) -> tuple[list[tuple[float, float, float]], float]:
+    """The main thread's trivial operation every TICK s: [(wall time, delay in s, CPU s so far)], CPU s used.
 
     The CPU time is this whole process's (every thread) while the ticks ran:
     what following the logs cost the kernel.
@@ -139,7 +149,7 @@ def kernel_ticks(until: threading.Event, timeout: float) -> tuple[list[tuple[flo
             time.sleep(pause)
         table["step"] += 1  # the "trivial operation"
         now = time.perf_counter()
-        ticks.append((time.time(), now - due))
+        ticks.append((time.time(), now - due, time.process_time()))
         due = max(due, now - TICK)  # a late tick does not cause a catch-up burst
     return ticks, time.process_time() - cpu0
 
@@ -180,11 +190,18 @@ def analyse(rx: Receiver, ticks: tuple[list[tuple[float, float]], float], gcs: G
         "shown": n_b / written,
         "skips": skips,
         "cpu_us_per_line": cpu / (n_b + len(lat)) * 1e6,
-        "tick_lat": [d * 1000 for t, d in ticks if lat_window[0] <= t < lat_window[1]],
-        "tick_burst": [d * 1000 for t, d in ticks if burst_window[0] <= t <= burst_window[1]],
+        "burst_cpu_us_per_line": _window_cpu(ticks, burst_window) / n_b * 1e6,
+        "tick_lat": [d * 1000 for t, d, _ in ticks if lat_window[0] <= t < lat_window[1]],
+        "tick_burst": [d * 1000 for t, d, _ in ticks if burst_window[0] <= t <= burst_window[1]],
         "gc_burst": [(d * 1000, g) for t, d, g in gcs.pauses
                      if burst_window[0] <= t <= burst_window[1]],
     }
+
+
+def _window_cpu(ticks: list[tuple[float, float, float]], window: tuple[float, float]) -> float:
+    """CPU seconds this process used between the first and last tick inside ``window``."""
+    inside = [cpu for t, _, cpu in ticks if window[0] <= t <= window[1]]
+    return inside[-1] - inside[0] if len(inside) > 1 else float("nan")
 
 
 def run_ours(tmp: Path, script: Path, i: int) -> dict:
@@ -259,7 +276,8 @@ def show(_label: str, _i: int, r: dict) -> str:
             f"max {max(r['lat']):6.1f} ms | burst {r['lines']} lines ({r['shown']:.0%} shown, "
             f"{r['skips']} skips), written "
             f"{r['written_per_s']:8.0f}/s delivered {r['delivered_per_s']:8.0f}/s, "
-            f"lag {r['lag_ms']:5.0f} ms, kernel CPU {r['cpu_us_per_line']:.2f} us/line | "
+            f"lag {r['lag_ms']:5.0f} ms, kernel CPU {r['cpu_us_per_line']:.2f} us/line "
+            f"({r['burst_cpu_us_per_line']:.2f} in the burst) | "
             f"kernel tick p95 {c.pct(r['tick_lat'], 95):5.1f} ms "
             f"(latency phase) {c.pct(r['tick_burst'], 95):5.1f} ms (burst) | GC in burst: "
             f"{len(r['gc_burst'])} runs, {sum(d for d, _ in r['gc_burst']):.0f} ms, max "
@@ -291,6 +309,7 @@ def main() -> int:
             "written": c.median([r["written_per_s"] for r in rs]),
             "lag": c.median([r["lag_ms"] for r in rs]),
             "cpu": c.median([r["cpu_us_per_line"] for r in rs]),
+            "burst_cpu": c.median([r["burst_cpu_us_per_line"] for r in rs]),
             "tick_lat": c.pct(pooled(rs, "tick_lat"), 95),
             "tick_burst": c.pct(pooled(rs, "tick_burst"), 95),
         }
@@ -299,16 +318,24 @@ def main() -> int:
               f"max {row['max']:.1f} ms  ({len(lat)} lines) | burst: median written "
               f"{row['written']:.0f} lines/s, delivered {row['delivered']:.0f} lines/s "
               f"({row['shown']:.0%} of them shown live), "
-              f"lag at end {row['lag']:.0f} ms, kernel CPU {row['cpu']:.2f} us/line | "
+              f"lag at end {row['lag']:.0f} ms, kernel CPU {row['cpu']:.2f} us/line "
+              f"({row['burst_cpu']:.2f} in the burst) | "
               f"kernel tick delay p95 {row['tick_lat']:.1f} ms "
               f"(latency phase), {row['tick_burst']:.1f} ms (burst)")
     o, b = rows
     print(f"\nlatency p95 ours {o['p95']:.1f} ms (target <= {TARGET_P95_MS:g}: "
           f"{c.verdict(o['p95'] <= TARGET_P95_MS)})   ours/bare p95 {o['p95'] / b['p95']:.2f}   "
           f"ours/bare p50 {o['p50'] / b['p50']:.2f}")
-    print(f"kernel CPU per line ours/bare {o['cpu'] / b['cpu']:.2f}")
-    print(f"delivered lines/s ours/bare {o['delivered'] / b['delivered']:.2f}   kernel tick p95 "
-          f"during burst ours {o['tick_burst']:.1f} ms, bare {b['tick_burst']:.1f} ms")
+    print(f"kernel CPU per line ours/bare {o['cpu'] / b['cpu']:.2f} (whole run: ours includes the "
+          f"cluster's status watch and start), in the burst {o['burst_cpu'] / b['burst_cpu']:.2f}")
+    ratio = o['p95'] / b['p95']
+    print(f"ours/bare p95 {ratio:.2f} (target <= {TARGET_P95_RATIO:g}: "
+          f"{c.verdict(ratio <= TARGET_P95_RATIO)})")
+    delivered = o['delivered'] / b['delivered']
+    print(f"delivered lines/s ours/bare {delivered:.2f} (target >= {TARGET_DELIVERED:g}: "
+          f"{c.verdict(delivered >= TARGET_DELIVERED)})   kernel tick p95 during burst ours "
+          f"{o['tick_burst']:.1f} ms (target <= {TARGET_TICK_MS:g}: "
+          f"{c.verdict(o['tick_burst'] <= TARGET_TICK_MS)}), bare {b['tick_burst']:.1f} ms")
     return 0
 
 

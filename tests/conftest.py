@@ -59,11 +59,17 @@ def state_dir(tmp_path, monkeypatch):
 
     monkeypatch.setattr(api, "_backends", {})
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Cold tasks unless a test asks for the warm pool (tests/test_pool.py): a pool per test
+    # process would outlive the test, and each test's own working folder would replace it.
+    monkeypatch.setenv("TFK8S_POOL_SIZE", "0")
     yield d
     from tfk8s_magics.backends.local import LocalBackend
 
     be = LocalBackend(d)
     for st in be.list_clusters():
+        if st.phase == "unknown":  # unreadable state: only a forced delete can end it
+            be.delete(st.name, force=True)
+            continue
         be.stop(st.name)
         be._stop_tensorboard(be._dir(st.name))
     left = wait_gone(d)

@@ -217,8 +217,25 @@ def _shot(page, name: str, element=None) -> None:
 
 
 def _run_cell(page, cell) -> None:
-    cell.locator(".jp-InputPrompt").first.click()
+    """Make ``cell`` the notebook's active cell, then run it with Shift+Enter.
+
+    Focus, not a click: JupyterLab activates the cell that receives focus (its
+    ``focusin`` handler), with no hit-test. A click on the prompt needed the
+    prompt to be on screen and uncovered at that instant; under load, with the
+    dashboard's output above it still growing, it was intercepted by the status
+    bar. The cell must be the active one before the keys go, or another cell runs.
+    """
+    cell.locator(".jp-InputArea-editor .cm-content").first.focus()
+    _wait(lambda: "jp-mod-active" in (cell.get_attribute("class") or "").split(), 30,
+          "the cell to be the active one", page)
     page.keyboard.press("Shift+Enter")
+
+
+def _scroll_to(element) -> None:
+    """Scroll ``element`` to the top of its scroll area by the DOM call: Playwright's
+    ``scroll_into_view_if_needed`` first waits for the element to hold still, and a live
+    dashboard on a loaded machine redraws too often for that wait to end."""
+    element.first.evaluate("el => el.scrollIntoView({block: 'start'})")
 
 
 def _progress_width(dash) -> float:
@@ -341,7 +358,7 @@ def test_dashboard_in_jupyterlab(lab, browser_page, state_dir):
 
     # The Stop button stops the other (endless) cluster.
     other = cells.nth(stop_i).locator(".tfk8s-dashboard")
-    other.scroll_into_view_if_needed()
+    _scroll_to(other)
     orow = other.locator('tr[data-task="worker-0"]')
     orow.wait_for(timeout=60_000)
     _wait(lambda: orow.get_attribute("data-phase") == "running", 150, "stopme running", page)
@@ -369,7 +386,7 @@ def test_dashboard_in_jupyterlab(lab, browser_page, state_dir):
     _shot(page, "cluster-list.png", table)
 
     # The tour's cluster runs to the end.
-    dash.scroll_into_view_if_needed()
+    _scroll_to(dash)
     _wait(lambda: row.get_attribute("data-phase") == "succeeded", 120, "worker succeeded", page)
     _wait(lambda: _progress_width(dash) >= 99.0, 30, "progress at 100%", page)
     assert "done: y = " in log.first.inner_text()

@@ -6,8 +6,6 @@ run`` arguments that ``tests/test_containers.py`` then runs for real.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import yaml
 
@@ -29,41 +27,51 @@ def plan_of(objects, pod_name, **kw):
     return container_plan(pod, objects, prefix="t", network="t-net", image_user="1000", **kw)
 
 
+def worker_template(objects) -> dict:
+    """The worker pod template of the rendered JobSet (every task runs from one)."""
+    jobset = next(o for o in objects if o["kind"] == "JobSet")
+    rjob = next(r for r in jobset["spec"]["replicatedJobs"] if r["name"] == "worker")
+    return rjob["template"]["spec"]["template"]
+
+
 def flag_values(args: list[str], flag: str) -> list[str]:
     return [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
 
 
 def test_a_rendered_task_pod_is_mapped_field_by_field():
     objects = rendered(name="c1", workers=2, ps=1, script="print(1)\n", image=IMAGE)
-    plan = plan_of(objects, "c1-worker-1")
+    plan = plan_of(objects, "c1-worker-0-1")
     args = plan.run_args
     assert plan.image == IMAGE and args[-1] == IMAGE  # no args: the command alone runs
     assert flag_values(args, "--entrypoint") == [
-        '["python", "-m", "tfk8s_magics.backends.kubernetes.logcopy", "/log/tasks/worker-1.log", '
+        '["python", "-m", "tfk8s_magics.backends.kubernetes.logcopy", "/log/tasks/{task}.log", '
         '"--", "python", "-m", "tfk8s_magics.runtime.task"]']
     assert flag_values(args, "--user") == ["1000:1000"] and flag_values(args, "--group-add") == ["1000"]
     assert "--read-only" in args and "--read-only-tmpfs=false" in args
     assert flag_values(args, "--cap-drop") == ["ALL"]
     assert flag_values(args, "--security-opt") == ["no-new-privileges"]
     assert flag_values(args, "--workdir") == ["/data"]
-    assert flag_values(args, "--hostname") == ["worker-1"]
-    assert plan.dns_names == ["worker-1.c1.ns1.svc.cluster.local"]
+    assert flag_values(args, "--hostname") == ["c1-worker-0-1"]
+    assert plan.dns_names == ["c1-worker-0-1.c1.ns1.svc.cluster.local"]
     assert flag_values(args, "--dns-search") == [
         "ns1.svc.cluster.local", "svc.cluster.local", "cluster.local"]
     env = dict(e.split("=", 1) for e in flag_values(args, "--env"))
     assert env["TFK8S_SCRIPT"] == "/etc/tfk8s/script.py" and env["TFK8S_LOG_DIR"] == "/log"
-    assert '"worker-1.c1.ns1.svc:2222"' in env["TF_CONFIG"]
+    # the pod derives its TF_CONFIG from these (runtime/task.py: resolve_identity)
+    assert '"c1-worker-0-1.c1.ns1.svc:2222"' in env["TFK8S_CLUSTER_DEF"]
+    assert (env["TFK8S_ROLE"], env["JOB_COMPLETION_INDEX"]) == ("worker", "1")
     assert flag_values(args, "-v") == ["@claim:c1-data:/data:rw", "@claim:c1-log:/log:rw",
-                                       "@files:cm-c1-worker-1-script-0:/etc/tfk8s:ro"]
+                                       "@files:cm-c1-worker-0-1-script-0:/etc/tfk8s:ro"]
     assert flag_values(args, "--mount") == ["type=tmpfs,destination=/tmp,tmpfs-mode=0777"]
-    assert plan.config_files["cm-c1-worker-1-script-0"] == {"script.py": ("print(1)\n", 0o644)}
+    assert plan.config_files["cm-c1-worker-0-1-script-0"] == {"script.py": ("print(1)\n", 0o644)}
     assert plan.readiness == ["test", "-f", "/tmp/tfk8s-ready"]
 
 
 def test_no_dns_name_without_the_headless_service_that_promises_it():
-    objects = [o for o in rendered(name="c1", workers=1, script="x=1\n")
-               if not (o["kind"] == "Service")]
-    assert plan_of(objects, "c1-worker-0").dns_names == []
+    objects = rendered(name="c1", workers=1, script="x=1\n")
+    jobset = next(o for o in objects if o["kind"] == "JobSet")
+    jobset["spec"]["network"]["enableDNSHostnames"] = False  # JobSet then makes no Service
+    assert plan_of(objects, "c1-worker-0-0").dns_names == []
 
 
 @pytest.mark.parametrize("change, field", [
@@ -80,18 +88,17 @@ def test_no_dns_name_without_the_headless_service_that_promises_it():
 ])
 def test_what_cannot_be_mapped_is_refused_loudly(change, field):
     objects = rendered(name="c1", workers=1, script="x=1\n")
-    pod = next(o for o in objects if o["kind"] == "Pod")
-    change(pod["spec"])
+    change(worker_template(objects)["spec"])
     with pytest.raises(Unmappable, match=field.replace(".", r"\.")):
-        plan_of(objects, "c1-worker-0")
+        plan_of(objects, "c1-worker-0-0")
 
 
 def test_a_claim_that_nobody_creates_is_refused():
     objects = [o for o in rendered(name="c1", workers=1, script="x=1\n")
                if o["kind"] != "PersistentVolumeClaim"]
     with pytest.raises(Unmappable, match="claim 'c1-data'"):
-        plan_of(objects, "c1-worker-0")
-    assert plan_of(objects, "c1-worker-0", existing_claims=("c1-data", "c1-log")).claims == {
+        plan_of(objects, "c1-worker-0-0")
+    assert plan_of(objects, "c1-worker-0-0", existing_claims=("c1-data", "c1-log")).claims == {
         "c1-data": False, "c1-log": False}
 
 
@@ -103,21 +110,11 @@ def test_env_expansion_follows_the_api():
 def test_jobset_pods_come_from_replicated_job_templates():
     """The JobSet form: ``replicatedJobs[].template.spec.template``, named as the controllers do."""
     objects = rendered(name="c1", workers=2, script="x=1\n", image=IMAGE)
-    pod = next(o for o in objects if o["kind"] == "Pod")
-    template = {"metadata": {"labels": {"app": "t"}}, "spec": copy.deepcopy(pod["spec"])}
-    for key in ("hostname", "subdomain"):
-        template["spec"].pop(key)
-    env = template["spec"]["containers"][0]["env"]
+    env = worker_template(objects)["spec"]["containers"][0]["env"]
     env.append({"name": "WHO", "value": "worker-$(JOB_COMPLETION_INDEX)"})
-    jobset = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-              "metadata": {"name": "c1", "namespace": "ns1"},
-              "spec": {"replicatedJobs": [{"name": "worker", "replicas": 1, "template": {"spec": {
-                  "completionMode": "Indexed", "completions": 2, "parallelism": 2,
-                  "template": template}}}]}}
-    others = [o for o in objects if o["kind"] != "Pod"]
-    pods = pod_instances([*others, jobset])
+    pods = pod_instances(objects)
     assert [p.name for p in pods] == ["c1-worker-0-0", "c1-worker-0-1"]
-    plan = container_plan(pods[1], [*others, jobset], prefix="t", network="n", image_user="1000")
+    plan = container_plan(pods[1], objects, prefix="t", network="n", image_user="1000")
     assert plan.dns_names == ["c1-worker-0-1.c1.ns1.svc.cluster.local"]
     env = dict(e.split("=", 1) for e in flag_values(plan.run_args, "--env"))
     assert env["JOB_COMPLETION_INDEX"] == "1" and env["WHO"] == "worker-1"

@@ -149,9 +149,10 @@ def test_mwms_workers_all_reduce_across_containers(images, pods):
     script = PROBE + (SCRIPTS / "mwms_keras.py").read_text()
     objects = render(name="mwms", workers=2, ps=0, script=script, image=images["task"])
     plans = pods.plans(objects)
-    assert [p.pod.name for p in plans] == ["mwms-worker-0", "mwms-worker-1"]
+    # named as JobSet names them: Job mwms-worker-0, completion index i
+    assert [p.pod.name for p in plans] == ["mwms-worker-0-0", "mwms-worker-0-1"]
     assert [p.dns_names for p in plans] == [
-        [f"worker-{i}.mwms.{NAMESPACE}.svc.cluster.local"] for i in (0, 1)]
+        [f"mwms-worker-0-{i}.mwms.{NAMESPACE}.svc.cluster.local"] for i in (0, 1)]
     t0 = time.time()
     for p in plans:
         pods.start(p)
@@ -166,7 +167,8 @@ def test_mwms_workers_all_reduce_across_containers(images, pods):
         assert "CAPEFF 0000000000000000" in log
         tf_config = json.loads(re.search(r"^TF_CONFIG (.*)$", log, re.M).group(1))
         assert tf_config["task"] == {"type": "worker", "index": i}
-        assert tf_config["cluster"]["worker"] == [f"worker-{j}.mwms.{NAMESPACE}.svc:2222" for j in (0, 1)]
+        assert tf_config["cluster"]["worker"] == [
+            f"mwms-worker-0-{j}.mwms.{NAMESPACE}.svc:2222" for j in (0, 1)]
     first_step = min(stamps(pods, plans[0].container, r"^ALLREDUCE"))
     trained = max(stamps(pods, plans[0].container, r"^KERAS"))
     record("mwms", {"podman_run_to_first_allreduce_s": round(first_step - t0, 1),
@@ -182,11 +184,11 @@ def test_parameter_server_holds_the_variables_and_checkpoints_on_shared_log(imag
     script = PROBE + (SCRIPTS / "tf1_ps_checkpoint.py").read_text()
     objects = render(name="tf1", workers=2, ps=1, script=script, image=images["task"], ps_grace_period=0)
     plans = {p.pod.name: p for p in pods.plans(objects)}
-    assert list(plans) == ["tf1-ps-0", "tf1-worker-0", "tf1-worker-1"]
+    assert list(plans) == ["tf1-ps-0-0", "tf1-worker-0-0", "tf1-worker-0-1"]
     t0 = time.time()
     for p in plans.values():
         pods.start(p)
-    ps, workers = plans["tf1-ps-0"], [plans["tf1-worker-0"], plans["tf1-worker-1"]]
+    ps, workers = plans["tf1-ps-0-0"], [plans["tf1-worker-0-0"], plans["tf1-worker-0-1"]]
     pods.wait_ready(ps)  # the pod's own readiness probe: the server's port is bound
     codes = [pods.wait_exit(w.container, timeout=600) for w in workers]
     logs = [pods.logs(w.container) for w in workers]
@@ -332,6 +334,10 @@ def test_in_graph_coordinator_in_the_notebook_container(images, pods, make_kube,
 
         kube.wait_for(running, timeout=400, interval=0.5, message="3 task containers ready")
         assert not kubelet.errors, kubelet.errors
+        # the pods as JobSet names them (by the double's stand-in), read while they exist
+        names = [kube.jobsets.pod_name(NAMESPACE, "ig", role, i)
+                 for role, i in (("ps", 0), ("worker", 0), ("worker", 1))]
+        assert sorted(kubelet.plans) == sorted(names)
         hosts = []
         for plan in kubelet.plans.values():
             ip = pods.run("inspect", "--format", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
@@ -366,9 +372,10 @@ def test_in_graph_coordinator_in_the_notebook_container(images, pods, make_kube,
         assert "STOPPED" in out
         first = float(re.search(r"^FIRST_STEP (\S+)$", out, re.M).group(1))
         record("in_graph", {"launch_to_first_step_s": round(first - t0, 1)})
-        # stop deleted the pods; each container got the kubelet's SIGTERM and reported it as 143
-        codes = kubelet.wait_stopped(["ig-ps-0", "ig-worker-0", "ig-worker-1"])
-        assert codes == {"ig-ps-0": 143, "ig-worker-0": 143, "ig-worker-1": 143}
+        # stop deleted the JobSet and with it its pods; each container got the kubelet's
+        # SIGTERM and reported it as 143
+        codes = kubelet.wait_stopped(names)
+        assert codes == dict.fromkeys(names, 143)
     finally:
         backend.close()
         kubelet.close()

@@ -560,7 +560,9 @@ def test_cluster_list_rows_actions_and_fallback(scripted):
     assert 'data-phase="succeeded"' in done.phase_cell.value and done.bar.value == 10
     assert done.actions.stop_button.disabled and not done.live
     assert lst.rows[EVIL].live  # a running cluster is followed through its watcher
-    scripted.push(make_status(name=EVIL, progress=Progress(step=4, total=8)))
+    # The same cluster making progress (a new ``created`` would be a relaunch: the row's
+    # deletion watch rightly calls that a deletion, and the Stop below would be ignored).
+    scripted.push(dataclasses.replace(scripted.statuses[EVIL], progress=Progress(step=4, total=8)))
     wait_for(lambda: lst.rows[EVIL].bar.value == 4, what="list progress")
     assert lst.rows[EVIL].bar.max == 8
     row = lst.rows[EVIL]

@@ -59,6 +59,15 @@ VALUE_SETS = {
         "--set",
         "lab.network_policy=false",
     ],
+    # warm start on Kubernetes (issue 16): images on every node, room held by placeholders
+    "warm-capacity": [
+        "--set",
+        "prePuller.enabled=true",
+        "--set",
+        "placeholder.enabled=true",
+        "--set",
+        "placeholder.replicas=3",
+    ],
 }
 
 
@@ -105,7 +114,15 @@ def helm_binary(request, tmp_path_factory) -> Path:
     return binary
 
 
-def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+#: What a cluster with JobSet installed serves; ``helm template`` has no cluster to ask.
+JOBSET_API = ("--api-versions", "jobset.x-k8s.io/v1alpha2")
+
+
+def run_helm(helm: Path, *args: str, check: bool = True,
+             jobset: bool = True) -> subprocess.CompletedProcess:
+    """Run helm; ``template`` renders as for a cluster with JobSet unless ``jobset=False``."""
+    if args and args[0] == "template" and jobset:
+        args = (*args, *JOBSET_API)
     return subprocess.run(
         [str(helm), *args], capture_output=True, text=True, check=check, timeout=120
     )
@@ -122,8 +139,21 @@ def by_kind(docs: list[dict], kind: str) -> list[dict]:
 
 def test_lint(helm):
     for args in VALUE_SETS.values():
-        r = run_helm(helm, "lint", "--strict", str(CHART), *args, check=False)
+        # helm lint cannot be told the cluster's APIs: it renders without the JobSet check.
+        r = run_helm(helm, "lint", "--strict", str(CHART), *args, "--set",
+                     "jobset.requireApi=false", check=False)
         assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_install_is_refused_where_jobset_is_missing(helm):
+    r = run_helm(helm, "template", "lab", str(CHART), check=False, jobset=False)
+    assert r.returncode != 0
+    assert "does not serve the JobSet API (jobset.x-k8s.io/v1alpha2)" in r.stderr
+    assert "install JobSet v0.6 or newer first" in r.stderr
+    docs = [d for d in yaml.safe_load_all(run_helm(
+        helm, "template", "lab", str(CHART), "--set", "jobset.requireApi=false",
+        jobset=False).stdout) if d]
+    assert by_kind(docs, "Deployment")  # rendering without a cluster stays possible
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -174,6 +204,27 @@ def test_value_set_objects(helm):
     assert not by_kind(docs, "PersistentVolumeClaim")  # external database
     docs = render(helm, *VALUE_SETS["no-rbac-dummy-auth"])
     assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ServiceAccount")
+
+
+def test_placeholders_hold_room_that_any_task_pod_takes(helm):
+    """The over-provisioning pattern: task pods preempt placeholders, placeholders preempt nothing."""
+    assert not by_kind(render(helm), "PriorityClass")  # off by default
+    docs = render(helm, *VALUE_SETS["warm-capacity"], namespace="hub-ns")
+    (pc,) = by_kind(docs, "PriorityClass")
+    assert pc["value"] < 0 and pc["preemptionPolicy"] == "Never" and not pc["globalDefault"]
+    (dep,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("placeholder")]
+    assert dep["spec"]["replicas"] == 3
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == pc["metadata"]["name"]
+    assert pod["terminationGracePeriodSeconds"] == 0 and not pod["automountServiceAccountToken"]
+    (box,) = pod["containers"]
+    assert box["resources"]["requests"] == {"cpu": "1", "memory": "2Gi"}
+    assert box["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert pod["securityContext"]["runAsNonRoot"]
+    # In the release's namespace: no user's ResourceQuota pays for the held room.
+    assert "namespace" not in dep["metadata"] or dep["metadata"]["namespace"] == "hub-ns"
+    r = run_helm(helm, "template", "lab", str(CHART), "--set", "placeholder.priority=5", check=False)
+    assert r.returncode != 0 and "/placeholder/priority" in r.stderr  # must stay below task pods
 
 
 @pytest.mark.parametrize(

@@ -227,8 +227,13 @@ def test_post_stop_hook_stops_the_users_clusters(enabled):
             ("jhub-bob",),
             "app.kubernetes.io/managed-by=tfk8s",
         ),
-        ("delete_collection_namespaced_pod", ("jhub-bob",), "app.kubernetes.io/managed-by=tfk8s"),
+        (
+            "delete_collection_namespaced_custom_object",
+            ("jobset.x-k8s.io", "v1alpha2", "jhub-bob", "jobsets"),
+            "app.kubernetes.io/managed-by=tfk8s",
+        ),
     ]
+    assert calls[1][2]["propagation_policy"] == "Foreground"
 
 
 def test_cluster_selector_matches_the_backends_labels():

@@ -115,6 +115,22 @@ def test_image_requirements_are_the_projects(name, extras):
     assert sorted(listed) == sorted(wanted)
 
 
+def test_notebook_reuses_the_task_images_tensorflow_layer():
+    """The notebook's build stage starts with the task's, instruction for instruction, up to
+    and with the TensorFlow install: a builder's layer cache then installs TensorFlow once for
+    both images (a cold CI build saves that whole layer). The notebook's own list comes after."""
+    def through_tf_layer(name: str) -> list[tuple[str, str]]:
+        ins = instructions(IMAGES / name / "Dockerfile")
+        end = next(i for i, (word, rest) in enumerate(ins) if word == "RUN" and "pip install" in rest)
+        return ins[: end + 1]
+
+    task, notebook = through_tf_layer("task"), through_tf_layer("notebook")
+    assert notebook == task
+    assert ("COPY", "requirements.lock images/task/requirements.txt ./") in task
+    after = instructions(IMAGES / "notebook" / "Dockerfile")[len(task):]
+    assert ("COPY", "images/notebook/requirements.txt ./notebook-requirements.txt") in after
+
+
 def test_hub_requirements_are_the_projects():
     """The hub image's list: tfk8s-magics' own dependencies (no TensorFlow) and tfk8s-hub's."""
     import tomllib

@@ -22,13 +22,14 @@ from kubernetes.client.rest import ApiException
 
 from tests.kubeapi import podsecurity
 from tfk8s_magics.backends.kubernetes import KubernetesBackend
-from tfk8s_magics.backends.kubernetes import manifests as m
+from tfk8s_magics.backends.kubernetes import jobset as j
 from tfk8s_magics.backends.kubernetes.apply import failure_sentence
 from tfk8s_magics.backends.kubernetes.quota import admitted, limit_problems
 from tfk8s_magics.backends.kubernetes.rbac import backend_role
 from tfk8s_magics.backends.kubernetes.settings import K8sSettings
 from tfk8s_magics.errors import LaunchFailed, SpecError
-from tfk8s_magics.spec import MAX_FILES_BYTES, ClusterSpec, Resources, Task
+from tfk8s_magics.lifecycle import LifecyclePolicy
+from tfk8s_magics.spec import MAX_FILES_BYTES, ClusterSpec, Resources
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hub_config"))
 from tfk8s_hub.bootstrap import BootstrapSpec, bootstrap_objects, namespace_labels  # noqa: E402
@@ -228,14 +229,16 @@ def _writes(kube) -> list[str]:
 def test_a_default_launch_fits_the_default_quota_and_limit_range(kube, backend):
     b = backend()
     b.launch(ClusterSpec(name="mnist", ps=1, workers=2, script=SCRIPT), detach=True)
-    for task in ("ps-0", "worker-0", "worker-1"):
-        res = kube.get_object("pods", f"mnist-{task}", NS)["spec"]["containers"][0]["resources"]
+    for role, index in (("ps", 0), ("worker", 0), ("worker", 1)):
+        pod = kube.jobsets.pod_name(NS, "mnist", role, index)  # the pod JobSet made for the task
+        res = kube.get_object("pods", pod, NS)["spec"]["containers"][0]["resources"]
         # no CPU limit (no throttling), requests and the memory limit from the LimitRange
         assert res == {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
     # --cpu above what any default would allow is fine too: CPU has no limit
     b.launch(ClusterSpec(name="big", workers=1, script=SCRIPT,
                          resources={"worker": Resources(cpu="4", memory="2Gi")}), detach=True)
-    res = kube.get_object("pods", "big-worker-0", NS)["spec"]["containers"][0]["resources"]
+    pod = kube.jobsets.pod_name(NS, "big", "worker", 0)
+    res = kube.get_object("pods", pod, NS)["spec"]["containers"][0]["resources"]
     assert res == {"requests": {"cpu": "4", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}
 
 
@@ -245,13 +248,14 @@ def test_the_preflight_applies_limit_range_defaults_exactly_as_admission_does(ku
     spec = ClusterSpec(name="eq", ps=1, workers=1, script=SCRIPT,
                        resources={"worker": Resources(cpu="1")})
     ranges = kube.list_objects("limitranges", NS)
-    predicted = admitted(m.cluster_manifests(spec, b.settings), ranges)
+    predicted = admitted(j.cluster_manifests(spec, b.settings), ranges)
     b.launch(spec, detach=True)
-    for manifest in predicted:
-        if manifest["kind"] == "Pod":
-            stored = kube.get_object("pods", manifest["metadata"]["name"], NS)
-            assert stored["spec"]["containers"][0]["resources"] == \
-                manifest["spec"]["containers"][0]["resources"], manifest["metadata"]["name"]
+    (jobset,) = [d for d in predicted if d["kind"] == "JobSet"]
+    for rjob in jobset["spec"]["replicatedJobs"]:  # each role's template, as admitted
+        template = rjob["template"]["spec"]["template"]["spec"]
+        stored = kube.get_object("pods", kube.jobsets.pod_name(NS, "eq", rjob["name"], 0), NS)
+        assert stored["spec"]["containers"][0]["resources"] == \
+            template["containers"][0]["resources"], rjob["name"]
 
 
 def test_cpu_above_a_default_cpu_limit_is_refused_before_any_write(kube, backend):
@@ -263,7 +267,7 @@ def test_cpu_above_a_default_cpu_limit_is_refused_before_any_write(kube, backend
     with pytest.raises(LaunchFailed) as exc:
         b.launch(spec, detach=True)
     assert str(exc.value) == (
-        "the cluster would not fit, so nothing was created: fast-worker-0 asks for cpu 4 but "
+        "the cluster would not fit, so nothing was created: fast-worker asks for cpu 4 but "
         "the namespace's LimitRange gives its container a cpu limit of 2: ask for at most 2 "
         "(--cpu), or ask your administrator to raise the LimitRange's default cpu limit.")
     assert _writes(kube) == []
@@ -286,11 +290,11 @@ def test_limit_problems_name_max_min_and_ratio():
         "type": "Container", "max": {"memory": "2Gi"}, "min": {"cpu": "250m"}}]}}]
     spec = ClusterSpec(name="c", workers=1, script=SCRIPT,
                        resources={"worker": Resources(cpu="100m", memory="4Gi")})
-    problems = limit_problems(m.cluster_manifests(spec, K8sSettings(namespace=NS)), ranges)
-    assert problems == [
-        "c-worker-0 has a memory limit of 4Gi but LimitRange lr allows at most 2Gi per "
+    problems = limit_problems(j.cluster_manifests(spec, K8sSettings(namespace=NS)), ranges)
+    assert problems == [  # named per role: one JobSet template runs every worker
+        "c-worker has a memory limit of 4Gi but LimitRange lr allows at most 2Gi per "
         "container: ask for less (--memory).",
-        "c-worker-0 requests cpu 100m but LimitRange lr asks for at least 250m per container: "
+        "c-worker requests cpu 100m but LimitRange lr asks for at least 250m per container: "
         "ask for more (--cpu).",
     ]
 
@@ -332,7 +336,7 @@ def test_a_script_over_one_mib_is_refused_before_any_api_call(kube, backend):
     # The ConfigMap's own 1 MiB check still stands behind it (a spec record grown by --env).
     fat = ClusterSpec(name="fat", workers=1, script="#" * MAX_FILES_BYTES, env={"X": "y" * 200_000})
     with pytest.raises(SpecError, match="its script and spec are .* over the 1048576 bytes"):
-        m.render_yaml(fat, K8sSettings())
+        j.render_yaml(fat, K8sSettings())
     with pytest.raises(SpecError):
         b.launch(fat, detach=True)
     assert kube.requests == []
@@ -354,12 +358,13 @@ def test_task_and_tensorboard_pods_pass_pod_security_restricted(kube, backend, m
 
 def test_every_object_carries_the_recommended_labels():
     spec = ClusterSpec(name="mnist", ps=1, workers=1, script=SCRIPT)
-    for obj in m.cluster_manifests(spec, K8sSettings(namespace=NS), tensorboard=True):
+    for obj in j.cluster_manifests(spec, K8sSettings(namespace=NS), tensorboard=True):
         labels = obj["metadata"]["labels"]
         assert labels["app.kubernetes.io/name"] == "tfk8s"
         assert labels["app.kubernetes.io/instance"] == "mnist"
         assert labels["app.kubernetes.io/part-of"] == "tfk8s-lab"
         assert labels["app.kubernetes.io/managed-by"] == "tfk8s"
         assert labels["app.kubernetes.io/component"] == labels["tfk8s.io/component"]
-    pod = m.task_pod(spec, K8sSettings(namespace=NS), Task("worker", 0))
-    assert pod["metadata"]["labels"]["tfk8s.io/role"] == "worker"
+    jobset = j.jobset(spec, K8sSettings(namespace=NS), LifecyclePolicy.of(spec))
+    worker = next(r for r in jobset["spec"]["replicatedJobs"] if r["name"] == "worker")
+    assert worker["template"]["spec"]["template"]["metadata"]["labels"]["tfk8s.io/role"] == "worker"

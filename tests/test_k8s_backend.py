@@ -1,5 +1,10 @@
 """KubernetesBackend against the fake API server (tests/kubeapi): launch, watch,
-logs, lifecycle, rollback, RBAC — every request allowed by the shipped Role."""
+logs, stop/delete, rollback, RBAC — every request allowed by the shipped Role.
+
+The double creates the pods a JobSet asks for and never decides anything a
+JobSet would (restarts, success, the end of parameter servers): where a test
+needs that, it says what JobSet did (``kube.jobsets.restart/finish``), and
+the lifecycle itself is asserted on the JobSet the backend created."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kubeapi.resources import lookup
 from tfk8s_magics.backends.base import Phase
 from tfk8s_magics.backends.kubernetes import KubernetesBackend
 from tfk8s_magics.backends.kubernetes.rbac import backend_role
@@ -54,36 +60,61 @@ def wait_until(backend, name, predicate, timeout=10.0, what="condition"):
         time.sleep(0.05)
 
 
+def pod(kube, name, task):
+    role, _, index = task.rpartition("-")
+    return kube.jobsets.pod_name(NS, name, role, int(index))
+
+
+def run_all(kube, name):
+    for p in kube.jobsets.pods(NS, name):
+        kube.kubelet.run(NS, p["metadata"]["name"])
+
+
 def kinds(kube, name):
     out = []
     for kind in ("configmaps", "services", "persistentvolumeclaims", "pods",
-                 "networkpolicies", "deployments"):
+                 "networkpolicies", "deployments", "jobsets"):
         out += [(kind, o["metadata"]["name"])
                 for o in kube.list_objects(kind, NS, f"tfk8s.io/cluster={name}")]
     return sorted(out)
 
 
-def test_launch_creates_the_objects_owned_by_one_root(cluster_env):
+def test_launch_creates_a_root_two_claims_and_one_jobset(cluster_env):
     kube, backend = cluster_env
     status = backend.launch(spec(), detach=True)
     assert status.backend == "kubernetes" and status.phase == Phase.PENDING
-    assert kinds(kube, "mnist") == [
+    ours = [k for k in kinds(kube, "mnist") if k[0] != "pods"]
+    assert ours == [
         ("configmaps", "mnist"),
+        ("jobsets", "mnist"),
         ("persistentvolumeclaims", "mnist-data"),
         ("persistentvolumeclaims", "mnist-log"),
-        ("pods", "mnist-ps-0"),
-        ("pods", "mnist-worker-0"),
-        ("pods", "mnist-worker-1"),
-        ("services", "mnist"),
     ]
     root_uid = kube.get_object("configmaps", "mnist", NS)["metadata"]["uid"]
-    for kind, name in kinds(kube, "mnist"):
-        if (kind, name) != ("configmaps", "mnist"):
-            refs = kube.get_object(kind, name, NS)["metadata"]["ownerReferences"]
-            assert [r["uid"] for r in refs] == [root_uid]
+    for kind, name in ours[1:]:
+        refs = kube.get_object(kind, name, NS)["metadata"]["ownerReferences"]
+        assert [r["uid"] for r in refs] == [root_uid]
+    # the lifecycle is in the JobSet the backend created
+    js = kube.get_object("jobsets", "mnist", NS)
+    assert js["spec"]["failurePolicy"]["maxRestarts"] == 2
+    assert js["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["worker"]}
+    # no request made a pod: JobSet did (here: the double standing in for it)
+    assert not [r for r in kube.requests if r.resource == "pods" and r.verb == "create"]
+    assert [p["spec"]["hostname"] for p in kube.jobsets.pods(NS, "mnist")] == [
+        "mnist-ps-0-0", "mnist-worker-0-0", "mnist-worker-0-1"]
 
 
-def test_between_graph_lifecycle_logs_progress_and_ps_recycling(cluster_env):
+def test_launch_without_the_jobset_api_says_what_to_install(make_kube):
+    kube = make_kube(jobset=False)
+    kube.create_namespace(NS)
+    backend = KubernetesBackend(namespace=NS, api_client=kube.api_client, user="alice")
+    with pytest.raises(LaunchFailed, match=r"does not serve the JobSet API .* install JobSet v0.6"):
+        backend.launch(spec(), detach=True)
+    assert kinds(kube, "mnist") == []
+    backend.close()
+
+
+def test_between_graph_status_logs_progress_and_success(cluster_env):
     kube, backend = cluster_env
     backend.launch(spec(), detach=True)
     stop = threading.Event()
@@ -91,67 +122,62 @@ def test_between_graph_lifecycle_logs_progress_and_ps_recycling(cluster_env):
     follower = threading.Thread(
         target=lambda: lines.extend(backend.follow_logs("mnist", stop)), daemon=True)
     follower.start()  # asked while every pod is still pending
-    for pod in ("mnist-ps-0", "mnist-worker-0", "mnist-worker-1"):
-        kube.kubelet.run(NS, pod)
+    run_all(kube, "mnist")
     status = wait_until(backend, "mnist", lambda s: s.phase == Phase.RUNNING, what="running")
     assert [t.phase for t in status.tasks] == [Phase.RUNNING] * 3
-    kube.kubelet.log(NS, "mnist-worker-0", "epoch 1")
-    kube.kubelet.log(NS, "mnist-worker-0",
-                     '@tfk8s-progress {"step": 5, "total": 10, "rate": 2.0, "metrics": '
+    w0, w1 = pod(kube, "mnist", "worker-0"), pod(kube, "mnist", "worker-1")
+    kube.kubelet.log(NS, w0, "epoch 1")
+    kube.kubelet.log(NS, w0, '@tfk8s-progress {"step": 5, "total": 10, "rate": 2.0, "metrics": '
                      '{"loss": 0.5}, "task": "worker-0", "time": 1.0}')
-    kube.kubelet.log(NS, "mnist-worker-1", "hello from 1")
-    kube.kubelet.succeed(NS, "mnist-worker-0")
-    kube.kubelet.succeed(NS, "mnist-worker-1")
+    kube.kubelet.log(NS, w1, "hello from 1")
+    kube.kubelet.succeed(NS, w0)
+    kube.kubelet.succeed(NS, w1)
+    # Workers done: still running until JobSet says the JobSet completed.
+    status = wait_until(backend, "mnist", lambda s: s.task("worker-1").phase == Phase.SUCCEEDED)
+    assert status.phase == Phase.RUNNING
+    kube.jobsets.finish(NS, "mnist")  # JobSet: Completed, the PS Job deleted
     status = wait_until(backend, "mnist", lambda s: s.phase == Phase.SUCCEEDED, what="success")
+    assert (status.task("ps-0").phase, status.task("ps-0").reason) == (
+        Phase.SUCCEEDED, "ended when the JobSet succeeded")
     assert status.progress is not None and (status.progress.step, status.progress.total) == (5, 10)
-    # the parameter server is deleted a grace period (0.5 s) after the workers finished
-    kube.wait_for(lambda: kube.get_object("pods", "mnist-ps-0", NS) is None, timeout=10,
-                  message="ps recycled")
-    status = wait_until(backend, "mnist", lambda s: s.task("ps-0").phase == Phase.SUCCEEDED)
-    assert status.task("ps-0").reason == "recycled after the workers finished"
     follower.join(10)
     assert not follower.is_alive(), "follow_logs did not end with the cluster"
     texts = {(line.task, line.text) for line in lines}
     assert ("worker-0", "epoch 1") in texts and ("worker-1", "hello from 1") in texts
     assert not any("@tfk8s-progress" in line.text for line in lines)
-    assert any(e.reason == "Recycled" and e.task == "ps-0" for e in backend.events("mnist"))
     kept = backend.read_logs("mnist", "worker-0")
     assert [(line.task, line.text) for line in kept] == [("worker-0", "epoch 1")]
-    assert [line.text for line in backend.read_logs("mnist", tail=1)] == [
-        "epoch 1", "hello from 1"]  # ps-0 is gone: no log left in the API
 
 
-def test_retryable_failure_is_replaced_user_error_is_not(cluster_env):
+def test_restarts_are_jobsets_and_read_as_such(cluster_env):
     kube, backend = cluster_env
     backend.launch(spec(restart_budget=1), detach=True)
-    for pod in ("mnist-ps-0", "mnist-worker-0", "mnist-worker-1"):
-        kube.kubelet.run(NS, pod)
-    kube.kubelet.fail(NS, "mnist-worker-0", exit_code=137, reason="OOMKilled")
-    kube.wait_for(lambda: kube.get_object("pods", "mnist-worker-0-r1", NS), timeout=10,
-                  message="replacement pod")
-    replacement = kube.get_object("pods", "mnist-worker-0-r1", NS)
-    assert replacement["spec"]["hostname"] == "worker-0"
-    kube.kubelet.run(NS, "mnist-worker-0-r1")
-    status = wait_until(backend, "mnist", lambda s: s.task("worker-0").phase == Phase.RUNNING)
-    assert status.task("worker-0").restarts == 1
-    kube.kubelet.fail(NS, "mnist-worker-1", exit_code=1)  # the script raised: not retried
+    run_all(kube, "mnist")
+    kube.kubelet.fail(NS, pod(kube, "mnist", "worker-0"), exit_code=137, reason="OOMKilled")
+    status = wait_until(backend, "mnist", lambda s: s.reason.startswith("restarting"))
+    assert status.reason == "restarting: worker-0 failed: OOMKilled (1 restarts left)"
+    before = len(kube.requests)
+    assert backend.status("mnist").phase == Phase.STARTING
+    assert not [r for r in kube.requests[before:] if r.verb not in ("get", "list", "watch")]
+    kube.jobsets.restart(NS, "mnist")  # what JobSet's failurePolicy does
+    run_all(kube, "mnist")
+    status = wait_until(backend, "mnist", lambda s: s.phase == Phase.RUNNING
+                        and s.task("worker-0").restarts == 1, what="the new attempt")
+    assert [t.restarts for t in status.tasks] == [1, 1, 1]
+    kube.kubelet.fail(NS, pod(kube, "mnist", "worker-1"), exit_code=1)  # the script raised
+    status = wait_until(backend, "mnist", lambda s: s.reason.startswith("failing"))
+    kube.jobsets.finish(NS, "mnist", "Failed", "PodFailurePolicy",
+                        'Job failed due to the podFailurePolicy rule "UserError"')
     status = wait_until(backend, "mnist", lambda s: s.phase == Phase.FAILED, what="failed")
-    assert status.reason == ("worker-1 failed: the script raised an exception (exit code 1); "
-                             "the traceback is in its log")
+    assert status.reason.startswith("worker-1 failed: the script raised an exception (exit code 1)")
     assert status.task("worker-1").exit_code == 1
-    # The controller acts on a failed cluster by deleting what is left at once (the
-    # lifecycle policy); once it has done that, it has made no replacement for worker-1.
-    kube.wait_for(lambda: kube.get_object("pods", "mnist-ps-0", NS) is None, timeout=10,
-                  message="the failed cluster's remaining pods to go")
-    assert kube.get_object("pods", "mnist-worker-1-r1", NS) is None
-    restarted = {e.task for e in backend.events("mnist") if e.reason == "Restarted"}
-    assert restarted == {"worker-0"}  # the OOM kill was retried, the script error was not
+    assert any(e.reason == "Restarted" for e in backend.events("mnist"))
 
 
 def test_pending_reason_surfaces_from_the_scheduler(cluster_env):
     kube, backend = cluster_env
     backend.launch(spec(resources={"worker": Resources(gpus=1)}), detach=True)
-    kube.kubelet.unschedulable(NS, "mnist-worker-0")
+    kube.kubelet.unschedulable(NS, pod(kube, "mnist", "worker-0"))
     status = wait_until(backend, "mnist",
                         lambda s: "Insufficient" in s.task("worker-0").reason
                         or "nodes are available" in s.task("worker-0").reason,
@@ -161,10 +187,78 @@ def test_pending_reason_surfaces_from_the_scheduler(cluster_env):
     assert any(e.reason == "FailedScheduling" and e.task == "worker-0" for e in events)
 
 
-def test_reattach_after_kernel_restart(cluster_env):
+def test_a_queued_cluster_says_why_kueue_holds_it(make_kube, monkeypatch):
+    from tfk8s_magics.backends.kubernetes import watch
+
+    monkeypatch.setattr(watch, "EVENT_PERIOD", 0.5)  # Events listed at most every 0.5 s, not 10
+    kube = make_kube(kueue=True)
+    kube.create_namespace(NS)
+    kube.set_role(backend_role(NS), NS, service_account="jupyter")
+    backend = KubernetesBackend(namespace=NS, api_client=kube.api_client, user="alice",
+                                storage_class="standard")
+    try:
+        backend.launch(spec(queue="team-a"), detach=True)
+        # Kueue's webhook suspended it: no pod until admitted, and the status says so
+        assert kube.get_object("jobsets", "mnist", NS)["spec"]["suspend"] is True
+        assert kube.jobsets.pods(NS, "mnist") == []
+        status = wait_until(backend, "mnist", lambda s: s.phase == Phase.PENDING, what="pending")
+        assert status.reason == "ps-0: waiting for admission by queue team-a"
+        why = ("couldn't assign flavors to pod set worker: insufficient unused quota for cpu "
+               "in flavor default, 2 more needed")
+        kube.jobsets.kueue_pending(NS, "mnist", why)
+        status = wait_until(backend, "mnist", lambda s: why in s.reason, what="Kueue's reason")
+        assert status.task("worker-1").reason == f"waiting for admission by queue team-a: {why}"
+        assert any(e.reason == "Pending" and e.message == why and e.type == "Warning"
+                   for e in backend.events("mnist"))
+        kube.jobsets.kueue_admit(NS, "mnist")
+        run_all(kube, "mnist")
+        wait_until(backend, "mnist", lambda s: s.phase == Phase.RUNNING, what="admitted, running")
+    finally:
+        backend.close()
+    for r in kube.requests:
+        assert r.allowed, f"{r.method} {r.path} was denied by the shipped Role"
+
+
+def test_reading_never_writes(cluster_env):
+    """status/list/events/logs/spec/attach, from the launching process and from a fresh one,
+    only read, whatever the cluster's state: pending, running, restarting, gone.  The
+    lifecycle is JobSet's: a failed or vanished pod is never replaced by a reader."""
     kube, backend = cluster_env
     backend.launch(spec(), detach=True)
-    kube.kubelet.run(NS, "mnist-ps-0")
+    reader = KubernetesBackend(namespace=NS, api_client=kube.api_client, user="alice")
+
+    def read_everything():
+        before = len(kube.requests)
+        for b in (backend, reader):
+            b.status("mnist")
+            b.list_clusters()
+            b.events("mnist")
+            b.spec("mnist")
+            b.read_logs("mnist", "worker-0")
+        reader.attach("mnist")
+        writes = [f"{r.method} {r.path}" for r in kube.requests[before:]
+                  if r.verb not in ("get", "list", "watch")]
+        assert writes == []
+
+    try:
+        read_everything()  # pending
+        run_all(kube, "mnist")
+        wait_until(reader, "mnist", lambda s: s.phase == Phase.RUNNING, what="running")
+        read_everything()
+        kube.kubelet.fail(NS, pod(kube, "mnist", "worker-0"), exit_code=137, reason="OOMKilled")
+        wait_until(reader, "mnist", lambda s: s.reason.startswith("restarting"))
+        read_everything()  # a failed pod is JobSet's to replace, never the reader's
+        kube.store.delete(lookup("jobsets"), NS, "mnist")  # its TTL, or another process
+        wait_until(reader, "mnist", lambda s: s.phase == Phase.STOPPED, what="gone")
+        read_everything()
+    finally:
+        reader.close()
+
+
+def test_reattach_after_kernel_restart_reads_everything_from_the_cluster(cluster_env):
+    kube, backend = cluster_env
+    backend.launch(spec(), detach=True)
+    kube.kubelet.run(NS, pod(kube, "mnist", "ps-0"))
     backend.close()
     fresh = KubernetesBackend(namespace=NS, api_client=kube.api_client, user="alice")
     try:
@@ -172,39 +266,31 @@ def test_reattach_after_kernel_restart(cluster_env):
         assert fresh.spec("mnist") == backend.spec("mnist")
         assert fresh.status("mnist").task("ps-0").phase == Phase.RUNNING
         assert fresh.addresses("mnist") == {
-            "ps": ["ps-0.mnist.alice.svc:2222"],
-            "worker": ["worker-0.mnist.alice.svc:2222", "worker-1.mnist.alice.svc:2222"],
+            "ps": ["mnist-ps-0-0.mnist.alice.svc:2222"],
+            "worker": ["mnist-worker-0-0.mnist.alice.svc:2222",
+                       "mnist-worker-0-1.mnist.alice.svc:2222"],
         }
     finally:
         fresh.close()
 
 
-def test_status_only_reads_attach_takes_over_the_lifecycle(cluster_env):
-    """A process that merely reads a cluster never acts on it; attach() makes it the controller."""
+def test_in_graph_is_owned_by_the_notebook_pod(cluster_env, monkeypatch):
     kube, backend = cluster_env
-    backend.launch(spec(restart_budget=1), detach=True)
-    backend.close()  # the launching kernel is gone: nothing controls the cluster now
-    for pod in ("mnist-ps-0", "mnist-worker-0", "mnist-worker-1"):
-        kube.kubelet.run(NS, pod)
-    reader = KubernetesBackend(namespace=NS, api_client=kube.api_client, user="alice")
-    try:
-        wait_until(reader, "mnist", lambda s: s.task("worker-1").phase == Phase.RUNNING)
-        kube.kubelet.fail(NS, "mnist-worker-0", exit_code=137, reason="OOMKilled")
-        status = wait_until(reader, "mnist", lambda s: s.task("worker-0").phase == Phase.FAILED,
-                            what="the reader to see the kill")
-        assert status.task("worker-0").reason == "OOMKilled"
-        before = len(kube.requests)
-        for _ in range(3):
-            reader.status("mnist")
-            reader.events("mnist")
-        writes = [r for r in kube.requests[before:] if r.verb not in ("get", "list", "watch")]
-        assert writes == []  # reading made no change to the cluster
-        assert kube.get_object("pods", "mnist-worker-0-r1", NS) is None
-        reader.attach("mnist")  # now this process runs the lifecycle: the kill is retried
-        kube.wait_for(lambda: kube.get_object("pods", "mnist-worker-0-r1", NS), timeout=10,
-                      message="replacement pod after attach")
-    finally:
-        reader.close()
+    notebook = kube.create_object({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "jupyter-alice", "namespace": NS, "labels": {"component": "singleuser-server"}},
+        "spec": {"containers": [{"name": "notebook", "image": "nb:1"}]}})
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("HOSTNAME", "jupyter-alice")
+    backend.launch(spec("ig", mode="in-graph"), detach=True)
+    root = kube.get_object("configmaps", "ig", NS)
+    assert root["metadata"]["ownerReferences"] == [{
+        "apiVersion": "v1", "kind": "Pod", "name": "jupyter-alice",
+        "uid": notebook["metadata"]["uid"]}]
+    js = kube.get_object("jobsets", "ig", NS)
+    assert js["spec"]["successPolicy"] == {"operator": "All"}  # servers never exit 0
+    # the hub stops (or culls) the server: the cluster goes with the notebook's pod
+    kube.store.delete(lookup("pods"), NS, "jupyter-alice")
+    assert kinds(kube, "ig") == []
 
 
 def test_in_graph_client_progress_and_kept_logs_location(cluster_env):
@@ -220,26 +306,53 @@ def test_in_graph_client_progress_and_kept_logs_location(cluster_env):
         Path(kept)
 
 
-def test_stop_keeps_record_and_volumes_delete_cascades(cluster_env):
+def test_stop_deletes_the_jobset_keeps_record_and_volumes(cluster_env):
     kube, backend = cluster_env
     backend.launch(spec(), detach=True)
     backend.launch(spec("other", ps=0, workers=1), detach=True)
     status = backend.stop("mnist")
     assert status.phase == Phase.STOPPED
-    kube.wait_for(lambda: not kube.list_objects("pods", NS, "tfk8s.io/cluster=mnist"),
-                  message="pods deleted")
     assert [k for k, _ in kinds(kube, "mnist")] == [
-        "configmaps", "persistentvolumeclaims", "persistentvolumeclaims", "services"]
+        "configmaps", "persistentvolumeclaims", "persistentvolumeclaims"]
     assert backend.status("mnist").phase == Phase.STOPPED
+    fresh = KubernetesBackend(namespace=NS, api_client=kube.api_client, user="alice")
+    assert fresh.status("mnist").phase == Phase.STOPPED  # final from any process
+    fresh.close()
     backend.delete("mnist", keep_logs=True)
-    kube.wait_for(lambda: kinds(kube, "mnist") == [("persistentvolumeclaims", "mnist-log")],
-                  message="cascade delete keeping the log claim")
+    assert kinds(kube, "mnist") == [("persistentvolumeclaims", "mnist-log")]
     with pytest.raises(ClusterNotFound):
         backend.status("mnist")
-    # the other cluster is untouched
-    assert len(kinds(kube, "other")) == 5
+    assert len([k for k in kinds(kube, "other") if k[0] != "pods"]) == 4  # untouched
     backend.delete("other")
-    kube.wait_for(lambda: kinds(kube, "other") == [], message="cascade delete")
+    assert kinds(kube, "other") == []
+
+
+def test_delete_waits_until_the_objects_are_gone_and_relaunch_works(make_kube):
+    kube = make_kube(graceful_pods=True)
+    kube.create_namespace(NS)
+    kube.set_role(backend_role(NS), NS, service_account="jupyter")
+    backend = KubernetesBackend(namespace=NS, api_client=kube.api_client, user="alice")
+    other = KubernetesBackend(namespace=NS, api_client=kube.api_client, user="alice")
+    try:
+        backend.launch(spec(), detach=True)
+        run_all(kube, "mnist")
+        done = threading.Event()
+        deleter = threading.Thread(target=lambda: (backend.delete("mnist"), done.set()),
+                                   daemon=True)
+        deleter.start()
+        kube.wait_for(lambda: (kube.get_object("configmaps", "mnist", NS) or {}).get(
+            "metadata", {}).get("deletionTimestamp"), message="the Foreground deletion")
+        assert not done.wait(0.5)  # pods are terminating: delete has not returned
+        with pytest.raises(ClusterExists, match="is still being deleted"):
+            other.launch(spec(), detach=True)  # a relaunch meeting the leftovers says so
+        kube.finish_pod_termination(NS)
+        assert done.wait(10), "delete did not return once the objects were gone"
+        assert kinds(kube, "mnist") == []
+        backend.launch(spec(), detach=True)  # the same name works at once
+        deleter.join(5)
+    finally:
+        backend.close()
+        other.close()
 
 
 def test_in_graph_tensorboard_and_no_network_policy(cluster_env, monkeypatch):
@@ -255,7 +368,7 @@ def test_in_graph_tensorboard_and_no_network_policy(cluster_env, monkeypatch):
     assert backend.tensorboard("ig").reused is True
     assert kube.get_object("deployments", "ig-tensorboard", NS) is not None
     backend.delete("ig")
-    kube.wait_for(lambda: kinds(kube, "ig") == [], message="cascade delete incl. TensorBoard")
+    assert kinds(kube, "ig") == []
 
 
 def test_a_name_in_use_is_refused_before_anything_is_created(cluster_env):
@@ -283,12 +396,12 @@ def test_conflict_midway_rolls_back_with_the_api_reason(cluster_env):
 def test_forbidden_is_reported_and_rolled_back(kube):
     kube.create_namespace(NS)
     role = backend_role(NS)
-    role["rules"] = [r for r in role["rules"] if "persistentvolumeclaims" not in r["resources"]]
-    role["rules"].append({"apiGroups": [""], "resources": ["services"],
-                          "verbs": ["get", "list", "watch", "create", "delete"]})
+    role["rules"] = [r for r in role["rules"] if "jobsets" not in r["resources"]]
+    role["rules"].append({"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"],
+                          "verbs": ["get", "list", "watch"]})
     kube.set_role(role, NS, service_account="jupyter")
     backend = KubernetesBackend(namespace=NS, api_client=kube.api_client, user="alice")
-    with pytest.raises(LaunchFailed, match="may not create PersistentVolumeClaim mnist-data"):
+    with pytest.raises(LaunchFailed, match="may not create JobSet mnist"):
         backend.launch(spec(), detach=True)
     assert kinds(kube, "mnist") == []
 
@@ -310,18 +423,27 @@ def test_preflight_quota_refuses_before_creating_anything(cluster_env):
 def test_watch_requests_do_not_grow_with_tasks(cluster_env):
     kube, backend = cluster_env
     kube.kubelet.auto(run_after=0.0)
+
+    def reads(name):  # this cluster's list/watch requests, by its selectors
+        return [r for r in kube.requests if r.verb in ("list", "watch")
+                and r.resource in ("pods", "jobsets")
+                and name in (r.query.get("labelSelector", "") + r.query.get("fieldSelector", ""))]
+
     counts = {}
     for n in (2, 32):
         name = f"w{n}"
         backend.launch(spec(name, workers=n), detach=True)
-        start = len(kube.requests)
         stop = threading.Event()
         for status in backend.watch(name, stop):
             if status.phase == Phase.RUNNING:
                 break
-        counts[n] = len([r for r in kube.requests[start:]
-                         if r.resource == "pods" and r.verb in ("list", "watch")])
-    assert counts[32] <= counts[2] + 1, counts
+        # one list and one watch of the JobSet, one of its pods — then nothing per task
+        kube.wait_for(lambda name=name: len([r for r in reads(name) if r.verb == "watch"]) == 2,
+                      message="both watches open")
+        time.sleep(0.5)
+        counts[n] = sorted((r.resource, r.verb) for r in reads(name))
+    assert counts[2] == counts[32] == [
+        ("jobsets", "list"), ("jobsets", "watch"), ("pods", "list"), ("pods", "watch")], counts
 
 
 def test_a_stalled_cluster_is_reported_from_pod_log_timestamps(cluster_env, monkeypatch):
@@ -329,15 +451,14 @@ def test_a_stalled_cluster_is_reported_from_pod_log_timestamps(cluster_env, monk
     kube, backend = cluster_env
     monkeypatch.setenv("TFK8S_STALL_TIMEOUT", "1")
     backend.launch(spec(), detach=True)
-    for pod in ("mnist-ps-0", "mnist-worker-0", "mnist-worker-1"):
-        kube.kubelet.run(NS, pod)
-    kube.kubelet.log(NS, "mnist-worker-0", "waiting for the others")
+    run_all(kube, "mnist")
+    kube.kubelet.log(NS, pod(kube, "mnist", "worker-0"), "waiting for the others")
     watch = backend._watcher("mnist")
     watch.stalls.period = 0.2  # the backend re-reads the log tails at most this often
     status = wait_until(backend, "mnist", lambda s: s.stall is not None, what="a stall")
     assert status.shown_phase == "stalled" and status.phase == Phase.RUNNING
     assert "worker-0: 'waiting for the others'" in status.stall_text()
     assert any(e.reason == "Stalled" for e in backend.events("mnist"))
-    kube.kubelet.log(NS, "mnist-worker-1", "and now we go on")
+    kube.kubelet.log(NS, pod(kube, "mnist", "worker-1"), "and now we go on")
     status = wait_until(backend, "mnist", lambda s: s.stall is None, what="the stall to clear")
     assert any(e.reason == "Resumed" for e in backend.events("mnist"))

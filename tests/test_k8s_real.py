@@ -1,11 +1,22 @@
-"""The same scenarios against a real Kubernetes cluster (marker ``k8s``).
+"""The same scenarios against a real Kubernetes cluster with JobSet (marker ``k8s``).
 
-Runs when a kubeconfig reaches a cluster (CI: k3d, see .github/workflows/k8s.yml)
-and the task image is there (``TFK8S_IMAGE``); skips with the reason otherwise.
-The backend acts as a ServiceAccount bound to the shipped Role only, so a
-request the Role does not allow fails the test.  Claims are ReadWriteOnce
-claims the test makes (k3s's local-path cannot do ReadWriteMany; one node
-mounts them in every pod), given to the spec as existing claims.
+Runs when a kubeconfig reaches a cluster (CI: k3d + JobSet, see
+.github/workflows/k8s.yml), the cluster serves ``jobset.x-k8s.io/v1alpha2``
+and the task image is there (``TFK8S_IMAGE``); skips with the reason
+otherwise.  The backend acts as a ServiceAccount bound to the shipped Role
+only, so a request the Role does not allow fails the test.
+
+Claims: k3s's ``local-path`` provisioner gives ReadWriteOnce volumes only
+(no ReadWriteMany), so each test makes two RWO claims and names them as the
+spec's existing claims; the CI cluster has one node, which mounts them in
+every pod.  On a multi-node cluster use a ReadWriteMany class instead.
+
+What runs here: a 2-worker MultiWorkerMirroredStrategy cluster whose workers
+all-reduce across pods (through JobSet's DNS names); an in-graph cluster
+driven from a client pod (through the NetworkPolicy); a worker pod killed and
+the cluster restarted by JobSet within its budget; and a detached cluster
+that finishes, has its parameter server ended and is removed by its TTL with
+no client attached (watched with the admin client only).
 """
 
 from __future__ import annotations
@@ -44,6 +55,15 @@ def _admin_client():
 @pytest.fixture
 def real():
     admin = _admin_client()  # the first reason to skip: no cluster at all
+    from kubernetes import client as kclient
+    from kubernetes.client.rest import ApiException
+
+    try:
+        kclient.CustomObjectsApi(admin).get_api_resources("jobset.x-k8s.io", "v1alpha2")
+    except ApiException as e:
+        if os.environ.get("TFK8S_REQUIRE_K8S"):
+            pytest.fail(f"the cluster does not serve jobset.x-k8s.io/v1alpha2: {e.status}")
+        pytest.skip("the cluster does not serve jobset.x-k8s.io/v1alpha2: install JobSet")
     if not os.environ.get("TFK8S_IMAGE"):
         pytest.skip("TFK8S_IMAGE is not set: build the task image and load it into the cluster")
     from kubernetes import client
@@ -73,7 +93,7 @@ def real():
         cfg.api_key = {"BearerToken": token}
         cfg.api_key_prefix = {"BearerToken": "Bearer"}
         backend = KubernetesBackend(namespace=ns, api_client=client.ApiClient(cfg), user="ci")
-        yield backend, core, ns
+        yield backend, core, ns, admin
         backend.close()
     finally:
         core.delete_namespace(ns)
@@ -95,37 +115,137 @@ def _wait(backend, name, predicate, timeout=600.0):
     raise AssertionError(f"timed out; last status {backend.status(name)}")
 
 
-def test_between_graph_runs_logs_recycles_and_deletes(real):
+MWMS = """
+import os
+import tensorflow as tf
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+total = strategy.reduce(tf.distribute.ReduceOp.SUM,
+                        strategy.run(lambda: tf.constant(1.0)), axis=None)
+print("sum", float(total), "from", os.environ["TFK8S_TASK"], flush=True)
+"""
+
+
+def _claims(**kw):
+    return {"log_claim": "logs", "data_claim": "data", **kw}
+
+
+def _jobset(admin, ns, name):
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    try:
+        return client.CustomObjectsApi(admin).get_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", name)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def test_mwms_workers_all_reduce_across_pods_and_delete_waits(real):
     from tfk8s_magics.spec import ClusterSpec
 
-    backend, core, ns = real
-    spec = ClusterSpec(name="hello", ps=1, workers=2, script=SCRIPT, ps_grace_period=5,
-                       log_claim="logs", data_claim="data")
+    backend, core, ns, _ = real
+    spec = ClusterSpec(name="mwms", workers=2, script=MWMS, **_claims())
     backend.launch(spec, detach=True)
-    status = _wait(backend, "hello", lambda s: s.terminal)
+    status = _wait(backend, "mwms", lambda s: s.terminal)
     assert status.phase == "succeeded", status
-    assert status.progress is not None and status.progress.step == 10
-    lines = {(line.task, line.text) for line in backend.read_logs("hello")}
-    assert ("worker-0", "hello from worker-0") in lines
-    _wait(backend, "hello", lambda s: s.task("ps-0").phase == "succeeded", timeout=120)
-    backend.delete("hello")
-    deadline = time.monotonic() + 120
-    while core.list_namespaced_pod(ns, label_selector="tfk8s.io/cluster=hello").items:
-        assert time.monotonic() < deadline, "pods not deleted by the cascade"
-        time.sleep(1)
+    lines = {line.text for line in backend.read_logs("mwms")}
+    assert "sum 2.0 from worker-0" in lines and "sum 2.0 from worker-1" in lines, lines
+    backend.delete("mwms")  # Foreground + wait: returns when the objects are gone
+    assert not core.list_namespaced_pod(ns, label_selector="tfk8s.io/cluster=mwms").items
+    backend.launch(spec, detach=True)  # the same name again, at once
+    backend.delete("mwms")
 
 
-def test_in_graph_servers_run_until_stopped(real):
+def test_in_graph_cluster_driven_from_a_client_pod(real):
+    import json
+
     from tfk8s_magics.spec import ClusterSpec
 
-    backend, _, _ = real
-    spec = ClusterSpec(name="servers", mode="in-graph", ps=1, workers=1,
-                       log_claim="logs", data_claim="data")
+    backend, core, ns, _ = real
+    spec = ClusterSpec(name="ig", mode="in-graph", ps=1, workers=2, **_claims())
     backend.launch(spec, detach=True)
-    status = _wait(backend, "servers", lambda s: s.phase == "running" or s.terminal)
-    assert status.phase == "running", status
-    assert backend.stop("servers").phase == "stopped"
-    backend.delete("servers")
+    _wait(backend, "ig", lambda s: s.phase == "running" or s.terminal)
+    client_script = (
+        "import json, os, socket\n"
+        "import tensorflow as tf\n"
+        "cluster = json.loads(os.environ['CLUSTER'])\n"
+        "cluster['chief'] = [socket.gethostbyname(socket.gethostname()) + ':2223']\n"
+        "resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(\n"
+        "    tf.train.ClusterSpec(cluster), task_type='chief', task_id=0, rpc_layer='grpc')\n"
+        "strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)\n"
+        "coord = tf.distribute.coordinator.ClusterCoordinator(strategy)\n"
+        "with strategy.scope():\n"
+        "    v = tf.Variable(0.0)\n"
+        "@tf.function\n"
+        "def step():\n"
+        "    v.assign_add(1.0)\n"
+        "    return v.read_value()\n"
+        "for _ in range(10):\n"
+        "    coord.schedule(step)\n"
+        "coord.join()\n"
+        "print('in-graph total', float(v.numpy()), flush=True)\n"
+    )
+    pod = {
+        "metadata": {"name": "ig-client", "labels": {"component": "singleuser-server"}},
+        "spec": {"restartPolicy": "Never", "containers": [{
+            "name": "client", "image": os.environ["TFK8S_IMAGE"],
+            "imagePullPolicy": "IfNotPresent", "command": ["python", "-c", client_script],
+            "env": [{"name": "CLUSTER", "value": json.dumps(backend.addresses("ig"))},
+                    {"name": "HOME", "value": "/tmp"}]}]},
+    }
+    core.create_namespaced_pod(ns, pod)  # as the notebook's pod would be (admin creates it)
+    deadline = time.monotonic() + 600
+    while core.read_namespaced_pod("ig-client", ns).status.phase not in ("Succeeded", "Failed"):
+        assert time.monotonic() < deadline, "the in-graph client did not finish"
+        time.sleep(2)
+    log = core.read_namespaced_pod_log("ig-client", ns)
+    assert "in-graph total 10.0" in log, log
+    assert backend.stop("ig").phase == "stopped"
+    backend.delete("ig")
+
+
+def test_a_killed_worker_is_restarted_by_jobset_within_the_budget(real):
+    from tfk8s_magics.spec import ClusterSpec
+
+    backend, core, ns, admin = real
+    script = "import time\nprint('working', flush=True)\ntime.sleep(45)\nprint('done', flush=True)\n"
+    spec = ClusterSpec(name="kill", workers=2, script=script, restart_budget=2, **_claims())
+    backend.launch(spec, detach=True)
+    _wait(backend, "kill", lambda s: s.phase == "running")
+    victim = core.list_namespaced_pod(
+        ns, label_selector="tfk8s.io/cluster=kill,tfk8s.io/role=worker,"
+        "batch.kubernetes.io/job-completion-index=0").items[0].metadata.name
+    core.delete_namespaced_pod(victim, ns, grace_period_seconds=0)
+    _wait(backend, "kill", lambda s: all(t.restarts == 1 for t in s.tasks)
+          and s.phase == "running", timeout=300)
+    assert _jobset(admin, ns, "kill")["status"]["restarts"] == 1
+    status = _wait(backend, "kill", lambda s: s.terminal)
+    assert status.phase == "succeeded", status
+    backend.delete("kill")
+
+
+def test_detached_cluster_finishes_ends_its_ps_and_is_removed_by_its_ttl(real):
+    from tfk8s_magics.spec import ClusterSpec
+
+    backend, core, ns, admin = real
+    spec = ClusterSpec(name="alone", ps=1, workers=1, script=SCRIPT, ttl_after_finished=20,
+                       **_claims())
+    backend.launch(spec, detach=True)
+    backend.close()  # no client from here on: only the admin client looks
+    deadline = time.monotonic() + 600
+    completed = False
+    while time.monotonic() < deadline:
+        js = _jobset(admin, ns, "alone")
+        if js is None:
+            break  # removed by its TTL
+        conditions = {c["type"]: c["status"] for c in js.get("status", {}).get("conditions", [])}
+        completed = completed or conditions.get("Completed") == "True"
+        time.sleep(2)
+    assert completed, "the JobSet never completed"
+    assert _jobset(admin, ns, "alone") is None, "the TTL did not remove the JobSet"
+    assert not core.list_namespaced_pod(ns, label_selector="tfk8s.io/cluster=alone").items
 
 
 # -- the lab installed from the chart (CI: helm install into k3d; see .github/workflows/k8s.yml) --
@@ -217,8 +337,9 @@ def test_a_default_launch_runs_under_the_default_quota(lab):
                                    log_claim="logs", data_claim="data"), detach=True)
         status = _wait(backend, "defaults", lambda s: s.terminal)
         assert status.phase == "succeeded", status
-        pod = core.read_namespaced_pod("defaults-worker-0", user_ns)
-        assert pod.spec.containers[0].resources.limits.get("cpu") is None  # never throttled
+        (pod,) = core.list_namespaced_pod(
+            user_ns, label_selector="tfk8s.io/cluster=defaults,tfk8s.io/role=worker").items
+        assert (pod.spec.containers[0].resources.limits or {}).get("cpu") is None  # never throttled
         backend.delete("defaults")
     finally:
         backend.close()
@@ -266,7 +387,7 @@ def test_the_real_server_says_what_the_double_says(real):
     """LimitRange defaulting, a request above a default limit, ConfigMap size: same words."""
     from kubernetes.client.rest import ApiException
 
-    _, core, ns = real
+    _, core, ns, _ = real
     core.create_namespaced_limit_range(ns, {"metadata": {"name": "lr"}, "spec": {"limits": [
         {"type": "Container", "default": {"cpu": "2"}, "defaultRequest": {"cpu": "100m"}}]}})
     with pytest.raises(ApiException) as exc:

@@ -29,10 +29,11 @@ def test_render_needs_no_cluster(monkeypatch, tmp_path):
     assert isinstance(backend, KubernetesBackend)
     docs = backend.render(SPEC, tensorboard=True)
     assert [d["kind"] for d in docs] == [
-        "ConfigMap", "Service", "PersistentVolumeClaim", "PersistentVolumeClaim",
-        "Deployment", "Service", "Pod", "Pod"]
+        "ConfigMap", "PersistentVolumeClaim", "PersistentVolumeClaim",
+        "Deployment", "Service", "JobSet"]
     assert {d["metadata"]["namespace"] for d in docs} == {"team"}
-    assert docs[-1]["spec"]["containers"][0]["image"] == "registry.local/tf:1"
+    template = docs[-1]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    assert template["spec"]["containers"][0]["image"] == "registry.local/tf:1"
     assert docs[0]["metadata"]["labels"]["tfk8s.io/user"] == "carol"
     assert backend._api is None  # nothing connected
     text = backend.render_yaml(SPEC)
@@ -42,7 +43,7 @@ def test_render_needs_no_cluster(monkeypatch, tmp_path):
 def test_module_level_render_yaml():
     text = render_yaml(SPEC, K8sSettings(namespace="n", user="u"))
     assert [d["metadata"]["name"] for d in yaml.safe_load_all(text)] == [
-        "r", "r", "r-data", "r-log", "r-ps-0", "r-worker-0"]
+        "r", "r-data", "r-log", "r"]
 
 
 def test_constructor_reads_nothing(monkeypatch):

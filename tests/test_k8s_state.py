@@ -1,4 +1,7 @@
-"""Pure cluster logic: pods → task statuses, restart decisions, recycling, TTL, quota."""
+"""Pure cluster logic: a JobSet and its pods → task and cluster statuses; quota; RBAC.
+
+Nothing here decides a restart, a recycle or a TTL: JobSet does.  These
+tests check how what JobSet reports reads."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import pytest
 
 from tfk8s_magics.backends.base import Phase
 from tfk8s_magics.backends.kubernetes import state
-from tfk8s_magics.backends.kubernetes.manifests import cluster_manifests
+from tfk8s_magics.backends.kubernetes.jobset import cluster_manifests
 from tfk8s_magics.backends.kubernetes.quota import demand, node_problems, quota_problems
 from tfk8s_magics.backends.kubernetes.rbac import (
     backend_role,
@@ -24,22 +27,33 @@ SPEC = ClusterSpec(name="c", ps=1, workers=2, script="pass", restart_budget=1,
 
 def pod(task: str, phase: str = "Running", attempt: int = 0, ready: bool = True,
         terminated: dict | None = None, **status) -> dict:
+    """A JobSet pod as the API shows it (labels from JobSet and the Job controller)."""
     role, _, index = task.rpartition("-")
-    name = f"c-{task}" + (f"-r{attempt}" if attempt else "")
     container: dict = {"name": "tensorflow", "ready": ready and phase == "Running", "state": {}}
     if terminated is not None:
         container["state"] = {"terminated": terminated}
     return {
         "metadata": {
-            "name": name,
-            "labels": {"tfk8s.io/role": role, "tfk8s.io/index": index},
-            "annotations": {"tfk8s.io/attempt": str(attempt)},
+            "name": f"c-{role}-0-{index}-x{attempt}abc",
+            "labels": {"tfk8s.io/role": role, "batch.kubernetes.io/job-completion-index": index,
+                       "jobset.sigs.k8s.io/restart-attempt": str(attempt)},
         },
         "status": {"phase": phase, "containerStatuses": [container], **status},
     }
 
 
+def jobset(condition: str | None = None, restarts: int = 0, message: str = "",
+           suspend: bool = False) -> dict:
+    status: dict = {"restarts": restarts}
+    if condition:
+        status["conditions"] = [{"type": condition, "status": "True", "reason": condition,
+                                 "message": message, "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+    return {"metadata": {"name": "c", "labels": {}}, "spec": {"suspend": suspend},
+            "status": status}
+
+
 def view(*pods, **kw) -> state.View:
+    kw.setdefault("jobset", jobset())
     return state.View(spec=kw.pop("spec", SPEC), pods=state.latest_pods(list(pods)), **kw)
 
 
@@ -72,45 +86,103 @@ def test_exit_codes_are_explained():
     assert (s.exit_code, s.signal, s.reason) == (137, "SIGKILL", "OOMKilled")
 
 
-def test_restart_budget_is_enforced():
-    killed = pod("worker-0", "Failed", attempt=1, terminated={"exitCode": 137})
-    v = view(pod("worker-0", "Failed", terminated={"exitCode": 137}), killed,
-             pod("ps-0"), pod("worker-1"))
+def test_a_failed_task_reads_as_restarting_until_jobset_says_otherwise():
+    killed = pod("worker-0", "Failed", terminated={"exitCode": 137})
+    v = view(killed, pod("ps-0"), pod("worker-1"))
+    assert state.cluster_phase(v, state.task_statuses(v)) == (
+        Phase.STARTING, "restarting: worker-0 failed: killed by SIGKILL (1 restarts left)")
+    raised = pod("worker-0", "Failed", terminated={"exitCode": 1})
+    v = view(raised, pod("ps-0"), pod("worker-1"))
     phase, reason = state.cluster_phase(v, state.task_statuses(v))
-    assert (phase, reason) == (Phase.FAILED, "worker-0 failed: killed by SIGKILL")
-    assert not any(isinstance(a, state.Create) for a in state.plan(v, 0.0))
-    assert state.task_statuses(v)[1].restarts == 1
+    assert phase == Phase.RUNNING and reason.startswith("failing: worker-0 failed: the script raised")
 
 
-def test_parameter_servers_are_recycled_after_the_grace_period_then_ttl():
+def test_the_newest_attempt_wins_and_counts_restarts():
+    v = view(pod("worker-0", "Failed", terminated={"exitCode": 137}), pod("worker-0", attempt=1),
+             pod("ps-0", attempt=1), pod("worker-1", attempt=1), jobset=jobset(restarts=1))
+    tasks = state.task_statuses(v)
+    assert [(t.name, t.phase, t.restarts) for t in tasks] == [
+        ("ps-0", Phase.RUNNING, 1), ("worker-0", Phase.RUNNING, 1), ("worker-1", Phase.RUNNING, 1)]
+    assert state.cluster_phase(v, tasks) == (Phase.RUNNING, "")
+
+
+def test_jobset_failure_is_the_verdict():
+    v = view(pod("worker-0", "Failed", attempt=1, terminated={"exitCode": 137}),
+             pod("worker-1", attempt=1),
+             jobset=jobset("Failed", restarts=1,
+                           message="jobset failed due to reaching max number of restarts"))
+    tasks = state.task_statuses(v)
+    assert state.cluster_phase(v, tasks) == (
+        Phase.FAILED, "worker-0 failed: killed by SIGKILL "
+        "(jobset failed due to reaching max number of restarts)")
+    # what JobSet ended (its active Jobs are deleted) reads as stopped, not pending
+    assert {t.name: t.phase for t in tasks} == {
+        "ps-0": Phase.STOPPED, "worker-0": Phase.FAILED, "worker-1": Phase.STOPPED}
+
+
+def test_parameter_servers_end_when_the_jobset_succeeds():
     done = {"exitCode": 0}
-    pods = [pod("ps-0"), pod("worker-0", "Succeeded", terminated=done),
-            pod("worker-1", "Succeeded", terminated=done)]
-    v = view(*pods, done_since=100.0)
-    assert state.cluster_phase(v, state.task_statuses(v))[0] == Phase.SUCCEEDED
-    assert state.plan(v, 110.0) == [state.MarkFinished(Phase.SUCCEEDED)]
-    assert state.next_wakeup(v, 110.0) == 130.0
-    assert state.plan(v, 130.0)[0] == state.DeletePods(("c-ps-0",), "the workers finished")
-    # after the recycle the PS reads as succeeded, and the TTL deletes the cluster
-    v = view(*pods[1:], done_since=100.0, finished_at=100.0)
-    assert state.task_statuses(v)[0].phase == Phase.SUCCEEDED
-    assert state.task_statuses(v)[0].reason == "recycled after the workers finished"
-    assert state.plan(v, 159.0) == []
-    assert state.plan(v, 160.0) == [state.DeleteCluster("finished 60 s ago (TTL)")]
+    v = view(pod("worker-0", "Succeeded", terminated=done),
+             pod("worker-1", "Succeeded", terminated=done), jobset=jobset("Completed"))
+    tasks = state.task_statuses(v)
+    assert state.cluster_phase(v, tasks) == (Phase.SUCCEEDED, "every worker finished")
+    assert (tasks[0].name, tasks[0].phase, tasks[0].reason) == (
+        "ps-0", Phase.SUCCEEDED, state.ENDED_BY_JOBSET)
+    status = state.cluster_status(v, {"metadata": {"name": "c", "creationTimestamp":
+                                                   "2025-12-31T00:00:00Z"}}, tasks)
+    assert status.finished == 1767225600.0
 
 
-def test_stopped_cluster_is_left_alone():
+def test_a_gone_jobset_and_a_stopped_cluster():
     v = view(pod("ps-0"), stopped=True)
-    assert state.plan(v, 0.0) == []
     assert all(t.phase == Phase.STOPPED for t in state.task_statuses(v))
     assert state.cluster_phase(v, state.task_statuses(v)) == (Phase.STOPPED, "stopped by the user")
+    v = view(jobset=None)
+    assert state.cluster_phase(v, state.task_statuses(v))[0] == Phase.STOPPED
+    assert "its JobSet is gone" in state.cluster_phase(v, state.task_statuses(v))[1]
+    v = view(jobset=None, jobset_seen=False)  # not listed yet: nothing concluded
+    assert state.cluster_phase(v, state.task_statuses(v))[0] == Phase.PENDING
+
+
+def test_a_queued_jobset_says_it_waits_for_admission():
+    js = jobset(suspend=True)
+    js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "team-a"
+    v = view(jobset=js)
+    tasks = state.task_statuses(v)
+    assert tasks[0].reason == "waiting for admission by queue team-a"
+    assert state.cluster_phase(v, tasks) == (
+        Phase.PENDING, "ps-0: waiting for admission by queue team-a")
+
+
+def test_kueue_reason_is_the_pending_event_of_this_jobsets_workload():
+    def ev(name, reason, message, stamp, kind="Workload"):
+        return {"involvedObject": {"kind": kind, "name": name}, "reason": reason,
+                "message": message, "lastTimestamp": stamp}
+
+    events = [
+        ev("jobset-c-1a2b3", "Pending", "old", "2026-01-01T00:00:00Z"),
+        ev("jobset-c-1a2b3", "Pending", "couldn't assign flavors", "2026-01-01T00:01:00Z"),
+        ev("jobset-c-1a2b3", "QuotaReserved", "admitted elsewhere", "2026-01-01T00:02:00Z"),
+        # another cluster's Workload ("c-x"), a JobSet named like one, a non-hash suffix
+        ev("jobset-c-x-9f9f9", "Pending", "not ours", "2026-01-01T00:03:00Z"),
+        ev("jobset-c-1a2b3", "Pending", "not a Workload", "2026-01-01T00:03:00Z", kind="JobSet"),
+        ev("jobset-c-zzzzz", "Pending", "not Kueue's name", "2026-01-01T00:03:00Z"),
+    ]
+    assert state.admission_message(events, "c") == "couldn't assign flavors"
+    assert state.admission_message(events, "c-x") == "not ours"
+    assert state.admission_message(events[2:3], "c") is None
+    # the queue label decides the words, whatever JobSet's own Suspended condition says
+    js = jobset(suspend=True)
+    js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "q"
+    js["status"] = {"conditions": [{"type": "Suspended", "status": "True",
+                                    "message": "jobset is suspended"}]}
+    assert state.task_statuses(view(jobset=js))[0].reason == "waiting for admission by queue q"
 
 
 def test_in_graph_cluster_runs_until_stopped():
     spec = ClusterSpec(name="c", mode="in-graph", ps=1, workers=1)
     v = view(pod("ps-0"), pod("worker-0"), spec=spec)
     assert state.cluster_phase(v, state.task_statuses(v)) == (Phase.RUNNING, "")
-    assert state.plan(v, 1e9) == []
 
 
 # -- quota pre-flight -----------------------------------------------------------
@@ -131,6 +203,8 @@ def test_demand_sums_requests_objects_and_storage():
     assert need["requests.memory"] == Decimal(2 * 2**30 + 2**29)
     assert need["requests.nvidia.com/gpu"] == 2
     assert need["pods"] == 3
+    assert need["count/jobs.batch"] == 2  # one Job per role
+    assert need["services"] == 1  # JobSet's headless Service
     assert need["persistentvolumeclaims"] == 2
     assert need["requests.storage"] == 20 * 2**30
     assert need["gluster.storageclass.storage.k8s.io/requests.storage"] == 20 * 2**30
@@ -154,7 +228,7 @@ def test_quota_on_cpu_requires_every_pod_to_ask_for_cpu():
     problems = quota_problems(_manifests(worker={"cpu": "1"}), [quota])
     assert problems == [
         "ResourceQuota q counts requests.cpu, so every pod must set requests.cpu, but "
-        "q-ps-0 do not and the namespace's LimitRange gives no default: give --cpu for "
+        "q-ps do not and the namespace's LimitRange gives no default: give --cpu for "
         "every role (e.g. --cpu 1 --memory 2Gi)."
     ]
 
@@ -166,9 +240,7 @@ def test_node_problems():
     assert node_problems(_manifests(worker={"cpu": "2", "memory": "4Gi"}), nodes) == []
     problems = node_problems(_manifests(worker={"cpu": "2", "gpus": 1}), nodes)
     assert problems == [
-        "q-worker-0 asks for cpu 2, nvidia.com/gpu 1, more than any schedulable node can "
-        "allocate: ask for less per task.",
-        "q-worker-1 asks for cpu 2, nvidia.com/gpu 1, more than any schedulable node can "
+        "q-worker asks for cpu 2, nvidia.com/gpu 1, more than any schedulable node can "
         "allocate: ask for less per task.",
     ]
 
@@ -204,20 +276,3 @@ def test_rbac_objects_validate(version):
     kubernetes_validate.validate(backend_role_binding("alice", "sa"), version, strict=True)
 
 
-def test_the_restart_budget_is_shared_by_the_whole_cluster():
-    # worker-1 already spent the cluster's only restart: a kill of worker-0 is not retried.
-    v = view(pod("ps-0"), pod("worker-0", "Failed", terminated={"exitCode": 137}),
-             pod("worker-1", attempt=1))
-    assert state.restarts_used(v) == 1
-    assert not any(isinstance(a, state.Create) for a in state.plan(v, 0.0))
-    assert state.cluster_phase(v, state.task_statuses(v))[0] == Phase.FAILED
-
-
-def test_an_evaluator_does_not_hold_up_success_and_is_recycled():
-    spec = ClusterSpec(name="c", ps=1, workers=1, evaluator=1, script="pass", ps_grace_period=30)
-    done = {"exitCode": 0}
-    v = view(pod("ps-0"), pod("worker-0", "Succeeded", terminated=done), pod("evaluator-0"),
-             spec=spec, done_since=100.0)
-    assert state.cluster_phase(v, state.task_statuses(v))[0] == Phase.SUCCEEDED
-    deletes = [a for a in state.plan(v, 131.0) if isinstance(a, state.DeletePods)]
-    assert deletes and set(deletes[0].names) == {"c-ps-0", "c-evaluator-0"}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 from tfk8s_magics import api
@@ -84,6 +86,18 @@ class _Gone:
 
     def delete(self, name, keep_logs=False):
         return None
+
+
+def test_the_task_entry_point_starts_without_a_runpy_warning():
+    """Tasks run ``python -m tfk8s_magics.runtime.task``; if importing the package already
+    imported that module, runpy warns on stderr and the warning is the first line of every
+    task's log.  Checked both ways: the module is not pre-imported, and -m runs it silently."""
+    probe = "import sys, tfk8s_magics; print('tfk8s_magics.runtime.task' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
+    run = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "tfk8s_magics.runtime.task"],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=120)
+    assert "RuntimeWarning" not in run.stderr and "found in sys.modules" not in run.stderr, run.stderr
 
 
 def test_delete_forgets_the_in_graph_client_of_that_cluster():

@@ -1,7 +1,8 @@
 """The lifecycle policy, table-driven: one table both backends obey.
 
-The same table is run against the policy itself, against the Kubernetes
-backend's pure planner (a failed pod built from the row), and — in
+The same table is run against the policy itself, against the JobSet the
+Kubernetes backend creates (what Kubernetes and JobSet do with a failed pod
+of it, by their documented rules), and — in
 ``test_local_lifecycle.py`` — the local supervisor runs real processes
 through the rows that matter (signal retried, exit 1 and 3 not).
 """
@@ -11,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from tfk8s_magics import lifecycle
-from tfk8s_magics.backends.base import Phase
-from tfk8s_magics.backends.kubernetes import state
+from tfk8s_magics.backends.kubernetes import jobset
+from tfk8s_magics.backends.kubernetes.settings import K8sSettings
 from tfk8s_magics.lifecycle import FAIL, RESTART, SUCCEED, LifecyclePolicy, TaskEnd
 from tfk8s_magics.spec import ClusterSpec
 
@@ -47,56 +48,49 @@ def test_policy_table(end, used, budget, action, words):
     assert words in decision.reason
 
 
-def _failed_pod(end: TaskEnd, attempt: int = 0) -> dict:
-    terminated = {} if end.exit_code is None else {"exitCode": end.exit_code}
-    if end.reason == "OOMKilled":
-        terminated["reason"] = end.reason
-    status: dict = {"phase": "Failed",
-                    "containerStatuses": [{"name": "tensorflow", "state": {"terminated": terminated}}]}
-    if end.reason and end.reason != "OOMKilled":
-        status["reason"] = end.reason
-    if end.conditions:
-        status["conditions"] = [{"type": c, "status": "True"} for c in end.conditions]
-    return {"metadata": {"name": "c-worker-0" + (f"-r{attempt}" if attempt else ""),
-                         "labels": {"tfk8s.io/role": "worker", "tfk8s.io/index": "0"},
-                         "annotations": {"tfk8s.io/attempt": str(attempt)}},
-            "status": status}
+def _what_jobset_does(js: dict, end: TaskEnd, used: int) -> str:
+    """What Kubernetes does with one failed pod of the JobSet ``js``, by its documented rules.
 
-
-def _running(task: str) -> dict:
-    role, _, index = task.rpartition("-")
-    return {"metadata": {"name": f"c-{task}", "labels": {"tfk8s.io/role": role, "tfk8s.io/index": index},
-                         "annotations": {}},
-            "status": {"phase": "Running", "containerStatuses": [{"ready": True, "state": {}}]}}
+    A Job's ``podFailurePolicy`` rules are tried in order (``Ignore``: a
+    replacement pod, nothing counted; ``FailJob``: the Job fails with reason
+    ``PodFailurePolicy``); an unmatched failure counts against ``backoffLimit``
+    (0 here: the Job fails with ``BackoffLimitExceeded``).  A failed Job then
+    meets the JobSet's ``failurePolicy.rules`` in order; an unmatched one
+    restarts the JobSet while ``restarts < maxRestarts``, else fails it.
+    Evicted/preempted pods carry the ``DisruptionTarget`` condition.
+    """
+    job = js["spec"]["replicatedJobs"][-1]["template"]["spec"]
+    conditions = set(end.conditions) | ({"DisruptionTarget"} if end.reason == "Evicted" else set())
+    code = end.exit_code
+    reason = "BackoffLimitExceeded"
+    for rule in job["podFailurePolicy"]["rules"]:
+        on_codes = rule.get("onExitCodes")
+        matched = (
+            any(c["type"] in conditions for c in rule.get("onPodConditions", []))
+            or (on_codes is not None and code is not None and code != 0
+                and (code in on_codes["values"]) == (on_codes["operator"] == "In"))
+        )
+        if matched:
+            if rule["action"] == "Ignore":
+                return RESTART  # replaced, nothing counted
+            if rule["action"] == "FailJob":
+                reason = "PodFailurePolicy"
+            break
+    policy = js["spec"]["failurePolicy"]
+    for rule in policy.get("rules", []):
+        if reason in rule.get("onJobFailureReasons", []):
+            return FAIL if rule["action"] == "FailJobSet" else RESTART
+    return RESTART if used < policy["maxRestarts"] else FAIL
 
 
 @pytest.mark.parametrize(("end", "used", "budget", "action", "words"), TABLE)
-def test_kubernetes_planner_obeys_the_table(end, used, budget, action, words):
+def test_the_kubernetes_jobset_obeys_the_table(end, used, budget, action, words):
+    """The same table against the JobSet the Kubernetes backend creates (JobSet enacts it)."""
     if end.signal or end.vanished or end.exit_code == 0:
-        pytest.skip("a pod cannot show this end (signals arrive as exit codes; see the 'pod deleted' test)")
+        pytest.skip("a pod cannot show this end (signals arrive as exit codes 128+N)")
     spec = ClusterSpec(name="c", ps=1, workers=2, script="pass", restart_budget=budget)
-    # ``used`` restarts were spent by worker-1 (the budget is the cluster's, not the task's).
-    worker1 = _running("worker-1")
-    worker1["metadata"]["annotations"]["tfk8s.io/attempt"] = str(used)
-    pods = state.latest_pods([_failed_pod(end), _running("ps-0"), worker1])
-    view = state.View(spec=spec, pods=pods)
-    actions = state.plan(view, now=0.0)
-    creates = [a for a in actions if isinstance(a, state.Create)]
-    phase, reason = state.cluster_phase(view, state.task_statuses(view))
-    if action == RESTART:
-        assert [c.task.name for c in creates] == ["worker-0"] and phase != Phase.FAILED
-    else:
-        assert creates == [] and phase == Phase.FAILED
-        # After a failure the others are stopped at once, not after the grace period.
-        assert state.DeletePods(("c-ps-0", "c-worker-1"), "the cluster failed") in actions
-
-
-def test_a_pod_deleted_by_someone_else_is_replaced_only_within_budget():
-    spec = ClusterSpec(name="c", ps=1, workers=2, script="pass", restart_budget=1)
-    running = state.latest_pods([_running("ps-0"), _running("worker-1")])
-    assert [type(a) for a in state.plan(state.View(spec=spec, pods=running, gone={"worker-0": 0}), 0)] == [
-        state.Create]
-    assert state.plan(state.View(spec=spec, pods=running, gone={"worker-0": 1}), 0) == []
+    js = jobset.jobset(spec, K8sSettings(namespace="n"), LifecyclePolicy.of(spec))
+    assert _what_jobset_does(js, end, used) == action
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """Lifecycle on the local backend: readiness, PS recycling, crashes and restarts, stop, logs, progress."""
 
+import os
 import re
 import socket
 import threading
@@ -244,9 +245,13 @@ def test_tensorboard_binds_loopback_is_reused_and_ends_with_delete(local, workdi
     assert font, index[:2000]
     with urllib.request.urlopen(f"http://127.0.0.1:{first.port}/{font[1]}", timeout=10) as r:
         assert r.status == 200 and len(r.read()) > 1000
-    listening = [c for c in psutil.Process(first.pid).net_connections("tcp")
-                 if c.status == psutil.CONN_LISTEN]
-    assert listening and all(c.laddr.ip == "127.0.0.1" for c in listening)
+    # On the host only the owner-only relay (TensorBoard's child) listens, on loopback; TensorBoard
+    # itself is in a network namespace of its own (tests/test_local_isolation.py: others get nothing).
+    listening = [c for c in psutil.net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port == first.port]
+    assert [c.laddr.ip for c in listening] == ["127.0.0.1"], listening
+    assert listening[0].pid in {p.pid for p in psutil.Process(first.pid).children()}
+    assert os.readlink(f"/proc/{first.pid}/ns/net") != os.readlink("/proc/self/ns/net")
     cluster.delete()
     deadline = time.monotonic() + 10
     while pid_alive(first.pid) and time.monotonic() < deadline:

@@ -1,5 +1,6 @@
 """Real TensorFlow clusters on the local backend: between-graph (TF2 and TF1) and in-graph."""
 
+import os
 import re
 from pathlib import Path
 
@@ -72,12 +73,16 @@ def test_in_graph_cluster_driven_from_this_process(local):
     assert weights.numpy().tolist() == [12.0] * 4
     st = cluster.status()
     assert st.phase == Phase.RUNNING and all(t.phase == Phase.RUNNING for t in st.tasks)
-    # TensorFlow would listen on every interface; the loopback shim keeps each server local.
+    # TensorFlow listens on every interface; an in-graph cluster's servers share the host's
+    # loopback with the kernel (they dial its chief), and the loopback shim keeps them there.
+    own = os.readlink("/proc/self/ns/net")
     for t in st.tasks:
-        listening = [c.laddr for c in psutil.Process(t.pid).net_connections("tcp")
-                     if c.status == psutil.CONN_LISTEN]
-        assert listening, t.name
-        assert all(a.ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for a in listening), (t.name, listening)
+        assert os.readlink(f"/proc/{t.pid}/ns/net") == own, t.name
+    ports = {int(a.rsplit(":", 1)[1]) for hosts in local.addresses("ig").values() for a in hosts}
+    host = [c.laddr for c in psutil.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port in ports]
+    assert sorted(a.port for a in host) == sorted(ports), host
+    assert all(a.ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for a in host), host
     # The coordinator's own progress reports speak for the cluster.
     tk.report_progress(12, total=12, loss=0.5)
     p = cluster.status().progress

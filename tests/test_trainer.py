@@ -17,6 +17,7 @@ import signal
 import numpy as np
 import pytest
 import requests
+import yaml
 
 from tests.conftest import wait_for
 from tfk8s_magics import api
@@ -133,7 +134,11 @@ def test_magic_flags_are_the_registry_options(capsys, monkeypatch, tmp_path):
     magics.tfcluster("render t --trainer Tiny --workers 2 --steps 9 --batch-size 8 --checkpoint-every 3",
                      TRAINER)
     out = capsys.readouterr().out
-    assert "t-ps-0" not in out and "t-worker-1" in out
+    # one JobSet with a single replicated Job, the 2 workers (sync MWMS: no parameter server)
+    (jobset,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "JobSet"]
+    assert [(r["name"], r["template"]["spec"]["completions"])
+            for r in jobset["spec"]["replicatedJobs"]] == [("worker", 2)]
+    assert "t-worker-0-1.t.default.svc:2222" in out and "t-ps-0" not in out
     assert '\\"steps\\": 9' in out or '"steps": 9' in out
     from IPython.core.error import UsageError
 

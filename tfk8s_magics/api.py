@@ -12,6 +12,8 @@ In-graph: ``tk.launch("ig", mode="in-graph", ps=2, workers=2)`` then
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +24,7 @@ from .backends import Backend, ClusterStatus, Event, LogLine, Phase, TensorBoard
 from .backends.kubernetes.manifests import dump_yaml
 from .errors import ClusterExists, ClusterNotFound, ClusterTimeout, LaunchFailed, SpecError
 from .runtime.progress import end_redirect, redirect_progress
-from .spec import IN_GRAPH, ROLES, ClusterSpec, Resources
+from .spec import IN_GRAPH, MAX_FILES_BYTES, ROLES, ClusterSpec, Resources
 from .trainer import TrainerOptions
 from .trainer import launch as trainer_launch
 from .trainer import runtime as trainer_runtime
@@ -60,7 +62,8 @@ def make_spec(name: str, *, script: str | None = None, **values: Any) -> Cluster
     A keyword left out or ``None`` takes the option's default: its
     environment variable, else its built-in value.  ``script_path`` reads
     the script from a file; ``cpu``/``memory``/``gpus`` apply to every
-    role (``resources=`` gives them per role).
+    role, or per role as a mapping (``gpus={"worker": 1}``); ``resources=``
+    gives whole :class:`Resources` per role.
     """
     known = {o.name for o in options.spec_options()}
     given = {k: values.pop(k) for k in list(values) if k in known}
@@ -74,9 +77,19 @@ def make_spec(name: str, *, script: str | None = None, **values: Any) -> Cluster
     trainer_options, script = _with_trainer(resolved, script)
     if resolved["files"]:
         values["files"] = _read_files(resolved["files"])
-    res = Resources(cpu=resolved["cpu"], memory=resolved["memory"], gpus=resolved["gpus"])
-    if res != Resources() and "resources" not in values:
-        values["resources"] = {role: res for role in ROLES}
+    if "resources" not in values:
+        cpu, memory, gpus = (options.by_role(resolved[k]) for k in ("cpu", "memory", "gpus"))
+        per_role = {role: Resources(cpu=cpu[role], memory=memory[role], gpus=gpus[role] or 0)
+                    for role in ROLES}
+        if any(res != Resources() for res in per_role.values()):
+            values["resources"] = per_role
+    for key in ("queue", "priority", "scheduler", "active_deadline"):
+        values.setdefault(key, resolved[key])
+    values.setdefault("spread", tuple(resolved["spread"] or ()))
+    affinity: dict[str, tuple[str, ...]] = {}
+    for role, requirement in resolved["node_affinity"] or ():
+        affinity[role] = (*affinity.get(role, ()), requirement)
+    values.setdefault("node_affinity", affinity)
     return _checked(trainer_options, ClusterSpec(
         name=name,
         script=script,
@@ -115,13 +128,36 @@ def _script(script: str | None, script_path: str | None) -> tuple[str | None, st
     return text, str(path.resolve())
 
 
+#: The largest file ``--script``/``--file`` reads: the spec refuses more than this in all anyway.
+MAX_READ_BYTES = MAX_FILES_BYTES
+
+
 def _read_text(path: Path, flag: str, given: str, wanted: str, kind: str) -> str:
-    """The text of ``path``, or a SpecError naming ``flag`` and what to give instead."""
+    """The text of ``path``, or a SpecError naming ``flag`` and what to give instead.
+
+    Only a regular file under :data:`MAX_READ_BYTES` is read: ``/dev/zero``
+    would be read until memory ran out, and a FIFO would block forever
+    (it is opened non-blocking and refused).
+    """
     try:
-        return path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise SpecError(f"{flag} {given!r} does not exist: give the path of {wanted}.") from None
-    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as e:
+    except OSError as e:
+        raise SpecError(f"{flag} {given!r} cannot be read as {kind}: {e.strerror}.") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = "a directory" if stat.S_ISDIR(mode) else "not a regular file (a device, FIFO or socket)"
+        raise SpecError(f"{flag} {given!r} is {what}: give the path of {wanted}.")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_READ_BYTES + 1)
+    if len(data) > MAX_READ_BYTES:
+        raise SpecError(f"{flag} {given!r} is larger than {MAX_READ_BYTES} bytes: give {wanted} under "
+                        "that size (put data in --data-dir instead).")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
         raise SpecError(f"{flag} {given!r} cannot be read as {kind}: {e}.") from None
 
 
@@ -170,6 +206,8 @@ def launch(
         raise SpecError("--force only goes with --replace: add --replace to replace a running cluster.")
     if replace:
         _remove_for_replace(spec.name, be, force)
+    if spec.mode == IN_GRAPH:
+        ingraph.preimport(spec.legacy_keras)  # this process will be the client: import TF meanwhile
     be.launch(spec, detach=detach)
     cluster = Cluster(spec.name, be)
     if wait_ready is not None:
@@ -195,7 +233,7 @@ def _remove_for_replace(name: str, be: Backend, force: bool) -> None:
 def get(name: str, backend: str | Backend | None = None) -> Cluster:
     """The handle of an existing cluster (raises ClusterNotFound)."""
     be = resolve_backend(backend)
-    be.spec(name)  # raises ClusterNotFound with the known names
+    be.check_exists(name)  # raises ClusterNotFound with the known names
     return Cluster(name, be)
 
 
@@ -370,12 +408,14 @@ class Cluster:
         ingraph.disconnect(self.backend.name, self.name)
         return self.backend.stop(self.name)
 
-    def delete(self, keep_logs: bool = False):
-        """Remove it and all it created (its logs too, unless ``keep_logs``)."""
+    def delete(self, keep_logs: bool = False, force: bool = False):
+        """Remove it and all it created (its logs too, unless ``keep_logs``); ``force`` also removes a
+        cluster whose state is unreadable (local backend)."""
         ingraph.disconnect(self.backend.name, self.name)
         ClusterFeed.forget(self.backend, self.name)
         end_redirect((self.backend.name, self.name))
-        kept = self.backend.delete(self.name, keep_logs=keep_logs)
+        extra = {"force": True} if force else {}
+        kept = self.backend.delete(self.name, keep_logs=keep_logs, **extra)
         announce_deleted(self.backend, self.name)  # every view in this process, at once
         return kept
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from . import api, options
 from .backends.kubernetes.manifests import dump_yaml
+from .backends.local import pool as local_pool
 from .errors import ClusterExists, ClusterNotFound, SpecError, TaskNotFound, TFClusterError
 from .ui.render import events_text, list_text, status_text
 from .ui.serving import serving_text
@@ -140,7 +141,7 @@ def _stop(args: argparse.Namespace) -> int:
 
 
 def _delete(args: argparse.Namespace) -> int:
-    kept = api.get(args.name, args.backend).delete(keep_logs=args.keep_logs)
+    kept = api.get(args.name, args.backend).delete(keep_logs=args.keep_logs, force=args.force)
     print(f"{args.name}: deleted" + (f"; logs kept in {kept}" if kept else ""))
     return 0
 
@@ -164,6 +165,17 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pool(args: argparse.Namespace) -> int:
+    if args.size is not None:
+        print("tfk8s pool --size: a warm pool belongs to the process that launches (a notebook "
+              "kernel); set TFK8S_POOL_SIZE there or run %tfcluster pool --size N in the notebook.",
+              file=sys.stderr)
+        return 2
+    found = local_pool.pools()
+    print("\n".join(local_pool.describe(p) for p in found) if found else "no warm pool is running")
+    return 0
+
+
 #: The subcommands a terminal offers, each one API call.
 _RUN: dict[str, Callable[[argparse.Namespace], int]] = {
     "launch": _launch,
@@ -177,6 +189,7 @@ _RUN: dict[str, Callable[[argparse.Namespace], int]] = {
     "delete": _delete,
     "events": _events,
     "serve": _serve,
+    "pool": _pool,
 }
 
 

@@ -11,7 +11,9 @@ Rules, because TensorFlow keeps one eager context per process:
   cluster, so every resolver of it names the same chief; TensorFlow cannot
   listen on that port again, so a relaunched cluster gets a new one;
 * ``connect`` with the options of the strategy it already built returns
-  that strategy; with other options it builds a new one (TensorFlow allows
+  that strategy — unless a parameter server restarted since it was built
+  (its variables and the connection are gone): then it lets the old one go
+  and builds a fresh one on a new chief port; with other options it builds a new one (TensorFlow allows
   it for the same servers); after a relaunch (new addresses) it connects
   to the new servers;
 * before a connected cluster's servers go away (stop, delete), its
@@ -27,6 +29,7 @@ import gc
 import os
 import sys
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,10 +51,37 @@ class _Client:
     resolvers: list = field(default_factory=list)
     options: tuple | None = None
     strategy: Any = None
+    built: float = 0.0  # when the strategy was built: a server restarted later cut it off
 
 
 #: (backend name, cluster name) → this process's client state for that cluster.
 _clients: dict[tuple[str, str], _Client] = {}
+
+
+#: The background import started by :func:`preimport` (None: not started).
+_preimport: threading.Thread | None = None
+
+
+def preimport(legacy_keras: bool) -> None:
+    """Start importing TensorFlow in a background thread, once: an in-graph launch was made, so
+    ``connect`` will need it, and the 3-5 s import then overlaps the cluster's own start
+    instead of following it."""
+    global _preimport
+    with _lock:
+        if "tensorflow" in sys.modules or _preimport is not None:
+            return
+        if legacy_keras:
+            os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # before the import, as below
+        _preimport = threading.Thread(target=_import_in_background, name="tfk8s-import-tensorflow",
+                                      daemon=True)
+        _preimport.start()
+
+
+def _import_in_background() -> None:
+    try:
+        import_tensorflow()
+    except Exception:  # noqa: BLE001 - the caller's own import (prepare_tensorflow) reports it
+        pass
 
 
 def prepare_tensorflow(legacy_keras: bool) -> Any:
@@ -59,6 +89,8 @@ def prepare_tensorflow(legacy_keras: bool) -> Any:
     if legacy_keras:
         # Read at the first use of tf.keras, so it must be set before that.
         os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    if _preimport is not None:
+        _preimport.join()  # a failed background import is retried (and raises) right here
     return import_tensorflow()
 
 
@@ -114,11 +146,23 @@ def strategy(cluster, addresses: dict[str, list[str]], options: dict[str, Any]):
     when the servers and options are the same, else a new one."""
     wanted = options_key(options)
     client = _client(cluster, addresses)
+    if client.strategy is not None and cluster.status().restarted_since(client.built):
+        # A parameter server restarted under the strategy: its variables and the eager
+        # context's connection are gone; only a new client (new chief port) can go on.
+        disconnect(cluster.backend.name, cluster.name)
+        client = _client(cluster, addresses)
     if client.strategy is not None and client.options == wanted:
         return client.strategy
     tf = prepare_tensorflow(cluster.spec.legacy_keras)
+    built_at = time.time()
+    # The strategy starts this process's chief server in the host's network namespace, where
+    # its gRPC threads live: TensorFlow's threads are process-wide and keep the namespace they
+    # were made in, so a chief started inside one cluster's namespace leaves this process
+    # unable to reach a relaunched cluster (measured: the second connect hung).  The tasks
+    # stay in their own namespace, reached through the owner-only relay.
     built = tf.distribute.ParameterServerStrategy(resolver(cluster, addresses), **options)
-    client.strategy, client.options = built, wanted
+    client.strategy, client.options, client.built = built, wanted, built_at
+    client.coordinator.connected(built_at)
     return built
 
 

@@ -2,11 +2,12 @@
 
 Both backends obey the same :class:`LifecyclePolicy` (built from the spec
 with :meth:`LifecyclePolicy.of`): the local supervisor
-(:mod:`.backends.local.supervisor`) executes it on processes, and the
-Kubernetes backend (:mod:`.backends.kubernetes.state`) on pods.  Each
-backend describes how one try of a task ended as a :class:`TaskEnd`
-(exit code, signal, the runtime's reason, pod conditions) and asks
-:meth:`LifecyclePolicy.decide` what follows.  The rules:
+(:mod:`.backends.local.supervisor`) executes it on processes, asking
+:meth:`LifecyclePolicy.decide` what follows each :class:`TaskEnd` (exit
+code, signal, the runtime's reason, pod conditions); the Kubernetes backend
+translates it into the fields of the cluster's JobSet
+(:mod:`.backends.kubernetes.jobset`), which JobSet enforces in the cluster.
+The rules:
 
 * **Success** is decided by the *success roles*: a between-graph cluster
   succeeds when its chief and workers have all exited 0.  Evaluators and
@@ -27,11 +28,14 @@ backend describes how one try of a task ended as a :class:`TaskEnd`
   makes the others raise TensorFlow's Unavailable/Aborted/Cancelled; the
   task runtime maps that to :data:`EXIT_PEER_LOST` (75), which is retried.
   The first retryable end opens an *incident* (``incident_window``
-  seconds): ends inside it are restarted without spending the budget again,
+  seconds): ends inside it — and, however late, a lost peer (75) reported
+  by a task already running when it opened — are restarted without
+  spending the budget again,
   and for a between-graph cluster the other success-role tasks (the
   synchronous group) are restarted with the first, as JobSet restarts all
-  its Jobs.  (Local supervisor; the Kubernetes bare-pod controller counts
-  each replaced pod — the JobSet move restarts the group.)
+  its Jobs.  (Local supervisor.  On Kubernetes JobSet does it: the first
+  failed Job restarts every Job of the JobSet, one ``failurePolicy`` restart,
+  and exit 75 is left out of the ``podFailurePolicy`` codes that fail at once.)
 * **Not retried** — the user's outcome: any other exit code from 1 to 127
   the script (or server) chose: :data:`EXIT_SCRIPT_RAISED` (the script raised:
   rerunning the same code on the same data raises again, and the traceback
@@ -43,8 +47,8 @@ backend describes how one try of a task ended as a :class:`TaskEnd`
   cluster only holds resources.
 * **TTL:** ``ttl_after_finished`` seconds after it ended, a cluster is
   deleted (None: kept until deleted by hand).  Only the Kubernetes backend
-  enforces it (its controller, and later JobSet, outlives the cluster's
-  tasks); the local backend refuses a TTL at launch rather than ignore it.
+  enforces it (JobSet's ``ttlSecondsAfterFinished``, in the cluster); the
+  local backend refuses a TTL at launch rather than ignore it.
 
 Where the two backends disagreed before this module existed — the local
 supervisor retried any exit code but 3 and stopped the rest at once, the
@@ -62,7 +66,7 @@ from __future__ import annotations
 import signal as _signal
 from dataclasses import dataclass
 
-from .runtime.task import EXIT_PEER_LOST, EXIT_SCRIPT_BROKEN
+from .runtime.exitcodes import EXIT_PEER_LOST, EXIT_SCRIPT_BROKEN
 from .spec import BETWEEN, ClusterSpec, Task
 
 #: The script raised an exception (Python's own exit code for that).

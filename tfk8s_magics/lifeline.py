@@ -72,3 +72,109 @@ def exit_with(owner_pid: int, on_exit: Callable[[], None] | None = None) -> thre
     thread = threading.Thread(target=wait, name=f"lifeline-{owner_pid}", daemon=True)
     thread.start()
     return thread
+
+
+# -- process identity: a pid is reused, (pid, start time) is not ------------------------
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def start_time(pid: int | None) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22), or None.
+
+    A pid alone may name another process after a reboot or a wrap; the pair
+    (pid, start time) names one process for the life of the machine.
+    """
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{int(pid)}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError, TypeError):
+        return None
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def same_process(pid: object, start: object) -> bool:
+    """Whether the process recorded as (``pid``, ``start``) still runs; a record without a start
+    time (or a malformed one) is never trusted, so a stale pid cannot hit an unrelated process."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(start, int) or pid <= 0:
+        return False
+    return start_time(pid) == start
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants reparent to this process (``PR_SET_CHILD_SUBREAPER``), so a task's
+    daemonised grandchild stays known to its supervisor; returns whether the kernel agreed."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def children_of(pid: int) -> list[int]:
+    """The direct children of ``pid`` (from ``/proc/<pid>/task/*/children``)."""
+    out: list[int] = []
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return out
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as f:
+                out += [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def processes_marked(marker: str, value: str, exclude: frozenset[int] = frozenset()) -> list[int]:
+    """Pids of live processes whose environment has ``marker=value`` (those this uid may read).
+
+    Every process of a local cluster carries ``TFK8S_CLUSTER_ID``; its
+    descendants inherit it, whatever process group or session they moved to.
+    """
+    needle = f"{marker}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in exclude:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read()
+        except OSError:  # gone, or not ours to read
+            continue
+        if needle in env.split(b"\0") and start_time(int(entry)) is not None:
+            found.append(int(entry))
+    return found
+
+
+def kill_marked(
+    marker: str, value: str, rounds: int = 50, exclude: frozenset[int] = frozenset()
+) -> list[int]:
+    """SIGKILL every process marked ``marker=value`` (but this one and ``exclude``) until none is
+    left; return what still ran after ``rounds`` sweeps (empty on success).  Repeated because a dying
+    parent may fork."""
+    me = exclude | {os.getpid()}
+    left = processes_marked(marker, value, me)
+    for _ in range(rounds):
+        if not left:
+            return []
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in left:  # wait until they are gone (zombies count as gone)
+            _wait_gone(pid, 2.0)
+        left = processes_marked(marker, value, me)
+    return left
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    fd = open_pidfd(pid)
+    if fd is None:
+        return
+    try:
+        select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)

@@ -20,6 +20,7 @@ from IPython.display import display
 
 from . import api, options
 from .backends.kubernetes.manifests import dump_yaml
+from .backends.local import pool as local_pool
 from .errors import ClusterExists, ClusterNotFound, SpecError, TaskNotFound
 from .taskenv import import_tensorflow
 from .ui import cluster_list, dashboard, summary
@@ -110,6 +111,7 @@ class TFClusterMagics(Magics, MagicDefaults):
 
     def _cmd_launch(self, args, cell):
         spec = self._spec(args, cell)
+        local_pool.configure(self.pool_size)  # c.TFClusterMagics.pool_size, if an admin set it
         cluster = api.launch(spec, backend=args.backend, detach=args.detach,
                              replace=args.replace, force=args.force)
         if args.show_dashboard:
@@ -200,7 +202,7 @@ class TFClusterMagics(Magics, MagicDefaults):
     def _cmd_delete(self, args, cell):
         cluster = api.get(args.name, args.backend)
         summary.finish_all(cluster.backend, cluster.name, final=True)  # while its logs exist
-        kept = cluster.delete(keep_logs=args.keep_logs)
+        kept = cluster.delete(keep_logs=args.keep_logs, force=args.force)
         summary.finish_all(cluster.backend, cluster.name, deleted=True)
         print(f"{args.name}: deleted" + (f"; logs kept in {kept}" if kept else ""))
 
@@ -217,6 +219,14 @@ class TFClusterMagics(Magics, MagicDefaults):
         show_serving(cluster.serve(model=args.model, replicas=args.replicas, cpu=args.serving_cpu,
                                    memory=args.serving_memory))
         return None
+
+    def _cmd_pool(self, args, cell):
+        if args.size is not None:
+            self.pool_size = args.size  # checked like c.TFClusterMagics.pool_size
+        local_pool.configure(self.pool_size)
+        if args.size:
+            local_pool.ensure()
+        print(local_pool.status_text())
 
     def _cmd_dashboard(self, args, cell):
         # Shown here, not returned: a returned handle would be displayed a second time.

@@ -48,6 +48,9 @@ _MODE_ALIASES = {
     "ingraph": IN_GRAPH,
 }
 
+#: Task roles, in the order tasks are listed and started.
+ROLES = ("chief", "ps", "worker", "evaluator")
+
 #: A Kubernetes resource quantity (``500m``, ``4Gi``, ``10``).
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
 #: A DNS-1123 label: the name of most Kubernetes objects (at most 63 characters).
@@ -111,6 +114,53 @@ def _env_pair(text: str) -> tuple[str, str]:
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
     return key, value
+
+
+def per_role(inner: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A converter: ``VALUE`` (every role) or ``ROLE=VALUE[,ROLE=VALUE...]`` (``worker=1,ps=0``)."""
+
+    def convert(text: str) -> Any:
+        if "=" not in text:
+            return inner(text)
+        out = {}
+        for part in str(text).split(","):
+            role, sep, value = part.partition("=")
+            if not sep or role.strip() not in ROLES:
+                raise argparse.ArgumentTypeError(
+                    f"{part!r} is not ROLE=VALUE with a role among {', '.join(ROLES)}")
+            out[role.strip()] = inner(value.strip())
+        return out
+
+    return convert
+
+
+def each_role(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+    """A check applied to one value, or to every value of a role → value mapping."""
+
+    def checked(flag: str, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            unknown = [r for r in value if r not in ROLES]
+            if unknown:
+                raise SpecError(f"{flag} names unknown role {unknown[0]!r}: use one of "
+                                f"{', '.join(ROLES)}, e.g. {flag} worker=1.")
+            return {role: check(flag, v) for role, v in value.items()}
+        return check(flag, value)
+
+    return checked
+
+
+def by_role(value: Any) -> dict[str, Any]:
+    """``value`` for every role, or the mapping given (roles left out: None)."""
+    if isinstance(value, Mapping):
+        return {role: value.get(role) for role in ROLES}
+    return dict.fromkeys(ROLES, value)
+
+
+def _placement(text: str) -> tuple[str, str]:
+    role, sep, requirement = text.partition(":")
+    if not sep or not requirement:
+        raise argparse.ArgumentTypeError(f"{text!r} is not ROLE:REQUIREMENT (e.g. ps:!gpu)")
+    return role, requirement
 
 
 def count(low: int, high: int) -> Callable[[str, Any], int]:
@@ -320,12 +370,27 @@ _OPTIONS = (
            commands=SPEC_COMMANDS),
     Option("image", str, None, "task image (kubernetes; default: $TFK8S_IMAGE)",
            commands=SPEC_COMMANDS),
-    Option("cpu", str, None, "CPU per task, e.g. 2 or 500m (kubernetes)", check=quantity,
-           commands=SPEC_COMMANDS),
-    Option("memory", str, None, "memory per task, e.g. 4Gi (kubernetes)", check=quantity,
-           commands=SPEC_COMMANDS),
-    Option("gpus", _whole, 0, "GPUs per task (kubernetes)", check=count(0, 64),
-           commands=SPEC_COMMANDS, metavar="N"),
+    Option("cpu", per_role(str), None, "CPU per task, e.g. 2 or 500m, or per role: "
+           "worker=2,ps=1 (kubernetes)", check=each_role(quantity), commands=SPEC_COMMANDS),
+    Option("memory", per_role(str), None, "memory per task, e.g. 4Gi, or per role: "
+           "worker=8Gi,ps=2Gi (kubernetes)", check=each_role(quantity), commands=SPEC_COMMANDS),
+    Option("gpus", per_role(_whole), 0, "GPUs per task, or per role: worker=1 so parameter "
+           "servers take none (kubernetes; GPU tasks get the nvidia.com/gpu toleration)",
+           check=each_role(count(0, 64)), commands=SPEC_COMMANDS, metavar="N|ROLE=N"),
+    Option("queue", str, None, "Kueue LocalQueue: the cluster is admitted as one gang "
+           "(kueue.x-k8s.io/queue-name; kubernetes)", commands=SPEC_COMMANDS, metavar="NAME"),
+    Option("priority", str, None, "PriorityClass of every task pod (Kueue's workload priority; "
+           "kubernetes)", commands=SPEC_COMMANDS, metavar="CLASS"),
+    Option("scheduler", str, None, "schedulerName of every task pod, e.g. volcano (kubernetes)",
+           commands=SPEC_COMMANDS, metavar="NAME"),
+    Option("active_deadline", _seconds, None, "seconds a run may last before the cluster fails "
+           "(kubernetes)", commands=SPEC_COMMANDS, metavar="S"),
+    Option("spread", str, None, "spread this role's pods across nodes (repeatable; kubernetes)",
+           commands=SPEC_COMMANDS, action="append", metavar="ROLE"),
+    Option("node_affinity", _placement, None, "a node label this role needs: ROLE:key=value, "
+           "ROLE:key!=value, ROLE:key or ROLE:!key, e.g. ps:!nvidia.com/gpu.present "
+           "(repeatable; kubernetes)", commands=SPEC_COMMANDS, action="append",
+           metavar="ROLE:REQ"),
     # -- the Trainer (tfk8s_magics.trainer: TrainerOptions is made of these) ----
     Option("trainer", str, None, "name of the tfk8s_magics.Trainer subclass the cell defines: the "
            "platform runs it with the options below", commands=SPEC_COMMANDS, metavar="CLASS"),
@@ -369,8 +434,8 @@ _OPTIONS = (
     Option("replace", parse_bool, False,
            "first delete a finished or stopped cluster of the same name (re-running a launch cell)",
            commands=("launch",), action="store_true"),
-    Option("force", parse_bool, False, "with --replace: replace a running cluster too",
-           commands=("launch",), action="store_true"),
+    Option("force", parse_bool, False, "launch --replace: replace a running cluster too; delete: "
+           "remove a cluster whose state is unreadable", commands=("launch", "delete"), action="store_true"),
     Option("shards", _whole, None, "split each variable over N parameter servers "
            "(a FixedShardsPartitioner)", check=count(1, 4096), commands=("connect",), metavar="N"),
     Option("min_shard_bytes", _whole, None, "split variables into shards of at least B bytes "
@@ -421,6 +486,16 @@ _OPTIONS = (
     Option("quiet", parse_bool, True,
            "hide TensorFlow's C++ INFO/WARNING lines and CUDA probing in tasks and the kernel "
            "(TFK8S_QUIET=0 shows them)", env="TFK8S_QUIET"),
+    Option("pool_size", _whole, 2,
+           "warm task processes (TensorFlow already imported) the local backend keeps ready for "
+           "this kernel's launches; 0: every task starts cold", env="TFK8S_POOL_SIZE",
+           trait="pool_size", check=count(0, 64)),
+    Option("size", _whole, None, "set this kernel's warm pool size now and start it (0 stops it)",
+           commands=("pool",), check=count(0, 64), metavar="N"),
+    Option("isolation", str, "netns",
+           "how local clusters and their TensorBoards are kept from other users: netns (a private "
+           "network namespace each, the default), loopback (only the loopback shim: other hosts are "
+           "kept out, local users are not) or off", env="TFK8S_ISOLATION"),
     Option("stall_timeout", _seconds, 120.0,
            "seconds with every task running and no log line, progress or exit before a cluster "
            "is called stalled (0: never)", env="TFK8S_STALL_TIMEOUT"),
@@ -486,6 +561,7 @@ COMMANDS: Mapping[str, Command] = {
         Command("delete", "delete a cluster and what it created"),
         Command("events", "show what happened to a cluster"),
         Command("dashboard", "show a live dashboard of a cluster"),
+        Command("pool", "show (or size) the local backend's warm pool of task processes"),
         Command("serve", "serve a cluster's newest exported model (TensorFlow Serving's REST + "
                 "gRPC APIs); --stop removes the server"),
     )

@@ -16,11 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import SpecError, TaskNotFound
-from .options import BETWEEN, IN_GRAPH, OPTIONS
+from .options import BETWEEN, IN_GRAPH, OPTIONS, ROLES
 from .scriptcheck import check_strategy
-
-#: Task roles, in the order tasks are listed and started.
-ROLES = ("chief", "ps", "worker", "evaluator")
 
 #: A cluster name must leave room for ``-evaluator-0`` style suffixes in a
 #: 63-character Kubernetes name, so it is shorter than a DNS label.
@@ -120,6 +117,10 @@ def validate_name(name: str) -> str:
 
 def check_script(source: str, filename: str = "<cell>") -> None:
     """Raise :class:`SpecError` if ``source`` does not compile."""
+    if "\0" in source:  # compile() says so without a line (Python 3.11.4+: SyntaxError, lineno None)
+        line = source.count("\n", 0, source.index("\0")) + 1
+        raise SpecError(f"the training script contains a NUL byte at {filename} line {line}: "
+                        "remove it and launch again.")
     try:
         compile(source, filename, "exec")
     except SyntaxError as e:

@@ -5,9 +5,12 @@ status (``Backend.watch``), one its logs (``Backend.follow_logs``), one
 handing log batches out — and gives what they see to subscribers: the
 live log view under a launch cell, the dashboard, the cluster list.
 However many views show a cluster, the backend is read once.  Subscribers
-get log lines in batches (at most every ``LOG_BATCH_INTERVAL``) so a
-chatty cluster costs one update per batch, not one per line.  A feed only
-reads: it never acts on the cluster.
+get log lines in batches, paced by a :class:`~.backends.pacing.Pacer`:
+a line after a quiet spell is handed out the moment it is read (a slow
+stream is shown line by line, as printed), and only a stream faster than
+one line per ``LOG_MIN_GAP`` is gathered into batches, up to
+``LOG_BATCH_INTERVAL`` apart, so a chatty cluster costs one update per
+batch, not one per line.  A feed only reads: it never acts on the cluster.
 
 Feeds are kept per backend object (a weak key: a backend that is gone
 takes its feeds' entries with it) and per cluster name.  The registry lock
@@ -17,20 +20,24 @@ guards only the registry: no backend call is made while it is held.
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-from .backends import Backend, ClusterStatus, LogLine
+from .backends import Backend, ClusterStatus, LogChunk, LogLine
+from .backends.pacing import Pacer
 from .errors import ClusterNotFound
 
 StatusCallback = Callable[[ClusterStatus], None]
 LogsCallback = Callable[[list[LogLine]], None]
 
-#: Seconds between log batches handed to subscribers.
+#: Longest gap between log batches handed to subscribers (reached only under load).
 LOG_BATCH_INTERVAL = 0.1
+#: Shortest gap between log batches: lines further apart than this go out one by one, at once.
+LOG_MIN_GAP = 0.02
 #: Log lines kept in memory per task, for views that subscribe late.
 HISTORY_LINES = 1000
 
@@ -41,7 +48,7 @@ class ClusterFeed:
     _registry: weakref.WeakKeyDictionary[Backend, dict[str, ClusterFeed]] = weakref.WeakKeyDictionary()
     _registry_lock = threading.Lock()
 
-    def __init__(self, backend: Backend, name: str) -> None:
+    def __init__(self, backend: Backend, name: str, pacer: Pacer | None = None) -> None:
         self.backend = backend
         self.name = name
         self.status: ClusterStatus | None = None
@@ -50,7 +57,12 @@ class ClusterFeed:
         self._log_subs: list[LogsCallback] = []
         self._lock = threading.Lock()  # guards status, history, the subscriber lists, _pending
         self._stop = threading.Event()
-        self._pending: list[LogLine] = []
+        #: Chunks of one task's lines each, as the backend handed them over: kept as
+        #: strings until handed out (see :class:`~.backends.LogChunk`).
+        self._pending: list[LogChunk] = []
+        self._pending_lines = 0
+        #: When to hand the next batch out (injectable: tests drive it with their own clock).
+        self.pacer = pacer or Pacer(LOG_MIN_GAP, LOG_BATCH_INTERVAL)
         self._threads = [
             threading.Thread(target=self._run_status, name=f"tfk8s-status-{name}", daemon=True),
             threading.Thread(target=self._run_logs, name=f"tfk8s-logs-{name}", daemon=True),
@@ -77,9 +89,13 @@ class ClusterFeed:
             if feeds.get(name) is not current:  # another thread replaced it meanwhile
                 return feeds[name]
             feed = feeds[name] = cls(backend, name)
-        for t in feed._threads:
+        return feed.start()
+
+    def start(self) -> ClusterFeed:
+        """Start the feed's threads (:meth:`of` does; a feed made by hand needs it); return it."""
+        for t in self._threads:
             t.start()
-        return feed
+        return self
 
     @classmethod
     def forget(cls, backend: Backend, name: str) -> None:
@@ -150,10 +166,13 @@ class ClusterFeed:
 
     def _run_logs(self) -> None:
         try:
-            for line in self.backend.follow_logs(self.name, self._stop):
+            for chunk in _log_chunks(self.backend, self.name, self._stop):
+                if not chunk.texts:
+                    continue
                 with self._lock:
                     first = not self._pending
-                    self._pending.append(line)
+                    self._pending.append(chunk)
+                    self._pending_lines += len(chunk.texts)
                 if first:  # one wake-up per batch, not per line
                     self._has_pending.set()
         except ClusterNotFound:
@@ -168,31 +187,50 @@ class ClusterFeed:
         """Keep why feeding stopped and show it in every log view (the API's reason included)."""
         self.error = f"watching the {what} of {self.name!r} stopped: {type(e).__name__}: {e}"
         with self._lock:
-            self._pending.append(LogLine("tfk8s", self.error, time.time()))
+            self._pending.append(LogChunk("tfk8s", [self.error], time.time()))
         self._has_pending.set()
 
     def _run_flush(self) -> None:
-        # The first line after a quiet spell goes out at once; a burst is
-        # then gathered for LOG_BATCH_INTERVAL so views update per batch.
+        # The first line after a quiet spell goes out at once; while lines keep
+        # coming faster than the pacer's gap, they gather so views update per batch.
         while True:
             self._has_pending.wait()
+            delay = self.pacer.delay(self._pending_lines)
+            if delay and not self.logs_done.is_set():
+                self.pacer.sleep(delay)
             self._has_pending.clear()
-            self._flush()
+            if self._flush():
+                self.pacer.took()
             if self.logs_done.is_set():
                 self._flush()
                 return
-            time.sleep(LOG_BATCH_INTERVAL)
 
-    def _flush(self) -> None:
+    def _flush(self) -> bool:
+        """Hand the pending lines out; whether there were any."""
         with self._lock:
-            batch, self._pending = self._pending, []
-            if not batch:
-                return
-            for line in batch:
-                self.history.setdefault(line.task, collections.deque(maxlen=HISTORY_LINES)).append(line)
+            chunks, self._pending = self._pending, []
+            self._pending_lines = 0
+            if not chunks:
+                return False
+            parts = [chunk.lines() for chunk in chunks]
+            for chunk, lines in zip(chunks, parts, strict=True):  # one history update per chunk
+                q = self.history.get(chunk.task)
+                if q is None:
+                    q = self.history[chunk.task] = collections.deque(maxlen=HISTORY_LINES)
+                q.extend(lines)
             subs = list(self._log_subs)
+        batch = parts[0] if len(parts) == 1 else list(itertools.chain.from_iterable(parts))
         for cb in subs:
             _safe(cb, batch)
+        return True
+
+
+def _log_chunks(backend: Backend, name: str, stop: threading.Event) -> Iterator[LogChunk]:
+    """The backend's log stream in chunks of one task's lines (a line each if it cannot batch)."""
+    chunks = getattr(backend, "follow_log_batches", None)
+    if chunks is not None:
+        return chunks(name, stop)
+    return (LogChunk(ln.task, [ln.text], ln.time) for ln in backend.follow_logs(name, stop))
 
 
 def _same_cluster(feed: ClusterFeed) -> bool:

@@ -112,12 +112,14 @@ def make_modify_pod_hook(
 
 
 async def stop_clusters(api: Callable[[str], Any], namespace: str, selector: str) -> None:
-    """Stop every TensorFlow cluster in ``namespace``: TensorBoards first, then task pods.
+    """Stop every TensorFlow cluster in ``namespace``: TensorBoards, then the JobSets.
 
-    Deployments go first so that their pods are not recreated.  Services,
-    ConfigMaps and volumes are kept: the user's logs and records survive.
+    Deleting a cluster's JobSet ends its Jobs and pods (deleting the pods
+    alone would have JobSet replace them).  ConfigMaps and volumes are kept:
+    the user's logs and records survive; in-graph clusters are owned by the
+    notebook pod and go with it.
     """
-    apps, core = api("AppsV1Api"), api("CoreV1Api")
+    apps, custom = api("AppsV1Api"), api("CustomObjectsApi")
     await _call(
         apps.delete_collection_namespaced_deployment,
         namespace,
@@ -125,10 +127,13 @@ async def stop_clusters(api: Callable[[str], Any], namespace: str, selector: str
         propagation_policy="Background",
     )
     await _call(
-        core.delete_collection_namespaced_pod,
+        custom.delete_collection_namespaced_custom_object,
+        "jobset.x-k8s.io",
+        "v1alpha2",
         namespace,
+        "jobsets",
         label_selector=selector,
-        grace_period_seconds=30,
+        propagation_policy="Foreground",
     )
 
 

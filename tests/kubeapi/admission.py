@@ -17,6 +17,9 @@ from . import errors, limitranger, podsecurity, quota
 from .resources import ResourceKind, lookup
 from .store import Store
 
+#: The label that puts a job in a Kueue LocalQueue.
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+
 
 def _image_pull_policy(image: str) -> str:
     tag = image.rsplit("/", 1)[-1]
@@ -116,6 +119,10 @@ def admit_create(store: Store, kind: ResourceKind, namespace: str | None, obj: d
     elif kind.kind == "Job":
         uid = str(uuid.uuid4())
         default_job(obj, uid)
+    elif kind.kind == "JobSet" and store.kueue and \
+            (obj["metadata"].get("labels") or {}).get(KUEUE_QUEUE):
+        # Kueue's mutating webhook: a queued job starts suspended, until admitted
+        obj["spec"]["suspend"] = True
     elif kind.kind == "Namespace":
         obj["status"] = {"phase": "Active"}
         labels = obj["metadata"].setdefault("labels", {})

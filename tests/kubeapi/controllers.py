@@ -140,8 +140,8 @@ class DeploymentController(_Controller):
         """Create/delete pods towards ``spec.replicas`` and update status."""
         with self.store.lock:
             dep = self.store.get(self.kind, namespace, name)
-            if dep is None:
-                return
+            if dep is None or dep["metadata"].get("deletionTimestamp"):
+                return  # being deleted (Foreground): no new pods, as the real controller
             spec = dep.get("spec") or {}
             want = spec.get("replicas", 1)
             template_hash = hashlib.sha256(
@@ -195,7 +195,7 @@ class JobController(_Controller):
         """Start pods up to parallelism; record success/failure; finish the Job."""
         with self.store.lock:
             job = self.store.get(self.kind, namespace, name)
-            if job is None:
+            if job is None or job["metadata"].get("deletionTimestamp"):
                 return
             status = copy.deepcopy(job.get("status") or {})
             if any(c["type"] in ("Complete", "Failed") and c["status"] == "True"

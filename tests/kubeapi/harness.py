@@ -38,7 +38,7 @@ class KubeHarness:
     def __init__(self, *, kubernetes_version: str = "1.29",
                  nodes: tuple[str, ...] = ("node-1",), history_size: int = 1000,
                  strict_validation: bool = True, jobset: bool = True,
-                 graceful_pods: bool = False):
+                 graceful_pods: bool = False, kueue: bool = False):
         self.store = Store(history_size=history_size)
         self.kubelet = SimulatedKubelet(self.store, nodes)
         self.validator = Validator(kubernetes_version, strict=strict_validation)
@@ -52,6 +52,7 @@ class KubeHarness:
         if not jobset:
             self.api.disabled_groups.add("jobset.x-k8s.io")
         self.store.hold_pod_deletion = graceful_pods
+        self.store.kueue = kueue
         self._server = FakeKubeServer(self.api)
         self._clients: list[kubernetes.client.ApiClient] = []
         self._api_client: kubernetes.client.ApiClient | None = None

@@ -22,7 +22,9 @@ TTL, and never writes JobSet status on its own.  A test says what JobSet did:
 :meth:`JobSetDriver.restart` (a new attempt's pods, ``status.restarts`` + 1),
 :meth:`JobSetDriver.finish` (the ``Completed``/``Failed`` condition).  Also
 not modelled: the Job objects themselves (pods are owned by the JobSet
-directly; garbage collection ends the same way), suspend, Kueue.
+directly; garbage collection ends the same way).  Kueue, with the harness's
+``kueue=True``: its webhook suspends a queued JobSet at creation, and a test
+says what Kueue decided (:meth:`JobSetDriver.kueue_pending`, ``kueue_admit``).
 """
 
 from __future__ import annotations
@@ -161,6 +163,27 @@ class JobSetDriver:
         if js is None:
             raise KeyError(f"no JobSet {namespace}/{name}")
         return js
+
+    def workload_name(self, namespace: str, name: str) -> str:
+        """The name Kueue gives the Workload of JobSet ``name``: ``jobset-<name>-<5 hex>``."""
+        uid = self._status(namespace, name)["metadata"]["uid"]
+        return f"jobset-{name}-{hashlib.sha1(f'{name}/{uid}'.encode()).hexdigest()[:5]}"
+
+    def kueue_pending(self, namespace: str, name: str, message: str) -> None:
+        """Kueue could not admit JobSet ``name``: the ``Pending`` Event on its Workload."""
+        workload = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+                    "metadata": {"name": self.workload_name(namespace, name),
+                                 "namespace": namespace}}
+        record_event(self.store, workload, "Pending", message, type_="Warning",
+                     component="kueue-admission")
+
+    def kueue_admit(self, namespace: str, name: str) -> None:
+        """Kueue admitted JobSet ``name``: it unsuspends it, and JobSet makes the pods."""
+        with self.store.lock:
+            js = self._status(namespace, name)
+            js["spec"]["suspend"] = False
+            self.store.update(self.kind, js, check_version=False)
+        self._pods.reconcile(namespace, name)
 
     def restart(self, namespace: str, name: str) -> None:
         """JobSet restarted (failurePolicy): old pods go, a new attempt's pods come."""

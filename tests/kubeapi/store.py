@@ -86,6 +86,8 @@ class Store:
         self.closed = False
         #: Keep deleted running pods Terminating until :meth:`finish_pod_termination`.
         self.hold_pod_deletion = False
+        #: Kueue's webhook stand-in: JobSets with a queue label are created suspended.
+        self.kueue = False
         # uid → last state of removed objects (what a Foreground DELETE answers with).
         self._finished: dict[str, dict] = {}
 

@@ -15,7 +15,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from itertools import repeat
+from typing import Any, ClassVar, NamedTuple
 
 from ..errors import BackendError, SpecError
 from ..spec import ClusterSpec
@@ -31,6 +32,7 @@ class Phase:
     SUCCEEDED = "succeeded"  # exited 0 (parameter servers: recycled after the workers)
     FAILED = "failed"  # crashed past the restart budget, or could not start
     STOPPED = "stopped"  # ended by the user (stop/delete) or by its owner exiting
+    UNKNOWN = "unknown"  # its state cannot be read (the reason says why); not terminal
 
     TERMINAL = frozenset({SUCCEEDED, FAILED, STOPPED})
 
@@ -163,6 +165,12 @@ class ClusterStatus:
         """Whether the cluster has ended (succeeded, failed or stopped)."""
         return self.phase in Phase.TERMINAL
 
+    def restarted_since(self, when: float, role: str = "ps") -> list[str]:
+        """The ``role`` tasks restarted after ``when`` (a parameter server's restart loses the
+        in-graph coordinator's variables and connection; a worker's the coordinator survives)."""
+        return [t.name for t in self.tasks
+                if t.name.startswith(f"{role}-") and t.restarts and (t.started or 0) > when]
+
     @property
     def ready(self) -> bool:
         """Whether every task is running (or already done)."""
@@ -195,13 +203,44 @@ class ClusterStatus:
         return cls(**d)
 
 
-@dataclass(frozen=True)
-class LogLine:
-    """One line a task printed (stdout and stderr are merged, as kubectl logs does)."""
+class LogLine(NamedTuple):
+    """One line a task printed (stdout and stderr are merged, as kubectl logs does).
+
+    Immutable, like the other records here, but a named tuple rather than a
+    frozen dataclass: a flood of output makes hundreds of thousands of them
+    a second, and a tuple of strings and a float is built at a fraction of
+    the cost and left alone by the garbage collector after its first pass
+    (a dataclass instance is tracked for life), which keeps the kernel's
+    collections short while logs stream (``bench/logs.py``).
+    """
 
     task: str
     text: str
     time: float = 0.0
+
+    @classmethod
+    def many(cls, task: str, texts: list[str], time: float) -> list[LogLine]:
+        """One line per text, all of ``task`` at ``time``, built without a Python call per line."""
+        return list(map(tuple.__new__, repeat(cls), zip(repeat(task), texts, repeat(time))))
+
+
+class LogChunk(NamedTuple):
+    """Lines one task printed that were read together (``Backend.follow_log_batches``).
+
+    The texts travel as plain strings until a view takes them: strings are
+    not tracked by the garbage collector, and :class:`LogLine` objects made
+    just before they are handed out die young (a flood's lines kept waiting
+    for their batch as objects would be promoted and make full collections
+    pause the kernel).
+    """
+
+    task: str
+    texts: list[str]
+    time: float
+
+    def lines(self) -> list[LogLine]:
+        """The chunk as :class:`LogLine` objects."""
+        return LogLine.many(self.task, self.texts, self.time)
 
 
 @dataclass(frozen=True)
@@ -222,12 +261,15 @@ class Coordinator:
     ``address`` is where it listens, reachable from the cluster's servers;
     ``progress`` receives its progress records (one JSON line each), so
     :func:`~tfk8s_magics.report_progress` called here shows in the
-    cluster's status; ``task`` is the name those records carry.
+    cluster's status; ``task`` is the name those records carry;
+    ``connected(when)`` is called once a strategy is built on the servers, so
+    the backend can say when a later server restart cut that connection.
     """
 
     address: str
     progress: Callable[[str], None]
     task: str = "chief-0"
+    connected: Callable[[float], None] = lambda when: None
 
 
 class Backend(abc.ABC):
@@ -284,6 +326,22 @@ class Backend(abc.ABC):
         ``stop`` is set.
         """
 
+    def follow_log_batches(
+        self,
+        name: str,
+        stop: threading.Event,
+        tasks: list[str] | None = None,
+        from_start: bool = True,
+    ) -> Iterator[LogChunk]:
+        """:meth:`follow_logs` in chunks: lines of one task that arrived together.
+
+        The live views' path: a backend that reads many lines at once (the
+        local one reads files) hands them over as one chunk instead of one
+        object per line.  By default, each line is a chunk of its own.
+        """
+        for line in self.follow_logs(name, stop, tasks, from_start):
+            yield LogChunk(line.task, [line.text], line.time)
+
     @abc.abstractmethod
     def events(self, name: str) -> list[Event]:
         """What happened to the cluster, oldest first."""
@@ -291,6 +349,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def stop(self, name: str) -> ClusterStatus:
         """End every task; keep the record and the logs."""
+
+    def check_exists(self, name: str) -> None:
+        """Raise ClusterNotFound (naming the known clusters) unless cluster ``name`` exists."""
+        self.spec(name)
 
     @abc.abstractmethod
     def delete(self, name: str, keep_logs: bool = False) -> LogLocation | None:

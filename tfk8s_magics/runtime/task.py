@@ -42,12 +42,7 @@ from .. import tfconfig
 from ..scriptcheck import COLLECTIVE_WITH_PS
 from ..spec import Task
 from ..taskenv import import_tensorflow
-
-#: The script cannot run at all (syntax error, missing module): do not restart it.
-EXIT_SCRIPT_BROKEN = 3
-#: The script lost a peer (TensorFlow's Unavailable/Aborted/Cancelled in a collective or a
-#: PS call): a consequence of another task's end, retried (EX_TEMPFAIL).
-EXIT_PEER_LOST = 75
+from .exitcodes import EXIT_PEER_LOST, EXIT_SCRIPT_BROKEN
 
 
 def task_from_env(environ: MutableMapping[str, str]) -> Task | None:
@@ -172,8 +167,10 @@ def run_script(path: str) -> int:
     except StrategyDoesNotFit as e:
         print(f"tfk8s: {e}", file=sys.stderr, flush=True)
         return EXIT_SCRIPT_BROKEN
-    except ImportError:
+    except ImportError as e:
         traceback.print_exc()
+        if not import_at_top_level(e, path):
+            return 1  # a late import (inside a function, mid-training) is the script raising
         print("tfk8s: the training script failed on an import; restarting cannot fix it.",
               file=sys.stderr, flush=True)
         return EXIT_SCRIPT_BROKEN
@@ -185,6 +182,19 @@ def run_script(path: str) -> int:
             return EXIT_PEER_LOST
         return 1
     return 0
+
+
+def import_at_top_level(e: BaseException, path: str) -> bool:
+    """Whether ``e`` was raised by the script's module-level code (its imports at the top): the
+    script cannot run at all.  An import inside a function, late in training, is an exception like
+    any other (exit 1), not "the script cannot run"."""
+    frame_name = None
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == path:
+            frame_name = tb.tb_frame.f_code.co_name
+        tb = tb.tb_next
+    return frame_name in (None, "<module>")
 
 
 def _lost_a_peer(e: BaseException) -> bool:

@@ -287,9 +287,12 @@ class Dashboard:
                 q = self.lines.get(task)
                 if q is None:
                     q = self.lines[task] = collections.deque(maxlen=self.max_lines)
-                    self._pending[task] = collections.deque(maxlen=self.max_lines)
                 q.extend(texts)
-                self._pending[task].extend(texts)
+                # The text view empties _pending at each draw: a known task may be missing from it.
+                pending = self._pending.get(task)
+                if pending is None:
+                    pending = self._pending[task] = collections.deque(maxlen=self.max_lines)
+                pending.extend(texts)
             self.line_counts.update(counts)
         if self._throttle:
             self._throttle.poke()

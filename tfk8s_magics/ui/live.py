@@ -228,10 +228,15 @@ class LogOutput:
         self.max_lines = max_lines
         self.shown = 0
 
-    def append(self, lines: list[str], tail: Callable[[], list[str]], head: Callable[[], str]) -> None:
-        """Append ``lines``; re-base on ``tail()`` under ``head()`` when the widget holds too many."""
-        self.shown += len(lines)
-        if self.shown > 2 * self.max_lines:
+    def append(self, lines: list[str], tail: Callable[[], list[str]], head: Callable[[], str],
+               skipped: int = 0) -> None:
+        """Append ``lines``; re-base on ``tail()`` under ``head()`` when the widget holds too many.
+
+        ``skipped``: lines that came before ``lines`` and were never formatted
+        (a flood): the widget must not show a silent gap, so it re-bases.
+        """
+        self.shown += len(lines) + skipped
+        if skipped or self.shown > 2 * self.max_lines:
             newest = tail()
             self.replace(head() + "\n".join(newest) + "\n", len(newest))
         else:

@@ -94,16 +94,19 @@ class LogView:
             self._emit([f"[tfk8s] {st.name}: {st.phase}{reason}"])
 
     def _on_logs(self, batch: list[LogLine]) -> None:
-        self._emit([f"[{ln.task}] {ln.text}" for ln in batch if self.tasks is None or ln.task in self.tasks])
+        lines = batch if self.tasks is None else [ln for ln in batch if ln.task in self.tasks]
+        # In a widget only the newest max_lines of a flood can stay: the older ones are
+        # counted, not formatted (the printed fallback shows every line).
+        skipped = max(0, len(lines) - self.max_lines) if self._output is not None else 0
+        self._emit([f"[{ln.task}] {ln.text}" for ln in lines[skipped:]], skipped)
 
-    def _emit(self, texts: list[str]) -> None:
+    def _emit(self, texts: list[str], skipped: int = 0) -> None:
+        """Show ``texts``, the newest lines after ``skipped`` older ones that were not formatted."""
         if not texts:
             return
         with self._lock:
-            for t in texts:
-                if len(self.lines) == self.max_lines:
-                    self.dropped += 1
-                self.lines.append(t)
+            self.dropped += max(0, len(self.lines) + skipped + len(texts) - self.max_lines)
+            self.lines.extend(texts)
             if self._output is None:
                 sys.stdout.write("\n".join(texts) + "\n")
                 sys.stdout.flush()
@@ -113,4 +116,5 @@ class LogView:
                 tail=lambda: list(self.lines),
                 head=lambda: (f"… {self.dropped} earlier lines are in the log files "
                               f"(%tfcluster logs {self.name})\n"),
+                skipped=skipped,
             )

@@ -338,7 +338,14 @@ def list_text(statuses: list[ClusterStatus]) -> str:
             f"{st.name:<20}{st.backend:<12}{st.mode:<10}{st.shown_phase:<11}{len(st.tasks):>6}  "
             f"{age:>7}  {fmt_progress(st.progress, st.terminal)}"
         )
+    # A cluster whose state cannot be read says why under the table (one line each).
+    lines += [f"{st.name}: {st.reason}" for st in statuses if st.phase == Phase.UNKNOWN]
     return "\n".join(lines)
+
+
+def _progress_or_why(st: ClusterStatus) -> str:
+    """The list's last column: the progress, or why the cluster's state cannot be read."""
+    return st.reason if st.phase == Phase.UNKNOWN else fmt_progress(st.progress, st.terminal)
 
 
 def list_html(statuses: list[ClusterStatus]) -> str:
@@ -349,7 +356,7 @@ def list_html(statuses: list[ClusterStatus]) -> str:
         f"<tr><td>{_e(st.name)}</td><td>{_e(st.backend)}</td><td>{_e(st.mode)}</td>"
         f"<td>{phase_badge(st.shown_phase)}</td><td>{len(st.tasks)}</td>"
         f"<td>{_e(fmt_duration(time.time() - st.created))}</td>"
-        f"<td>{_e(fmt_progress(st.progress, st.terminal))}</td></tr>"
+        f"<td>{_e(_progress_or_why(st))}</td></tr>"
         for st in statuses
     )
     return (

@@ -1,15 +1,16 @@
-"""The Kubernetes backend: every task a Pod, built by pure functions, applied with rollback.
+"""The Kubernetes backend: every cluster one JobSet, built by pure functions, applied with rollback.
 
 Modules, each doing one thing:
 
 * :mod:`.settings` — :class:`K8sSettings`, the few cluster-wide choices (namespace, image, ...);
 * :mod:`.manifests` — pure builders, ``ClusterSpec`` + settings → manifest dicts;
+* :mod:`.jobset` — the pure JobSet builder (the lifecycle policy as JobSet fields);
 * :mod:`.rbac` — the least-privilege Role the backend needs;
 * :mod:`.quota` — the pre-flight ResourceQuota check (pure arithmetic);
 * :mod:`.apply` — create in dependency order, roll back on any failure;
-* :mod:`.state` — pods → task statuses, and the lifecycle policy's plan (pure);
-* :mod:`.watch` — one read-only pod watch per cluster (status, Events, progress);
-* :mod:`.controller` — the pod watch that also acts on the plan (launch/attach only);
+* :mod:`.state` — JobSet + pods → task and cluster statuses (pure);
+* :mod:`.watch` — one read-only watch of the JobSet and its pods per cluster
+  (status, Events, progress); the lifecycle itself runs in JobSet, in the cluster;
 * :mod:`.logs` — log streaming with progress records taken out;
 * :mod:`.backend` — :class:`KubernetesBackend`, the :class:`~..base.Backend` itself.
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .manifests import render_yaml
+from .jobset import render_yaml
 
 __all__ = ["KubernetesBackend", "render_yaml"]
 

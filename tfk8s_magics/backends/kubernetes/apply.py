@@ -1,9 +1,9 @@
 """Apply a cluster's manifests with rollback, after a pre-flight quota check.
 
 The root object is created first; every other object then gets an
-ownerReference to it, so one delete of the root removes the cluster.  Pods
-are created last, concurrently (a bounded pool: the API server, not this
-loop, is the limit).  If any request fails — forbidden (403), exists (409),
+ownerReference to it, so one delete of the root removes the cluster.  The
+JobSet comes last (its pods need the root and the claims); JobSet creates
+the pods.  If any request fails — forbidden (403), exists (409),
 invalid (422), over quota — everything this launch created is deleted and
 :class:`~tfk8s_magics.errors.LaunchFailed` says why in one sentence, with
 the API's own message.
@@ -11,7 +11,6 @@ the API's own message.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes.client.rest import ApiException
@@ -22,8 +21,6 @@ from .manifests import owner_reference, with_owner
 from .quota import admitted, limit_problems, node_problems, quota_problems
 
 Manifest = dict[str, Any]
-#: Concurrent pod creations: enough to hide round trips, few enough to be polite.
-POD_WORKERS = 8
 
 
 def _what(m: Manifest) -> str:
@@ -113,21 +110,8 @@ def apply(api: Api, manifests: list[Manifest]) -> list[Manifest]:
         root = api.create(manifests[0])
         created.append(root)
         owner = owner_reference(root)
-        rest = [with_owner(m, owner) for m in manifests[1:]]
-        pods = [m for m in rest if m["kind"] == "Pod"]
-        for current in (m for m in rest if m["kind"] != "Pod"):
+        for current in [with_owner(m, owner) for m in manifests[1:]]:
             created.append(api.create(current))
-        with ThreadPoolExecutor(POD_WORKERS) as pool:
-            futures = [(m, pool.submit(api.create, m)) for m in pods]
-            failure: tuple[Manifest, ApiException] | None = None
-            for m, future in futures:
-                try:
-                    created.append(future.result())
-                except ApiException as e:
-                    failure = failure or (m, e)
-            if failure:
-                current = failure[0]
-                raise failure[1]
     except ApiException as e:
         sentence = failure_sentence(e, current, api.namespace)
         leftovers = rollback(api, created)

@@ -1,4 +1,4 @@
-"""The :class:`KubernetesBackend`: every cluster as pods in the user's namespace.
+"""The :class:`KubernetesBackend`: every cluster one JobSet in the user's namespace.
 
 State lives in the API, not in this process: the root ConfigMap of each
 cluster holds its spec, so ``list``/``status``/``logs`` work after a kernel
@@ -6,11 +6,13 @@ restart, from any process with the same namespace.  Nothing connects to a
 cluster before the first call that needs it: the constructor only stores
 options, and :meth:`KubernetesBackend.render` never connects at all.
 
-Reading never acts: ``status``/``watch``/``logs``/``events`` keep one
-read-only :class:`~.watch.PodWatch` per cluster.  Acting — replacing pods,
-recycling parameter servers, the TTL — is the
-:class:`~.controller.ClusterController`, started by :meth:`~KubernetesBackend.launch`
-and by the explicit :meth:`~KubernetesBackend.attach`, nothing else.
+The lifecycle — restarts, success, the end of parameter servers, the TTL —
+is JobSet's, in the cluster, with or without a notebook attached.  This
+process only reads: ``status``/``watch``/``logs``/``events`` keep one
+read-only :class:`~.watch.ClusterWatch` (the JobSet and its pods) per
+cluster.  It acts only when asked: ``launch``, ``stop`` (deletes the JobSet;
+the record and volumes stay), ``delete`` (Foreground: returns when the
+objects are gone), ``tensorboard``.
 """
 
 from __future__ import annotations
@@ -31,27 +33,23 @@ from ...errors import BackendError, ClusterExists, ClusterNotFound, LaunchFailed
 from ...ports import free_port
 from ...runtime.progress import parse_record
 from ...scriptcheck import check_files_travel, script_dir
-from ...spec import ClusterSpec
+from ...spec import IN_GRAPH, ClusterSpec
 from ..base import Backend, ClusterStatus, Coordinator, Event, LogLine, LogLocation, TensorBoardInfo
 from . import logs as logs_mod
 from . import state
 from .apply import apply, failure_sentence, preflight
 from .client import Api, api_reason
-from .controller import ClusterController
+from .jobset import API_VERSION, KIND, cluster_addresses, cluster_manifests, render_yaml
 from .manifests import (
     CLUSTER_LABEL,
     COMPONENT_LABEL,
     DETACHED_ANNOTATION,
-    FINISHED_ANNOTATION,
     LOG_MOUNT,
     SCRIPT_KEY,
     SPEC_KEY,
     STOPPED_ANNOTATION,
-    cluster_addresses,
-    cluster_manifests,
     log_claim_name,
     owner_reference,
-    render_yaml,
     selector,
     tensorboard_manifests,
     tensorboard_name,
@@ -59,7 +57,17 @@ from .manifests import (
 )
 from .serving import serving_info, serving_manifests, serving_name, serving_options
 from .settings import K8sSettings, label_value, settings_from_env
-from .watch import PodWatch
+from .watch import ClusterWatch
+from .watch import events as watch_events
+
+#: What to install when the cluster has no JobSet API (one sentence, at launch).
+INSTALL_JOBSET = (
+    "this cluster does not serve the JobSet API (jobset.x-k8s.io/v1alpha2), which runs "
+    "tfk8s clusters: ask your administrator to install JobSet v0.6 or newer (its release "
+    "manifest or Helm chart; see helm/README.md), then launch again."
+)
+#: Seconds ``delete`` waits for a cluster's objects to be gone.
+DELETE_TIMEOUT = 120.0
 
 
 class KubernetesBackend(Backend):
@@ -109,7 +117,7 @@ class KubernetesBackend(Backend):
         self._api: Api | None = None
         self.check_nodes = check_nodes
         self.request_timeout = request_timeout
-        self._watches: dict[str, PodWatch] = {}  # cluster → its watch (a controller where attached)
+        self._watches: dict[str, ClusterWatch] = {}  # cluster → its read-only watch
         self._lock = threading.RLock()  # guards _watches and _stop_at_exit; no request under it
         self._stop_at_exit: set[str] = set()  # clusters launched here, not detached
         self._exit_hook = False
@@ -146,11 +154,12 @@ class KubernetesBackend(Backend):
 
     # -- launch ---------------------------------------------------------------
     def launch(self, spec: ClusterSpec, *, detach: bool = False) -> ClusterStatus:
-        """Pre-flight check, create every object with rollback, start watching.
+        """Check the JobSet API and the quota, create every object with rollback, start watching.
 
-        Unless ``detach``, the cluster is stopped (pods deleted, record kept)
-        when this process exits; a detached cluster runs on, and a later
-        process reattaches with :meth:`status`/:meth:`watch`.
+        The cluster's lifecycle is its JobSet's from then on.  Unless
+        ``detach``, it is stopped (its JobSet deleted, record kept) when this
+        process exits; an in-graph cluster is also owned by this notebook's
+        pod, so stopping or culling the server deletes it server-side.
         """
         spec = self._owned(spec)
         if spec.script is not None:
@@ -158,18 +167,58 @@ class KubernetesBackend(Backend):
             check_files_travel(spec.script, script_dir(spec), list(spec.files))
         manifests = cluster_manifests(spec, self.settings)
         manifests[0]["metadata"]["annotations"][DETACHED_ANNOTATION] = str(detach).lower()
-        if self._root(spec.name) is not None:
-            raise ClusterExists(
-                f"a cluster named {spec.name!r} already exists in namespace "
-                f"{self.settings.namespace!r}: launch with --replace to delete it and launch "
-                f"again, choose another name, or `%tfcluster delete {spec.name}` first."
-            )
+        self._check_free(spec.name)
+        self._check_jobset_api()
+        if spec.mode == IN_GRAPH:
+            owner = self._notebook_pod_owner()
+            if owner is not None:
+                manifests[0]["metadata"]["ownerReferences"] = [owner]
         preflight(self.api, manifests, check_nodes=self.check_nodes)
         created = apply(self.api, manifests)
-        controller = self._control(spec, created[0])
+        watch = self._start_watch(spec, created[0])
         if not detach:
             self._stop_when_exiting(spec.name)
-        return controller.snapshot()
+        return watch.snapshot()
+
+    def _check_free(self, name: str) -> None:
+        """Refuse a name in use, saying in one sentence when it is a deletion still under way."""
+        root = self._root(name, any_state=True)
+        if root is None:
+            return
+        if root["metadata"].get("deletionTimestamp"):
+            raise ClusterExists(
+                f"cluster {name!r} is still being deleted in namespace "
+                f"{self.settings.namespace!r} (its pods are terminating): wait for "
+                f"`%tfcluster delete {name}` to return, then launch again."
+            )
+        raise ClusterExists(
+            f"a cluster named {name!r} already exists in namespace "
+            f"{self.settings.namespace!r}: launch with --replace to delete it and launch "
+            f"again, choose another name, or `%tfcluster delete {name}` first."
+        )
+
+    def _check_jobset_api(self) -> None:
+        try:
+            served = self.api.serves(API_VERSION)
+        except ApiException as e:
+            raise LaunchFailed(f"could not ask the cluster for the JobSet API: {api_reason(e)}.") from e
+        if not served:
+            raise LaunchFailed(INSTALL_JOBSET)
+
+    def _notebook_pod_owner(self) -> dict[str, Any] | None:
+        """An ownerReference to this notebook's pod (by its name, ``HOSTNAME``), if it is one."""
+        name = os.environ.get("TFK8S_POD_NAME") or os.environ.get("HOSTNAME")
+        if not name or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            return None
+        try:
+            pod = self.api.get("v1", "Pod", name)
+        except ApiException:
+            return None  # not allowed to read it, or not a pod here: no server-side owner
+        if pod is None:
+            return None
+        # No blockOwnerDeletion: that would need update on pods/finalizers, and
+        # the hub deletes notebook pods in the background anyway.
+        return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod["metadata"]["uid"]}
 
     def _stop_when_exiting(self, name: str) -> None:
         """Stop ``name`` when this process exits (one exit hook per backend object)."""
@@ -181,14 +230,12 @@ class KubernetesBackend(Backend):
         atexit.register(_stop_all, weakref.ref(self))
 
     def attach(self, name: str) -> None:
-        """Run the lifecycle of ``name`` from this process: replace pods the policy retries,
-        recycle parameter servers, delete at the TTL (a detached cluster, or one whose
-        launching kernel is gone).  Nothing else starts acting on a cluster."""
-        root = self._require_root(name)
-        self._control(self._spec_of(root), root)
+        """Nothing to take over: the cluster's JobSet runs its lifecycle in the cluster."""
+        self._require_root(name)
 
     # -- state from the API ---------------------------------------------------
-    def _root(self, name: str) -> dict[str, Any] | None:
+    def _root(self, name: str, any_state: bool = False) -> dict[str, Any] | None:
+        """The root record of ``name`` (None: none, or being deleted unless ``any_state``)."""
         try:
             root = self.api.get("v1", "ConfigMap", name)
         except ApiException as e:
@@ -200,6 +247,8 @@ class KubernetesBackend(Backend):
         if root is None or labels.get(COMPONENT_LABEL) != "root" or (
             labels.get(CLUSTER_LABEL) != name
         ):
+            return None
+        if root["metadata"].get("deletionTimestamp") and not any_state:
             return None
         return root
 
@@ -220,23 +269,13 @@ class KubernetesBackend(Backend):
         record["files"] = {n: data[n] for n in record.get("files") or [] if n in data}
         return ClusterSpec.from_dict(record)
 
-    def _control(self, spec: ClusterSpec, root: dict[str, Any]) -> PodWatch:
-        """The controller of the cluster of ``root``, started (in place of a read-only watch) if needed."""
-        return self._start_watch(spec, root, acting=True)
-
-    def _start_watch(self, spec: ClusterSpec, root: dict[str, Any], acting: bool) -> PodWatch:
+    def _start_watch(self, spec: ClusterSpec, root: dict[str, Any]) -> ClusterWatch:
         uid = root["metadata"]["uid"]
         with self._lock:
             current = self._watches.get(spec.name)
-        if current is not None and current.alive and current.root["metadata"]["uid"] == uid and (
-            current.acts or not acting
-        ):
+        if current is not None and current.alive and current.root["metadata"]["uid"] == uid:
             return current
-        if acting:
-            new: PodWatch = ClusterController(self.api, spec, self.settings, root, on_deleted=self._forget)
-        else:
-            new = PodWatch(self.api, spec, root)
-        new.start()  # waits for the first listing: no lock held
+        new = ClusterWatch(self.api, spec, root).start()  # waits for the first listings
         with self._lock:
             current, self._watches[spec.name] = self._watches.get(spec.name), new
         if current is not None and current is not new:
@@ -248,14 +287,14 @@ class KubernetesBackend(Backend):
             self._watches.pop(name, None)
             self._stop_at_exit.discard(name)
 
-    def _watcher(self, name: str) -> PodWatch:
-        """The live watch of ``name`` (read-only unless this process controls it), from the API if new."""
+    def _watcher(self, name: str) -> ClusterWatch:
+        """The live (read-only) watch of ``name``, started from the API if this process has none."""
         with self._lock:
             current = self._watches.get(name)
         if current is not None and current.alive:
             return current
         root = self._require_root(name)
-        return self._start_watch(self._spec_of(root), root, acting=False)
+        return self._start_watch(self._spec_of(root), root)
 
     # -- Backend --------------------------------------------------------------
     def status(self, name: str) -> ClusterStatus:
@@ -266,11 +305,13 @@ class KubernetesBackend(Backend):
         return watch.snapshot()
 
     def list_clusters(self) -> list[ClusterStatus]:
-        """This user's clusters in the namespace (two requests, whatever their number)."""
+        """This user's clusters in the namespace (three requests, whatever their number)."""
         try:
             roots = self.api.list_objects(
                 "v1", "ConfigMap", selector(None, "root", label_value(self.settings.user))
             ).get("items", [])
+            jobsets = {j["metadata"]["name"]: j for j in self.api.list_objects(
+                API_VERSION, KIND, selector(None, "jobset")).get("items", [])}
             pods = self.api.list_objects("v1", "Pod", selector(None, "task")).get("items", [])
         except ApiException as e:
             raise BackendError(
@@ -286,13 +327,8 @@ class KubernetesBackend(Backend):
                 continue  # not a record we can read: leave it alone
             mine = [p for p in pods if p["metadata"]["labels"].get(CLUSTER_LABEL) == name]
             annotations = root["metadata"].get("annotations") or {}
-            finished = annotations.get(FINISHED_ANNOTATION)
-            view = state.View(
-                spec=spec,
-                pods=state.latest_pods(mine),
-                stopped=bool(annotations.get(STOPPED_ANNOTATION)),
-                finished_at=float(finished) if finished else None,
-            )
+            view = state.View(spec=spec, jobset=jobsets.get(name), pods=state.latest_pods(mine),
+                              stopped=bool(annotations.get(STOPPED_ANNOTATION)))
             out.append(state.cluster_status(view, root))
         out.sort(key=lambda s: s.created, reverse=True)
         return out
@@ -349,7 +385,12 @@ class KubernetesBackend(Backend):
         return out
 
     def stop(self, name: str) -> ClusterStatus:
-        """Delete the pods (one request); keep the root record, the Service and the volumes."""
+        """Delete the JobSet (its Jobs and pods go with it); keep the record and the volumes.
+
+        Not ``suspend``: Kueue owns a queued JobSet's ``suspend`` (it would
+        resume it), and a suspended JobSet never finishes, so its TTL would
+        never run.  Launch the same name again after ``delete``.
+        """
         watch = self._watcher(name)
         watch.mark_stopped("stopped by the user")
         with self._lock:
@@ -358,31 +399,58 @@ class KubernetesBackend(Backend):
             self.api.patch("v1", "ConfigMap", name, {
                 "metadata": {"annotations": {STOPPED_ANNOTATION: f"{time.time():.3f}"}}
             })
-            self.api.delete_pods(selector(name, "task"))
+            self.api.delete(API_VERSION, KIND, name, propagation="Foreground")
         except ApiException as e:
             raise BackendError(f"could not stop cluster {name!r}: {api_reason(e)}.") from e
         return watch.snapshot()
 
-    def delete(self, name: str, keep_logs: bool = False) -> LogLocation | None:
-        """Delete the root; the API deletes every object owned by it (the log claim
-        survives when ``keep_logs``: its owner reference is removed first, and where
-        the logs are is returned)."""
+    def delete(self, name: str, keep_logs: bool = False, wait: bool = True) -> LogLocation | None:
+        """Delete the root with Foreground propagation: the API deletes every object it owns.
+
+        With ``wait`` (the default) this returns once the root is gone — the
+        root goes last, after every pod has terminated — so launching the same
+        name again works at once.  The log claim survives when ``keep_logs``
+        (its owner reference is removed first, and where the logs are is
+        returned).
+        """
         root = self._require_root(name)
         spec = self._spec_of(root)
         with self._lock:
             watch = self._watches.pop(name, None)
             self._stop_at_exit.discard(name)
         if watch is not None:
-            # First: the pods' DELETED events must not look like pods to replace.
             watch.close(deleted=True)
         try:
             if keep_logs and not spec.log_claim:
                 self.api.patch("v1", "PersistentVolumeClaim", log_claim_name(spec),
                                {"metadata": {"ownerReferences": None}})
-            self.api.delete("v1", "ConfigMap", name)
+            self.api.delete("v1", "ConfigMap", name, propagation="Foreground")
+            if wait:
+                self._wait_gone(name, root["metadata"]["uid"])
         except ApiException as e:
             raise BackendError(f"could not delete cluster {name!r}: {api_reason(e)}.") from e
         return LogLocation(LOG_MOUNT, log_claim_name(spec)) if keep_logs else None
+
+    def _wait_gone(self, name: str, uid: str, timeout: float = DELETE_TIMEOUT) -> None:
+        """Watch the root until the object with ``uid`` is deleted (or ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            root = self.api.get("v1", "ConfigMap", name)
+            if root is None or root["metadata"]["uid"] != uid:
+                return
+            version = root["metadata"]["resourceVersion"]
+            left = max(1, int(deadline - time.monotonic()))
+            stream = self.api.core.list_namespaced_config_map(
+                self.api.namespace, field_selector=f"metadata.name={name}", watch=True,
+                resource_version=version, timeout_seconds=min(left, 30),
+                _preload_content=False, _request_timeout=(self.api.timeout, min(left, 30) + 15))
+            for event in watch_events(stream):
+                if event.get("type") == "DELETED":
+                    return
+        raise BackendError(
+            f"cluster {name!r} is still being deleted after {timeout:g} s (its pods are "
+            "terminating): `%tfcluster list` shows when it is gone."
+        )
 
     def addresses(self, name: str) -> dict[str, list[str]]:
         spec = self.spec(name)
@@ -478,7 +546,7 @@ class KubernetesBackend(Backend):
         return Coordinator(f"{ip}:{free_port()}", progress)
 
     def close(self) -> None:
-        """Stop every watch and controller this object runs (the clusters run on)."""
+        """Stop every watch this object runs (the clusters run on)."""
         with self._lock:
             watches = list(self._watches.values())
             self._watches.clear()

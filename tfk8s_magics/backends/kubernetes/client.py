@@ -25,6 +25,10 @@ _GROUP_API = {
 }
 
 
+#: Custom resources, served through ``CustomObjectsApi``: apiVersion → plural.
+_CUSTOM = {"jobset.x-k8s.io/v1alpha2": "jobsets"}
+
+
 def _snake(kind: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", kind).lower()
 
@@ -37,9 +41,26 @@ class Api:
         self.namespace = namespace
         self.timeout = timeout
         self.core = k8s.CoreV1Api(api_client)
+        self.custom = k8s.CustomObjectsApi(api_client)
 
     def _typed(self, api_version: str):
         return _GROUP_API[api_version](self.api_client)
+
+    @staticmethod
+    def _gvp(api_version: str) -> tuple[str, str, str]:
+        group, version = api_version.split("/")
+        return group, version, _CUSTOM[api_version]
+
+    def serves(self, api_version: str) -> bool:
+        """Whether the cluster serves ``api_version`` (discovery: one request)."""
+        group, version = api_version.split("/")
+        try:
+            self.custom.get_api_resources(group, version, _request_timeout=self.timeout)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
 
     @staticmethod
     def _json(response) -> Any:
@@ -47,6 +68,11 @@ class Api:
 
     def create(self, manifest: Manifest) -> Manifest:
         """Create ``manifest`` in the namespace; return the created object."""
+        if manifest["apiVersion"] in _CUSTOM:
+            return self._json(self.custom.create_namespaced_custom_object(
+                *self._gvp(manifest["apiVersion"])[:2], self.namespace,
+                _CUSTOM[manifest["apiVersion"]], manifest, _preload_content=False,
+                _request_timeout=self.timeout))
         api = self._typed(manifest["apiVersion"])
         method = getattr(api, f"create_namespaced_{_snake(manifest['kind'])}")
         return self._json(
@@ -56,8 +82,13 @@ class Api:
 
     def get(self, api_version: str, kind: str, name: str) -> Manifest | None:
         """The object, or ``None`` if it does not exist."""
-        method = getattr(self._typed(api_version), f"read_namespaced_{_snake(kind)}")
         try:
+            if api_version in _CUSTOM:
+                group, version, plural = self._gvp(api_version)
+                return self._json(self.custom.get_namespaced_custom_object(
+                    group, version, self.namespace, plural, name, _preload_content=False,
+                    _request_timeout=self.timeout))
+            method = getattr(self._typed(api_version), f"read_namespaced_{_snake(kind)}")
             return self._json(
                 method(name, self.namespace, _preload_content=False,
                        _request_timeout=self.timeout)
@@ -69,6 +100,11 @@ class Api:
 
     def list_objects(self, api_version: str, kind: str, label_selector: str = "") -> Manifest:
         """The list object (``items`` and ``metadata.resourceVersion``)."""
+        if api_version in _CUSTOM:
+            group, version, plural = self._gvp(api_version)
+            return self._json(self.custom.list_namespaced_custom_object(
+                group, version, self.namespace, plural, label_selector=label_selector,
+                _preload_content=False, _request_timeout=self.timeout))
         method = getattr(self._typed(api_version), f"list_namespaced_{_snake(kind)}")
         return self._json(
             method(self.namespace, label_selector=label_selector, _preload_content=False,
@@ -77,9 +113,16 @@ class Api:
 
     def delete(self, api_version: str, kind: str, name: str,
                propagation: str = "Background") -> bool:
-        """Delete one object (its dependents in the background); ``False`` if it was gone."""
-        method = getattr(self._typed(api_version), f"delete_namespaced_{_snake(kind)}")
+        """Delete one object (its dependents as ``propagation`` says); ``False`` if it was gone."""
         try:
+            if api_version in _CUSTOM:
+                group, version, plural = self._gvp(api_version)
+                self.custom.delete_namespaced_custom_object(
+                    group, version, self.namespace, plural, name,
+                    propagation_policy=propagation, _preload_content=False,
+                    _request_timeout=self.timeout)
+                return True
+            method = getattr(self._typed(api_version), f"delete_namespaced_{_snake(kind)}")
             method(name, self.namespace, propagation_policy=propagation,
                    _preload_content=False, _request_timeout=self.timeout)
         except ApiException as e:
@@ -88,15 +131,13 @@ class Api:
             raise
         return True
 
-    def delete_pods(self, label_selector: str) -> None:
-        """Delete every pod matching ``label_selector`` in one request."""
-        self.core.delete_collection_namespaced_pod(
-            self.namespace, label_selector=label_selector, _preload_content=False,
-            _request_timeout=self.timeout,
-        )
-
     def patch(self, api_version: str, kind: str, name: str, body: Manifest) -> Manifest:
         """Merge-patch one object."""
+        if api_version in _CUSTOM:
+            group, version, plural = self._gvp(api_version)
+            return self._json(self.custom.patch_namespaced_custom_object(
+                group, version, self.namespace, plural, name, body, _preload_content=False,
+                _request_timeout=self.timeout))
         method = getattr(self._typed(api_version), f"patch_namespaced_{_snake(kind)}")
         return self._json(
             method(name, self.namespace, body, _preload_content=False,

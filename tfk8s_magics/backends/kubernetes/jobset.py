@@ -56,7 +56,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ...lifecycle import LifecyclePolicy
+from ... import lifecycle
+from ...lifecycle import LifecyclePolicy, TaskEnd
 from ...spec import ROLES, ClusterSpec, Task
 from ...tfconfig import cluster_def
 from . import manifests as m
@@ -174,9 +175,14 @@ def pod_template(
     return {"metadata": {"labels": labels}, "spec": body}
 
 
+def failing_exit_codes(policy: LifecyclePolicy) -> list[int]:
+    """The exit codes ``policy`` never retries (1–255; 0 is success): asked of the policy itself."""
+    return [c for c in range(1, 256)
+            if policy.classify(TaskEnd(exit_code=c)).action == lifecycle.FAIL]
+
+
 def pod_failure_policy(policy: LifecyclePolicy) -> Manifest:
     """Disruptions are replaced for free; the user's exit codes fail the Job at once."""
-    low, high = policy.user_exit_codes
     rules: list[Manifest] = [
         {"action": "Ignore", "onPodConditions": [{"type": cond, "status": "True"}]}
         for cond in sorted(policy.retry_conditions)
@@ -187,7 +193,7 @@ def pod_failure_policy(policy: LifecyclePolicy) -> Manifest:
             "onExitCodes": {
                 "containerName": m.CONTAINER,
                 "operator": "In",
-                "values": list(range(max(low, 1), high + 1)),
+                "values": failing_exit_codes(policy),
             },
         }
     )
@@ -253,6 +259,32 @@ def jobset(spec: ClusterSpec, settings: K8sSettings, policy: LifecyclePolicy) ->
         body["ttlSecondsAfterFinished"] = int(policy.ttl_after_finished)
     meta = {"name": spec.name, "namespace": settings.namespace, "labels": labels}
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": body}
+
+
+def cluster_manifests(
+    spec: ClusterSpec, settings: K8sSettings, tensorboard: bool = False
+) -> list[Manifest]:
+    """Every object of a cluster, in creation order: root, claims, policy, TensorBoard, JobSet.
+
+    The JobSet comes last: its pods mount the root ConfigMap and the claims.
+    Besides these, JobSet itself creates the headless Service (named after
+    the cluster) and one Job per role.
+    """
+    out = [m.root_configmap(spec, settings), *m.claims(spec, settings)]
+    if tensorboard:
+        out += m.tensorboard_manifests(spec, settings)
+    out.append(jobset(spec, settings, LifecyclePolicy.of(spec)))
+    return out
+
+
+def render_yaml(spec: ClusterSpec, settings: K8sSettings, tensorboard: bool = False) -> str:
+    """The cluster's manifests as one multi-document YAML string.
+
+    Without ownerReferences (their uid exists only once the root is
+    created): delete a rendered cluster with
+    ``kubectl delete jobset,cm,pvc,deploy,svc -l tfk8s.io/cluster=NAME``.
+    """
+    return m.dump_yaml(cluster_manifests(spec, settings, tensorboard=tensorboard))
 
 
 def task_of_pod(pod_labels: dict[str, str]) -> Task | None:

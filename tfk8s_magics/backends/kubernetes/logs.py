@@ -1,7 +1,7 @@
 """Task logs from the API: followed per pod, with progress records taken out.
 
 :func:`follow` starts one reader per task.  A reader waits (on the
-cluster's :class:`~.watch.PodWatch`, not by polling the API) until the
+cluster's :class:`~.watch.ClusterWatch`, not by polling the API) until the
 task's pod has started, streams its log with ``follow=true``, and moves on
 to the next attempt's pod after a restart.  Lines go through one queue to
 the caller's iterator; ``@tfk8s-progress`` lines update the watch's
@@ -20,7 +20,7 @@ from kubernetes.client.rest import ApiException
 from ...runtime.progress import STDOUT_MARKER, parse_record
 from ..base import LogLine, Phase, Progress
 from .client import abort
-from .watch import PodWatch
+from .watch import ClusterWatch
 
 #: Pod phases whose log can be read.
 _STARTED = ("Running", "Succeeded", "Failed")
@@ -38,7 +38,7 @@ def progress_of(record: dict, task: str) -> Progress:
     )
 
 
-def split_progress(watcher: PodWatch, task: str, text: str) -> LogLine | None:
+def split_progress(watcher: ClusterWatch, task: str, text: str) -> LogLine | None:
     """A user-visible line, or ``None`` after recording a progress line on the watch."""
     if text.startswith(STDOUT_MARKER):
         record = parse_record(text)
@@ -48,7 +48,7 @@ def split_progress(watcher: PodWatch, task: str, text: str) -> LogLine | None:
     return LogLine(task, text, time.time())
 
 
-def read(watcher: PodWatch, tasks: list[str], tail: int | None) -> list[LogLine]:
+def read(watcher: ClusterWatch, tasks: list[str], tail: int | None) -> list[LogLine]:
     """The current log of each task's newest pod (its last ``tail`` lines), task by task."""
     latest = watcher.latest_pods()
     out: list[LogLine] = []
@@ -70,7 +70,7 @@ def read(watcher: PodWatch, tasks: list[str], tail: int | None) -> list[LogLine]
     return out
 
 
-def refresh_progress(watcher: PodWatch, tail: int = 50) -> None:
+def refresh_progress(watcher: ClusterWatch, tail: int = 50) -> None:
     """Read the newest progress record from the lead task's log tail (one request)."""
     spec = watcher.spec
     lead = next((t.name for t in spec.tasks() if spec.runs_script(t)), None)
@@ -82,7 +82,7 @@ def refresh_progress(watcher: PodWatch, tail: int = 50) -> None:
 
 
 def follow(
-    watcher: PodWatch,
+    watcher: ClusterWatch,
     stop: threading.Event,
     tasks: list[str],
     from_start: bool = True,
@@ -116,7 +116,7 @@ def follow(
 class _Reader:
     """Follows one task's log across its pods' attempts."""
 
-    def __init__(self, watcher: PodWatch, task: str, out: queue.Queue,
+    def __init__(self, watcher: ClusterWatch, task: str, out: queue.Queue,
                  halt: threading.Event, from_start: bool) -> None:
         self.watcher = watcher
         self.task = task

@@ -9,14 +9,13 @@ Per cluster (N tasks):
 * the **root** ConfigMap ``<cluster>`` — the training script and the spec
   JSON (the record ``list``/``status`` read after a kernel restart); every
   other object has an ownerReference to it, so deleting it cascades;
-* one **headless Service** ``<cluster>`` — each task pod sets
-  ``hostname: <task>`` and ``subdomain: <cluster>``, giving it the DNS name
-  ``<task>.<cluster>.<namespace>.svc``;
 * two **PVCs** ``<cluster>-data`` / ``<cluster>-log`` (ReadWriteMany) unless
   the spec names existing claims;
-* one bare **Pod** per task ``<cluster>-<task>`` (restarts are decided by the
-  backend: see :mod:`.state`);
+* one **JobSet** running every task (:mod:`.jobset`; it builds its pod
+  templates from :func:`pod_spec` here);
 * on request, a TensorBoard **Deployment** + **Service** reading ``/log``.
+
+:func:`~.jobset.cluster_manifests` lists them in creation order.
 
 No NetworkPolicy: policies are additive, so one selecting a cluster's pods
 cannot narrow what the namespace's isolation policy (the hub's bootstrap,
@@ -40,7 +39,6 @@ import yaml
 from ...errors import SpecError
 from ...spec import ClusterSpec, Task
 from ...taskenv import quiet_env
-from ...tfconfig import cluster_def, tf_config
 from .settings import K8sSettings, label_value
 
 Manifest = dict[str, Any]
@@ -49,16 +47,13 @@ LABEL_PREFIX = "tfk8s.io/"
 CLUSTER_LABEL = LABEL_PREFIX + "cluster"
 COMPONENT_LABEL = LABEL_PREFIX + "component"
 ROLE_LABEL = LABEL_PREFIX + "role"
-INDEX_LABEL = LABEL_PREFIX + "index"
 USER_LABEL = LABEL_PREFIX + "user"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "tfk8s"}
 #: The recommended labels' fixed part: which application, and the whole it belongs to.
 APP_LABELS = {"app.kubernetes.io/name": "tfk8s", "app.kubernetes.io/part-of": "tfk8s-lab"}
 #: Annotations on the root object and pods.
 OWNER_ANNOTATION = LABEL_PREFIX + "owner"
-ATTEMPT_ANNOTATION = LABEL_PREFIX + "attempt"
 STOPPED_ANNOTATION = LABEL_PREFIX + "stopped"
-FINISHED_ANNOTATION = LABEL_PREFIX + "finished"
 
 #: Mount points inside every task container.
 DATA_MOUNT = "/data"
@@ -83,15 +78,6 @@ def object_labels(spec: ClusterSpec, settings: K8sSettings, component: str) -> d
     }
 
 
-def task_labels(spec: ClusterSpec, settings: K8sSettings, task: Task) -> dict[str, str]:
-    """A task pod's labels: the cluster's, plus its role and index."""
-    return {
-        **object_labels(spec, settings, "task"),
-        ROLE_LABEL: task.role,
-        INDEX_LABEL: str(task.index),
-    }
-
-
 #: Annotations on the root object.
 DETACHED_ANNOTATION = LABEL_PREFIX + "detached"
 
@@ -112,23 +98,6 @@ def _meta(spec: ClusterSpec, settings: K8sSettings, name: str, component: str) -
         "namespace": settings.namespace,
         "labels": object_labels(spec, settings, component),
     }
-
-
-def pod_name(spec: ClusterSpec, task: Task, attempt: int = 0) -> str:
-    """The pod of ``task``'s ``attempt``: ``<cluster>-<task>``, then ``…-r<attempt>``."""
-    base = f"{spec.name}-{task.name}"
-    return base if attempt == 0 else f"{base}-r{attempt}"
-
-
-def task_host(spec: ClusterSpec, settings: K8sSettings, task: Task) -> str:
-    """The stable DNS name of ``task``: ``<task>.<cluster>.<namespace>.svc``."""
-    host = f"{task.name}.{spec.name}.{settings.namespace}.svc"
-    return f"{host}.{settings.cluster_domain}" if settings.cluster_domain else host
-
-
-def cluster_addresses(spec: ClusterSpec, settings: K8sSettings) -> dict[str, list[str]]:
-    """The TF_CONFIG ``cluster`` dict: role → ``host:port`` by DNS name."""
-    return cluster_def(spec, lambda t: f"{task_host(spec, settings, t)}:{settings.port}")
 
 
 def log_claim_name(spec: ClusterSpec) -> str:
@@ -170,26 +139,6 @@ def root_configmap(spec: ClusterSpec, settings: K8sSettings) -> Manifest:
     meta = _meta(spec, settings, spec.name, "root")
     meta["annotations"] = {OWNER_ANNOTATION: spec.owner or settings.user}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
-
-
-def headless_service(spec: ClusterSpec, settings: K8sSettings) -> Manifest:
-    """The headless Service giving every task pod a stable DNS name.
-
-    ``publishNotReadyAddresses``: TensorFlow tasks dial each other while
-    starting, so names must resolve before pods are ready.  The port has no
-    name, so no SRV records are made.
-    """
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _meta(spec, settings, spec.name, "dns"),
-        "spec": {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": True,
-            "selector": {CLUSTER_LABEL: spec.name, COMPONENT_LABEL: "task"},
-            "ports": [{"port": settings.port, "targetPort": settings.port, "protocol": "TCP"}],
-        },
-    }
 
 
 def claims(spec: ClusterSpec, settings: K8sSettings) -> list[Manifest]:
@@ -313,16 +262,6 @@ def role_env(spec: ClusterSpec, settings: K8sSettings, role: str) -> dict[str, s
     return env
 
 
-def task_env(spec: ClusterSpec, settings: K8sSettings, task: Task) -> list[Manifest]:
-    """The environment of ``task``'s container (see :mod:`tfk8s_magics.runtime.task`)."""
-    env = {
-        "TF_CONFIG": tf_config(cluster_addresses(spec, settings), task),
-        "TFK8S_TASK": task.name,
-        **role_env(spec, settings, task.role),
-    }
-    return [{"name": k, "value": v} for k, v in env.items()]
-
-
 def task_command(spec: ClusterSpec, task: Task | None) -> list[str]:
     """The container command: the task runtime, its output copied to ``<log dir>/tasks/<task>.log``.
 
@@ -373,8 +312,8 @@ def pod_spec(
 ) -> Manifest:
     """The pod spec every task of ``role`` runs with ``env`` (the identity is the caller's).
 
-    Shared by the bare task pods and the JobSet's per-role pod templates
-    (:mod:`.jobset`, ``task=None``).
+    The JobSet's per-role pod templates (:mod:`.jobset`) pass ``task=None``:
+    each pod learns which task it is when it starts.
     """
     mounts, volumes = _storage(spec, spec.runs_script(Task(role, 0)))
     container: Manifest = {
@@ -409,23 +348,6 @@ def pod_spec(
     if spec.tolerations:
         out["tolerations"] = [dict(t) for t in spec.tolerations]
     return out
-
-
-def task_pod(spec: ClusterSpec, settings: K8sSettings, task: Task, attempt: int = 0) -> Manifest:
-    """The Pod running ``task`` (its ``attempt``-th try; 0 is the first)."""
-    body = pod_spec(spec, settings, task.role, task_env(spec, settings, task), task)
-    meta = {
-        "name": pod_name(spec, task, attempt),
-        "namespace": settings.namespace,
-        "labels": task_labels(spec, settings, task),
-        "annotations": {ATTEMPT_ANNOTATION: str(attempt)},
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": meta,
-        "spec": {"hostname": task.name, "subdomain": spec.name, **body},
-    }
 
 
 def tensorboard_name(spec: ClusterSpec) -> str:
@@ -508,28 +430,6 @@ def tensorboard_manifests(spec: ClusterSpec, settings: K8sSettings) -> list[Mani
     return [tensorboard_deployment(spec, settings), tensorboard_service(spec, settings)]
 
 
-def cluster_manifests(
-    spec: ClusterSpec, settings: K8sSettings, tensorboard: bool = False
-) -> list[Manifest]:
-    """Every object of a cluster, in creation order (root first, pods last).
-
-    Pods come after the claims and Service they use, parameter servers
-    before workers (``spec.tasks()`` order), so a worker never starts
-    dialling a server whose pod was never created.
-    """
-    out = [root_configmap(spec, settings), headless_service(spec, settings)]
-    out += claims(spec, settings)
-    if tensorboard:
-        out += tensorboard_manifests(spec, settings)
-    out += [task_pod(spec, settings, t) for t in _start_order(spec)]
-    return out
-
-
-def _start_order(spec: ClusterSpec) -> list[Task]:
-    order = {"ps": 0, "chief": 1, "worker": 2, "evaluator": 3}
-    return sorted(spec.tasks(), key=lambda t: (order[t.role], t.index))
-
-
 def owner_reference(root: Manifest) -> Manifest:
     """An ownerReference to the created root object (it needs the uid the API assigned)."""
     meta = root["metadata"]
@@ -547,16 +447,6 @@ def with_owner(manifest: Manifest, owner: Manifest) -> Manifest:
     out = copy.deepcopy(manifest)
     out["metadata"]["ownerReferences"] = [dict(owner)]
     return out
-
-
-def render_yaml(spec: ClusterSpec, settings: K8sSettings, tensorboard: bool = False) -> str:
-    """The cluster's manifests as one multi-document YAML string.
-
-    Without ownerReferences (their uid exists only once the root is
-    created): delete a rendered cluster with
-    ``kubectl delete cm,svc,pvc,pod,deploy -l tfk8s.io/cluster=NAME``.
-    """
-    return dump_yaml(cluster_manifests(spec, settings, tensorboard=tensorboard))
 
 
 def dump_yaml(objects: list[Manifest]) -> str:

@@ -37,6 +37,7 @@ _COUNT_KEYS = {
     "PersistentVolumeClaim": ("persistentvolumeclaims", "count/persistentvolumeclaims"),
     "Deployment": ("count/deployments.apps",),
     "NetworkPolicy": ("count/networkpolicies.networking.k8s.io",),
+    "JobSet": ("count/jobsets.jobset.x-k8s.io",),
 }
 #: Compute quota keys and where they come from in a container's resources.
 _COMPUTE_KEYS = {
@@ -51,14 +52,29 @@ _COMPUTE_KEYS = {
 }
 
 
-def _pod_specs(manifest: Manifest) -> list[Manifest]:
-    """The pod specs a manifest will run (a Deployment's template × replicas)."""
+def _pod_groups(manifest: Manifest) -> list[tuple[str, Manifest, int]]:
+    """``(name, pod spec, how many)`` for the pods a manifest will run.
+
+    A Deployment runs its template × replicas; a JobSet each replicated
+    Job's template × replicas × parallelism (named ``<jobset>-<role>``).
+    """
+    name, spec = manifest["metadata"]["name"], manifest.get("spec") or {}
     if manifest["kind"] == "Pod":
-        return [manifest["spec"]]
+        return [(name, spec, 1)]
     if manifest["kind"] == "Deployment":
-        spec = manifest["spec"]
-        return [spec["template"]["spec"]] * int(spec.get("replicas", 1))
+        return [(name, spec["template"]["spec"], int(spec.get("replicas", 1)))]
+    if manifest["kind"] == "JobSet":
+        return [
+            (f"{name}-{r['name']}", r["template"]["spec"]["template"]["spec"],
+             int(r.get("replicas", 1)) * int(r["template"]["spec"].get("parallelism", 1)))
+            for r in spec.get("replicatedJobs") or []
+        ]
     return []
+
+
+def _pod_specs(manifest: Manifest) -> list[Manifest]:
+    """Every pod spec a manifest will run, one per pod."""
+    return [pod for _, pod, n in _pod_groups(manifest) for _ in range(n)]
 
 
 def _container_resources(pod_spec: Manifest) -> list[Manifest]:
@@ -71,9 +87,15 @@ def demand(manifests: Iterable[Manifest]) -> dict[str, Decimal]:
     for m in manifests:
         for key in _COUNT_KEYS.get(m["kind"], ()):
             need[key] += 1
-        if m["kind"] == "Deployment":
-            need["pods"] += int(m["spec"].get("replicas", 1))
-            need["count/pods"] += int(m["spec"].get("replicas", 1))
+        if m["kind"] in ("Deployment", "JobSet"):
+            pods = sum(n for _, _, n in _pod_groups(m))
+            need["pods"] += pods
+            need["count/pods"] += pods
+        if m["kind"] == "JobSet":  # JobSet makes one Job per replica and a headless Service
+            jobs = sum(int(r.get("replicas", 1)) for r in m["spec"]["replicatedJobs"])
+            need["count/jobs.batch"] += jobs
+            need["services"] += 1
+            need["count/services"] += 1
         if m["kind"] == "PersistentVolumeClaim":
             size = parse_quantity(m["spec"]["resources"]["requests"]["storage"])
             need["requests.storage"] += size
@@ -128,9 +150,9 @@ def quota_problems(manifests: list[Manifest], quotas: list[Manifest]) -> list[st
 def _pods_missing(manifests: list[Manifest], section: str, res: str) -> list[str]:
     out = []
     for m in manifests:
-        for pod_spec in _pod_specs(m)[:1]:
+        for name, pod_spec, _ in _pod_groups(m):
             if any(res not in (r.get(section) or {}) for r in _container_resources(pod_spec)):
-                out.append(m["metadata"]["name"])
+                out.append(name)
     return out
 
 
@@ -143,7 +165,7 @@ def node_problems(manifests: list[Manifest], nodes: list[Manifest]) -> list[str]
     ]
     problems = []
     for m in manifests:
-        for pod_spec in _pod_specs(m)[:1]:
+        for name, pod_spec, _ in _pod_groups(m):
             want: dict[str, Decimal] = defaultdict(Decimal)
             for res in _container_resources(pod_spec):
                 for section in ("requests", "limits"):
@@ -160,7 +182,7 @@ def node_problems(manifests: list[Manifest], nodes: list[Manifest]) -> list[str]
             if not fits:
                 asks = ", ".join(f"{k} {_fmt(k, v)}" for k, v in sorted(want.items()))
                 problems.append(
-                    f"{m['metadata']['name']} asks for {asks}, more than any schedulable "
+                    f"{name} asks for {asks}, more than any schedulable "
                     "node can allocate: ask for less per task."
                 )
     return problems
@@ -245,7 +267,8 @@ def admitted(manifests: list[Manifest], limit_ranges: list[Manifest]) -> list[Ma
     out = []
     for m in manifests:
         m = copy.deepcopy(m)
-        for pod_spec in _pod_specs(m)[:1]:
+        # one template per group (a JobSet has one per role): each is admitted on its own
+        for _, pod_spec, _ in _pod_groups(m):
             _merge_defaults(pod_spec, limit_ranges)
         out.append(m)
     return out
@@ -255,9 +278,9 @@ def limit_problems(manifests: list[Manifest], limit_ranges: list[Manifest]) -> l
     """Why the admitted pods of ``manifests`` would be refused by validation or the LimitRanger."""
     problems = []
     for m in admitted(manifests, limit_ranges):
-        for pod_spec in _pod_specs(m)[:1]:
+        for name, pod_spec, _ in _pod_groups(m):
             for c in pod_spec.get("containers") or []:
-                problems += _container_problems(m["metadata"]["name"], c, limit_ranges)
+                problems += _container_problems(name, c, limit_ranges)
     return problems
 
 

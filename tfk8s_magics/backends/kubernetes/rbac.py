@@ -7,8 +7,9 @@ and the tests prove that every request the backend makes is allowed by
 What is *not* granted, on purpose: ``secrets`` (nothing here reads them),
 ``pods/exec`` and ``pods/attach`` (logs are read, never a shell), ``nodes``
 (cluster-scoped; the node pre-flight check is opt-in and needs a separate
-ClusterRole), ``update``/``patch`` on pods, ``networkpolicies`` (see
-:func:`role_rules`), and anything in other namespaces.
+ClusterRole), creating, changing or deleting pods (JobSet's controller makes
+and removes the task pods; the notebook only reads them), ``networkpolicies``
+(see :func:`role_rules`), and anything in other namespaces.
 """
 
 from __future__ import annotations
@@ -23,10 +24,14 @@ def role_rules() -> list[dict[str, Any]]:
     """The PolicyRules the backend needs, as Role ``rules`` (one rule per API group).
 
     * ``configmaps`` — the root object of every cluster (spec + script);
-      ``patch`` records stop/finish times on it.
-    * ``pods`` — one bare Pod per task; ``deletecollection`` stops a cluster
-      in one request; ``pods/log`` streams logs.
-    * ``services`` — the headless Service (task DNS) and TensorBoard's.
+      ``patch`` records the stop time on it; ``configmaps/finalizers``
+      (``update``) lets the cluster's objects block the root's Foreground
+      deletion (``blockOwnerDeletion``) where the API server enforces it.
+    * ``jobsets`` (``jobset.x-k8s.io``) — one per cluster; JobSet makes its
+      Jobs, pods and headless Service.  ``delete`` is stop.
+    * ``pods`` (read) — task status, and the notebook's own pod (the owner
+      of its in-graph clusters); ``pods/log`` streams logs.
+    * ``services`` — TensorBoard's.
     * ``persistentvolumeclaims`` — ``/data`` and ``/log``; ``patch`` drops the
       owner reference of the log claim when a delete keeps the logs.
     * ``events`` (read) — why a pod is pending; ``resourcequotas`` and
@@ -45,12 +50,14 @@ def role_rules() -> list[dict[str, Any]]:
             "resources": ["configmaps"],
             "verbs": [*_READ, "create", "patch", "delete"],
         },
-        {
-            "apiGroups": [""],
-            "resources": ["pods"],
-            "verbs": [*_READ, "create", "delete", "deletecollection"],
-        },
+        {"apiGroups": [""], "resources": ["configmaps/finalizers"], "verbs": ["update"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": _READ},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        {
+            "apiGroups": ["jobset.x-k8s.io"],
+            "resources": ["jobsets"],
+            "verbs": [*_READ, "create", "patch", "delete"],
+        },
         {
             "apiGroups": [""],
             "resources": ["services", "persistentvolumeclaims"],

@@ -57,6 +57,14 @@ class StallCheck:
             return None
         if now - self.checked < self.period:
             return self.stall
+        others = [t for task in snap.tasks for t in (task.started, task.finished)]
+        others.append(snap.progress.time if snap.progress else None)
+        known = [t for t in others if t]
+        if known and now - max(known) < self.timeout:
+            # a start, exit or progress report newer than the timeout: no stall is
+            # possible whatever the logs say, so none is read (a launch reads none)
+            self.stall = None
+            return None
         self.checked = now
         latest = state.latest_pods(list(pods.values()))
         activity = []
@@ -72,7 +80,5 @@ class StallCheck:
             stamp, line = parse_stamped(lines[-1]) if lines else (None, "")
             if stamp is not None:
                 activity.append(TaskActivity(task.name, stamp, line))
-        others = [t for task in snap.tasks for t in (task.started, task.finished)]
-        others.append(snap.progress.time if snap.progress else None)
         self.stall = detect(True, activity, others, now, self.timeout)
         return self.stall

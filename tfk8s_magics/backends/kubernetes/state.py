@@ -1,18 +1,17 @@
-"""Pure cluster logic: pods → task statuses, and what the watcher must do next.
+"""Pure cluster logic: the JobSet and its pods → task and cluster statuses.
 
-Pods are plain dicts (the API's JSON), so every rule here is tested with
-literal pods and no API.
-
-Tasks run as bare Pods with ``restartPolicy: Never``; which failed pod is
-replaced, what decides success, and what happens after success or failure
-is the cluster's :class:`~tfk8s_magics.lifecycle.LifecyclePolicy`, the same
-one the local supervisor executes.  :func:`pod_end` describes a failed pod
-to the policy (exit code, signal, runtime reason, pod conditions).
+Objects are plain dicts (the API's JSON), so every rule here is tested with
+literal pods and JobSets and no API.  Nothing here decides what happens to a
+cluster: JobSet does (restarts, success, the end of parameter servers, the
+TTL), from the :class:`~tfk8s_magics.lifecycle.LifecyclePolicy` the JobSet
+was built from (:mod:`.jobset`).  This module only reads what JobSet
+reports — its ``Completed``/``Failed`` conditions and ``restarts`` — and the
+pods' states, and explains them: pending reasons, exit codes, signals.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -20,17 +19,14 @@ from ... import lifecycle
 from ...lifecycle import LifecyclePolicy, TaskEnd
 from ...spec import ClusterSpec, Task
 from ..base import ClusterStatus, LogLocation, Phase, Progress, TaskStatus
-from .manifests import (
-    ATTEMPT_ANNOTATION,
-    DETACHED_ANNOTATION,
-    INDEX_LABEL,
-    OWNER_ANNOTATION,
-    ROLE_LABEL,
-    log_claim_name,
-    log_dir,
-)
+from .jobset import RESTART_ATTEMPT_LABEL, task_of_pod
+from .manifests import DETACHED_ANNOTATION, OWNER_ANNOTATION, log_claim_name, log_dir
 
 Pod = dict[str, Any]
+#: What an ended JobSet's condition says happened to tasks it ended itself.
+ENDED_BY_JOBSET = "ended when the JobSet succeeded"
+#: How a task of a JobSet that Kueue holds (suspended, queued) reads; Kueue's reason follows.
+WAITING_FOR_QUEUE = "waiting for admission by queue"
 
 
 def parse_time(value: str | None) -> float | None:
@@ -53,29 +49,27 @@ def event_time(e: dict[str, Any]) -> float:
 
 
 def pod_task(pod: Pod) -> Task | None:
-    """The task a pod runs, from its role/index labels."""
-    labels = pod.get("metadata", {}).get("labels") or {}
-    role, index = labels.get(ROLE_LABEL), labels.get(INDEX_LABEL)
-    if not role or not str(index).isdigit():
-        return None
-    return Task(role, int(index))
+    """The task a JobSet pod runs, from its role label and completion index."""
+    return task_of_pod(pod.get("metadata", {}).get("labels") or {})
 
 
 def pod_attempt(pod: Pod) -> int:
-    """Which try of its task a pod is (0 first)."""
-    value = (pod.get("metadata", {}).get("annotations") or {}).get(ATTEMPT_ANNOTATION, "0")
+    """Which JobSet restart a pod belongs to (0: the first run)."""
+    value = (pod.get("metadata", {}).get("labels") or {}).get(RESTART_ATTEMPT_LABEL, "0")
     return int(value) if str(value).isdigit() else 0
 
 
 def latest_pods(pods: list[Pod]) -> dict[str, Pod]:
-    """Task name → its newest pod (highest attempt)."""
+    """Task name → its newest pod (highest restart attempt, then newest created)."""
     out: dict[str, Pod] = {}
     for pod in pods:
         task = pod_task(pod)
         if task is None:
             continue
         current = out.get(task.name)
-        if current is None or pod_attempt(pod) >= pod_attempt(current):
+        key = (pod_attempt(pod), pod.get("metadata", {}).get("creationTimestamp") or "")
+        if current is None or key >= (pod_attempt(current),
+                                      current.get("metadata", {}).get("creationTimestamp") or ""):
             out[task.name] = pod
     return out
 
@@ -167,119 +161,115 @@ def pod_end(pod: Pod) -> TaskEnd:
     )
 
 
-def is_retryable(pod: Pod, policy: LifecyclePolicy) -> bool:
-    """Whether ``policy`` retries a failed pod's end (the restart budget aside)."""
-    return policy.classify(pod_end(pod)).action == lifecycle.RESTART
+def jobset_condition(jobset: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The JobSet's terminal condition (``Completed`` or ``Failed``, true), if it ended."""
+    for cond in ((jobset or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") in ("Completed", "Failed") and cond.get("status") == "True":
+            return cond
+    return None
 
 
-# -- what the watcher does next ------------------------------------------------
+def jobset_restarts(jobset: dict[str, Any] | None) -> int:
+    """How many times JobSet restarted the cluster (its ``status.restarts``)."""
+    return int(((jobset or {}).get("status") or {}).get("restarts") or 0)
 
 
-@dataclass(frozen=True)
-class Create:
-    """Create the pod for ``task``'s ``attempt``."""
-
-    task: Task
-    attempt: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class DeletePods:
-    """Delete these pods (recycled parameter servers, leftovers of a failed cluster)."""
-
-    names: tuple[str, ...]
-    reason: str
+def _suspended(jobset: dict[str, Any] | None) -> str | None:
+    """Why a JobSet waits to start (Kueue keeps it suspended until admitted), else None."""
+    if not jobset or not (jobset.get("spec") or {}).get("suspend"):
+        return None
+    queue = (jobset.get("metadata", {}).get("labels") or {}).get("kueue.x-k8s.io/queue-name")
+    if queue:  # JobSet's own Suspended condition says only "jobset is suspended"
+        return f"{WAITING_FOR_QUEUE} {queue}"
+    for cond in (jobset.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Suspended" and cond.get("message"):
+            return f"suspended: {cond['message']}"
+    return "suspended"
 
 
-@dataclass(frozen=True)
-class MarkFinished:
-    """Record on the root object when the cluster ended (for the TTL)."""
+def is_kueue_workload(involved: dict[str, Any], cluster: str) -> bool:
+    """Whether an Event's ``involvedObject`` is the Kueue Workload of JobSet ``cluster``.
 
-    phase: str
+    Kueue names a JobSet's Workload ``jobset-<name>-<5 hex digits>`` (a hash
+    of the JobSet's name and uid) and records its admission verdict there.
+    """
+    name = involved.get("name", "")
+    head, _, digest = name.rpartition("-")
+    return involved.get("kind") == "Workload" and head == f"jobset-{cluster}" and \
+        len(digest) == 5 and all(c in "0123456789abcdef" for c in digest)
 
 
-@dataclass(frozen=True)
-class DeleteCluster:
-    """The finished cluster's TTL has passed: delete it."""
+def admission_message(events: list[dict[str, Any]], cluster: str) -> str | None:
+    """Why Kueue has not admitted the cluster yet: its newest ``Pending`` Event, if any.
 
-    reason: str
+    Kueue's scheduler writes the same message as the Workload's ``QuotaReserved``
+    condition (reason ``Pending``; e.g. ``couldn't assign flavors to pod set
+    worker: insufficient unused quota for cpu in flavor default, 2 more needed``)
+    into a ``Pending`` Event on the Workload; reading the namespace's Events
+    needs no access to Kueue's objects.
+    """
+    pending = [e for e in events if e.get("reason") == "Pending"
+               and is_kueue_workload(e.get("involvedObject") or {}, cluster)]
+    if not pending:
+        return None
+    return max(pending, key=event_time).get("message") or None
 
 
 @dataclass
 class View:
-    """What the watcher knows about one cluster at one instant."""
+    """What the watch knows about one cluster at one instant."""
 
     spec: ClusterSpec
+    jobset: dict[str, Any] | None  # None: not created yet, or gone
     pods: dict[str, Pod]  # task name → newest pod
-    stopped: bool = False
-    finished_at: float | None = None  # from the root object
-    done_since: float | None = None  # first time script tasks were seen all done
-    #: task → attempt of its pod that someone else deleted (no newer pod seen)
-    gone: dict[str, int] = field(default_factory=dict)
+    stopped: bool = False  # the root says a user stopped it
+    jobset_seen: bool = True  # False until the first listing of the JobSet is in
 
     @property
     def policy(self) -> LifecyclePolicy:
-        """The lifecycle policy of the cluster's spec."""
+        """The lifecycle policy the cluster's JobSet was built from."""
         return LifecyclePolicy.of(self.spec)
 
 
 def task_statuses(view: View) -> list[TaskStatus]:
-    """Every task's status, with absent pods explained by the cluster's state."""
-    script_done = _script_tasks_done(view)
-    recycled = set(view.policy.recycled_when_done(view.spec))
-    failed = any(
-        task_status(n, p).phase == Phase.FAILED and not _will_retry(view, p)
-        for n, p in view.pods.items()
-    )
+    """Every task's status: its newest pod, explained by what JobSet says of the cluster."""
+    ended = jobset_condition(view.jobset)
+    waiting = _suspended(view.jobset)
+    success = ended is not None and ended.get("type") == "Completed"
     out = []
     for task in view.spec.tasks():
         pod = view.pods.get(task.name)
         status = task_status(task.name, pod)
-        if pod is not None and pod.get("metadata", {}).get("deletionTimestamp"):
-            if status.phase not in Phase.TERMINAL:
-                status.phase, status.reason = Phase.STOPPED, "being deleted"
+        if pod is not None and pod.get("metadata", {}).get("deletionTimestamp") and \
+                status.phase not in Phase.TERMINAL:
+            status.phase, status.reason = Phase.STOPPED, "being deleted"
         if status.phase not in Phase.TERMINAL or pod is None:
             if view.stopped:
                 status.phase, status.reason = Phase.STOPPED, "stopped by the user"
-            elif pod is None and task in recycled and script_done:
-                status.phase, status.reason = Phase.SUCCEEDED, lifecycle.RECYCLED
-            elif pod is None and failed:
-                status.phase, status.reason = Phase.STOPPED, "stopped after the cluster failed"
-            elif status.phase == Phase.STOPPED and task in recycled and script_done:
-                status.phase, status.reason = Phase.SUCCEEDED, lifecycle.RECYCLED
+            elif success and task.role not in view.policy.success_roles:
+                status.phase, status.reason = Phase.SUCCEEDED, ENDED_BY_JOBSET
+            elif ended is not None:
+                status.phase, status.reason = Phase.STOPPED, "stopped: the cluster failed"
+            elif pod is None and waiting:
+                status.reason = waiting
+            elif pod is None and view.jobset is None and view.jobset_seen:
+                status.phase, status.reason = Phase.STOPPED, "its JobSet is gone"
         out.append(status)
     return out
 
 
-def _script_tasks_done(view: View) -> bool:
-    script = view.policy.success_tasks(view.spec)
-    return bool(script) and all(
-        task_status(t.name, view.pods.get(t.name)).phase == Phase.SUCCEEDED for t in script
-    )
-
-
-def restarts_used(view: View) -> int:
-    """Restarts the cluster has spent: every task's attempt number, pods gone included."""
-    used = sum(pod_attempt(p) for p in view.pods.values())
-    return used + sum(n for task, n in view.gone.items() if task not in view.pods)
-
-
-def _will_retry(view: View, pod: Pod) -> bool:
-    policy = view.policy
-    return is_retryable(pod, policy) and policy.budget_left(restarts_used(view))
-
-
 def cluster_phase(view: View, tasks: list[TaskStatus]) -> tuple[str, str]:
-    """The cluster's phase and reason from its tasks'."""
+    """The cluster's phase and reason: JobSet's verdict, else what its tasks show."""
     if view.stopped:
         return Phase.STOPPED, "stopped by the user"
-    for t in tasks:
-        pod = view.pods.get(t.name)
-        if t.phase == Phase.FAILED and not (pod is not None and _will_retry(view, pod)):
-            return Phase.FAILED, f"{t.name} failed: {t.reason}"
-    if _script_tasks_done(view):
-        return Phase.SUCCEEDED, "every worker finished"
+    failed = [t for t in tasks if t.phase == Phase.FAILED]
+    ended = jobset_condition(view.jobset)
+    if ended is not None:
+        return _ended_phase(ended, failed)
+    if view.jobset is None and view.jobset_seen:
+        return Phase.STOPPED, "its JobSet is gone (removed by its TTL after it ended, or deleted)"
+    if failed:
+        return _failed_phase(view, failed[0])
     phases = {t.phase for t in tasks}
     for phase in (Phase.PENDING, Phase.STARTING):
         if phase in phases:
@@ -288,77 +278,22 @@ def cluster_phase(view: View, tasks: list[TaskStatus]) -> tuple[str, str]:
     return Phase.RUNNING, ""
 
 
-def plan(view: View, now: float) -> list[object]:
-    """The actions that bring the cluster to where its spec and lifecycle policy say it should be."""
-    if view.stopped:
-        return []
-    phase, _ = cluster_phase(view, task_statuses(view))
-    if phase not in Phase.TERMINAL:
-        return _replacements(view)
-    return _endgame(view, phase, now)
+def _ended_phase(ended: dict[str, Any], failed: list[TaskStatus]) -> tuple[str, str]:
+    """The phase of a cluster whose JobSet carries a terminal condition."""
+    if ended.get("type") == "Completed":
+        return Phase.SUCCEEDED, "every worker finished"
+    why = f"{failed[0].name} failed: {failed[0].reason}" if failed else ""
+    jobset_says = ended.get("message") or ended.get("reason") or "the JobSet failed"
+    return Phase.FAILED, f"{why} ({jobset_says})" if why else jobset_says
 
 
-def _replacements(view: View) -> list[object]:
-    """A new pod for every task whose last pod ended in a way the policy retries."""
-    policy = view.policy
-    actions: list[object] = []
-    for task in view.spec.tasks():
-        pod = view.pods.get(task.name)
-        if pod is None:
-            last = view.gone.get(task.name)
-            decision = policy.decide(TaskEnd(vanished=True), restarts_used(view))
-            if last is not None and decision.action == lifecycle.RESTART:
-                actions.append(Create(task, last + 1, "its pod was deleted"))
-            continue
-        status = task_status(task.name, pod)
-        if status.phase == Phase.FAILED and _will_retry(view, pod):
-            actions.append(Create(task, pod_attempt(pod) + 1, status.reason or "killed"))
-    return actions
-
-
-def _endgame(view: View, phase: str, now: float) -> list[object]:
-    """After the end: stop what runs on (after its grace), record the end, delete at the TTL."""
-    actions: list[object] = []
-    live = [
-        n for n, p in view.pods.items()
-        if task_status(n, p).phase not in Phase.TERMINAL
-        and not p.get("metadata", {}).get("deletionTimestamp")
-    ]
-    since = view.done_since if view.done_since is not None else now
-    if live and now >= since + _grace(view, phase):
-        why = "the workers finished" if phase == Phase.SUCCEEDED else "the cluster failed"
-        actions.append(DeletePods(tuple(_pod_names(view, live)), why))
-    ttl = view.policy.ttl_after_finished
-    if view.finished_at is None:
-        actions.append(MarkFinished(phase))
-    elif ttl is not None and now >= view.finished_at + ttl:
-        actions.append(DeleteCluster(f"finished {ttl:g} s ago (TTL)"))
-    return actions
-
-
-def _grace(view: View, phase: str) -> float:
-    """Seconds what still runs is kept after the cluster ended in ``phase``."""
-    policy = view.policy
-    return policy.grace_period if phase == Phase.SUCCEEDED else policy.failure_grace
-
-
-def _pod_names(view: View, tasks: list[str]) -> list[str]:
-    return sorted(view.pods[t]["metadata"]["name"] for t in tasks)
-
-
-def next_wakeup(view: View, now: float) -> float | None:
-    """When the lifecycle must act next with no new pod event (grace or TTL), if ever."""
-    times = []
-    tasks = task_statuses(view)
-    phase, _ = cluster_phase(view, tasks)
-    if phase in Phase.TERMINAL and not view.stopped:
-        since = view.done_since if view.done_since is not None else now
-        times.append(since + _grace(view, phase))
-        ttl = view.policy.ttl_after_finished
-        if view.finished_at is not None and ttl is not None:
-            times.append(view.finished_at + ttl)
-    future = [t for t in times if t > now]
-    return min(future) if future else None
+def _failed_phase(view: View, t: TaskStatus) -> tuple[str, str]:
+    """A task failed, the JobSet has not ended: failing (the user's exit) or restarting."""
+    pod = view.pods.get(t.name)
+    if pod is not None and view.policy.classify(pod_end(pod)).action == lifecycle.FAIL:
+        return Phase.RUNNING, f"failing: {t.name} failed: {t.reason} (not retried)"
+    left = view.policy.restart_budget - jobset_restarts(view.jobset)
+    return Phase.STARTING, f"restarting: {t.name} failed: {t.reason} ({left} restarts left)"
 
 
 def cluster_status(
@@ -370,6 +305,7 @@ def cluster_status(
     phase, reason = cluster_phase(view, tasks)
     meta = root["metadata"]
     annotations = meta.get("annotations") or {}
+    ended = jobset_condition(view.jobset)
     return ClusterStatus(
         name=view.spec.name,
         backend="kubernetes",
@@ -377,7 +313,7 @@ def cluster_status(
         phase=phase,
         reason=reason,
         created=parse_time(meta.get("creationTimestamp")) or 0.0,
-        finished=view.finished_at,
+        finished=parse_time((ended or {}).get("lastTransitionTime")),
         owner=view.spec.owner or annotations.get(OWNER_ANNOTATION, ""),
         detached=annotations.get(DETACHED_ANNOTATION) == "true",
         log_dir=LogLocation(log_dir(view.spec), log_claim_name(view.spec)),

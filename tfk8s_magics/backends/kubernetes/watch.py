@@ -1,18 +1,18 @@
-"""One pod watch per cluster: what its pods, Events and progress are now — read only.
+"""One read-only watch per cluster: its JobSet and its pods, Events and progress.
 
-A :class:`PodWatch` lists the cluster's pods once, then keeps one watch
-(label selector on the cluster) open, re-opened from the last
-resourceVersion when the server ends it.  API requests per minute therefore
-do not grow with the number of tasks.  It never acts on the cluster: the
-lifecycle (replacing pods, recycling, the TTL) is the
-:class:`~.controller.ClusterController`, a PodWatch that also acts, started
-only by the process that launched or attached the cluster.
+A :class:`ClusterWatch` lists the cluster's JobSet and pods once, then keeps
+two watches open (the JobSet by name, the pods by the cluster's label),
+each re-opened from its last resourceVersion when the server ends it: about
+two requests a minute whatever the number of tasks.  It never acts on the
+cluster: the lifecycle (restarts, success, the end of parameter servers, the
+TTL) is JobSet's, in the cluster, whether or not a notebook watches.
 
 While a task is pending without a precise reason, the namespace's Events
 are listed at most every :data:`EVENT_PERIOD` seconds (one request for all
-tasks) to surface FailedScheduling, ImagePullBackOff and the like.
+tasks) to surface FailedScheduling, ImagePullBackOff and the like, and
+while Kueue holds the JobSet, the ``Pending`` Event of its Workload.
 
-Threads: the watch thread writes ``pods``/``gone``/``progress``/
+Threads: the two watch threads write ``pods``/``jobset``/``progress``/
 ``api_events``/``events`` under ``_cond``; every reader copies them under it
 (:meth:`latest_pods`, :meth:`view`) before iterating.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kubernetes.client.rest import ApiException
@@ -32,18 +32,20 @@ from ...stall import timeout_from_env
 from ..base import ClusterStatus, Event, Phase, Progress, TaskStatus
 from . import state
 from .client import Api, abort, api_reason
-from .manifests import FINISHED_ANNOTATION, STOPPED_ANNOTATION, selector
+from .jobset import API_VERSION, KIND
+from .manifests import STOPPED_ANNOTATION, selector
 from .stallcheck import StallCheck
 
 #: Longest a single watch request stays open (the server ends it; we reopen).
 WATCH_SECONDS = 60
 #: Least seconds between two Event listings while a task waits unexplained.
 EVENT_PERIOD = 10.0
-_VAGUE = ("waiting to be scheduled", "no pod", "ContainerCreating", "PodInitializing")
+_VAGUE = ("waiting to be scheduled", "no pod", "ContainerCreating", "PodInitializing",
+          state.WAITING_FOR_QUEUE)
 
 
-class PodWatch:
-    """Keeps one cluster's pod state current, in a daemon thread; never changes the cluster."""
+class ClusterWatch:
+    """Keeps one cluster's JobSet and pod state current, in daemon threads; never changes it."""
 
     def __init__(self, api: Api, spec: ClusterSpec, root: dict[str, Any]) -> None:
         self.api = api
@@ -51,67 +53,71 @@ class PodWatch:
         self.root = root
         annotations = root["metadata"].get("annotations") or {}
         self.stopped = bool(annotations.get(STOPPED_ANNOTATION))
-        finished = annotations.get(FINISHED_ANNOTATION)
-        self.finished_at = float(finished) if finished else None
-        self.done_since: float | None = None
         self.pods: dict[str, dict[str, Any]] = {}  # pod name → pod (guarded by _cond)
-        self.gone: dict[str, int] = {}  # task → attempt of the pod someone else deleted
+        self.jobset: dict[str, Any] | None = None  # guarded by _cond
+        self.jobset_seen = False  # the JobSet has been listed once (absent means gone)
         self.progress: Progress | None = None
         self.events: list[Event] = []
         self.api_events: list[dict[str, Any]] = []
         self.deleted = False
         self.error: str = ""
         self.requests = 0  # API requests this watch made (for the bench)
-        self._ours: set[str] = set()  # pods this process creates or deletes: their events are expected
         self._cond = threading.Condition()
         self._version = 0
         self._halt = threading.Event()
-        self._synced = threading.Event()
+        self._synced = {"pods": threading.Event(), "jobset": threading.Event()}
         self._events_at = 0.0
-        self._response = None  # the open watch request, closed by close()
+        self._responses: dict[str, Any] = {}  # the open watch requests, closed by close()
+        self._threads = [
+            threading.Thread(target=self._loop, args=("pods",), daemon=True,
+                             name=f"tfk8s-watch-{spec.name}-pods"),
+            threading.Thread(target=self._loop, args=("jobset",), daemon=True,
+                             name=f"tfk8s-watch-{spec.name}-jobset"),
+        ]
         self.stalls = StallCheck(timeout_from_env())
-        self._thread = threading.Thread(target=self._run, name=f"tfk8s-watch-{spec.name}", daemon=True)
 
-    # -- the watch itself ---------------------------------------------------------
-    def start(self, sync_timeout: float = 30.0) -> PodWatch:
-        """Start watching; return once the first listing is in (or ``sync_timeout``)."""
-        self._thread.start()
-        self._synced.wait(sync_timeout)
+    # -- the watches --------------------------------------------------------------
+    def start(self, sync_timeout: float = 30.0) -> ClusterWatch:
+        """Start watching; return once the first listings are in (or ``sync_timeout``)."""
+        for thread in self._threads:
+            thread.start()
+        deadline = time.monotonic() + sync_timeout
+        for synced in self._synced.values():
+            synced.wait(max(0.0, deadline - time.monotonic()))
         return self
 
     def close(self, deleted: bool = False) -> None:
-        """Stop watching (``deleted``: the cluster is being deleted, its pods' ends mean nothing)."""
+        """Stop watching (``deleted``: the cluster is being deleted)."""
         if deleted:
             self.deleted = True
         self._halt.set()
-        response = self._response
-        if response is not None:
+        for response in list(self._responses.values()):
             abort(response)  # ends the blocked read in the watch thread
         with self._cond:
             self._cond.notify_all()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5.0)
+        for thread in self._threads:
+            if thread.is_alive() and thread is not threading.current_thread():
+                thread.join(timeout=5.0)
 
     @property
     def alive(self) -> bool:
-        """Whether the watch thread is running and has not been asked to stop."""
-        return self._thread.is_alive() and not self._halt.is_set()
+        """Whether the watch threads run and have not been asked to stop."""
+        return all(t.is_alive() for t in self._threads) and not self._halt.is_set()
 
-    @property
-    def acts(self) -> bool:
-        """Whether this watch also runs the cluster's lifecycle (a controller)."""
-        return False
-
-    def _run(self) -> None:
+    def _loop(self, what: str) -> None:
+        relist, opener, apply = {
+            "pods": (self._relist_pods, self._open_pods, self._apply_pod),
+            "jobset": (self._relist_jobset, self._open_jobset, self._apply_jobset),
+        }[what]
         resource_version = None
         backoff = 0.5
         while not self._halt.is_set() and not self.deleted:
             try:
                 if resource_version is None:
-                    resource_version = self._relist()
-                    self._synced.set()
+                    resource_version = relist()
+                    self._synced[what].set()
                     self._after_change()
-                resource_version = self._follow(resource_version)
+                resource_version = self._follow(what, opener, apply, resource_version)
                 backoff = 0.5
             except ApiException as e:
                 self.error = "" if e.status == 410 else api_reason(e)
@@ -127,22 +133,15 @@ class PodWatch:
         self._halt.wait(backoff)
         return min(backoff * 2, 30.0)
 
-    def _follow(self, resource_version: str) -> str | None:
+    def _follow(self, what: str, opener: Callable, apply: Callable,
+                resource_version: str) -> str | None:
         """One watch request: apply its events; the version to resume from (None: list again)."""
-        timeout = WATCH_SECONDS
-        wake = self.next_wakeup()
-        if wake is not None:
-            timeout = max(1, min(WATCH_SECONDS, int(wake - time.time()) + 1))
         self.requests += 1
-        self._response = self.api.core.list_namespaced_pod(
-            self.api.namespace, label_selector=self._selector(), resource_version=resource_version,
-            timeout_seconds=timeout, allow_watch_bookmarks=True, watch=True,
-            _preload_content=False, _request_timeout=(self.api.timeout, timeout + 15),
-        )
+        response = self._responses[what] = opener(resource_version)
         if self._halt.is_set():  # close() ran while the request was being opened
-            abort(self._response)
+            abort(response)
             return resource_version
-        for event in _events(self._response):
+        for event in events(response):
             if self._halt.is_set():
                 return resource_version
             obj = event.get("object") or {}
@@ -153,15 +152,30 @@ class PodWatch:
                 raise RuntimeError(obj.get("message", "watch error"))
             resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
             if kind != "BOOKMARK":
-                self._apply(kind, obj)
+                apply(kind, obj)
                 self._after_change()
-        self._after_change()  # the watch timed out: a grace period or TTL may be due
         return resource_version
+
+    def _watch_args(self, resource_version: str) -> dict[str, Any]:
+        return {"resource_version": resource_version, "timeout_seconds": WATCH_SECONDS,
+                "allow_watch_bookmarks": True, "watch": True, "_preload_content": False,
+                "_request_timeout": (self.api.timeout, WATCH_SECONDS + 15)}
+
+    def _open_pods(self, resource_version: str):
+        return self.api.core.list_namespaced_pod(
+            self.api.namespace, label_selector=self._selector(),
+            **self._watch_args(resource_version))
+
+    def _open_jobset(self, resource_version: str):
+        group, version = API_VERSION.split("/")
+        return self.api.custom.list_namespaced_custom_object(
+            group, version, self.api.namespace, "jobsets",
+            field_selector=f"metadata.name={self.spec.name}", **self._watch_args(resource_version))
 
     def _selector(self) -> str:
         return selector(self.spec.name, "task")
 
-    def _relist(self) -> str:
+    def _relist_pods(self) -> str:
         self.requests += 1
         listing = self.api.list_objects("v1", "Pod", self._selector())
         with self._cond:
@@ -169,24 +183,33 @@ class PodWatch:
             self._changed()
         return listing.get("metadata", {}).get("resourceVersion", "")
 
-    def _apply(self, kind: str | None, pod: dict[str, Any]) -> None:
+    def _relist_jobset(self) -> str:
+        self.requests += 1
+        listing = self.api.list_objects(API_VERSION, KIND, selector(self.spec.name, "jobset"))
+        mine = [j for j in listing.get("items", []) if j["metadata"]["name"] == self.spec.name]
+        with self._cond:
+            self.jobset = mine[0] if mine else None
+            self.jobset_seen = True
+            self._changed()
+        return listing.get("metadata", {}).get("resourceVersion", "")
+
+    def _apply_pod(self, kind: str | None, pod: dict[str, Any]) -> None:
         name = pod.get("metadata", {}).get("name", "")
-        task = state.pod_task(pod)
         with self._cond:
             if kind == "DELETED":
                 self.pods.pop(name, None)
-                if name not in self._ours and task is not None and not self.stopped:
-                    newer = any(
-                        state.pod_task(p) == task and state.pod_attempt(p) > state.pod_attempt(pod)
-                        for p in self.pods.values()
-                    )
-                    if not newer:
-                        self.gone[task.name] = state.pod_attempt(pod)
-                        self.record_event(task.name, "PodDeleted", f"pod {name} was deleted", "Warning")
             else:
                 self.pods[name] = pod
-                if task is not None:
-                    self.gone.pop(task.name, None)
+            self._changed()
+
+    def _apply_jobset(self, kind: str | None, jobset: dict[str, Any]) -> None:
+        with self._cond:
+            before = self.jobset
+            self.jobset = None if kind == "DELETED" else jobset
+            restarts = state.jobset_restarts(self.jobset)
+            if restarts > state.jobset_restarts(before):
+                self.record_event("", "Restarted", f"JobSet restart {restarts} of at most "
+                                  f"{self.spec.restart_budget}", "Warning")
             self._changed()
 
     def _changed(self) -> None:
@@ -194,13 +217,9 @@ class PodWatch:
         self._cond.notify_all()
 
     def _after_change(self) -> None:
-        """Called on the watch thread after every change (and watch timeout)."""
+        """Called on a watch thread after every change."""
         if not self._halt.is_set():
             self._maybe_list_events(self.view())
-
-    def next_wakeup(self) -> float | None:
-        """When something is due with no pod event (a controller's grace or TTL); None here."""
-        return None
 
     # -- what other objects may record --------------------------------------------
     def record_event(self, task: str, reason: str, message: str, kind: str = "Normal") -> None:
@@ -221,7 +240,7 @@ class PodWatch:
                 self._changed()
 
     def mark_stopped(self, reason: str) -> None:
-        """The cluster was stopped: its pods' ends are expected, nothing is replaced."""
+        """The cluster was stopped: its pods' ends are expected."""
         with self._cond:
             self.stopped = True
             self.record_event("", "Stopped", reason)
@@ -243,9 +262,9 @@ class PodWatch:
         """The cluster as :mod:`.state` sees it now."""
         with self._cond:
             pods = list(self.pods.values())
-            gone = dict(self.gone)
-        return state.View(spec=self.spec, pods=state.latest_pods(pods), stopped=self.stopped,
-                          finished_at=self.finished_at, done_since=self.done_since, gone=gone)
+            jobset, seen = self.jobset, self.jobset_seen
+        return state.View(spec=self.spec, jobset=jobset, pods=state.latest_pods(pods),
+                          stopped=self.stopped, jobset_seen=seen)
 
     def _maybe_list_events(self, view: state.View) -> None:
         vague = [
@@ -264,11 +283,12 @@ class PodWatch:
         except ApiException as e:
             self.error = api_reason(e)
             return list(self.api_events)
-        prefix = f"{self.spec.name}-"
+        name, prefix = self.spec.name, f"{self.spec.name}-"
         mine = [
             e for e in items
-            if (e.get("involvedObject") or {}).get("name", "") == self.spec.name
+            if (e.get("involvedObject") or {}).get("name", "") == name
             or (e.get("involvedObject") or {}).get("name", "").startswith(prefix)
+            or state.is_kueue_workload(e.get("involvedObject") or {}, name)
         ]
         with self._cond:
             self.api_events = mine
@@ -278,6 +298,9 @@ class PodWatch:
     def snapshot(self) -> ClusterStatus:
         """The cluster's status now."""
         view = self.view()
+        # Kueue's verdict changes its Workload, never the JobSet or a pod: nothing the
+        # watches see, so a reader asks again (at most every EVENT_PERIOD seconds)
+        self._maybe_list_events(view)
         tasks = state.task_statuses(view)
         self._explain_pending(tasks)
         snap = state.cluster_status(view, self.root, tasks, self.progress)
@@ -302,8 +325,12 @@ class PodWatch:
         if not events:
             return
         latest = self.latest_pods()
+        queued = state.admission_message(events, self.spec.name)
         for t in tasks:
             pod = latest.get(t.name)
+            if t.phase == Phase.PENDING and pod is None and queued and \
+                    t.reason.startswith(state.WAITING_FOR_QUEUE):
+                t.reason = f"{t.reason}: {queued}"
             if t.phase != Phase.PENDING or pod is None:
                 continue
             name = pod["metadata"]["name"]
@@ -327,7 +354,7 @@ class PodWatch:
         return self._version
 
 
-def _events(response) -> Iterator[dict[str, Any]]:
+def events(response) -> Iterator[dict[str, Any]]:
     """The watch events of a streaming response, one JSON object per line."""
     buffer = b""
     try:

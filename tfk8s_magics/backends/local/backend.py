@@ -8,53 +8,62 @@ too.
 
 TF_CONFIG names 127.0.0.1 only, every server the lab itself runs
 (TensorBoard) binds 127.0.0.1, and TensorFlow's gRPC servers — which
-would listen on all interfaces whatever TF_CONFIG says — are kept on
-loopback by the preloaded shim of :mod:`.isolation`.
+listen on all interfaces whatever TF_CONFIG says — run in the cluster's
+private network namespace (:mod:`.isolation`, :mod:`.relay`), or where
+that is refused behind the loopback shim.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import re
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 from ... import scriptcheck, stall
 from ...errors import BackendError, ClusterExists, ClusterNotFound, LaunchFailed, SpecError
-from ...lifeline import pid_alive
+from ...lifeline import open_pidfd, pid_alive, same_process, start_time
 from ...ports import free_ports, port_open
 from ...runtime.progress import append_to, parse_record
 from ...serving import local as serving
-from ...spec import ClusterSpec
+from ...spec import IN_GRAPH, ClusterSpec
 from ...tfconfig import cluster_def
 from ..base import (
     Backend,
     ClusterStatus,
     Coordinator,
     Event,
+    LogChunk,
     LogLine,
     LogLocation,
     Phase,
     Progress,
     TensorBoardInfo,
 )
-from . import isolation, logtail
+from . import isolation, logtail, pool
 from .inotify import DirWatcher
 from .layout import (
     ClusterDir,
+    UnreadableState,
     default_state_dir,
     read_json,
+    read_mapping,
     task_log_path,
     write_json_atomic,
     write_record,
 )
 from .status import LocalTaskStatus
+from .watchdog import CLUSTER_ID_ENV, cluster_processes, describe
 
 #: Seconds to wait for a new supervisor to report in.
 SUPERVISOR_START_TIMEOUT = 30.0
@@ -83,18 +92,54 @@ class LocalBackend(Backend):
         self.clusters_dir = self.state_dir / "clusters"
 
     # -- helpers -----------------------------------------------------------
+    def _cluster_dirs(self) -> list[ClusterDir]:
+        """Every cluster dir (a real directory; never a symlink or a hidden temporary)."""
+        try:
+            entries = list(os.scandir(self.clusters_dir))
+        except FileNotFoundError:
+            return []
+        return [ClusterDir(Path(e.path)) for e in entries
+                if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)]
+
     def _dir(self, name: str) -> ClusterDir:
         cdir = ClusterDir(self.clusters_dir / name)
-        if not cdir.record.exists():
-            known = sorted(p.name for p in self.clusters_dir.glob("*") if (p / "cluster.json").exists())
+        if not (cdir.root.is_dir() and not cdir.root.is_symlink()):
+            known = sorted(c.name for c in self._cluster_dirs())
             hint = f" Known clusters: {', '.join(known)}." if known else " There are none yet."
             raise ClusterNotFound(
                 f"no local cluster named {name!r}.{hint} Launch one with %tfcluster launch {name} ..."
             )
         return cdir
 
+    def _read_record(self, cdir: ClusterDir) -> dict:
+        """The cluster's record, checked for the keys every reader needs; raises UnreadableState."""
+        record = read_mapping(cdir.record)
+        if record is None:
+            raise UnreadableState("no cluster.json (an interrupted launch, or not a cluster)")
+        missing = [k for k in ("spec", "addresses", "cluster", "log_dir", "created") if k not in record]
+        if missing or not isinstance(record["spec"], dict) or not isinstance(record["addresses"], dict):
+            raise UnreadableState(f"cluster.json lacks {', '.join(missing) or 'a valid spec'}")
+        return record
+
     def _record(self, name: str) -> dict:
-        return read_json(self._dir(name).record)
+        cdir = self._dir(name)
+        try:
+            return self._read_record(cdir)
+        except UnreadableState as e:
+            raise BackendError(_unreadable_text(name, e)) from None
+
+    def _raw_status(self, cdir: ClusterDir, record: dict) -> dict:
+        """``status.json`` when it is this cluster's (same id); {} before the supervisor wrote it."""
+        raw = read_mapping(cdir.status) or {}
+        if raw and raw.get("id", "") != record.get("id", ""):
+            raise UnreadableState("status.json belongs to another cluster (its id differs)")
+        if not isinstance(raw.get("tasks", []), list):
+            raise UnreadableState("status.json has no task list")
+        return raw
+
+    def check_exists(self, name: str) -> None:
+        """A cluster exists while its dir does, even when its state is unreadable."""
+        self._dir(name)
 
     def spec(self, name: str) -> ClusterSpec:
         return ClusterSpec.from_dict(self._record(name)["spec"])
@@ -123,32 +168,86 @@ class LocalBackend(Backend):
                 "local backend leave it unset and remove a finished cluster with %tfcluster delete NAME."
             )
 
+    def _make_cluster_dir(self, name: str) -> ClusterDir:
+        """Create the cluster's private dir (0700); the name is taken by whoever creates it first."""
+        self.clusters_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        cdir = ClusterDir(self.clusters_dir / name)
+        try:
+            cdir.root.mkdir(mode=0o700)
+            return cdir
+        except FileExistsError:
+            pass
+        if _abandoned_empty(cdir.root):  # an interrupted launch left it: the name is free again
+            try:
+                cdir.root.rmdir()
+                cdir.root.mkdir(mode=0o700)
+                return cdir
+            except OSError:
+                pass
+        raise ClusterExists(
+            f"a cluster named {name!r} already exists: launch with --replace to delete it "
+            f"and launch again, pick another name, or %tfcluster delete {name} first."
+        ) from None
+
+    def _check_log_dir(self, log_dir: Path, given: str | None) -> None:
+        """A user-named log dir must be new, empty or a tfk8s log dir, and no other cluster's."""
+        if not given:
+            return
+        try:
+            entries = sorted(os.listdir(log_dir)) if log_dir.is_dir() else []
+        except OSError as e:
+            raise SpecError(f"--log-dir {given!r} cannot be read ({e.strerror}): give a directory "
+                            "you can write.") from None
+        if entries and "tasks" not in entries:
+            raise SpecError(
+                f"--log-dir {given!r} already holds other files (e.g. {entries[0]!r}): give a new or empty "
+                "directory, or the log dir of an earlier cluster."
+            )
+        for other in self._cluster_dirs():
+            try:
+                used = self._read_record(other)["log_dir"]
+            except (UnreadableState, TypeError):
+                continue
+            if Path(used) == log_dir:
+                raise SpecError(
+                    f"--log-dir {given!r} is the log dir of cluster {other.name!r}: two clusters would "
+                    f"show each other's logs. Give another dir, or delete {other.name} first (its "
+                    "logs stay)."
+                )
+
+    def _make_dirs(self, cdir: ClusterDir, spec: ClusterSpec, log_dir: Path, data_dir: Path) -> list[Path]:
+        """Create the log, data and progress dirs (0700); return the outermost ones created outside
+        the cluster dir.  A dir that cannot be made is a SpecError naming it and the cause."""
+        created = []
+        for d in (log_dir / "tasks", log_dir / "checkpoints", data_dir, cdir.progress_dir):
+            top = _first_missing(d)
+            try:
+                _mkdir_private(d)
+            except OSError as e:
+                flag = "--data-dir" if d == data_dir else "--log-dir"
+                raise SpecError(f"{flag} cannot be used: cannot create {e.filename or d}: {e.strerror}. "
+                                "Give a directory you can write.") from None
+            if top is not None and not _inside(top, cdir.root):
+                created.append(top)
+        return created
+
     def launch(self, spec: ClusterSpec, *, detach: bool = False) -> ClusterStatus:
         self.preflight(spec)
-        self.clusters_dir.mkdir(parents=True, exist_ok=True)
-        cdir = ClusterDir(self.clusters_dir / spec.name)
-        try:
-            cdir.root.mkdir()
-        except FileExistsError:
-            raise ClusterExists(
-                f"a cluster named {spec.name!r} already exists: launch with --replace to delete it "
-                f"and launch again, pick another name, or %tfcluster delete {spec.name} first."
-            ) from None
+        cdir = self._make_cluster_dir(spec.name)
         created: list[Path] = [cdir.root]  # removed again if the launch fails
         sup: subprocess.Popen | None = None
         try:
             log_dir = Path(spec.log_dir).expanduser().resolve() if spec.log_dir else cdir.default_log_dir
             data_dir = Path(spec.data_dir).expanduser().resolve() if spec.data_dir else cdir.default_data_dir
-            for d in (log_dir / "tasks", log_dir / "checkpoints", data_dir, cdir.progress_dir):
-                top = _first_missing(d)
-                d.mkdir(parents=True, exist_ok=True)
-                if top is not None and not _inside(top, cdir.root):
-                    created.append(top)
+            self._check_log_dir(log_dir, spec.log_dir)
+            created += self._make_dirs(cdir, spec, log_dir, data_dir)
+            cluster_id = uuid.uuid4().hex
             tasks = spec.tasks()
             ports = dict(zip((t.name for t in tasks), free_ports(len(tasks)), strict=True))
             addresses = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
             _write_script(cdir, spec)
             record = {
+                "id": cluster_id,
                 "backend": self.name,
                 "spec": spec.to_dict(),
                 "created": time.time(),
@@ -161,13 +260,17 @@ class LocalBackend(Backend):
                 "script_dir": scriptcheck.script_dir(spec),
                 "stall_timeout": stall.timeout_from_env(),
                 "loopback_shim": str(shim) if (shim := isolation.shim_path()) else None,
+                "pool": None if detach else pool.ensure(),  # detached: outlives our pool, cold
                 "log_dir": str(log_dir),
                 "data_dir": str(data_dir),
+                "created_dirs": [str(p) for p in created[1:]],
             }
             write_record(cdir.record, record)
-            with open(cdir.supervisor_log, "ab") as out:
+            fd = os.open(cdir.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "ab") as out:
                 sup = subprocess.Popen(
                     [sys.executable, "-m", "tfk8s_magics.backends.local.supervisor", str(cdir.root)],
+                    env={**os.environ, CLUSTER_ID_ENV: cluster_id},
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -176,8 +279,10 @@ class LocalBackend(Backend):
             self._await_supervisor(cdir, sup)
         except BaseException:
             if sup is not None and sup.poll() is None:
-                sup.kill()  # its tasks die with it (parent-death signal)
+                sup.kill()  # its watchdog kills the tasks
                 sup.wait()
+            if sup is not None:
+                self._kill_cluster(cdir, cluster_id, [])
             for path in reversed(created):
                 shutil.rmtree(path, ignore_errors=True)
             raise
@@ -200,23 +305,35 @@ class LocalBackend(Backend):
             time.sleep(0.01)
 
     # -- status ------------------------------------------------------------
+    def _status_of(self, cdir: ClusterDir) -> ClusterStatus:
+        """The cluster's status; an unreadable or malformed state makes an ``unknown`` status that
+        says why (and how to remove it), never an exception."""
+        try:
+            return self._status_from(cdir, self._read_record(cdir))
+        except (UnreadableState, KeyError, TypeError, ValueError, AttributeError) as e:
+            try:
+                created = cdir.root.lstat().st_mtime
+            except OSError:
+                created = 0.0
+            return ClusterStatus(name=cdir.name, backend=self.name, mode="", phase=Phase.UNKNOWN,
+                                 reason=_unreadable_text(cdir.name, e), created=created)
+
     def _status_from(self, cdir: ClusterDir, record: dict) -> ClusterStatus:
         spec = record["spec"]
-        raw = read_json(cdir.status) or {}
+        raw = self._raw_status(cdir, record)
         tasks = [LocalTaskStatus.from_record(t) for t in raw.get("tasks", [])] or [
             LocalTaskStatus(name=t, host=a) for t, a in record["addresses"].items()
         ]
         phase = raw.get("phase", Phase.PENDING)
         reason = raw.get("reason", "")
-        sup_pid = raw.get("supervisor_pid")
-        if raw and not raw.get("supervisor_done") and not pid_alive(sup_pid):
+        if raw and not raw.get("supervisor_done") and not _supervisor_alive(raw):
             # The supervisor was killed: its tasks died with it (parent-death signal).
             if phase not in Phase.TERMINAL:
                 phase, reason = Phase.FAILED, "its supervisor process died; the tasks were killed with it"
             for t in tasks:
                 if t.phase not in Phase.TERMINAL:
                     t.phase, t.reason, t.pid = Phase.FAILED, "supervisor died", None
-        return ClusterStatus(
+        status = ClusterStatus(
             name=spec["name"],
             backend=self.name,
             mode=spec["mode"],
@@ -231,6 +348,9 @@ class LocalBackend(Backend):
             progress=self._progress(cdir, tasks),
             stall=stall.Stall.from_dict(raw.get("stall")) if phase == Phase.RUNNING else None,
         )
+        if phase == Phase.RUNNING:
+            status.reason = _coordinator_lost(cdir, status) or status.reason
+        return status
 
     def _progress(self, cdir: ClusterDir, tasks: list[LocalTaskStatus]) -> Progress | None:
         best: Progress | None = None
@@ -251,24 +371,21 @@ class LocalBackend(Backend):
         return best
 
     def status(self, name: str) -> ClusterStatus:
-        cdir = self._dir(name)
-        return self._status_from(cdir, read_json(cdir.record))
+        return self._status_of(self._dir(name))
 
     def list_clusters(self) -> list[ClusterStatus]:
-        out = []
-        for root in self.clusters_dir.glob("*"):
-            cdir = ClusterDir(root)
-            record = read_json(cdir.record)
-            if record is not None:
-                out.append(self._status_from(cdir, record))
+        out = [self._status_of(cdir) for cdir in self._cluster_dirs()]
         return sorted(out, key=lambda s: s.created, reverse=True)
 
     def _finished(self, cdir: ClusterDir) -> bool:
         """Whether nothing of the cluster runs any more (or it was deleted)."""
         if not cdir.record.exists():
             return True
-        raw = read_json(cdir.status) or {}
-        return bool(raw.get("supervisor_done")) or (bool(raw) and not pid_alive(raw.get("supervisor_pid")))
+        try:
+            raw = self._raw_status(cdir, self._read_record(cdir))
+        except UnreadableState:
+            return True  # nothing more will be learnt from it
+        return bool(raw.get("supervisor_done")) or (bool(raw) and not _supervisor_alive(raw))
 
     def _finished_check(self, cdir: ClusterDir):
         """A cheap :meth:`_finished` for loops: re-reads status.json when it changed, and
@@ -336,6 +453,18 @@ class LocalBackend(Backend):
         cdir = self._dir(name)
         return logtail.follow(files, stop, self._finished_check(cdir), from_start, wake_dirs=[cdir.root])
 
+    def follow_log_batches(
+        self,
+        name: str,
+        stop: threading.Event,
+        tasks: list[str] | None = None,
+        from_start: bool = True,
+    ) -> Iterator[LogChunk]:
+        files = self._log_files(name, tasks)
+        cdir = self._dir(name)
+        return logtail.follow_batches(files, stop, self._finished_check(cdir), from_start,
+                                      wake_dirs=[cdir.root])
+
     def events(self, name: str) -> list[Event]:
         cdir = self._dir(name)
         out = []
@@ -354,60 +483,107 @@ class LocalBackend(Backend):
     def coordinator(self, name: str) -> Coordinator:
         """This process listens as chief on a free loopback port; its progress records go
         where the cluster's chief's would (they speak for the cluster)."""
-        path = self._dir(name).progress_file(COORDINATOR)
-        return Coordinator(f"127.0.0.1:{free_ports(1)[0]}", append_to(str(path)), COORDINATOR)
+        cdir = self._dir(name)
+
+        def connected(when: float) -> None:
+            write_json_atomic(cdir.coordinator, {"pid": os.getpid(), "connected": when})
+
+        return Coordinator(f"127.0.0.1:{free_ports(1)[0]}", append_to(str(cdir.progress_file(COORDINATOR))),
+                           COORDINATOR, connected)
 
     # -- stop / delete -------------------------------------------------------
     def stop(self, name: str) -> ClusterStatus:
         cdir = self._dir(name)
-        raw = read_json(cdir.status) or {}
-        sup = raw.get("supervisor_pid")
-        if pid_alive(sup) and not raw.get("supervisor_done"):
+        record = self._record(name)
+        try:
+            raw = self._raw_status(cdir, record)
+        except UnreadableState:
+            raw = {}
+        if not raw.get("supervisor_done") and _supervisor_alive(raw):
+            sup = raw["supervisor_pid"]
             os.kill(sup, signal.SIGTERM)
-            deadline = time.monotonic() + STOP_TIMEOUT
-            while pid_alive(sup) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            if pid_alive(sup):
-                os.kill(sup, signal.SIGKILL)  # the tasks die with it
-        # Whatever happened above, no task of this cluster may survive.
-        for t in (read_json(cdir.status) or {}).get("tasks", []):
-            if t.get("pid") and pid_alive(t["pid"]):
+            if not _wait_exit(sup, STOP_TIMEOUT) and _supervisor_alive(raw):
+                os.kill(sup, signal.SIGKILL)  # its watchdog kills the tasks
+        self._kill_cluster(cdir, record.get("id"), raw.get("tasks", []))
+        return self.status(name)
+
+    def _kill_cluster(self, cdir: ClusterDir, cluster_id: str | None, tasks: list) -> None:
+        """SIGKILL whatever of the cluster still runs: each task's process group (only a verified
+        (pid, start time)), then every process marked with the cluster's id or working in its dir."""
+        for t in tasks:
+            if isinstance(t, dict) and same_process(t.get("pid"), t.get("pid_start")):
                 try:
                     os.killpg(t["pid"], signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-        return self.status(name)
+        for _ in range(50):
+            left = cluster_processes(cdir.root, cluster_id)
+            if not left:
+                return
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            for pid in left:
+                _wait_exit(pid, 2.0)
 
-    def delete(self, name: str, keep_logs: bool = False) -> LogLocation | None:
-        """Stop and remove the cluster; return where its logs were kept, if asked to keep them."""
+    def delete(self, name: str, keep_logs: bool = False, force: bool = False) -> LogLocation | None:
+        """Stop and remove the cluster; return where its logs were kept, if asked to keep them.
+
+        ``force`` removes a cluster whose state is unreadable: it kills what is verifiably the
+        cluster's (marked with its id or working in its dir) and removes the dir.  Either way the
+        deletion is reported only once nothing of the cluster runs.
+        """
         cdir = self._dir(name)
-        record = read_json(cdir.record)
-        self.stop(name)
-        self._stop_tensorboard(cdir)
-        self.stop_serving(name)
+        try:
+            record = self._read_record(cdir)
+        except UnreadableState as e:
+            if not force:
+                raise BackendError(_unreadable_text(name, e)) from None
+            record = None
         kept = None
-        log_dir = Path(record["log_dir"])
-        if keep_logs and _inside(log_dir, cdir.root) and log_dir.exists():
-            kept = self.state_dir / "kept-logs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(log_dir), str(kept))
-        elif keep_logs:
-            kept = log_dir
-        # A log or data dir the user named is theirs: only the cluster dir goes.
+        if record is not None:
+            self.stop(name)
+            self._stop_tensorboard(cdir)
+            self.stop_serving(name)
+            kept = self._keep_logs(cdir, record, keep_logs)
+        else:
+            self._kill_cluster(cdir, _salvage_id(cdir), [])
+        left = cluster_processes(cdir.root, (record or {}).get("id") or _salvage_id(cdir))
+        if left:
+            raise BackendError(f"{name!r} was not deleted: still running: {describe(left)}. "
+                               "Kill them and delete again.")
+        # A log or data dir the user named is theirs: only the cluster dir (and what launch made) goes.
+        for path in (record or {}).get("created_dirs", []):
+            _remove_empty_tree(Path(path))
         shutil.rmtree(cdir.root, ignore_errors=True)
         return None if kept is None else LogLocation(str(kept))
+
+    def _keep_logs(self, cdir: ClusterDir, record: dict, keep_logs: bool) -> Path | None:
+        """Move the default log dir out of the cluster dir when asked to keep it; a dir the user named
+        stays where it is."""
+        log_dir = Path(record["log_dir"])
+        if keep_logs and _inside(log_dir, cdir.root) and log_dir.exists():
+            kept = self.state_dir / "kept-logs" / f"{cdir.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+            kept.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            shutil.move(str(log_dir), str(kept))
+            return kept
+        return log_dir if keep_logs else None
 
     # -- TensorBoard -----------------------------------------------------------
     def tensorboard(self, name: str) -> TensorBoardInfo:
         cdir = self._dir(name)
         record = read_json(cdir.record)
-        info = read_json(cdir.tensorboard)
-        if info and pid_alive(info.get("pid")) and port_open(info["port"]):
+        info = _tb_info(cdir)
+        if info and same_process(info.get("pid"), info.get("start")) and port_open(info["port"]):
             return TensorBoardInfo(info["port"], _tb_url(info["port"]), record["log_dir"], True, info["pid"])
         port = free_ports(1)[0]
         proc = subprocess.Popen(
             [
-                sys.executable, "-m", "tfk8s_magics.runtime.tensorboard", str(os.getpid()),
+                # The guard makes it answer the owner only (its own namespace + the relay).
+                sys.executable, "-m", "tfk8s_magics.backends.local.guard", str(port), str(cdir.root), "--",
+                "-m", "tfk8s_magics.runtime.tensorboard", str(os.getpid()),
                 "--logdir", record["log_dir"], "--host", "127.0.0.1", "--port", str(port),
             ],
             stdin=subprocess.DEVNULL,
@@ -416,7 +592,7 @@ class LocalBackend(Backend):
             start_new_session=True,
         )
         deadline = time.monotonic() + TENSORBOARD_START_TIMEOUT
-        while not port_open(port):
+        while not _http_answers(port):  # not port_open: the guard's relay listens before TensorBoard
             if proc.poll() is not None or time.monotonic() > deadline:
                 if proc.poll() is None:
                     proc.kill()
@@ -426,20 +602,17 @@ class LocalBackend(Backend):
                     f"TensorBoard for {name!r} did not start (see {cdir.root / 'tensorboard.log'}):\n{tail}"
                 )
             time.sleep(0.05)
-        write_json_atomic(cdir.tensorboard, {"pid": proc.pid, "port": port})
+        write_json_atomic(cdir.tensorboard, {"pid": proc.pid, "start": start_time(proc.pid), "port": port})
         return TensorBoardInfo(port, _tb_url(port), record["log_dir"], False, proc.pid)
 
     def _stop_tensorboard(self, cdir: ClusterDir) -> None:
-        info = read_json(cdir.tensorboard)
-        if info and pid_alive(info.get("pid")):
+        info = _tb_info(cdir)
+        if info and same_process(info.get("pid"), info.get("start")):
             try:
                 os.kill(info["pid"], signal.SIGTERM)
             except ProcessLookupError:
                 return
-            deadline = time.monotonic() + 5
-            while pid_alive(info["pid"]) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            if pid_alive(info["pid"]):
+            if not _wait_exit(info["pid"], 5) and same_process(info.get("pid"), info.get("start")):
                 os.kill(info["pid"], signal.SIGKILL)
 
     # -- serving (see tfk8s_magics.serving.local) -------------------------------
@@ -466,14 +639,132 @@ class LocalBackend(Backend):
         return serving.stop(self._dir(name).root)
 
 
+def _coordinator_lost(cdir: ClusterDir, status: ClusterStatus) -> str:
+    """Why a live in-graph coordinator's connection is gone (a server restarted after it
+    connected), or "" when it is not (no coordinator, or it reconnected since)."""
+    if status.mode != IN_GRAPH:
+        return ""
+    try:
+        info = read_json(cdir.coordinator)
+    except UnreadableState:
+        return ""
+    if not isinstance(info, dict) or not pid_alive(info.get("pid")):  # display only: nothing is signalled
+        return ""
+    lost = status.restarted_since(float(info.get("connected") or 0))
+    if not lost:
+        return ""
+    return (f"the coordinator's connection is lost: {', '.join(lost)} restarted after it connected "
+            "(its variables are gone); connect() again and restore from the last checkpoint")
+
+
 def _write_script(cdir: ClusterDir, spec: ClusterSpec) -> None:
     """Write the script the tasks run and the files that travel with it (``--file``)."""
     if spec.script is not None:
-        cdir.script.write_text(spec.script, encoding="utf-8")
+        _write_private(cdir.script, spec.script)
     if spec.files:
-        cdir.files.mkdir()
+        cdir.files.mkdir(mode=0o700)
         for file_name, text in spec.files.items():
-            (cdir.files / file_name).write_text(text, encoding="utf-8")
+            _write_private(cdir.files / file_name, text)
+
+
+def _mkdir_private(d: Path) -> None:
+    """``mkdir -p`` where every dir it creates is 0700 (what exists is left as it is)."""
+    missing = []
+    while not d.exists():
+        missing.append(d)
+        d = d.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Create ``path`` (0600, never through a symlink) holding ``text``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+#: An empty cluster dir older than this was left by an interrupted launch (a launch writes its
+#: record within milliseconds of creating the dir).
+ABANDONED_AFTER = 60.0
+
+
+def _abandoned_empty(root: Path) -> bool:
+    try:
+        return not any(os.scandir(root)) and time.time() - root.lstat().st_mtime > ABANDONED_AFTER
+    except OSError:
+        return False
+
+
+def _unreadable_text(name: str, e: Exception) -> str:
+    """The one sentence for a cluster whose state cannot be read."""
+    cause = f"missing {e}" if isinstance(e, KeyError) else str(e)
+    return (f"unreadable state: {cause}. %tfcluster delete {name} --force (tfk8s delete {name} --force) "
+            "stops whatever of it still runs and removes it.")
+
+
+def _supervisor_alive(raw: dict) -> bool:
+    """Whether the supervisor recorded in ``status.json`` is that very process, still running."""
+    return same_process(raw.get("supervisor_pid"), raw.get("supervisor_start"))
+
+
+def _wait_exit(pid: int, timeout: float) -> bool:
+    """Wait (on a pidfd, no polling) until ``pid`` exits; return whether it did within ``timeout``."""
+    fd = open_pidfd(pid)
+    if fd is None:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
+def _tb_info(cdir: ClusterDir) -> dict | None:
+    try:
+        return read_mapping(cdir.tensorboard)
+    except UnreadableState:
+        return None
+
+
+def _salvage_id(cdir: ClusterDir) -> str | None:
+    """The cluster id from an unreadable record's or status's text, when it can still be found."""
+    for path in (cdir.record, cdir.status):
+        try:
+            with open(path, "rb") as f:
+                found = re.search(rb'"id": "([0-9a-f]{32})"', f.read(MAX_SALVAGE))
+        except OSError:
+            continue
+        if found:
+            return found.group(1).decode()
+    return None
+
+
+#: How much of a damaged state file is searched for the cluster id.
+MAX_SALVAGE = 1 << 20
+
+
+def _remove_empty_tree(top: Path) -> None:
+    """Remove the dirs launch created outside the cluster dir, if nothing else was put there."""
+    for dirpath, _dirs, _files in sorted(os.walk(top, topdown=False), key=lambda x: -len(x[0])):
+        try:
+            os.rmdir(dirpath)
+        except OSError:
+            pass
+
+
+def _http_answers(port: int) -> bool:
+    """Whether an HTTP server answers on ``127.0.0.1:port`` (no proxy settings apply)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request("GET", "/data/logdir")
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
 
 
 def _tb_url(port: int) -> str:

@@ -1,23 +1,30 @@
-"""Keep local tasks' servers on loopback.
+"""Keep other users away from a local cluster's servers.
 
-TensorFlow's gRPC servers listen on every interface whatever address
-TF_CONFIG gives (measured: ``*:PORT``).  On the local backend every task
-is on this machine, so nothing needs them reachable from elsewhere: the
-supervisor preloads a tiny shim (``loopback_bind.c``) into each task that
-turns a ``bind()`` to a wildcard address into a bind to loopback.
+TensorFlow's gRPC servers have no authentication and listen on every
+interface whatever address TF_CONFIG gives (measured: ``0.0.0.0:PORT``).
+The strong answer is a **private network namespace** per cluster
+(:func:`enter_private_network`, called by the supervisor before it starts
+anything; see the second half of this module and :mod:`.relay`).
 
-The shim is compiled once (into ``$XDG_CACHE_HOME/tfk8s``, by default
-``~/.cache/tfk8s``) with the system C compiler
+The fallback, where the kernel refuses namespaces or
+``TFK8S_ISOLATION=loopback``: the supervisor preloads a tiny shim
+(``loopback_bind.c``) into each task that turns a ``bind()`` to a wildcard
+address into a bind to loopback — other hosts are kept out, other local
+users are not.  The shim is compiled once (into ``$XDG_CACHE_HOME/tfk8s``,
+by default ``~/.cache/tfk8s``) with the system C compiler
 (``cc``/``gcc``; the lab's images and Debian have it).  Without a compiler,
-or with ``TFK8S_LOOPBACK_ONLY=0``, tasks run without it and their ports are
-reachable from the network, as TensorFlow makes them.
+or with ``TFK8S_LOOPBACK_ONLY=0``, there is no shim.
 """
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import hashlib
 import os
 import shutil
+import socket
+import struct
 import subprocess
 from pathlib import Path
 
@@ -65,3 +72,101 @@ def preload_env(env: dict[str, str], lib: str | None) -> None:
     """Add ``lib`` in front of ``LD_PRELOAD`` in ``env`` (a task's environment)."""
     if lib:
         env["LD_PRELOAD"] = " ".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
+
+
+# -- private network namespaces ------------------------------------------------------------------
+# The strongest isolation one machine gives a cluster without containers: its supervisor and tasks
+# live in a network namespace of their own (their own loopback), so no other process on the host
+# can connect to a task's gRPC server at all.  Root needs only CLONE_NEWNET; any other user makes a
+# user namespace with it (identity uid/gid maps: the tasks keep their uid; capabilities only count
+# inside).  Where the kernel refuses (user namespaces disabled, seccomp in a container), the
+# supervisor falls back to the loopback shim above and says why in status.json.
+
+CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+
+#: ``status.json`` "isolation" modes, strongest first.
+NETNS, USERNS_NETNS, LOOPBACK_SHIM, NONE = "netns", "userns+netns", "loopback-shim", "none"
+
+
+class IsolationError(OSError):
+    """A namespace operation the kernel refused; the message says which and why."""
+
+
+def _libc_call(name: str, *args: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if getattr(libc, name)(*args) != 0:
+        err = ctypes.get_errno()
+        raise IsolationError(err, f"{name}() failed: {os.strerror(err)}")
+
+
+def wanted(value: str | None = None) -> str:
+    """What option ``isolation`` (``$TFK8S_ISOLATION``, read here when ``value`` is None) asks
+    for: ``netns`` (default, and for anything unknown: never weaker by a typo), ``loopback``
+    (the shim only) or ``off``."""
+    if value is None:
+        value = os.environ.get("TFK8S_ISOLATION")
+    value = (value or "netns").strip().lower()
+    return value if value in ("netns", "loopback", "off") else "netns"
+
+
+def enter_private_network() -> str:
+    """Move this process into a new network namespace with its loopback up; return the mode.
+
+    Must run while the process has one thread (the supervisor, before it starts anything).
+    Raises :class:`IsolationError` when the kernel refuses the ``unshare`` (nothing changed
+    then); a failure after it (maps, loopback) is an ``OSError`` the caller must treat as fatal.
+    """
+    uid, gid = os.geteuid(), os.getegid()
+    _libc_call("unshare", CLONE_NEWNET if uid == 0 else CLONE_NEWNET | CLONE_NEWUSER)
+    if uid != 0:
+        # Identity maps: the tasks keep their uid and gid; setgroups must be denied first (kernel rule).
+        maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
+        for name, text in maps:
+            with open(f"/proc/self/{name}", "w", encoding="ascii") as f:
+                f.write(text)
+    _loopback_up()
+    return NETNS if uid == 0 else USERNS_NETNS
+
+
+def _loopback_up() -> None:
+    """Bring ``lo`` up in this process's network namespace (a new one has it down)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifreq = struct.pack("16sh22x", b"lo", 0)
+        flags = struct.unpack("16sh22x", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, ifreq))[1]
+        fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, struct.pack("16sh22x", b"lo", flags | _IFF_UP))
+
+
+def join_cluster_netns(netns: str) -> None:
+    """Move the CALLING THREAD into a cluster's network namespace (``status.json`` isolation.netns).
+
+    For a process started outside the cluster (a pre-started task): call it on the thread that
+    will create ``tf.distribute.Server``, before creating it; threads it starts later inherit the
+    namespace, threads that exist already do not.  Needs CAP_SYS_ADMIN over the namespace's user
+    namespace: root can; another user's multithreaded process cannot (joining a user namespace
+    needs a single-threaded process), and gets :class:`IsolationError` — start a fresh process then.
+    """
+    fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _libc_call("setns", fd, CLONE_NEWNET)
+    finally:
+        os.close(fd)
+
+
+def socket_owner(tables: list[int], local_port: int, remote_port: int) -> int | None:
+    """The uid owning the TCP socket with ``local_port`` → ``remote_port`` in the given
+    ``/proc/net/tcp{,6}`` file descriptors (opened in the namespace to look in), or None."""
+    for fd in tables:
+        os.lseek(fd, 0, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        for line in b"".join(chunks).decode("ascii", "replace").splitlines()[1:]:
+            parts = line.split()
+            if len(parts) < 8:
+                continue
+            if (int(parts[1].rsplit(":", 1)[1], 16) == local_port
+                    and int(parts[2].rsplit(":", 1)[1], 16) == remote_port):
+                return int(parts[7])
+    return None

@@ -8,13 +8,18 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..base import LogLine
+from ..base import LogChunk, LogLine
+from ..pacing import Pacer
 from .inotify import DirWatcher
 
-#: After a read that found output, wait this long before reading again, so a
-#: flood is taken in batches rather than in a busy loop.  An idle follower
-#: sleeps in inotify and wakes the moment a task writes.
+#: Longest pause between reads that found output, reached only while the
+#: tasks keep writing (a flood is taken in batches, not in a busy loop).
+#: A follower sleeps in inotify and reads the moment a task writes after a
+#: quiet spell; the pause grows from ``FOLLOW_MIN_GAP`` only under load
+#: (:class:`~..pacing.Pacer`).
 FOLLOW_INTERVAL = 0.05
+#: Shortest pause between reads that found output.
+FOLLOW_MIN_GAP = 0.005
 #: Longest sleep of an idle follower (it still wakes at once on output).
 IDLE_WAKEUP = 1.0
 #: A line longer than this is cut (the file keeps it whole).
@@ -26,25 +31,59 @@ MAX_BACKLOG = 512 * 1024
 CATCHUP_KEEP = 64 * 1024
 
 
-def tail_lines(path: Path, n: int | None) -> list[str]:
-    """The last ``n`` lines of a file (all of it when ``n`` is None), read from the end."""
+#: ``--tail`` reads at most this many bytes from the end of a file, whatever the line count.
+MAX_TAIL_BYTES = 1024 * 1024
+
+
+def tail_lines(path: Path, n: int | None, max_bytes: int = MAX_TAIL_BYTES) -> list[str]:
+    """The last ``n`` lines of a file (all of it when ``n`` is None), read from the end.
+
+    Linear in what it reads: blocks are read backwards once each and newlines
+    counted per block.  With ``n``, at most ``max_bytes`` are read (an earlier
+    part is announced, not shown); any line is cut at :data:`MAX_LINE` bytes.
+    """
     try:
         with open(path, "rb") as f:
             if n is None:
-                data = f.read()
+                data, skipped = f.read(), 0
             else:
-                f.seek(0, os.SEEK_END)
-                end = f.tell()
-                block, data = 65536, b""
-                pos = end
-                while pos > 0 and data.count(b"\n") <= n:
-                    pos = max(0, pos - block)
-                    f.seek(pos)
-                    data = f.read(end - pos)
+                data, skipped = _read_tail(f, n, max_bytes)
     except FileNotFoundError:
         return []
-    lines = data.decode("utf-8", "replace").splitlines()
-    return lines if n is None else lines[-n:] if n else []
+    lines = [_cut(line) for line in data.split(b"\n")]
+    if lines and lines[-1] == "":
+        lines.pop()  # the file ends with a newline
+    if n is not None:
+        lines = lines[-n:] if n else []
+    if skipped and lines:
+        lines.insert(0, f"tfk8s: ... {skipped} earlier bytes not shown (--tail reads at most {max_bytes} "
+                        f"bytes); the file keeps everything ({path})")
+    return lines
+
+
+def _read_tail(f, n: int, max_bytes: int) -> tuple[bytes, int]:
+    """The bytes holding the last ``n`` lines (or the last ``max_bytes``), and how many came before."""
+    end = f.seek(0, os.SEEK_END)
+    pos, chunks, newlines, block = end, [], 0, 65536
+    limit = max(0, end - max_bytes)
+    while pos > limit and newlines <= n:
+        start = max(limit, pos - block)
+        f.seek(start)
+        chunk = f.read(pos - start)
+        chunks.append(chunk)
+        newlines += chunk.count(b"\n")
+        pos = start
+    data = b"".join(reversed(chunks))
+    if pos == 0 or newlines > n:
+        return data, 0
+    # Cut by bytes, not by lines: the first line read is a fragment (unless it is all one line).
+    rest = data.partition(b"\n")[2] if b"\n" in data[:-1] else data
+    return rest, pos + len(data) - len(rest)
+
+
+def _cut(line: bytes) -> str:
+    text = line[:MAX_LINE].decode("utf-8", "replace").rstrip("\r")
+    return text + f" [... line cut: {len(line)} bytes]" if len(line) > MAX_LINE else text
 
 
 class _FileCursor:
@@ -59,7 +98,8 @@ class _FileCursor:
             except FileNotFoundError:
                 self.offset = 0
 
-    def read(self, now: float) -> list[LogLine]:
+    def read(self) -> list[str]:
+        """The lines written since the last read (a note in place of a skipped flood)."""
         try:
             size = self.path.stat().st_size
         except FileNotFoundError:
@@ -85,23 +125,36 @@ class _FileCursor:
             skipped += whole - len(data)
             note = (f"tfk8s: ... {skipped} bytes of fast output skipped here; "
                     f"the log file keeps everything ({self.path})")
-            head = [LogLine(self.task, note, now)]
+            head = [note]
         else:
             head = []
-        data = self.partial + data
-        *complete, self.partial = data.split(b"\n")
-        if len(self.partial) > MAX_LINE:
-            complete.append(self.partial)
-            self.partial = b""
-        return head + [
-            LogLine(self.task, line[:MAX_LINE].decode("utf-8", "replace").rstrip("\r"), now)
-            for line in complete
-        ]
+        return head + self._lines(self.partial + data)
 
-    def drain(self, now: float) -> list[LogLine]:
-        out = self.read(now)
+    def _lines(self, data: bytes) -> list[str]:
+        """The complete lines of ``data`` (the rest is kept for the next read).
+
+        The chunk is decoded in one call, not line by line ("\\n" never occurs
+        inside a UTF-8 sequence, so the result is the same): in a flood,
+        per-line Python work is what the kernel pays for.
+        """
+        cut = data.rfind(b"\n")
+        whole, self.partial = (data[:cut], data[cut + 1:]) if cut >= 0 else (b"", data)
+        texts = whole.decode("utf-8", "replace").split("\n") if cut >= 0 else []
+        if len(whole) > MAX_LINE and max(map(len, texts)) > MAX_LINE // 4:
+            # Some line may be longer than MAX_LINE bytes: cut each in bytes, as the rule says.
+            texts = [line[:MAX_LINE].decode("utf-8", "replace") for line in whole.split(b"\n")]
+        if len(self.partial) > MAX_LINE:  # one endless line: show its start now
+            texts.append(self.partial[:MAX_LINE].decode("utf-8", "replace"))
+            self.partial = b""
+        if b"\r" in data:
+            texts = [t.rstrip("\r") for t in texts]
+        return texts
+
+    def drain(self) -> list[str]:
+        """Read to the end, the unfinished last line included (the task has ended)."""
+        out = self.read()
         if self.partial:
-            out.append(LogLine(self.task, self.partial.decode("utf-8", "replace"), now))
+            out.append(self.partial.decode("utf-8", "replace"))
             self.partial = b""
         return out
 
@@ -114,27 +167,48 @@ def follow(
     interval: float = FOLLOW_INTERVAL,
     wake_dirs: list[Path] | None = None,
 ) -> Iterator[LogLine]:
-    """Yield new lines of ``files`` (task → path) as they are written.
+    """Yield new lines of ``files`` (task → path) as they are written (see :func:`follow_batches`)."""
+    for chunk in follow_batches(files, stop, finished, from_start, interval, wake_dirs):
+        yield from chunk.lines()
+
+
+def follow_batches(
+    files: dict[str, Path],
+    stop: threading.Event,
+    finished: Callable[[], bool],
+    from_start: bool = True,
+    interval: float = FOLLOW_INTERVAL,
+    wake_dirs: list[Path] | None = None,
+) -> Iterator[LogChunk]:
+    """Yield the new lines of ``files`` (task → path), a :class:`LogChunk` per task and read.
 
     Files that do not exist yet are waited for.  Sleeps in inotify on the
     files' directories (plus ``wake_dirs``, e.g. where the status lives)
-    between reads.  Ends when ``stop`` is set, or once ``finished()`` is
-    true and every file has been read to its end.
+    and reads as soon as a task writes; only while the tasks keep writing
+    do reads space out, up to ``interval`` apart (:class:`~..pacing.Pacer`).
+    Ends when ``stop`` is set, or once ``finished()`` is true and every
+    file has been read to its end.
     """
     cursors = [_FileCursor(task, path, from_start) for task, path in files.items()]
     dirs = sorted({p.parent for p in files.values()} | set(wake_dirs or ()))
+    pacer = Pacer(min(FOLLOW_MIN_GAP, interval), interval, sleep=stop.wait)
+    last = 0
     with DirWatcher([d for d in dirs if d.exists()]) as watcher:
         while not stop.is_set():
             done = finished()  # checked before reading, so nothing written before it is missed
             now = time.time()
-            got = False
+            got = 0
             for c in cursors:
-                lines = c.drain(now) if done else c.read(now)
-                got = got or bool(lines)
-                yield from lines
+                texts = c.drain() if done else c.read()
+                if texts:
+                    got += len(texts)
+                    yield LogChunk(c.task, texts, now)
             if done:
                 return
             if got:
-                stop.wait(interval)
-            else:
-                watcher.wait(IDLE_WAKEUP if watcher.active else interval)
+                pacer.took()
+                last = got  # the pace of the last read stands for what is coming
+            watcher.wait(IDLE_WAKEUP if watcher.active else interval)
+            delay = pacer.delay(last)
+            if delay:
+                pacer.sleep(delay)  # the tasks write faster than min_gap: let more gather

@@ -15,6 +15,8 @@ class LocalTaskStatus(TaskStatus):
     """A task of a local cluster; ``pid`` is its process (None once it ended)."""
 
     pid: int | None = None
+    #: The process's start time (``/proc/<pid>/stat``): (pid, start) names it, a bare pid may not.
+    pid_start: int | None = None
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> LocalTaskStatus:

@@ -11,12 +11,26 @@ period after the workers finish, stops the rest when the cluster fails
 It rewrites ``status.json`` at every change.
 
 Task processes get ``PR_SET_PDEATHSIG`` = SIGKILL, so even a supervisor
-killed with SIGKILL takes its tasks with it: no task outlives its cluster.
+killed with SIGKILL takes its tasks with it; the supervisor is a child
+subreaper (a task's orphaned children become its own, and it ends them with
+the task), and its :mod:`.watchdog` kills every process marked with the
+cluster's id when the supervisor itself ends, however it ends: no
+descendant of a task outlives its cluster.
+
+The supervisor trusts its directory only while it is the same one: it
+holds the directory open and writes through that handle, and checks every
+:data:`IDENTITY_CHECK` seconds that the path still names that directory
+with the record's ``id``.  If the dir was removed or replaced (a new
+cluster of the same name), it kills its own tasks and exits without
+writing anything.  Files it creates are private (umask 077), log files are
+opened without following symlinks, and a write that fails (a full disk, a
+read-only dir) fails the cluster with the path and the cause.
 It never imports TensorFlow.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import selectors
@@ -28,19 +42,33 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ... import lifecycle, taskenv
-from ...lifeline import open_pidfd, set_parent_death_signal
+from ... import lifecycle, options, taskenv
+from ...lifeline import (
+    become_subreaper,
+    children_of,
+    kill_marked,
+    open_pidfd,
+    set_parent_death_signal,
+    start_time,
+)
 from ...spec import ClusterSpec, Task
 from ...stall import DEFAULT_TIMEOUT as DEFAULT_STALL_TIMEOUT
 from ...tfconfig import tf_config
 from ..base import Phase
-from . import isolation
-from .layout import ClusterDir, read_json, task_log_path, write_json_atomic
+from . import isolation, pool
+from .layout import ClusterDir, open_private_append, read_json, task_log_path, write_json_atomic
 from .stallwatch import StallWatch
 from .status import LocalTaskStatus
+from .watchdog import CLUSTER_ID_ENV, fork_watchdog
 
 #: Seconds a task gets between SIGTERM and SIGKILL.
 STOP_TIMEOUT = 5.0
+#: Seconds between checks that the cluster dir is still this cluster's.
+IDENTITY_CHECK = 1.0
+
+
+class DirReplaced(Exception):
+    """The cluster's directory was removed or now belongs to another cluster."""
 
 
 @dataclass
@@ -62,6 +90,12 @@ class Supervisor:
     def __init__(self, cdir: ClusterDir) -> None:
         self.cdir = cdir
         self.record = read_json(cdir.record)
+        self.cluster_id = str(self.record.get("id") or "")
+        # Held for life: every write goes through it, so a replaced dir is never written.
+        self.dir_fd = os.open(cdir.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.dir_ino = os.fstat(self.dir_fd).st_ino
+        self.identity_at = time.time() + IDENTITY_CHECK
+        self.watchdog_pid: int | None = None
         self.spec = ClusterSpec.from_dict(self.record["spec"])
         self.policy = lifecycle.LifecyclePolicy.of(self.spec)
         self.cluster = self.record["cluster"]
@@ -80,6 +114,8 @@ class Supervisor:
         #: tasks already restarted in it (a second end of one of those is a new failure).
         self.incident: tuple[float, str, set[str]] | None = None
         self.dirty = True
+        #: How this cluster is kept from other users (see :meth:`isolate`), for status.json.
+        self.isolation: dict = {"mode": isolation.NONE, "reason": "not isolated yet", "netns": None}
         self.stalls = StallWatch(
             {t: task_log_path(self.record["log_dir"], t) for t in self.tasks},
             cdir.progress_dir,
@@ -92,25 +128,34 @@ class Supervisor:
         line = json.dumps(
             {"time": time.time(), "task": task, "reason": reason, "message": message, "type": type_}
         )
-        with open(self.cdir.events, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
         self.dirty = True
+        try:
+            with open_private_append(self.cdir.events.name, self.dir_fd) as f:
+                f.write((line + "\n").encode())
+        except OSError as e:  # the status still says what happened; say it here too
+            print(f"tfk8s: cannot write {self.cdir.events}: {e.strerror or e}", file=sys.stderr, flush=True)
 
     def write_status(self, done: bool = False) -> None:
         """Rewrite ``status.json`` atomically; ``done`` tells readers the supervisor has finished."""
+        self.check_identity()
         write_json_atomic(
             self.cdir.status,
             {
+                "id": self.cluster_id,
                 "phase": self.phase,
                 "reason": self.reason,
                 "finished": self.finished,
                 "supervisor_pid": os.getpid(),
+                "supervisor_start": start_time(os.getpid()),
+                "watchdog_pid": self.watchdog_pid,
                 "supervisor_done": done,
                 "restarts_used": self.restarts_used,
                 "tasks": [asdict(t.status) for t in self.tasks.values()],
                 "stall": self.stalls.stall.to_dict() if self.stalls.stall else None,
+                "isolation": self.isolation,
                 "updated": time.time(),
             },
+            dir_fd=self.dir_fd,
         )
         self.dirty = False
 
@@ -122,6 +167,7 @@ class Supervisor:
             "TF_CONFIG": tf_config(self.cluster, t.task),
             "TFK8S_TASK": t.task.name,
             "TFK8S_CLUSTER": self.spec.name,
+            CLUSTER_ID_ENV: self.cluster_id,
             "TFK8S_LOG_DIR": rec["log_dir"],
             "TFK8S_DATA_DIR": rec["data_dir"],
             "TFK8S_CHECKPOINT_DIR": str(Path(rec["log_dir"]) / "checkpoints"),
@@ -133,21 +179,80 @@ class Supervisor:
             if self.spec.files:
                 reserved["TFK8S_FILES_DIR"] = str(self.cdir.files)
         env = taskenv.build(os.environ, self.spec.env, reserved, self.spec.legacy_keras)
-        isolation.preload_env(env, rec.get("loopback_shim"))
+        if self.isolation["mode"] == isolation.LOOPBACK_SHIM:
+            isolation.preload_env(env, rec.get("loopback_shim"))
         return env
 
-    def start(self, t: _Task) -> None:
-        """Start (or restart) a task's process, its output appended to the task's log."""
+    def _open_log(self, t: _Task):
+        """The task's log, opened for appending without following a symlink at any level we create
+        (``tasks/`` and the file); the restart banner written.  Raises OSError naming the path."""
         log_path = task_log_path(self.record["log_dir"], t.task.name)
+        try:
+            dfd = os.open(log_path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(log_path.parent)) from None
+        try:
+            log = open_private_append(log_path.name, dfd)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(log_path)) from None
+        finally:
+            os.close(dfd)
+        try:
+            if t.status.restarts:
+                log.write(f"tfk8s: --- restart {t.status.restarts} of {t.task.name} ---\n".encode())
+                log.flush()
+        except OSError as e:
+            log.close()
+            raise OSError(e.errno, e.strerror, str(log_path)) from None
+        return log
+
+    def file_failure(self, t: _Task | None, e: OSError) -> None:
+        """A file the cluster needs cannot be written (full disk, read-only dir, a planted symlink):
+        fail the cluster naming the path and the cause; every task row ends."""
+        cause = "it is a symlink (not followed)" if e.errno == errno.ELOOP else (e.strerror or str(e))
+        why = f"cannot write {e.filename}: {cause}"
+        if t is not None:
+            t.status.phase, t.status.reason = Phase.FAILED, why
+            t.status.finished = time.time()
+        self.fail(why)
+        self.event(t.task.name if t else "", "Failed", why, "Warning")
+
+    def _claim_warm(self, t: _Task, env: dict[str, str], log_fd: int, ready_fd: int,
+                    wait: bool) -> pool.PooledProcess | None:
+        """Hand the task to a process of the owner's warm pool; None (and an event saying why) if
+        it must start cold."""
+        sock = self.record.get("pool")
+        if not sock:
+            return None
+        if self.isolation["mode"] == isolation.USERNS_NETNS:
+            # Joining a user namespace needs a single-threaded process; a pooled one has TF's threads.
+            proc, why = None, "a process with TensorFlow loaded cannot join this cluster's user namespace"
+        else:
+            proc, why = pool.claim(sock, {k: v for k, v in env.items() if k != "TFK8S_READY_FD"},
+                                   self.record["workdir"], log_fd, ready_fd, wait, self.isolation["netns"])
+        if proc is None:
+            self.event(t.task.name, "StartedCold", f"not from the warm pool: {why}")
+        return proc
+
+    def start(self, t: _Task, use_pool: bool = True, wait_warm: bool = False) -> None:
+        """Start (or restart) a task's process, its output appended to the task's log.
+
+        The process comes from the owner's warm pool when there is one and the
+        task's import-time environment matches it (see :mod:`.pool`); with
+        ``wait_warm``, a pooled process still importing TensorFlow is waited for.
+        """
+        try:
+            log = self._open_log(t)
+        except OSError as e:
+            self.file_failure(t, e)
+            return
         read_fd, write_fd = os.pipe()
         env = self._env(t)
         env["TFK8S_READY_FD"] = str(write_fd)
         me = os.getpid()
-        with open(log_path, "ab") as log:
-            if t.status.restarts:
-                log.write(f"tfk8s: --- restart {t.status.restarts} of {t.task.name} ---\n".encode())
-                log.flush()
-            t.proc = subprocess.Popen(
+        with log:
+            warm = self._claim_warm(t, env, log.fileno(), write_fd, wait_warm) if use_pool else None
+            t.proc = warm or subprocess.Popen(
                 [sys.executable, "-m", "tfk8s_magics.runtime.task"],
                 env=env,
                 cwd=self.record["workdir"],
@@ -160,13 +265,15 @@ class Supervisor:
             )
         os.close(write_fd)
         t.ready_fd = read_fd
-        t.pidfd = open_pidfd(t.proc.pid)
+        # A pooled process is not our child: its end (and status) comes through the status pipe.
+        t.pidfd = warm.status_fd if warm else open_pidfd(t.proc.pid)
         self.sel.register(read_fd, selectors.EVENT_READ, ("ready", t))
         if t.pidfd is not None:
             self.sel.register(t.pidfd, selectors.EVENT_READ, ("exit", t))
         t.status.phase = Phase.STARTING
-        t.status.reason = "importing TensorFlow"
+        t.status.reason = "starting in a warm process" if warm else "importing TensorFlow"
         t.status.pid = t.proc.pid
+        t.status.pid_start = start_time(t.proc.pid)
         t.status.started = time.time()
         t.status.finished = None
         t.status.exit_code = None
@@ -174,6 +281,19 @@ class Supervisor:
         t.stopping = ""
         t.kill_at = None
         self.dirty = True
+
+    def start_all(self) -> None:
+        """Start every task: as many from the warm pool as it holds (waiting for ones still
+        importing), the others cold and first, so they do not wait behind the pool."""
+        warm = pool.available(self.record.get("pool"))
+        tasks = list(self.tasks.values())
+        order = [(t, {"use_pool": False}) for t in tasks[warm:]]
+        order += [(t, {"wait_warm": True}) for t in tasks[:warm]]
+        for t, how in order:
+            if self.stop_reason:  # a task could not start (e.g. its log cannot be written)
+                self.end_task(t, "stop")
+            else:
+                self.start(t, **how)
 
     def _close_fds(self, t: _Task) -> None:
         for fd in (t.ready_fd, t.pidfd):
@@ -235,14 +355,38 @@ class Supervisor:
             except BlockingIOError:
                 pass
         self._close_fds(t)
+        self.reap_orphans()
         return rc
+
+    def reap_orphans(self) -> None:
+        """End and reap what a task left behind and reparented to us (we are a subreaper):
+        a child of ours that is no task is an orphaned descendant, which must not outlive its task."""
+        keep = {t.proc.pid for t in self.tasks.values() if t.proc is not None and t.proc.returncode is None}
+        keep.add(self.watchdog_pid)
+        for pid in children_of(os.getpid()):
+            if pid in keep:
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+    def _disk_note(self) -> str:
+        """Why a task's end may be the disk's fault: its log dir's file system is full."""
+        log_dir = self.record["log_dir"]
+        try:
+            full = os.statvfs(log_dir).f_bavail == 0
+        except OSError:
+            return ""
+        return f"; its log dir {log_dir} is full (No space left on device)" if full else ""
 
     def on_exit(self, t: _Task) -> None:
         """Handle a task's exit: what the lifecycle policy decides (restart, success, failure)."""
         rc = self._reap(t)
         st = t.status
         st.finished = time.time()
-        st.pid = None
+        st.pid = st.pid_start = None
         st.exit_code = rc if rc >= 0 else None
         st.signal = signal.Signals(-rc).name if rc < 0 else None
         self.dirty = True
@@ -257,7 +401,7 @@ class Supervisor:
             self._restart(t, f"restarted with its group ({self.incident[1]})")
             return
         end = lifecycle.TaskEnd(exit_code=st.exit_code, signal=st.signal)
-        if self._in_incident(t) and self.policy.classify(end).action == lifecycle.RESTART:
+        if self._in_incident(t, end) and self.policy.classify(end).action == lifecycle.RESTART:
             # A consequence of the incident already paid for: restart, do not count again.
             self._restart(t, f"{self.policy.classify(end).reason}; same incident as {self.incident[1]}")
             return
@@ -273,14 +417,22 @@ class Supervisor:
             self._restart(t, f"{decision.reason}; restart {self.restarts_used} of {budget}")
             self._restart_group(t)
         else:
-            st.phase, st.reason = Phase.FAILED, decision.reason
-            self.fail(f"{t.task.name} failed: {decision.reason}")
+            st.phase, st.reason = Phase.FAILED, decision.reason + self._disk_note()
+            self.fail(f"{t.task.name} failed: {st.reason}")
             self.event(t.task.name, "Failed", st.reason, "Warning")
 
-    def _in_incident(self, t: _Task) -> bool:
-        """Whether ``t``'s end belongs to the open incident (its first end since it opened)."""
-        return (self.incident is not None and time.time() < self.incident[0] and not self.stop_reason
-                and t.task.name not in self.incident[2])
+    def _in_incident(self, t: _Task, end: lifecycle.TaskEnd) -> bool:
+        """Whether ``t``'s end belongs to the open incident (its first end since it opened):
+        within the incident window, or — however late — a lost peer reported by a process that
+        was already running when the incident began (measured: TF1 workers notice a dead
+        parameter server ~30 s later), since the peer it lost is the one that ended then."""
+        if self.incident is None or self.stop_reason or t.task.name in self.incident[2]:
+            return False
+        if time.time() < self.incident[0]:
+            return True
+        began = self.incident[0] - self.policy.incident_window
+        return (end.exit_code == lifecycle.EXIT_PEER_LOST and t.status.started is not None
+                and t.status.started < began)
 
     def _restart(self, t: _Task, why: str) -> None:
         if self.incident is not None:
@@ -298,6 +450,64 @@ class Supervisor:
             running = t.proc is not None and t.proc.returncode is None
             if t is not first and t.task.name in group and running and not t.stopping:
                 self.end_task(t, "restart")
+
+    # -- isolation (the rules are in .isolation) --------------------------------
+    def isolate(self) -> None:
+        """Enter a private network namespace before any task starts (the tasks inherit it).
+
+        An in-graph cluster stays in the host's namespace behind the loopback shim: its
+        kernel is the chief, and the servers dial it (e.g. a checkpoint's file name lives on
+        the chief) while TensorFlow's process-wide gRPC threads in the kernel cannot follow a
+        cluster into a namespace (a second connect() to a relaunched cluster hung).  Where
+        the kernel refuses a namespace, the loopback shim is the fallback too, and
+        ``status.json`` says why.
+        """
+        want = isolation.wanted(options.get("isolation"))
+        if want != "netns" or not self.policy.success_roles:
+            shim = (want in ("loopback", "netns")) and self.record.get("loopback_shim")
+            mode = isolation.LOOPBACK_SHIM if shim else isolation.NONE
+            why = f"TFK8S_ISOLATION={want}" if want != "netns" else IN_GRAPH_NO_NETNS
+            self.isolation = {"mode": mode, "reason": why, "netns": None}
+            return
+        try:
+            mode = isolation.enter_private_network()
+        except isolation.IsolationError as e:
+            shim = isolation.LOOPBACK_SHIM if self.record.get("loopback_shim") else isolation.NONE
+            self.isolation = {"mode": shim, "netns": None,
+                              "reason": f"no private network namespace here ({e.strerror}); {shim} instead"}
+            print(f"tfk8s: {self.isolation['reason']}", flush=True)
+            return
+        self.isolation = {"mode": mode, "reason": "a private network namespace",
+                          "netns": f"/proc/{os.getpid()}/ns/net"}
+
+    # -- the cluster dir's identity --------------------------------------------
+    def dir_is_mine(self) -> bool:
+        """Whether the cluster's path still names our directory (same inode, same record id)."""
+        try:
+            if os.stat(self.cdir.root).st_ino != self.dir_ino:
+                return False
+            record = read_json(self.cdir.record)
+        except (OSError, ValueError):
+            return False
+        return isinstance(record, dict) and str(record.get("id") or "") == self.cluster_id
+
+    def check_identity(self) -> None:
+        """Raise :class:`DirReplaced` if the cluster dir is gone or is another cluster's now."""
+        self.identity_at = time.time() + IDENTITY_CHECK
+        if not self.dir_is_mine():
+            raise DirReplaced(f"{self.cdir.root} was removed or replaced")
+
+    def abandon(self, why: str) -> None:
+        """Our dir is gone or another cluster's: kill our own tasks (and all they started) and write
+        nothing, so a new cluster of the same name is left alone."""
+        print(f"tfk8s: {why}; stopping this cluster's tasks and exiting", file=sys.stderr, flush=True)
+        for t in self.tasks.values():
+            if t.proc is not None and t.proc.returncode is None:
+                self.signal_task(t, signal.SIGKILL)
+                t.proc.wait()
+        self.reap_orphans()
+        if self.cluster_id:
+            kill_marked(CLUSTER_ID_ENV, self.cluster_id)
 
     # -- cluster-level decisions -------------------------------------------
     def fail(self, reason: str) -> None:
@@ -364,6 +574,8 @@ class Supervisor:
             if t.kill_at is not None and now >= t.kill_at and t.proc and t.proc.returncode is None:
                 self.signal_task(t, signal.SIGKILL)
                 t.kill_at = None
+        if now >= self.identity_at:
+            self.check_identity()
         self.check_stall(now)
 
     # -- stalls (the rule is in tfk8s_magics.stall) --------------------------
@@ -409,8 +621,7 @@ class Supervisor:
             deadlines.append(self.grace_deadline)
         if self.stalls.deadline is not None:
             deadlines.append(self.stalls.deadline)
-        if not deadlines:
-            return None
+        deadlines.append(self.identity_at)
         return max(0.0, min(deadlines) - time.time())
 
     def alive(self) -> bool:
@@ -418,6 +629,41 @@ class Supervisor:
         return any(t.proc is not None and t.proc.returncode is None for t in self.tasks.values())
 
     # -- main loop ---------------------------------------------------------
+    def _guard(self) -> None:
+        """Before any task: become a subreaper, fork the watchdog, watch the owner."""
+        become_subreaper()
+        if self.cluster_id:  # forked before any task or thread exists
+            self.watchdog_pid = fork_watchdog(self.cluster_id)
+        owner = self.record.get("owner_pid")
+        if owner and not self.record.get("detached"):
+            fd = open_pidfd(owner)
+            if fd is None:
+                self.request_stop(f"its owner (pid {owner}) had already exited")
+            else:
+                self.sel.register(fd, selectors.EVENT_READ, ("owner", owner))
+        self.isolate()
+
+    def _start_all(self) -> None:
+        if self.stop_reason:
+            return
+        self.start_all()
+        self.event("", "Started", f"started {len(self.tasks)} task(s)")
+
+    def _dispatch(self, key: selectors.SelectorKey) -> None:
+        kind, obj = key.data
+        if kind == "ready":
+            self.on_ready(obj)
+        elif kind == "exit":
+            self.on_exit(obj)
+            self.on_activity(time.time())
+        elif kind == "activity":
+            self.on_activity(time.time())
+        elif kind == "owner":
+            self.sel.unregister(key.fd)
+            self.request_stop(f"its owner (pid {obj}) exited; launch with --detach to keep a cluster")
+        elif kind == "signal":
+            os.read(key.fd, 64)
+
     def run(self) -> int:
         """Start the tasks and supervise them until the cluster ends; return the exit code."""
         wake_r, wake_w = os.pipe()
@@ -427,18 +673,9 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda s, _f: pending.append(s))
         self.sel.register(wake_r, selectors.EVENT_READ, ("signal", None))
-        owner = self.record.get("owner_pid")
-        if owner and not self.record.get("detached"):
-            fd = open_pidfd(owner)
-            if fd is None:
-                self.request_stop(f"its owner (pid {owner}) had already exited")
-            else:
-                self.sel.register(fd, selectors.EVENT_READ, ("owner", owner))
+        self._guard()
         self.write_status()
-        if not self.stop_reason:
-            for t in self.tasks.values():
-                self.start(t)
-            self.event("", "Started", f"started {len(self.tasks)} task(s)")
+        self._start_all()
         while True:
             self.update_phase()
             self.check_stall(time.time())
@@ -447,40 +684,46 @@ class Supervisor:
             if not self.alive() and (self.phase in Phase.TERMINAL) and self.grace_deadline is None:
                 break
             for key, _ in self.sel.select(self.next_timeout()):
-                kind, obj = key.data
-                if kind == "ready":
-                    self.on_ready(obj)
-                elif kind == "exit":
-                    self.on_exit(obj)
-                    self.on_activity(time.time())
-                elif kind == "activity":
-                    self.on_activity(time.time())
-                elif kind == "owner":
-                    self.sel.unregister(key.fd)
-                    self.request_stop(f"its owner (pid {obj}) exited; launch with --detach to keep a cluster")
-                elif kind == "signal":
-                    os.read(wake_r, 64)
+                self._dispatch(key)
             while pending:
                 pending.pop()
                 self.request_stop("stopped by the user")
             self.tick()
+        self.reap_orphans()
+        if self.cluster_id:  # whatever a task started in another session dies with the cluster
+            kill_marked(CLUSTER_ID_ENV, self.cluster_id, exclude=frozenset({self.watchdog_pid or 0}))
         self.write_status(done=True)
         return 0
+
+
+#: Why an in-graph cluster gets no private network namespace (shown in ``status.json``).
+IN_GRAPH_NO_NETNS = ("in-graph: the notebook kernel is the chief and its servers dial it, so they "
+                     "share the host's loopback (behind the loopback shim), not a private namespace")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Supervise the cluster whose directory is ``argv[0]``."""
     argv = sys.argv[1:] if argv is None else argv
+    os.umask(0o077)  # what the cluster writes (status, events, logs, checkpoints) is its owner's only
     sup = Supervisor(ClusterDir(Path(argv[0])))
     try:
         return sup.run()
+    except DirReplaced as e:
+        sup.abandon(str(e))
+        return 1
     except BaseException:
         traceback.print_exc()
         for t in sup.tasks.values():
             if t.proc is not None and t.proc.returncode is None:
                 sup.signal_task(t, signal.SIGKILL)
         sup.phase, sup.reason = Phase.FAILED, "the supervisor crashed; see supervisor.log"
-        sup.write_status(done=True)
+        for t in sup.tasks.values():
+            if t.status.phase not in Phase.TERMINAL:
+                t.status.phase, t.status.reason, t.status.pid = Phase.FAILED, "the supervisor crashed", None
+        try:
+            sup.write_status(done=True)
+        except DirReplaced as e:
+            sup.abandon(str(e))
         return 1
 
 

@@ -1,0 +1,146 @@
+"""Soak: N launch/delete cycles of a local cluster with a live dashboard attached; nothing may grow.
+
+Each cycle launches a 2-worker + 1-PS cluster on a private state dir, attaches a
+real ipywidgets :class:`~tfk8s_magics.ui.dashboard.Dashboard` (widgets forced on,
+fed by the cluster's ``ClusterFeed`` in this process), deletes the cluster and
+closes the dashboard.  Every ``--ready-every`` cycles it first waits until every
+task is ready (TensorFlow imported, servers listening) and a line of output
+reached the dashboard; the other cycles delete while the tasks are still
+starting (the delete-during-launch path).  Before and after, it prints this
+process's fds, threads and RSS, the processes of the run (marked) and of any
+cluster (``TFK8S_CLUSTER_ID``), the files under the state dir and the host's
+listening TCP sockets, then the growth of each.
+
+    .venv/bin/python bench/soak.py [--cycles 100] [--ready-every 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import leftovers, machine, sweep  # noqa: E402
+
+SCRIPT = "import time\nprint('soak up', flush=True)\ntime.sleep(600)\n"
+
+
+def listening_sockets() -> int:
+    """Listening TCP sockets in this network namespace (``/proc/net/tcp{,6}``, state 0A)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as f:
+                count += sum(1 for line in f.readlines()[1:] if line.split()[3] == "0A")
+        except FileNotFoundError:
+            continue
+    return count
+
+
+def cluster_processes(state_dir: Path) -> int:
+    """Live processes of this soak's clusters: supervisors (their dir on the command line) and
+    everything that carries a cluster id and works under the state dir."""
+    needle = str(state_dir).encode()
+    n = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            env, cmd = (d / "environ").read_bytes(), (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmd or (b"TFK8S_CLUSTER_ID=" in env and needle in env):
+            n += 1
+    return n
+
+
+def rss_kib() -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def measure(state_dir: Path) -> dict[str, int]:
+    gc.collect()
+    return {
+        "run processes": len(leftovers()),
+        "cluster processes": cluster_processes(state_dir),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "threads": len(os.listdir("/proc/self/task")),
+        "files under state dir": sum(1 for _ in state_dir.rglob("*")),
+        "listening sockets": listening_sockets(),
+        "RSS KiB": rss_kib(),
+    }
+
+
+def cycle(tk, dashboard_mod, backend, i: int, wait_ready: bool) -> float:
+    started = time.perf_counter()
+    cluster = tk.launch(f"soak{i}", workers=2, ps=1, script=SCRIPT, backend=backend)
+    board = dashboard_mod.Dashboard(cluster, widgets=True).start()
+    if wait_ready:
+        cluster.wait_ready(timeout=300)
+        deadline = time.monotonic() + 120
+        while not any("soak up" in line for q in board.lines.values() for line in q):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"cycle {i}: no output reached the dashboard in 120 s")
+            time.sleep(0.05)
+    cluster.delete()
+    board.close()
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument("--cycles", type=int, default=100)
+    p.add_argument("--ready-every", type=int, default=10, help="wait until ready every N cycles (0: never)")
+    args = p.parse_args()
+    state_dir = Path(tempfile.mkdtemp(prefix="tfk8s-soak-"))
+    os.environ["TFK8S_STATE_DIR"] = str(state_dir)
+    import tfk8s_magics as tk
+    from tfk8s_magics.backends.local import LocalBackend
+    from tfk8s_magics.ui import dashboard as dashboard_mod
+
+    backend = LocalBackend(state_dir)
+    print(machine())
+    # One warm-up cycle: the first imports (ipywidgets, the feed's threads) are not growth.
+    cycle(tk, dashboard_mod, backend, 0, wait_ready=False)
+    before = measure(state_dir)
+    times, ready_times = [], []
+    try:
+        for i in range(1, args.cycles + 1):
+            ready = bool(args.ready_every) and i % args.ready_every == 0
+            took = cycle(tk, dashboard_mod, backend, i, ready)
+            (ready_times if ready else times).append(took)
+            if i % 10 == 0:
+                print(f"cycle {i}: {took:.2f} s", flush=True)
+        time.sleep(1.0)  # let exiting processes be reaped before counting
+        after = measure(state_dir)
+    finally:
+        sweep()
+    print(f"{args.cycles} cycles ({len(ready_times)} waited until ready); median cycle "
+          f"{sorted(times)[len(times) // 2] if times else float('nan'):.2f} s, "
+          f"ready cycles {sorted(ready_times)[len(ready_times) // 2] if ready_times else float('nan'):.2f} s")
+    print(f"{'':24}{'before':>10}{'after':>10}{'growth':>10}")
+    grew = []
+    for key in before:
+        delta = after[key] - before[key]
+        print(f"{key:24}{before[key]:>10}{after[key]:>10}{delta:>+10}")
+        if delta > 0 and key != "RSS KiB":
+            grew.append(key)
+    rss_growth = (after["RSS KiB"] - before["RSS KiB"]) / max(1, before["RSS KiB"])
+    print(f"RSS growth {rss_growth:+.1%}")
+    if grew:
+        print(f"GREW: {', '.join(grew)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,737 @@
+"""The warm pool: task processes that have already imported TensorFlow, waiting for a task.
+
+A cold task spends almost all of its start importing TensorFlow (3–5 s on
+two cores).  The pool keeps ``pool_size`` (``$TFK8S_POOL_SIZE``) whole
+processes that did that ahead of time; a launch hands each one its task and
+it starts at once, and the pool starts replacements in the background.
+
+Who owns what:
+
+* the **pool daemon** (``python -m tfk8s_magics.backends.local.pool daemon``)
+  belongs to the process that launches clusters (the notebook kernel, or any
+  other owner).  It dies with it (a pidfd lifeline), listens on a unix
+  socket in a 0700 directory of this user, and is the *parent* of every
+  pooled process, so it reaps them and knows their true exit status.
+* a **pooled process** (``... pool worker FD``) is started with exactly
+  the environment a task of a default launch gets (:func:`base_env`,
+  loopback shim included), in its own session (process group), with a
+  parent-death signal on the daemon.  It imports what a task imports before
+  user code (TensorFlow, through the same quiet import, and the task
+  runtime), says ``idle`` and waits for one assignment: the task's
+  environment, working folder, log file and ready pipe.  It then runs
+  :func:`tfk8s_magics.runtime.task.main` exactly as a cold task does and
+  exits: it never runs two tasks.  No fork happens after TensorFlow is
+  imported.
+* the cluster's **supervisor** claims processes (:func:`claim`) for the
+  tasks it starts.  It sends the log file, the ready pipe and a *status
+  pipe* (SCM_RIGHTS); the daemon writes the task's wait status into the
+  status pipe when it reaps it, so the supervisor sees the same exit code or
+  signal as for a child of its own (:class:`PooledProcess`).  The daemon
+  watches the claiming supervisor with a pidfd and kills the task's process
+  group when it dies, as the parent-death signal does for a cold task.
+
+A task runs cold when its import-time environment differs from the pool's
+(:func:`mismatch`): TensorFlow and Keras read variables such as
+``TF_CPP_MIN_LOG_LEVEL``, ``TF_USE_LEGACY_KERAS`` or ``OMP_NUM_THREADS``
+once, at import, so a pooled process could not honour a different value.
+Detached clusters always run cold (the pool dies with its owner).
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import json
+import os
+import re
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ... import options, taskenv
+from ...lifeline import open_pidfd, pid_alive, set_parent_death_signal
+from ...runtime import task
+from . import isolation
+
+#: Largest message on the pool's sockets (an assignment carries the task's environment).
+MAX_MESSAGE = 1 << 20
+#: Seconds a claim waits for a pooled process that is still importing TensorFlow.
+CLAIM_TIMEOUT = 60.0
+#: Seconds after the last claim before the pool starts replacements: a refill imports
+#: TensorFlow, which would compete with the just-launched cluster's first steps for CPU.
+REFILL_DELAY = 3.0
+#: While tasks it handed out still run, the pool waits this long after the last claim before
+#: refilling (it refills as soon as they end): training gets the CPU first.
+REFILL_BUSY_DELAY = 30.0
+#: Seconds an owner-side request waits for the daemon's answer.
+REQUEST_TIMEOUT = 10.0
+#: Pooled processes that die before they are idle, in a row, before the pool stops refilling
+#: (a broken environment would otherwise restart them forever).
+MAX_START_FAILURES = 3
+#: How the owner and the daemon start processes of this module (``-c``, not ``-m``: the
+#: package imports this module first, which ``-m`` warns about in every task's output).
+ENTRY = "import sys; from tfk8s_magics.backends.local.pool import main; sys.exit(main())"
+
+#: Variables every task gets its own value of, read after start-up (never at import).
+LATE = frozenset({
+    "TF_CONFIG", "TFK8S_TASK", "TFK8S_CLUSTER", "TFK8S_LOG_DIR", "TFK8S_DATA_DIR",
+    "TFK8S_CHECKPOINT_DIR", "TFK8S_PROGRESS_FILE", "TFK8S_SCRIPT", "TFK8S_SCRIPT_DIR",
+    "TFK8S_FILES_DIR", "TFK8S_READY_FD", "TFK8S_CLUSTER_ID",
+})
+#: Variables a task may add (``--env``) that something could read at interpreter start or at
+#: ``import tensorflow``: such a task runs cold unless the pool has the same value.
+IMPORT_TIME = re.compile(
+    r"^(TF_|TENSORFLOW|KERAS|CUDA|NVIDIA|OMP_|MKL|KMP_|XLA|GLOG|ABSL|PYTHON|LD_|GRPC|TPU|"
+    r"OPENBLAS|NCCL|HIP_|ROCM|MALLOC|TCMALLOC|JAX|TFK8S_|LC_|LANG|TZ$|HOME$|TMP|TEMP)"
+)
+
+
+# -- what a pooled process is compatible with --------------------------------------
+def base_env(source: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a pooled process: what a task of a default launch gets, minus its identity."""
+    source = os.environ if source is None else source
+    env = taskenv.build(source, {}, {}, options.OPTIONS["legacy_keras"].default)
+    # The shim is preloaded where the supervisor will use it (TFK8S_ISOLATION=loopback); in a
+    # private network namespace tasks have none.  Where the namespace falls back to the shim,
+    # the tasks' LD_PRELOAD differs from the pool's: they start cold (mismatch).
+    if isolation.wanted() == "loopback":
+        isolation.preload_env(env, str(shim) if (shim := isolation.shim_path()) else None)
+    return env
+
+
+def mismatch(pool: Mapping[str, str], task: Mapping[str, str]) -> str:
+    """Why a task with environment ``task`` cannot run in a process started with ``pool`` ("" if it can)."""
+    for key, value in pool.items():
+        if key in LATE:
+            continue
+        if key not in task:
+            return f"{key} is unset for the task but {value!r} in the pool"
+        if task[key] != value:
+            return f"{key} is {task[key]!r} for the task but {value!r} in the pool"
+    for key in task:
+        if key not in pool and key not in LATE and IMPORT_TIME.match(key):
+            return f"{key} is set for the task and may be read at start-up; the pool has none"
+    return ""
+
+
+# -- where pools live -----------------------------------------------------------
+def runtime_dir() -> Path:
+    """This user's 0700 directory of pool sockets (``$XDG_RUNTIME_DIR`` or the temp dir)."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    base = base if base and os.path.isdir(base) else tempfile.gettempdir()
+    path = Path(base) / f"tfk8s-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    st = path.lstat()
+    if not path.is_dir() or path.is_symlink() or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{path} is not a private directory of this user (mode 0700)")
+    return path
+
+
+def _request(sock_path: str, message: dict, fds: list[int] = (), timeout: float = REQUEST_TIMEOUT) -> dict:
+    """Send one request to a pool daemon and return its answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(timeout)
+        s.connect(sock_path)
+        socket.send_fds(s, [json.dumps(message).encode()], list(fds))
+        data = s.recv(MAX_MESSAGE)
+    if not data:
+        raise ConnectionError("the pool closed the connection without answering")
+    return json.loads(data)
+
+
+def info(sock_path: str, with_memory: bool = True) -> dict | None:
+    """A pool's size, its processes and (``with_memory``) their memory; None if it is not running."""
+    try:
+        return _request(sock_path, {"op": "info", "memory": with_memory})
+    except (OSError, ValueError):
+        return None
+
+
+def pools() -> list[dict]:
+    """Every running pool of this user (one per owner process), with :func:`info`'s fields."""
+    out = []
+    try:
+        root = runtime_dir()
+    except OSError:
+        return out
+    for d in sorted(root.glob("pool-*")):
+        found = info(str(d / "sock"))
+        if found is not None:
+            out.append(found)
+        else:
+            _remove_if_stale(d)
+    return out
+
+
+def _remove_if_stale(pool_dir: Path) -> None:
+    """Remove what a pool daemon killed with SIGKILL left (its owner is gone, or it never started)."""
+    owner = pool_dir.name.split("-")[1]  # pool-<owner pid>-<random>
+    if owner.isdigit() and not pid_alive(int(owner)):
+        shutil.rmtree(pool_dir, ignore_errors=True)
+
+
+def describe(found: dict) -> str:
+    """One pool as text: size, processes by state, idle memory per process and in total."""
+    procs = found["processes"]
+    states = {s: sum(1 for p in procs if p["state"] == s) for s in ("idle", "starting", "busy")}
+    lines = [f"warm pool of pid {found['owner']} (daemon {found['pid']}): size {found['size']}; "
+             f"{states['idle']} idle, {states['starting']} starting, {states['busy']} running a task; "
+             f"{found['claimed']} handed out so far" + ("; closing" if found.get("closing") else "")]
+    idle = [p for p in procs if p["state"] == "idle" and "pss" in p]
+    if idle:
+        pss = sum(p["pss"] for p in idle)
+        rss = sum(p["rss"] for p in idle)
+        lines.append(f"  idle memory: {pss / len(idle) / 2**20:.0f} MiB PSS ({rss / len(idle) / 2**20:.0f} "
+                     f"MiB RSS) per process, {pss / 2**20:.0f} MiB PSS in total")
+    return "\n".join(lines)
+
+
+def status_text() -> str:
+    """``%tfcluster pool``: this process's pool, or what its size setting means."""
+    sock, size = current(), pool_size()
+    found = info(sock) if sock else None
+    if found is not None:
+        return describe(found)
+    if size == 0:
+        return "no warm pool: pool_size is 0 (every task starts cold); %tfcluster pool --size N starts one"
+    return (f"warm pool: size {size}, not running yet (it starts at this kernel's first local launch, "
+            "or now with %tfcluster pool --size N)")
+
+
+# -- the owner's side: one pool per owner process --------------------------------
+@dataclass
+class _Handle:
+    proc: subprocess.Popen
+    sock: str
+    env: dict[str, str]
+    cwd: str
+
+
+_handle: _Handle | None = None
+_size_override: int | None = None
+
+
+def configure(size: int | None) -> None:
+    """Set this process's pool size (the magic's ``pool_size`` trait); None: ``$TFK8S_POOL_SIZE``."""
+    global _size_override
+    if size is not None:
+        options.OPTIONS["pool_size"].validate(size)
+    _size_override = size
+    if _handle is not None and _handle.proc.poll() is None:
+        if pool_size() == 0:
+            shutdown()
+        else:
+            with contextlib.suppress(OSError, ValueError):
+                _request(_handle.sock, {"op": "resize", "size": pool_size()})
+
+
+def pool_size() -> int:
+    """How many warm processes this process's pool keeps (0: no pool)."""
+    return int(options.get("pool_size", override_with=_size_override))
+
+
+def current() -> str | None:
+    """The socket of this process's running pool, or None."""
+    if _handle is None or _handle.proc.poll() is not None:
+        return None
+    return _handle.sock
+
+
+def ensure() -> str | None:
+    """Start this process's pool if it should run; return its socket (None: size 0 or unusable).
+
+    A pool started with another environment or working folder than this
+    process's current ones is replaced: its processes could not run a task
+    of a launch made now.
+    """
+    size = pool_size()
+    if size <= 0:
+        shutdown()
+        return None
+    env, cwd = base_env(), os.getcwd()
+    if _handle is not None and _handle.proc.poll() is None:
+        if _handle.env == env and _handle.cwd == cwd:
+            return _handle.sock
+        shutdown()
+    try:
+        return _start(size, env, cwd)
+    except OSError as e:
+        print(f"tfk8s: the warm pool could not start ({e}); tasks start cold.", file=sys.stderr)
+        return None
+
+
+def _start(size: int, env: dict[str, str], cwd: str) -> str:
+    global _handle
+    pools()  # sweeps what dead owners' pools left
+    pool_dir = Path(tempfile.mkdtemp(prefix=f"pool-{os.getpid()}-", dir=runtime_dir()))
+    sock = str(pool_dir / "sock")
+    config = pool_dir / "config.json"
+    config.write_text(json.dumps({"env": env, "cwd": cwd, "size": size, "owner": os.getpid()}))
+    ready_r, ready_w = os.pipe()
+    with open(pool_dir / "pool.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", ENTRY, "daemon", str(pool_dir), str(ready_w)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            pass_fds=(ready_w,), start_new_session=True, cwd=cwd,
+        )
+    os.close(ready_w)
+    with os.fdopen(ready_r, "rb") as r:
+        ok = r.read(8)  # the daemon writes once its socket listens (or exits: EOF)
+    if not ok:
+        proc.wait()
+        log = (pool_dir / "pool.log").read_text(errors="replace")[-2000:]
+        shutil.rmtree(pool_dir, ignore_errors=True)
+        raise OSError(f"the pool daemon exited at start (code {proc.returncode}): {log}")
+    _handle = _Handle(proc, sock, env, cwd)
+    return sock
+
+
+def shutdown() -> None:
+    """Stop this process's pool (idle processes end at once; tasks it handed out run on)."""
+    global _handle
+    if _handle is None:
+        return
+    handle, _handle = _handle, None
+    if handle.proc.poll() is None:
+        with contextlib.suppress(OSError, ValueError):
+            _request(handle.sock, {"op": "close"})
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            handle.proc.wait(REQUEST_TIMEOUT)
+        if handle.proc.poll() is None:
+            handle.proc.kill()
+            handle.proc.wait()
+
+
+# -- the supervisor's side ------------------------------------------------------
+class PooledProcess:
+    """A claimed pooled process, seen by the supervisor like a ``subprocess.Popen`` child.
+
+    ``returncode`` follows Popen (negative: killed by that signal).  The
+    status comes from the pool daemon (the process's parent) through
+    ``status_fd``; if the daemon itself died, the task was killed with it.
+    """
+
+    def __init__(self, pid: int, status_fd: int) -> None:
+        self.pid = pid
+        self.status_fd = status_fd
+        self.returncode: int | None = None
+
+    def wait(self) -> int:
+        """Block until the daemon reports the exit status; return it."""
+        if self.returncode is not None:
+            return self.returncode
+        data = b""
+        os.set_blocking(self.status_fd, True)
+        while chunk := os.read(self.status_fd, 64):  # the supervisor closes the fd (its "pidfd")
+            data += chunk
+        text = data.decode().strip()
+        self.returncode = int(text) if text else -signal.SIGKILL
+        return self.returncode
+
+    def poll(self) -> int | None:
+        """The return code if the status was reported, else None (never blocks)."""
+        return self.returncode
+
+
+def available(sock_path: str | None) -> int:
+    """How many processes a pool can hand out now or soon (idle or importing); 0 without a pool."""
+    found = info(sock_path, with_memory=False) if sock_path else None
+    if not found or found.get("closing"):
+        return 0
+    return sum(1 for p in found["processes"] if p["state"] in ("idle", "starting"))
+
+
+def claim(sock_path: str, env: Mapping[str, str], cwd: str, log_fd: int, ready_fd: int,
+          wait: bool = True, netns: str | None = None) -> tuple[PooledProcess | None, str]:
+    """Hand a task to a pooled process: (the process, "") or (None, why it must start cold).
+
+    With ``wait``, a pooled process still importing TensorFlow is waited
+    for (it started earlier than a cold one would); without, only an idle one is taken.
+    ``netns``: the cluster's network namespace, which the process joins before it answers.
+    """
+    status_r, status_w = os.pipe()
+    try:
+        mask = os.umask(0o077)
+        os.umask(mask)  # the claimer's (the supervisor's): a cold task would inherit it
+        message = {"op": "claim", "env": dict(env), "cwd": cwd, "wait": wait, "netns": netns, "umask": mask}
+        answer = _request(sock_path, message, [log_fd, ready_fd, status_w], CLAIM_TIMEOUT + REQUEST_TIMEOUT)
+    except (OSError, ValueError) as e:
+        os.close(status_r)
+        return None, f"the pool did not answer ({e})"
+    finally:
+        os.close(status_w)
+    if "pid" not in answer:
+        os.close(status_r)
+        return None, answer.get("cold", "the pool refused")
+    return PooledProcess(int(answer["pid"]), status_r), ""
+
+
+# -- memory ------------------------------------------------------------------------
+def memory(pid: int) -> dict[str, int]:
+    """``rss`` and ``pss`` of a process in bytes (``/proc/PID/smaps_rollup``), {} if gone."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("Rss", "Pss"):
+                    out[key.lower()] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return {}
+    return out
+
+
+# -- the daemon ----------------------------------------------------------------------
+@dataclass
+class _Worker:
+    proc: subprocess.Popen
+    sock: socket.socket
+    pidfd: int
+    state: str = "starting"  # starting -> idle -> busy
+    started: float = field(default_factory=time.time)
+    status_fd: int | None = None
+    supervisor_fd: int | None = None
+
+
+@dataclass
+class _Claim:
+    conn: socket.socket
+    message: dict
+    fds: list[int]
+    deadline: float
+
+
+class Daemon:
+    """The pool daemon's loop: keep ``size`` processes warm, hand them out, report their ends."""
+
+    def __init__(self, pool_dir: Path) -> None:
+        config = json.loads((pool_dir / "config.json").read_text())
+        self.dir = pool_dir
+        self.env: dict[str, str] = config["env"]
+        self.cwd: str = config["cwd"]
+        self.size: int = int(config["size"])
+        self.owner: int = int(config["owner"])
+        self.sel = selectors.DefaultSelector()
+        self.workers: dict[int, _Worker] = {}
+        self.pending: list[_Claim] = []
+        self.closing = False
+        self.claimed = 0
+        self.last_claim = 0.0
+        self.start_failures = 0
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.listener.bind(str(pool_dir / "sock"))
+        os.chmod(pool_dir / "sock", 0o600)
+        self.listener.listen(64)
+        self.sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
+
+    # -- pooled processes -----------------------------------------------------
+    def spawn(self) -> None:
+        """Start one pooled process (it imports TensorFlow, then says idle)."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        me = os.getpid()
+        with open(self.dir / "workers.log", "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", ENTRY, "worker", str(theirs.fileno())],
+                env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),), start_new_session=True,
+                preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL, me),
+            )
+        theirs.close()
+        w = _Worker(proc, mine, os.pidfd_open(proc.pid))
+        self.workers[proc.pid] = w
+        self.sel.register(mine, selectors.EVENT_READ, ("worker", w))
+        self.sel.register(w.pidfd, selectors.EVENT_READ, ("exit", w))
+
+    def count(self, state: str) -> int:
+        """How many pooled processes are in ``state``."""
+        return sum(1 for w in self.workers.values() if w.state == state)
+
+    def refill(self, now: float) -> float | None:
+        """Start replacements when due; return seconds until the next refill is due (None: none)."""
+        if self.closing or self.start_failures >= MAX_START_FAILURES:
+            return None
+        missing = self.size - self.count("idle") - self.count("starting")
+        if missing <= 0:
+            return None
+        delay = REFILL_BUSY_DELAY if self.count("busy") else REFILL_DELAY
+        if self.claimed and now < self.last_claim + delay:
+            return self.last_claim + delay - now  # (a task's end wakes the loop before that)
+        # The first fill starts every process at once; later ones one at a time, so a
+        # refill takes at most one core from the clusters that are running.
+        limit = missing if not self.claimed else max(0, 1 - self.count("starting"))
+        for _ in range(min(missing, limit)):
+            self.spawn()
+        return None
+
+    def on_worker_message(self, w: _Worker) -> None:
+        """A pooled process said idle (or its socket closed)."""
+        try:
+            data = w.sock.recv(64)
+        except OSError:
+            data = b""
+        if data == b"idle" and w.state == "starting":
+            w.state = "idle"
+            self.start_failures = 0
+            self.serve_pending()
+        self.sel.unregister(w.sock)
+
+    def on_worker_exit(self, w: _Worker) -> None:
+        """Reap a pooled process; report a task's status to its supervisor."""
+        rc = w.proc.wait()
+        if w.state == "starting" and not self.closing:
+            self.start_failures += 1
+            print(f"tfk8s pool: process {w.proc.pid} exited ({rc}) before it was ready; see "
+                  "workers.log", file=sys.stderr, flush=True)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(w.proc.pid, signal.SIGKILL)  # nothing of its group outlives it
+        for fd in (w.pidfd, w.supervisor_fd):
+            if fd is not None:
+                self.sel.unregister(fd)
+                os.close(fd)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(w.sock)
+        w.sock.close()
+        if w.status_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(w.status_fd, f"{rc}\n".encode())
+            os.close(w.status_fd)
+        del self.workers[w.proc.pid]
+        self.serve_pending()
+
+    def on_supervisor_exit(self, w: _Worker) -> None:
+        """The supervisor that claimed ``w`` died: its task dies too (as a cold task's would)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(w.proc.pid, signal.SIGKILL)
+        self.sel.unregister(w.supervisor_fd)
+        os.close(w.supervisor_fd)
+        w.supervisor_fd = None
+
+    # -- requests ---------------------------------------------------------------
+    def on_connect(self) -> None:
+        """Answer one request on the pool's socket (only from this user's processes)."""
+        conn, _ = self.listener.accept()
+        conn.settimeout(REQUEST_TIMEOUT)
+        fds: list[int] = []
+        try:
+            data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 3)
+            message = json.loads(data)
+            pid, uid, _gid = array.array("i", conn.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, 12)).tolist()
+        except (OSError, ValueError):
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return
+        if uid != os.getuid():
+            self.answer(conn, {"cold": "the request came from another user"}, fds)
+            return
+        op = message.get("op")
+        if op == "claim":
+            message["peer"] = pid
+            self.claim(_Claim(conn, message, fds, time.monotonic() + CLAIM_TIMEOUT))
+            return
+        if op == "resize":
+            self.size = max(0, int(message.get("size", self.size)))
+            self.trim()
+        elif op == "close":
+            self.close()
+        self.answer(conn, self.describe(bool(message.get("memory", True))), fds)
+
+    def answer(self, conn: socket.socket, reply: dict, fds: list[int] = ()) -> None:
+        """Send ``reply`` and close the connection and the descriptors it brought."""
+        for fd in fds:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            conn.send(json.dumps(reply).encode())
+        conn.close()
+
+    def describe(self, with_memory: bool = True) -> dict:
+        """The pool as ``%tfcluster pool`` shows it."""
+        procs = [{"pid": pid, "state": w.state, "since": w.started, **(memory(pid) if with_memory else {})}
+                 for pid, w in sorted(self.workers.items())]
+        return {"pid": os.getpid(), "owner": self.owner, "size": self.size, "closing": self.closing,
+                "socket": str(self.dir / "sock"), "claimed": self.claimed, "processes": procs}
+
+    def claim(self, c: _Claim) -> None:
+        """Hand a task to an idle process, wait for a starting one, or answer "cold" and why."""
+        why = "" if len(c.fds) == 3 else "a claim must carry a log, a ready pipe and a status pipe"
+        why = why or ("the pool is closing" if self.closing else "")
+        why = why or mismatch(self.env, c.message.get("env") or {})
+        if why:
+            self.answer(c.conn, {"cold": why}, c.fds)
+            return
+        idle = next((w for w in self.workers.values() if w.state == "idle"), None)
+        if idle is not None:
+            self.assign(idle, c)
+        elif c.message.get("wait") and self.count("starting") > len(self.pending):
+            self.pending.append(c)
+        else:
+            self.answer(c.conn, {"cold": "no warm process is free"}, c.fds)
+
+    def serve_pending(self) -> None:
+        """Give idle processes to waiting claims; release claims nothing can serve any more."""
+        now = time.monotonic()
+        while self.pending:
+            idle = next((w for w in self.workers.values() if w.state == "idle"), None)
+            if idle is None:
+                break
+            self.assign(idle, self.pending.pop(0))
+        while self.pending and (len(self.pending) > self.count("starting") or self.closing
+                                or self.pending[-1].deadline <= now):
+            c = self.pending.pop()
+            self.answer(c.conn, {"cold": "no warm process became free in time"}, c.fds)
+
+    def assign(self, w: _Worker, c: _Claim) -> None:
+        """Send the task to ``w``; tell the claimer its pid; watch the claimer's life."""
+        log_fd, ready_fd, status_fd = c.fds
+        payload = json.dumps({"env": c.message["env"], "cwd": c.message.get("cwd") or self.cwd,
+                              "netns": c.message.get("netns"), "umask": c.message.get("umask")})
+        try:
+            socket.send_fds(w.sock, [payload.encode()], [log_fd, ready_fd])
+            w.sock.settimeout(REQUEST_TIMEOUT)
+            ack = w.sock.recv(512).decode(errors="replace")  # "ok" once it is in the cluster's netns
+        except OSError:
+            ack = "cold:the warm process had just exited"
+        finally:
+            os.close(log_fd)
+            os.close(ready_fd)
+        if ack != "ok":
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(w.proc.pid, signal.SIGKILL)  # it ran nothing; reaped as a spare
+            w.state = "refused"
+            self.answer(c.conn, {"cold": ack.partition(":")[2] or "the warm process did not answer"},
+                        [status_fd])
+            return
+        w.state, w.status_fd = "busy", status_fd
+        w.supervisor_fd = open_pidfd(c.message["peer"])
+        if w.supervisor_fd is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(w.proc.pid, signal.SIGKILL)
+        else:
+            self.sel.register(w.supervisor_fd, selectors.EVENT_READ, ("supervisor", w))
+        self.claimed += 1
+        self.last_claim = time.monotonic()
+        self.answer(c.conn, {"pid": w.proc.pid})
+
+    def trim(self) -> None:
+        """End idle and starting processes beyond the size (all of them when closing)."""
+        keep = 0 if self.closing else self.size
+        spare = [w for w in self.workers.values() if w.state in ("idle", "starting")]
+        for w in spare[keep:]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(w.proc.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        """Stop handing out processes; end the idle ones; exit once handed-out tasks have ended."""
+        self.closing = True
+        self.trim()
+        self.serve_pending()
+
+    # -- the loop -------------------------------------------------------------------
+    def run(self, ready_fd: int) -> int:
+        """Fill the pool, tell the owner we listen, serve until the owner is gone and tasks ended."""
+        owner = open_pidfd(self.owner)
+        if owner is None:
+            return 0
+        self.sel.register(owner, selectors.EVENT_READ, ("owner", None))
+        due = self.refill(time.monotonic())
+        os.write(ready_fd, b"ok")
+        os.close(ready_fd)
+        while not (self.closing and not self.workers):
+            deadlines = [c.deadline - time.monotonic() for c in self.pending]
+            deadlines += [due] if due is not None else []
+            timeout = max(0.0, min(deadlines)) if deadlines else None
+            for key, _ in self.sel.select(timeout):
+                kind, w = key.data
+                if kind == "listen":
+                    self.on_connect()
+                elif kind == "worker":
+                    self.on_worker_message(w)
+                elif kind == "exit":
+                    self.on_worker_exit(w)
+                elif kind == "supervisor":
+                    self.on_supervisor_exit(w)
+                elif kind == "owner":
+                    self.sel.unregister(owner)
+                    self.close()
+            self.serve_pending()
+            due = self.refill(time.monotonic())
+        self.listener.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return 0
+
+
+# -- a pooled process ------------------------------------------------------------------
+def worker(fd: int) -> int:
+    """Import what a task imports, wait for one assignment, run it as a cold task runs, exit."""
+    sock = socket.socket(fileno=fd)
+    before = dict(os.environ)
+    taskenv.import_tensorflow()  # exactly the cold task's import (quiet filter, device probe)
+    # What the import itself did to the environment (TensorFlow sets TF2_BEHAVIOR and others):
+    # a cold task's import does the same to its environment, so it is replayed on the task's.
+    added = {k: v for k, v in os.environ.items() if before.get(k) != v}
+    removed = [k for k in before if k not in os.environ]
+    sock.send(b"idle")
+    data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 2)
+    if not data or len(fds) != 2:
+        return 0  # the pool closed: nothing was assigned
+    assignment = json.loads(data)
+    log_fd, ready_fd = fds
+    if assignment.get("netns"):
+        # Before anything of the task runs, on the thread that will create its servers (threads
+        # it starts later inherit the namespace).  Refused (not root): the task starts cold.
+        try:
+            isolation.join_cluster_netns(assignment["netns"])
+        except OSError as e:
+            sock.send(f"cold:cannot join the cluster's network namespace ({e.strerror})".encode())
+            return 0
+    sock.send(b"ok")
+    sock.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    os.environ.clear()
+    os.environ.update(assignment["env"])
+    os.environ.update(added)
+    for key in removed:
+        os.environ.pop(key, None)
+    os.environ["TFK8S_READY_FD"] = str(ready_fd)
+    if assignment.get("umask") is not None:
+        os.umask(int(assignment["umask"]))
+    os.chdir(assignment["cwd"])
+    sys.path[0] = os.getcwd()  # what `python -m` puts first: the task's working folder
+    sys.argv = [task.__file__]
+    return task.main()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``daemon POOL_DIR READY_FD`` or ``worker FD``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["worker"]:
+        import atexit
+
+        rc = worker(int(argv[1]))
+        # As the cold task's entry point: exit handlers, then no thread joins (gRPC can hang them).
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    if argv[:1] == ["daemon"]:
+        return Daemon(Path(argv[1])).run(int(argv[2]))
+    print("usage: pool daemon POOL_DIR READY_FD | pool worker FD", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
