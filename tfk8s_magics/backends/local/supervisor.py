@@ -113,6 +113,9 @@ class Supervisor:
         #: The open incident: until when, "task: why" of its first retryable end, and the
         #: tasks already restarted in it (a second end of one of those is a new failure).
         self.incident: tuple[float, str, set[str]] | None = None
+        #: Restarted tasks waiting for the rest of their group to end: a new process never
+        #: meets an old peer (JobSet likewise deletes every Job before it recreates them).
+        self.deferred: list[_Task] = []
         self.dirty = True
         #: How this cluster is kept from other users (see :meth:`isolate`), for status.json.
         self.isolation: dict = {"mode": isolation.NONE, "reason": "not isolated yet", "netns": None}
@@ -414,8 +417,8 @@ class Supervisor:
             self.incident = (time.time() + self.policy.incident_window, f"{t.task.name}: {decision.reason}",
                              set())
             budget = self.policy.restart_budget
-            self._restart(t, f"{decision.reason}; restart {self.restarts_used} of {budget}")
             self._restart_group(t)
+            self._restart(t, f"{decision.reason}; restart {self.restarts_used} of {budget}")
         else:
             st.phase, st.reason = Phase.FAILED, decision.reason + self._disk_note()
             self.fail(f"{t.task.name} failed: {st.reason}")
@@ -435,11 +438,35 @@ class Supervisor:
                 and t.status.started < began)
 
     def _restart(self, t: _Task, why: str) -> None:
+        """Restart ``t`` — once no peer of its group is still being ended for the same incident
+        (measured under load: a restarted worker that reached a dying peer's server lost it a
+        moment later and cost a second restart)."""
         if self.incident is not None:
             self.incident[2].add(t.task.name)
         t.status.restarts += 1
         self.event(t.task.name, "Restarted", why, "Warning")
-        self.start(t)
+        if self._group_ending():
+            t.status.phase, t.status.reason = Phase.STARTING, "waiting for its group to stop"
+            self.deferred.append(t)
+            self.dirty = True
+        else:
+            self.start(t)
+        self._start_deferred()
+
+    def _group_ending(self) -> bool:
+        return any(t.stopping == "restart" and t.proc is not None and t.proc.returncode is None
+                   for t in self.tasks.values())
+
+    def _start_deferred(self) -> None:
+        """Start the restarts that waited for their group, once all of it has ended."""
+        if not self.deferred or self._group_ending():
+            return
+        waiting, self.deferred = self.deferred, []
+        for t in waiting:
+            if self.stop_reason:
+                self.end_task(t, "stop")
+            else:
+                self.start(t)
 
     def _restart_group(self, first: _Task) -> None:
         """A between-graph chief/worker ended: its synchronous peers restart with it (one incident)."""
