@@ -42,6 +42,7 @@ RESERVED_ENV = frozenset(
         "TFK8S_SCRIPT",
         "TFK8S_SCRIPT_DIR",
         "TFK8S_FILES_DIR",
+        "TFK8S_DATA_URL",
     }
 )
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_][-._A-Za-z0-9]*$")
@@ -50,6 +51,8 @@ MAX_FILES_BYTES = 900 * 1024
 #: A Kueue queue, a PriorityClass, a scheduler: DNS-1123 subdomain names that
 #: also fit a label value (the queue name is one).
 _SCHEDULING_NAME = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-.a-z0-9]*[a-z0-9])?$")
+#: A Secret's name (a DNS-1123 subdomain).
+_SECRET_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_KEY = r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 #: A node label requirement: key=value, key!=value, key, !key.
 _NODE_REQUIREMENT = re.compile(
@@ -186,6 +189,19 @@ class ClusterSpec:
     #: Role → node label requirements its pods need: ``key=value``,
     #: ``key!=value``, ``key`` (exists) or ``!key`` (does not exist).
     node_affinity: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Object storage (issue 15).
+    #: ``--data-dir`` given as a URL (``s3://``, ``gs://``...): synced into ``/data`` before
+    #: the tasks start (``data_sync``) or handed to the script as ``TFK8S_DATA_URL``.
+    data_url: str | None = None
+    #: Copy ``data_url`` into ``/data`` once per cluster before the tasks start.
+    data_sync: bool = False
+    #: Where checkpoints and exported models are uploaded when the cluster succeeds.
+    backup_url: str | None = None
+    #: Kubernetes: the Secret (in the cluster's namespace) whose keys are the storage
+    #: credentials (``AWS_ACCESS_KEY_ID``...), given only to the containers that use them.
+    credentials_secret: str | None = None
+    #: Files fetched from URLs at launch: name → ``{url, size, sha256}``.
+    sources: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place once
@@ -197,6 +213,7 @@ class ClusterSpec:
         self._validate_files()
         self._validate_resources()
         self._validate_scheduling()
+        self._validate_storage()
         if self.ttl_after_finished is not None:
             ttl = float(self.ttl_after_finished)
             if ttl < 0:
@@ -320,6 +337,18 @@ class ClusterSpec:
                     )
         object.__setattr__(self, "spread", spread)
         object.__setattr__(self, "node_affinity", affinity)
+
+    def _validate_storage(self) -> None:
+        secret = self.credentials_secret
+        if secret is not None and not _SECRET_NAME.match(str(secret)):
+            raise SpecError(
+                f"--credentials-secret {secret!r} is not a valid Secret name: use lowercase "
+                "letters, digits, '-' and '.', starting and ending with a letter or digit."
+            )
+        if self.data_sync and not self.data_url:
+            raise SpecError("--data-sync copies a --data-dir URL into /data: give --data-dir as a "
+                            "URL such as s3://bucket/dataset, or drop --data-sync.")
+        object.__setattr__(self, "sources", {str(k): dict(v) for k, v in dict(self.sources).items()})
 
     # -- derived views -------------------------------------------------
     def replicas(self) -> dict[str, int]:
