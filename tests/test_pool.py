@@ -50,6 +50,30 @@ def test_import_time_variables_must_match_the_pool(change, cold_because):
     assert (why == "") if not cold_because else why.startswith(cold_because), why
 
 
+SHIM = "/x/shim.so"
+
+
+@pytest.mark.parametrize("pool_preload, task_preload, cold_because, off", [
+    (SHIM, SHIM, "", False),  # behind the shim (in-graph, TFK8S_ISOLATION=loopback): as preloaded
+    (SHIM, None, "", True),  # in a private network namespace: no shim, so it is switched off
+    (f"{SHIM} /other.so", "/other.so", "", True),  # the kernel's own preload stays
+    (f"{SHIM} /other.so", f"{SHIM} /other.so", "", False),
+    (SHIM, "", "LD_PRELOAD is '' for the task", True),
+    (f"{SHIM} /other.so", "/third.so", "LD_PRELOAD is '/third.so' for the task", True),
+    (f"{SHIM} /other.so", None, "LD_PRELOAD is unset for the task", True),
+    (SHIM, f"/other.so {SHIM}", "LD_PRELOAD is '/other.so /x/shim.so' for the task", False),
+])
+def test_a_task_without_the_pools_loopback_shim_runs_with_it_switched_off(
+        pool_preload, task_preload, cold_because, off):
+    pooled = {**BASE, "LD_PRELOAD": pool_preload}
+    task = {k: v for k, v in {**BASE, "LD_PRELOAD": task_preload}.items() if v is not None}
+    why = pool.mismatch(pooled, task, SHIM)
+    assert (why == "") if not cold_because else why.startswith(cold_because), why
+    assert pool.shim_off(pooled, task, SHIM) == off
+    if off:  # without knowing which entry is the shim, the pool cannot serve such a task
+        assert pool.mismatch(pooled, task).startswith("LD_PRELOAD is")
+
+
 def test_the_pool_size_is_an_option_with_a_checked_env_var(monkeypatch):
     from tfk8s_magics import options
     from tfk8s_magics.errors import SpecError
@@ -73,8 +97,14 @@ def test_the_cli_explains_that_a_pool_belongs_to_a_kernel():
 # -- real tasks ------------------------------------------------------------------------
 # What a task can observe about itself before and while running user code.
 PROBE = textwrap.dedent('''
-    import json, os, signal, sys, locale
+    import json, os, signal, socket, sys, locale
     import tensorflow as tf
+
+    def _bound(family, wildcard):  # a pooled process preloads the loopback shim: is it off?
+        with socket.socket(family) as s:
+            s.bind((wildcard, 0))
+            return s.getsockname()[0]
+
     tf.keras.utils.set_random_seed(7)  # python, numpy and TensorFlow: a deterministic run
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3), tf.keras.layers.Dense(1)])
     model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse")
@@ -87,6 +117,7 @@ PROBE = textwrap.dedent('''
         "flags": repr(sys.flags), "encoding": [sys.stdout.encoding, locale.getpreferredencoding()],
         "unbuffered": [sys.stdout.write_through, sys.stdout.line_buffering],
         "netns": os.readlink("/proc/thread-self/ns/net"),
+        "bind": [_bound(socket.AF_INET, "0.0.0.0"), _bound(socket.AF_INET6, "::")],
         "pgid_is_pid": os.getpgid(0) == os.getpid(), "sid_is_pid": os.getsid(0) == os.getpid(),
         "umask": os.umask(0o022),
         "handlers": [repr(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE)],
@@ -157,6 +188,45 @@ def test_a_pooled_task_is_the_same_as_a_cold_one(local, workdir, warm, monkeypat
     assert (pooled.pop("netns") != host) == (cold.pop("netns") != host) == isolated
     for key in pooled:
         assert pooled[key] == cold[key], f"{key} differs: pooled {pooled[key]!r} cold {cold[key]!r}"
+
+
+def _listening(ports: set[int]) -> set[tuple[str, int]]:
+    """(hex local address, port) of every listening TCP socket on ``ports`` in this namespace."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, port = local.rsplit(":", 1)
+            if state == "0A" and int(port, 16) in ports:
+                found.add((address, int(port, 16)))
+    return found
+
+
+LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1, ::ffff:127.0.0.1
+
+
+def _in_graph_listening(local, name: str) -> tuple[set[str], list]:
+    cluster = tk.launch(name, mode="in-graph", ps=1, workers=1, backend=local, wait_ready=180)
+    ports = {int(a.rsplit(":", 1)[1]) for addrs in local.addresses(name).values() for a in addrs}
+    found = _listening(ports)
+    events = [(e.task, e.reason, e.message) for e in cluster.events()]
+    cluster.delete()
+    assert {p for _a, p in found} == ports, found
+    return {a for a, _p in found}, events
+
+
+@pytest.mark.slow
+def test_an_in_graph_cluster_starts_warm_behind_the_loopback_shim(local, workdir, warm, monkeypatch):
+    # In-graph tasks share the host's network behind the shim (LD_PRELOAD at exec): the pool
+    # preloads it, so they start warm, and listen on loopback only, as cold ones do.
+    _wait_idle(2)
+    pooled, events = _in_graph_listening(local, "igwarm")
+    assert not [e for e in events if e[1] == "StartedCold"], events
+    assert pool.info(pool.current())["claimed"] == 2
+    monkeypatch.setenv("TFK8S_POOL_SIZE", "0")
+    pool.configure(None)
+    cold, events = _in_graph_listening(local, "igcold")
+    assert pooled == cold and pooled <= LOOPBACK, (pooled, cold)
 
 
 @pytest.mark.slow

@@ -34,13 +34,18 @@ A task runs cold when its import-time environment differs from the pool's
 (:func:`mismatch`): TensorFlow and Keras read variables such as
 ``TF_CPP_MIN_LOG_LEVEL``, ``TF_USE_LEGACY_KERAS`` or ``OMP_NUM_THREADS``
 once, at import, so a pooled process could not honour a different value.
-Detached clusters always run cold (the pool dies with its owner).
+Detached clusters always run cold (the pool dies with its owner).  The loopback
+shim is the one exception to "same value or cold": tasks behind it (in-graph
+clusters) need it preloaded at exec, tasks in a private network namespace have
+none, so a pooled process preloads it and a namespaced task switches it off
+(every ``bind()`` passes through; :func:`shim_off`): one pool serves both.
 """
 
 from __future__ import annotations
 
 import array
 import contextlib
+import ctypes
 import json
 import os
 import re
@@ -95,22 +100,53 @@ IMPORT_TIME = re.compile(
 
 
 # -- what a pooled process is compatible with --------------------------------------
-def base_env(source: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a pooled process: what a task of a default launch gets, minus its identity."""
+def pool_shim() -> str | None:
+    """The loopback shim a pooled process preloads (None: isolation is off or no shim here).
+
+    Tasks behind the shim (in-graph clusters, ``TFK8S_ISOLATION=loopback``, a refused
+    namespace) need it preloaded at exec, which a pooled process cannot do after the fact;
+    tasks in a private network namespace have none, and a pooled process switches it off for
+    them (:func:`shim_off`), so one pool serves both.
+    """
+    if isolation.wanted() == "off":
+        return None
+    shim = isolation.shim_path()
+    return str(shim) if shim else None
+
+
+def base_env(source: Mapping[str, str] | None = None, shim: str | None = None) -> dict[str, str]:
+    """The environment of a pooled process: what a task of a default launch gets, minus its
+    identity, with ``shim`` (:func:`pool_shim`) preloaded."""
     source = os.environ if source is None else source
     env = taskenv.build(source, {}, {}, options.OPTIONS["legacy_keras"].default)
-    # The shim is preloaded where the supervisor will use it (TFK8S_ISOLATION=loopback); in a
-    # private network namespace tasks have none.  Where the namespace falls back to the shim,
-    # the tasks' LD_PRELOAD differs from the pool's: they start cold (mismatch).
-    if isolation.wanted() == "loopback":
-        isolation.preload_env(env, str(shim) if (shim := isolation.shim_path()) else None)
+    isolation.preload_env(env, shim)
     return env
 
 
-def mismatch(pool: Mapping[str, str], task: Mapping[str, str]) -> str:
-    """Why a task with environment ``task`` cannot run in a process started with ``pool`` ("" if it can)."""
+def _without_shim(preload: str | None, shim: str) -> str | None:
+    """``LD_PRELOAD`` ``preload`` without ``shim`` (None when nothing is left)."""
+    rest = [p for p in (preload or "").split(" ") if p and p != shim]
+    return " ".join(rest) or None
+
+
+def shim_off(pool: Mapping[str, str], task: Mapping[str, str], shim: str | None) -> bool:
+    """Whether a task must run with the pool's preloaded ``shim`` switched off (its own
+    ``LD_PRELOAD`` does not have it: a task in a private network namespace)."""
+    return bool(shim) and shim in (pool.get("LD_PRELOAD") or "").split(" ") and (
+        shim not in (task.get("LD_PRELOAD") or "").split(" "))
+
+
+def mismatch(pool: Mapping[str, str], task: Mapping[str, str], shim: str | None = None) -> str:
+    """Why a task with environment ``task`` cannot run in a process started with ``pool`` ("" if it can).
+
+    ``shim``: the loopback shim the pool preloads; a task whose ``LD_PRELOAD`` is
+    the pool's without it runs with the shim switched off (:func:`shim_off`).
+    """
     for key, value in pool.items():
         if key in LATE:
+            continue
+        if key == "LD_PRELOAD" and shim_off(pool, task, shim) and (
+                _without_shim(value, shim) == task.get("LD_PRELOAD")):
             continue
         if key not in task:
             return f"{key} is unset for the task but {value!r} in the pool"
@@ -120,6 +156,11 @@ def mismatch(pool: Mapping[str, str], task: Mapping[str, str]) -> str:
         if key not in pool and key not in LATE and IMPORT_TIME.match(key):
             return f"{key} is set for the task and may be read at start-up; the pool has none"
     return ""
+
+
+def switch_shim_off(shim: str) -> None:
+    """Make the preloaded loopback shim pass every ``bind()`` through (``loopback_bind.c``)."""
+    ctypes.c_int.in_dll(ctypes.CDLL(shim), "tfk8s_loopback_bind_off").value = 1
 
 
 # -- where pools live -----------------------------------------------------------
@@ -257,25 +298,27 @@ def ensure() -> str | None:
     if size <= 0:
         shutdown()
         return None
-    env, cwd = base_env(), os.getcwd()
+    shim = pool_shim()
+    env, cwd = base_env(shim=shim), os.getcwd()
     if _handle is not None and _handle.proc.poll() is None:
         if _handle.env == env and _handle.cwd == cwd:
             return _handle.sock
         shutdown()
     try:
-        return _start(size, env, cwd)
+        return _start(size, env, cwd, shim)
     except OSError as e:
         print(f"tfk8s: the warm pool could not start ({e}); tasks start cold.", file=sys.stderr)
         return None
 
 
-def _start(size: int, env: dict[str, str], cwd: str) -> str:
+def _start(size: int, env: dict[str, str], cwd: str, shim: str | None) -> str:
     global _handle
     pools()  # sweeps what dead owners' pools left
     pool_dir = Path(tempfile.mkdtemp(prefix=f"pool-{os.getpid()}-", dir=runtime_dir()))
     sock = str(pool_dir / "sock")
     config = pool_dir / "config.json"
-    config.write_text(json.dumps({"env": env, "cwd": cwd, "size": size, "owner": os.getpid()}))
+    config.write_text(json.dumps({"env": env, "cwd": cwd, "size": size, "owner": os.getpid(),
+                                       "shim": shim}))
     ready_r, ready_w = os.pipe()
     with open(pool_dir / "pool.log", "ab") as log:
         proc = subprocess.Popen(
@@ -417,6 +460,7 @@ class Daemon:
         config = json.loads((pool_dir / "config.json").read_text())
         self.dir = pool_dir
         self.env: dict[str, str] = config["env"]
+        self.shim: str | None = config.get("shim")
         self.cwd: str = config["cwd"]
         self.size: int = int(config["size"])
         self.owner: int = int(config["owner"])
@@ -565,7 +609,7 @@ class Daemon:
         """Hand a task to an idle process, wait for a starting one, or answer "cold" and why."""
         why = "" if len(c.fds) == 3 else "a claim must carry a log, a ready pipe and a status pipe"
         why = why or ("the pool is closing" if self.closing else "")
-        why = why or mismatch(self.env, c.message.get("env") or {})
+        why = why or mismatch(self.env, c.message.get("env") or {}, self.shim)
         if why:
             self.answer(c.conn, {"cold": why}, c.fds)
             return
@@ -593,8 +637,10 @@ class Daemon:
     def assign(self, w: _Worker, c: _Claim) -> None:
         """Send the task to ``w``; tell the claimer its pid; watch the claimer's life."""
         log_fd, ready_fd, status_fd = c.fds
+        off = shim_off(self.env, c.message["env"], self.shim)
         payload = json.dumps({"env": c.message["env"], "cwd": c.message.get("cwd") or self.cwd,
-                              "netns": c.message.get("netns"), "umask": c.message.get("umask")})
+                              "netns": c.message.get("netns"), "umask": c.message.get("umask"),
+                              "shim_off": self.shim if off else None})
         try:
             socket.send_fds(w.sock, [payload.encode()], [log_fd, ready_fd])
             w.sock.settimeout(REQUEST_TIMEOUT)
@@ -693,6 +739,13 @@ def worker(fd: int) -> int:
             isolation.join_cluster_netns(assignment["netns"])
         except OSError as e:
             sock.send(f"cold:cannot join the cluster's network namespace ({e.strerror})".encode())
+            return 0
+    if assignment.get("shim_off"):
+        # A cold task of this cluster has no shim: binds must pass through untouched.
+        try:
+            switch_shim_off(assignment["shim_off"])
+        except (OSError, ValueError) as e:
+            sock.send(f"cold:cannot switch the loopback shim off ({e})".encode())
             return 0
     sock.send(b"ok")
     sock.close()
