@@ -42,6 +42,7 @@ class Request:
     content_type: str = ""
     token: str | None = None
     internal: bool = False  # harness shortcut: no RBAC, not recorded
+    accept: str = ""
 
 
 @dataclass
@@ -302,7 +303,13 @@ class KubeAPI:
     # -- verbs -------------------------------------------------------------------
 
     def _get(self, req: Request, route: Route) -> Response:
-        return Response(200, self._existing(route))
+        obj = self._existing(route)
+        if "as=PartialObjectMetadata" in req.accept:
+            # The server's metadata-only answer (Accept: ...;as=PartialObjectMetadata;g=meta.k8s.io;v=v1):
+            # a Secret's data never leaves it.
+            return Response(200, {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                                  "metadata": obj["metadata"]})
+        return Response(200, obj)
 
     def _list(self, req: Request, route: Route) -> Response:
         labels, fields = self._selectors(route, req.query)

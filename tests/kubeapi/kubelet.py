@@ -136,12 +136,103 @@ class SimulatedKubelet:
                        component="default-scheduler")
             return pod
 
+    def _missing_secret(self, pod: dict) -> tuple[str, str, bool] | None:
+        """The first (container, Secret, is-init) whose non-optional Secret does not exist.
+
+        What the kubelet checks before it creates a container: every
+        ``envFrom.secretRef`` and ``env[].valueFrom.secretKeyRef`` (the pod stays
+        Pending, the container waiting ``CreateContainerConfigError``).
+        """
+        ns = pod["metadata"]["namespace"]
+        kind = lookup("secrets")
+        for init, containers in ((True, pod["spec"].get("initContainers") or []),
+                                 (False, pod["spec"].get("containers") or [])):
+            for c in containers:
+                refs = [e["secretRef"] for e in c.get("envFrom") or [] if "secretRef" in e]
+                refs += [e["valueFrom"]["secretKeyRef"] for e in c.get("env") or []
+                         if "secretKeyRef" in (e.get("valueFrom") or {})]
+                for ref in refs:
+                    if not ref.get("optional") and self.store.get(kind, ns, ref["name"]) is None:
+                        return c["name"], ref["name"], init
+        return None
+
+    def _config_error(self, pod: dict, container: str, secret: str, init: bool) -> dict:
+        """The kubelet cannot build a container's config: it waits, the pod stays Pending."""
+        message = f'secret "{secret}" not found'
+        waiting = {"waiting": {"reason": "CreateContainerConfigError", "message": message}}
+        inits = self._init_statuses(pod)
+        statuses = self._statuses(pod)
+        if init:
+            inits[container]["state"] = waiting
+            for cs in statuses.values():
+                cs["state"] = {"waiting": {"reason": "PodInitializing"}}
+            self._set_condition(pod["status"], "Initialized", False, "ContainersNotInitialized",
+                                f"containers with incomplete status: [{container}]")
+        else:
+            statuses[container]["state"] = waiting
+        if inits:
+            pod["status"]["initContainerStatuses"] = list(inits.values())
+        self._store_statuses(pod, statuses)
+        pod = self._write_status(pod)
+        kind = "initContainers" if init else "containers"
+        self.event(pod, "Failed", f"Error: {message}", type_="Warning",
+                   field_path=f"spec.{kind}{{{container}}}")
+        return pod
+
+    def _init_statuses(self, pod: dict) -> dict[str, dict]:
+        existing = {s["name"]: s for s in pod["status"].get("initContainerStatuses") or []}
+        return {c["name"]: existing.get(c["name"]) or {
+            "name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False,
+            "started": False, "restartCount": 0,
+            "state": {"waiting": {"reason": "PodInitializing"}}, "lastState": {},
+        } for c in pod["spec"].get("initContainers") or []}
+
+    def fail_init(self, namespace: str, name: str, exit_code: int = 1,
+                  message: str | None = None) -> dict:
+        """The first init container exits ``exit_code``: with restartPolicy Never the pod
+        fails and its app containers never start (waiting ``PodInitializing``)."""
+        with self.store.lock:
+            pod = self._pod(namespace, name)
+            if not pod["spec"].get("nodeName"):
+                pod = self.schedule(namespace, name)
+            inits = self._init_statuses(pod)
+            first = next(iter(inits))
+            terminated = {"exitCode": exit_code, "reason": "Error", "startedAt": now(),
+                          "finishedAt": now()}
+            if message:
+                terminated["message"] = message
+            inits[first].update(state={"terminated": terminated})
+            pod["status"]["initContainerStatuses"] = list(inits.values())
+            statuses = self._statuses(pod)
+            for cs in statuses.values():
+                cs["state"] = {"waiting": {"reason": "PodInitializing"}}
+            self._set_condition(pod["status"], "Initialized", False, "ContainersNotInitialized",
+                                f"containers with incomplete status: [{first}]")
+            pod["status"]["phase"] = "Failed"
+            self._store_statuses(pod, statuses)
+            return self._write_status(pod)
+
     def run(self, namespace: str, name: str, node: str | None = None) -> dict:
-        """Start every container: phase Running, containers running and ready, a pod IP."""
+        """Start every container: phase Running, containers running and ready, a pod IP.
+
+        Init containers first run to completion (exit 0).  A container whose
+        Secret does not exist is not started (see :meth:`_missing_secret`).
+        """
         with self.store.lock:
             pod = self._pod(namespace, name)
             if not pod["spec"].get("nodeName"):
                 pod = self.schedule(namespace, name, node)
+            missing = self._missing_secret(pod)
+            if missing is not None:
+                return self._config_error(pod, *missing)
+            inits = self._init_statuses(pod)
+            for cs in inits.values():
+                if "terminated" not in cs["state"]:
+                    self._open_segment(pod, cs["name"])
+                    cs.update(state={"terminated": {"exitCode": 0, "reason": "Completed",
+                                                    "startedAt": now(), "finishedAt": now()}})
+            if inits:
+                pod["status"]["initContainerStatuses"] = list(inits.values())
             statuses = self._statuses(pod)
             for cname, cs in statuses.items():
                 image = self._image(pod, cname)

@@ -44,7 +44,8 @@ class _Handler(BaseHTTPRequestHandler):
         auth = self.headers.get("Authorization") or ""
         token = auth[7:] if auth.lower().startswith("bearer ") else None
         req = Request(self.command, url.path, dict(parse_qsl(url.query, keep_blank_values=True)),
-                      body, self.headers.get("Content-Type") or "", token)
+                      body, self.headers.get("Content-Type") or "", token,
+                      accept=self.headers.get("Accept") or "")
         response = self.server.api.handle(req)
         if response.stream is not None:
             self._send_stream(response)

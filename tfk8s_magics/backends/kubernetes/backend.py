@@ -169,6 +169,7 @@ class KubernetesBackend(Backend):
         manifests[0]["metadata"]["annotations"][DETACHED_ANNOTATION] = str(detach).lower()
         self._check_free(spec.name)
         self._check_jobset_api()
+        self._check_secret(spec)
         if spec.mode == IN_GRAPH:
             owner = self._notebook_pod_owner()
             if owner is not None:
@@ -204,6 +205,33 @@ class KubernetesBackend(Backend):
             raise LaunchFailed(f"could not ask the cluster for the JobSet API: {api_reason(e)}.") from e
         if not served:
             raise LaunchFailed(INSTALL_JOBSET)
+
+    def _check_secret(self, spec: ClusterSpec) -> None:
+        """Refuse a ``--credentials-secret`` that does not exist: a pod naming it would wait
+        in ``CreateContainerConfigError`` forever.  Reads its metadata only, never its data,
+        and only where the Role allows ``get`` on secrets (not the shipped one: see
+        :mod:`.rbac`); without it the step's status carries the kubelet's sentence."""
+        name = spec.credentials_secret
+        if not name:
+            return
+        try:
+            found = self.api.secret_metadata(name)
+        except ApiException as e:
+            if e.status == 403:
+                # The shipped Role grants no access to Secrets (the hub, which creates
+                # it, would then need to read every Secret of the cluster): the pods
+                # say so instead, as CreateContainerConfigError in the status.
+                return
+            raise LaunchFailed(
+                f"could not check that Secret {name!r} (--credentials-secret) exists in namespace "
+                f"{self.settings.namespace!r}: {api_reason(e)}."
+            ) from e
+        if found is None:
+            raise LaunchFailed(
+                f"--credentials-secret {name!r}: there is no Secret of that name in namespace "
+                f"{self.settings.namespace!r}; create it there first (e.g. `kubectl create secret "
+                f"generic {name} --from-literal=AWS_ACCESS_KEY_ID=...`), then launch again."
+            )
 
     def _notebook_pod_owner(self) -> dict[str, Any] | None:
         """An ownerReference to this notebook's pod (by its name, ``HOSTNAME``), if it is one."""
@@ -328,7 +356,8 @@ class KubernetesBackend(Backend):
             mine = [p for p in pods if p["metadata"]["labels"].get(CLUSTER_LABEL) == name]
             annotations = root["metadata"].get("annotations") or {}
             view = state.View(spec=spec, jobset=jobsets.get(name), pods=state.latest_pods(mine),
-                              stopped=bool(annotations.get(STOPPED_ANNOTATION)))
+                              stopped=bool(annotations.get(STOPPED_ANNOTATION)),
+                              steps=state.latest_steps(mine))
             out.append(state.cluster_status(view, root))
         out.sort(key=lambda s: s.created, reverse=True)
         return out

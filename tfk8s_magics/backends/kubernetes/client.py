@@ -25,6 +25,9 @@ _GROUP_API = {
 }
 
 
+#: What asks the API server for an object's metadata only (``meta.k8s.io/v1`` PartialObjectMetadata).
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
 #: Custom resources, served through ``CustomObjectsApi``: apiVersion → plural.
 _CUSTOM = {"jobset.x-k8s.io/v1alpha2": "jobsets"}
 
@@ -97,6 +100,23 @@ class Api:
             if e.status == 404:
                 return None
             raise
+
+    def secret_metadata(self, name: str) -> Manifest | None:
+        """The metadata of Secret ``name`` (None: it does not exist), never its data.
+
+        The request asks the API server for ``PartialObjectMetadata``: the
+        Secret's values are not sent to this process at all.
+        """
+        try:
+            response = self.core.read_namespaced_secret(
+                name, self.namespace, _headers={"Accept": METADATA_ONLY}, _preload_content=False,
+                _request_timeout=self.timeout)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        data = self._json(response)
+        return {"metadata": data.get("metadata") or {}}
 
     def list_objects(self, api_version: str, kind: str, label_selector: str = "") -> Manifest:
         """The list object (``items`` and ``metadata.resourceVersion``)."""

@@ -29,7 +29,13 @@ signals, OOM (exit ≥ 128)      counted: ``backoffLimit: 0`` fails the Job, and
 ``ttl_after_finished``         ``ttlSecondsAfterFinished``
 ``spec.active_deadline``       each Job's ``activeDeadlineSeconds`` + the rule
                                ``FailJobSet`` on ``DeadlineExceeded``
+``--data-sync`` (a URL)        a ``sync`` replicated Job first, ``InOrder``: its init
+                               container fills ``/data`` before any task pod exists
+``--backup URL``               a ``backup`` replicated Job last, in ``successPolicy``:
+                               success needs the upload; its failure fails the JobSet
 =============================  ==================================================
+
+(The two steps: :mod:`.storage_pods`.)
 
 **Parameter servers end when the JobSet succeeds:** a finished JobSet deletes
 the Jobs still running (its controller, ``deleteJobs`` on a finished JobSet).
@@ -61,6 +67,7 @@ from ...lifecycle import LifecyclePolicy, TaskEnd
 from ...spec import ROLES, ClusterSpec, Task
 from ...tfconfig import cluster_def
 from . import manifests as m
+from . import storage_pods as steps_mod
 from .settings import K8sSettings
 
 Manifest = dict[str, Any]
@@ -71,7 +78,7 @@ KIND = "JobSet"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
-RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+RESTART_ATTEMPT_LABEL = m.RESTART_ATTEMPT_LABEL
 #: The Job controller's label and annotation on the pods of an Indexed Job.
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 #: Kueue's label naming the LocalQueue that admits the JobSet as one gang.
@@ -158,6 +165,7 @@ def pod_template(
 ) -> Manifest:
     """The pod template of ``role``: the shared task pod spec plus scheduling."""
     body = m.pod_spec(spec, settings, role, _env(spec, settings, role), None)
+    steps_mod.add_to_task(body["containers"][0], spec, role, role in policy.success_roles)
     if spec.resources_for(role).gpus:
         gpu = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
         body["tolerations"] = [*body.get("tolerations", []), gpu]
@@ -234,8 +242,11 @@ def failure_policy(spec: ClusterSpec, policy: LifecyclePolicy) -> Manifest:
 
 
 def success_policy(spec: ClusterSpec, policy: LifecyclePolicy) -> Manifest:
-    """``All`` of the roles that decide success; in-graph, all servers (never reached)."""
+    """``All`` of the roles that decide success, and the backup step after them; in-graph,
+    all servers (never reached)."""
     deciding = [r for r in roles(spec) if r in policy.success_roles]
+    if deciding:
+        deciding += steps_mod.steps(spec)[1]
     out: Manifest = {"operator": "All"}
     if deciding:
         out["targetReplicatedJobs"] = deciding
@@ -247,13 +258,22 @@ def jobset(spec: ClusterSpec, settings: K8sSettings, policy: LifecyclePolicy) ->
     labels = m.object_labels(spec, settings, "jobset")
     if spec.queue:
         labels[QUEUE_LABEL] = spec.queue
+    before, after = steps_mod.steps(spec)
+    deciding = [t.name for t in policy.success_tasks(spec)]
+    step_jobs = {s: steps_mod.step_job(spec, settings, s, pod_failure_policy(policy), deciding)
+                 for s in (*before, *after)}
     body: Manifest = {
         "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True,
                     "subdomain": spec.name},
-        "replicatedJobs": [replicated_job(spec, settings, policy, r) for r in roles(spec)],
+        "replicatedJobs": [*(step_jobs[s] for s in before),
+                           *(replicated_job(spec, settings, policy, r) for r in roles(spec)),
+                           *(step_jobs[s] for s in after)],
         "successPolicy": success_policy(spec, policy),
         "failurePolicy": failure_policy(spec, policy),
-        "startupPolicy": {"startupPolicyOrder": "InOrder" if spec.ps else "AnyOrder"},
+        # InOrder: a replicated Job starts once the previous one's pods are ready or done,
+        # so the parameter servers come up first, and nothing starts before the sync step's
+        # init container has filled /data (see .storage_pods).
+        "startupPolicy": {"startupPolicyOrder": "InOrder" if spec.ps or before else "AnyOrder"},
     }
     if policy.ttl_after_finished is not None:
         body["ttlSecondsAfterFinished"] = int(policy.ttl_after_finished)

@@ -10,6 +10,10 @@ learns from its environment
 unchanged, and a death by signal N becomes exit 128 + N (also as a
 container's PID 1), so the backend's restart decision sees the runtime's
 own exit code.
+
+When ``TFK8S_DONE_FILE`` is set (a cluster with a backup step, see
+:mod:`.storage_pods`), an exit 0 leaves that file (``{task}`` filled in the
+same way): the backup step waits for one per task that decides success.
 """
 
 from __future__ import annotations
@@ -64,6 +68,17 @@ def run(path: str, argv: list[str]) -> int:
     return rc
 
 
+def mark_done(template: str, task_name: str) -> None:
+    """Leave the empty file ``template`` (``{task}`` → ``task_name``): this task exited 0."""
+    path = template.replace("{task}", task_name)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb"):
+            pass
+    except OSError as e:  # the backup step then waits, and says what it waits for
+        print(f"tfk8s: cannot mark this task done at {path}: {e}", file=sys.stderr, flush=True)
+
+
 def main(args: list[str] | None = None) -> int:
     """Parse ``FILE -- CMD...`` and run."""
     args = list(sys.argv[1:] if args is None else args)
@@ -72,10 +87,12 @@ def main(args: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     path = args[0]
-    if "{task}" in path:
-        task = task_from_env(os.environ)
-        path = path.replace("{task}", task.name if task else os.environ.get("HOSTNAME", "task"))
-    return run(path, args[2:])
+    task = task_from_env(os.environ)
+    name = task.name if task else os.environ.get("HOSTNAME", "task")
+    rc = run(path.replace("{task}", name), args[2:])
+    if rc == 0 and os.environ.get("TFK8S_DONE_FILE"):
+        mark_done(os.environ["TFK8S_DONE_FILE"], name)
+    return rc
 
 
 if __name__ == "__main__":

@@ -63,6 +63,8 @@ SCRIPT_KEY = "script.py"
 SPEC_KEY = "spec.json"
 READY_FILE = "/tmp/tfk8s-ready"
 CONTAINER = "tensorflow"
+#: JobSet's label on its pods: which restart of the JobSet they belong to (0: the first run).
+RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 
 
 def object_labels(spec: ClusterSpec, settings: K8sSettings, component: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ pods' states, and explains them: pending reasons, exit codes, signals.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +21,7 @@ from ...spec import ClusterSpec, Task
 from ..base import ClusterStatus, LogLocation, Phase, Progress, TaskStatus
 from .jobset import RESTART_ATTEMPT_LABEL, task_of_pod
 from .manifests import DETACHED_ANNOTATION, OWNER_ANNOTATION, log_claim_name, log_dir
+from .storage_pods import BACKUP, SYNC, step_of_pod, steps
 
 Pod = dict[str, Any]
 #: What an ended JobSet's condition says happened to tasks it ended itself.
@@ -71,6 +72,21 @@ def latest_pods(pods: list[Pod]) -> dict[str, Pod]:
         if current is None or key >= (pod_attempt(current),
                                       current.get("metadata", {}).get("creationTimestamp") or ""):
             out[task.name] = pod
+    return out
+
+
+def latest_steps(pods: list[Pod]) -> dict[str, Pod]:
+    """Step name (``sync``/``backup``) → its newest pod."""
+    out: dict[str, Pod] = {}
+    for pod in pods:
+        step = step_of_pod(pod.get("metadata", {}).get("labels") or {})
+        if step is None:
+            continue
+        key = (pod_attempt(pod), pod.get("metadata", {}).get("creationTimestamp") or "")
+        current = out.get(step)
+        if current is None or key >= (pod_attempt(current),
+                                      current.get("metadata", {}).get("creationTimestamp") or ""):
+            out[step] = pod
     return out
 
 
@@ -224,6 +240,7 @@ class View:
     pods: dict[str, Pod]  # task name → newest pod
     stopped: bool = False  # the root says a user stopped it
     jobset_seen: bool = True  # False until the first listing of the JobSet is in
+    steps: dict[str, Pod] = field(default_factory=dict)  # sync/backup step → newest pod
 
     @property
     def policy(self) -> LifecyclePolicy:
@@ -258,16 +275,71 @@ def task_statuses(view: View) -> list[TaskStatus]:
     return out
 
 
+def step_status(step: str, pod: Pod | None) -> TaskStatus:
+    """A step's status: its pod, read through the container doing the work (the sync
+    step's init container ``fetch`` until it is done)."""
+    status = task_status(step, pod)
+    inits = ((pod or {}).get("status") or {}).get("initContainerStatuses") or []
+    busy = [c for c in inits if ((c.get("state") or {}).get("terminated") or {}).get("exitCode") != 0]
+    if pod is None or not busy:
+        return status
+    state = busy[0].get("state") or {}
+    if "waiting" in state:
+        status.phase = Phase.PENDING
+        status.reason = _sentence(state["waiting"].get("reason") or "Waiting",
+                                  state["waiting"].get("message"))
+    elif "running" in state:
+        status.phase, status.reason = Phase.STARTING, "running"
+    else:
+        code = state["terminated"].get("exitCode")
+        status.phase, status.exit_code = Phase.FAILED, code
+        status.reason = _sentence(f"{busy[0].get('name')} exited {code}",
+                                  state["terminated"].get("message"))
+    return status
+
+
+_STEP_DOING = {SYNC: "fetching {url} into /data", BACKUP: "uploading checkpoints and models to {url}"}
+
+
+def _step_phase(view: View, tasks: list[TaskStatus]) -> tuple[str, str] | None:
+    """While a step is what the cluster waits for: the phase and a reason naming the step."""
+    before, after = steps(view.spec)
+    deciding = {t.name for t in view.policy.success_tasks(view.spec)}
+    done = all(t.phase == Phase.SUCCEEDED for t in tasks if t.name in deciding)
+    for step in before + (after if done else []):
+        st = step_status(step, view.steps.get(step))
+        if st.phase == Phase.SUCCEEDED:
+            continue
+        url = view.spec.data_url if step == SYNC else view.spec.backup_url
+        doing = _STEP_DOING[step].format(url=url)
+        if st.phase == Phase.FAILED:
+            return Phase.RUNNING, f"failing: {step} failed ({doing}): {st.reason}"
+        if st.phase == Phase.PENDING:
+            return Phase.PENDING, f"{step}: {st.reason}" if view.steps.get(step) else \
+                f"{step}: waiting to start ({doing})"
+        return (Phase.PENDING if step == SYNC else Phase.RUNNING), f"{step}: {doing}"
+    return None
+
+
+def failed_steps(view: View) -> list[TaskStatus]:
+    """The steps whose pod failed (a failed upload fails the cluster: it is never silent)."""
+    out = [step_status(s, p) for s, p in sorted(view.steps.items())]
+    return [s for s in out if s.phase == Phase.FAILED]
+
+
 def cluster_phase(view: View, tasks: list[TaskStatus]) -> tuple[str, str]:
-    """The cluster's phase and reason: JobSet's verdict, else what its tasks show."""
+    """The cluster's phase and reason: JobSet's verdict, else what its steps and tasks show."""
     if view.stopped:
         return Phase.STOPPED, "stopped by the user"
-    failed = [t for t in tasks if t.phase == Phase.FAILED]
+    failed = [*failed_steps(view), *(t for t in tasks if t.phase == Phase.FAILED)]
     ended = jobset_condition(view.jobset)
     if ended is not None:
         return _ended_phase(ended, failed)
     if view.jobset is None and view.jobset_seen:
         return Phase.STOPPED, "its JobSet is gone (removed by its TTL after it ended, or deleted)"
+    stepping = _step_phase(view, tasks)
+    if stepping is not None:
+        return stepping
     if failed:
         return _failed_phase(view, failed[0])
     phases = {t.phase for t in tasks}

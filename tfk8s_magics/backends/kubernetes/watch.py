@@ -264,7 +264,7 @@ class ClusterWatch:
             pods = list(self.pods.values())
             jobset, seen = self.jobset, self.jobset_seen
         return state.View(spec=self.spec, jobset=jobset, pods=state.latest_pods(pods),
-                          stopped=self.stopped, jobset_seen=seen)
+                          stopped=self.stopped, jobset_seen=seen, steps=state.latest_steps(pods))
 
     def _maybe_list_events(self, view: state.View) -> None:
         vague = [

@@ -1,0 +1,620 @@
+"""Object storage on Kubernetes (issue 15): the ``sync`` and ``backup`` steps and the Secret.
+
+Layers: the pure builders against literal dicts, the JobSet CRD schema (strict)
+and the 1.29/1.37 Job schemas (``kubernetes-validate --strict``), the restricted
+Pod Security checks; then the backend against the API test double (a missing
+Secret, a Secret referenced by name only, the steps in the status, a failed
+upload); the in-pod commands (``steps.py``, the marker ``logcopy`` leaves) run
+for real as processes.  The real-cluster test is ``tests/test_k8s_real.py``'s
+sibling at the end of this file (marker ``k8s``).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+
+from tests.kubeapi import crd, podsecurity
+from tests.test_k8s_real import real  # noqa: F401 - the real-cluster fixture, shared
+from tfk8s_magics.backends.base import Phase
+from tfk8s_magics.backends.kubernetes import KubernetesBackend, steps
+from tfk8s_magics.backends.kubernetes import jobset as j
+from tfk8s_magics.backends.kubernetes import storage_pods as sp
+from tfk8s_magics.backends.kubernetes.rbac import backend_role
+from tfk8s_magics.backends.kubernetes.settings import K8sSettings
+from tfk8s_magics.errors import LaunchFailed, SpecError
+from tfk8s_magics.lifecycle import LifecyclePolicy
+from tfk8s_magics.spec import ClusterSpec
+
+NS = "alice"
+SETTINGS = K8sSettings(namespace=NS, image="tfk8s/tensorflow-task:0.1.0", user="alice")
+SCRIPT = "print('hi')\n"
+DATA = "s3://bucket/datasets/mnist"
+OUT = "s3://bucket/runs/mnist"
+SECRET = "s3-creds"
+#: Values that must never leave the Secret (the grep test looks for each of them).
+SECRET_VALUES = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEYID0042",
+                 "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY",
+                 "AWS_ENDPOINT_URL": "http://127.0.0.1:59999/secret-endpoint"}
+LABELS = {
+    "app.kubernetes.io/managed-by": "tfk8s",
+    "app.kubernetes.io/name": "tfk8s",
+    "app.kubernetes.io/part-of": "tfk8s-lab",
+    "app.kubernetes.io/instance": "mnist",
+    "app.kubernetes.io/component": "task",
+    "tfk8s.io/cluster": "mnist",
+    "tfk8s.io/component": "task",
+    "tfk8s.io/user": "alice",
+}
+SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]}}
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+                "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"}}
+STEP_ENV = [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
+RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+ATTEMPT = {"name": "TFK8S_RESTART_ATTEMPT", "valueFrom": {"fieldRef": {
+    "fieldPath": "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"}}}
+USER_CODES = [c for c in range(1, 128) if c != 75]
+
+
+def mnist(**kw) -> ClusterSpec:
+    kw.setdefault("workers", 2)
+    return ClusterSpec(name="mnist", script=SCRIPT, owner="alice", **kw)
+
+
+def synced_and_backed_up(**kw) -> ClusterSpec:
+    return mnist(data_url=DATA, data_sync=True, backup_url=OUT, credentials_secret=SECRET, **kw)
+
+
+def build(spec: ClusterSpec) -> dict:
+    return j.jobset(spec, SETTINGS, LifecyclePolicy.of(spec))
+
+
+def rjob(js: dict, name: str) -> dict:
+    return next(r for r in js["spec"]["replicatedJobs"] if r["name"] == name)
+
+
+def pod_spec(js: dict, name: str) -> dict:
+    return rjob(js, name)["template"]["spec"]["template"]["spec"]
+
+
+def step_job_spec(pod: dict) -> dict:
+    return {
+        "parallelism": 1, "completions": 1, "completionMode": "Indexed", "backoffLimit": 0,
+        "podFailurePolicy": {"rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            # no containerName: every container of the step, its init container included
+            {"action": "FailJob", "onExitCodes": {"operator": "In", "values": USER_CODES}},
+        ]},
+        "template": pod,
+    }
+
+
+# -- the pure builders, literally ------------------------------------------------------
+
+def test_sync_step_is_exactly_this():
+    labels = {**LABELS, "tfk8s.io/role": "sync"}
+    assert rjob(build(synced_and_backed_up()), "sync") == {
+        "name": "sync", "replicas": 1,
+        "template": {"metadata": {"labels": labels}, "spec": step_job_spec({
+            "metadata": {"labels": labels},
+            "spec": {
+                "restartPolicy": "Never", "automountServiceAccountToken": False,
+                "enableServiceLinks": False, "securityContext": POD_SECURITY,
+                "initContainers": [{
+                    "name": "fetch", "image": "tfk8s/tensorflow-task:0.1.0",
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python", "-m", "tfk8s_magics.storage", "fetch", DATA, "/data"],
+                    "env": STEP_ENV, "resources": RESOURCES, "securityContext": SECURITY,
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"},
+                                     {"name": "tmp", "mountPath": "/tmp"}],
+                    "envFrom": [{"secretRef": {"name": SECRET}}],
+                }],
+                "containers": [{
+                    "name": "synced", "image": "tfk8s/tensorflow-task:0.1.0",
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python", "-m", "tfk8s_magics.backends.kubernetes.steps",
+                                "synced", "/data"],
+                    "env": STEP_ENV, "resources": RESOURCES, "securityContext": SECURITY,
+                    "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True},
+                                     {"name": "tmp", "mountPath": "/tmp"}],
+                }],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "mnist-data"}},
+                            {"name": "tmp", "emptyDir": {}}],
+            },
+        })},
+    }
+
+
+def test_backup_step_is_exactly_this():
+    labels = {**LABELS, "tfk8s.io/role": "backup"}
+    assert rjob(build(synced_and_backed_up()), "backup") == {
+        "name": "backup", "replicas": 1,
+        "template": {"metadata": {"labels": labels}, "spec": step_job_spec({
+            "metadata": {"labels": labels},
+            "spec": {
+                "restartPolicy": "Never", "automountServiceAccountToken": False,
+                "enableServiceLinks": False, "securityContext": POD_SECURITY,
+                "terminationGracePeriodSeconds": 120,
+                "containers": [{
+                    "name": "backup", "image": "tfk8s/tensorflow-task:0.1.0",
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python", "-m", "tfk8s_magics.backends.kubernetes.steps", "backup",
+                                "--done-dir", "/log/.tfk8s/done/$(TFK8S_RESTART_ATTEMPT)",
+                                "--tasks", "worker-0,worker-1", "--source", "/log", "--to", OUT],
+                    "env": [ATTEMPT, *STEP_ENV], "resources": RESOURCES,
+                    "securityContext": SECURITY,
+                    "volumeMounts": [{"name": "log", "mountPath": "/log", "readOnly": True},
+                                     {"name": "tmp", "mountPath": "/tmp"}],
+                    "envFrom": [{"secretRef": {"name": SECRET}}],
+                }],
+                "volumes": [{"name": "log", "persistentVolumeClaim": {"claimName": "mnist-log",
+                                                                      "readOnly": True}},
+                            {"name": "tmp", "emptyDir": {}}],
+            },
+        })},
+    }
+
+
+def test_steps_frame_the_tasks_and_the_policies_follow():
+    spec = synced_and_backed_up(ps=1, chief=1)
+    assert sp.steps(spec) == (["sync"], ["backup"])
+    js = build(spec)
+    assert [r["name"] for r in js["spec"]["replicatedJobs"]] == ["sync", "ps", "chief", "worker",
+                                                                 "backup"]
+    # nothing starts before the sync pod is ready, i.e. its init container is done
+    assert js["spec"]["startupPolicy"] == {"startupPolicyOrder": "InOrder"}
+    # success needs the upload; the sync step decides nothing
+    assert js["spec"]["successPolicy"] == {"operator": "All",
+                                           "targetReplicatedJobs": ["chief", "worker", "backup"]}
+    # a step's exit 1 (missing object, wrong credential) fails the JobSet through the same rule
+    assert js["spec"]["failurePolicy"]["rules"][0] == {
+        "name": "UserError", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}
+    # JobSet refuses dependsOn together with InOrder (CRD rule), and v0.6 does not know it
+    assert not any("dependsOn" in r for r in js["spec"]["replicatedJobs"])
+    assert "--tasks" in (cmd := pod_spec(js, "backup")["containers"][0]["command"])
+    assert cmd[cmd.index("--tasks") + 1] == "chief-0,worker-0,worker-1"
+
+
+def test_sync_alone_starts_in_order_even_without_ps_and_backup_alone_does_not():
+    assert build(mnist(data_url=DATA, data_sync=True))["spec"]["startupPolicy"] == {
+        "startupPolicyOrder": "InOrder"}
+    js = build(mnist(backup_url=OUT))
+    assert js["spec"]["startupPolicy"] == {"startupPolicyOrder": "AnyOrder"}
+    assert [r["name"] for r in js["spec"]["replicatedJobs"]] == ["worker", "backup"]
+
+
+def test_the_secret_reaches_only_the_containers_that_use_the_storage():
+    js = build(synced_and_backed_up(ps=1))
+    with_secret = sorted(
+        c["name"] + "@" + r["name"] for r in js["spec"]["replicatedJobs"]
+        for c in [*r["template"]["spec"]["template"]["spec"].get("initContainers", []),
+                  *r["template"]["spec"]["template"]["spec"]["containers"]]
+        if c.get("envFrom"))
+    assert with_secret == ["backup@backup", "fetch@sync"]
+    # nowhere is there a value of it: the name only, in envFrom
+    text = json.dumps(js)
+    assert text.count(SECRET) == 2 and "secretKeyRef" not in text
+
+
+def test_streaming_hands_the_url_and_the_secret_to_the_script_tasks_only():
+    js = build(mnist(ps=1, chief=1, data_url=DATA, credentials_secret=SECRET))
+    assert [r["name"] for r in js["spec"]["replicatedJobs"]] == ["ps", "chief", "worker"]
+    for role in ("chief", "worker"):
+        c = pod_spec(js, role)["containers"][0]
+        assert {"name": "TFK8S_DATA_URL", "value": DATA} in c["env"]
+        assert c["envFrom"] == [{"secretRef": {"name": SECRET}}]
+    ps = pod_spec(js, "ps")["containers"][0]
+    assert "envFrom" not in ps and "TFK8S_DATA_URL" not in json.dumps(ps)
+
+
+def test_deciding_tasks_leave_a_marker_per_restart_attempt():
+    js = build(synced_and_backed_up(ps=1, evaluator=1))
+    for role, deciding in (("worker", True), ("ps", False), ("evaluator", False)):
+        env = pod_spec(js, role)["containers"][0]["env"]
+        names = [e["name"] for e in env]
+        assert ("TFK8S_DONE_FILE" in names) is deciding, role
+        if deciding:
+            # defined after the attempt, so the API's $(VAR) expansion sees it
+            assert names.index("TFK8S_RESTART_ATTEMPT") < names.index("TFK8S_DONE_FILE")
+            assert env[names.index("TFK8S_DONE_FILE")]["value"] == \
+                "/log/.tfk8s/done/$(TFK8S_RESTART_ATTEMPT)/{task}"
+
+
+def test_no_storage_means_no_step_no_secret_no_new_env():
+    plain = build(mnist(ps=1))
+    text = json.dumps(plain)
+    assert [r["name"] for r in plain["spec"]["replicatedJobs"]] == ["ps", "worker"]
+    for word in ("envFrom", "TFK8S_DATA_URL", "TFK8S_DONE_FILE", "initContainers"):
+        assert word not in text
+
+
+def test_a_shared_log_claim_keeps_the_markers_in_the_clusters_own_folder():
+    js = build(synced_and_backed_up(log_claim="shared-logs"))
+    cmd = pod_spec(js, "backup")["containers"][0]["command"]
+    assert cmd[cmd.index("--done-dir") + 1] == "/log/mnist/.tfk8s/done/$(TFK8S_RESTART_ATTEMPT)"
+    assert cmd[cmd.index("--source") + 1] == "/log/mnist"
+
+
+def test_in_graph_backup_is_refused_in_one_sentence():
+    spec = ClusterSpec(name="ig", mode="in-graph", ps=1, workers=1, backup_url=OUT)
+    with pytest.raises(SpecError, match=r"^cluster 'ig': on Kubernetes --backup s3://bucket/runs/"
+                                        r"mnist needs a between-graph cluster .*\.$"):
+        build(spec)
+
+
+VARIANTS = {
+    "sync+backup+secret": lambda: synced_and_backed_up(ps=1, chief=1),
+    "stream+secret": lambda: mnist(data_url=DATA, credentials_secret=SECRET),
+    "backup, no secret": lambda: mnist(backup_url=OUT),
+    "in-graph sync": lambda: ClusterSpec(name="ig", mode="in-graph", ps=1, workers=2,
+                                         data_url=DATA, data_sync=True, credentials_secret=SECRET),
+}
+
+
+@pytest.mark.parametrize("which", sorted(VARIANTS))
+def test_every_storage_jobset_is_valid_against_the_crd_schema(which):
+    assert crd.problems(build(VARIANTS[which]())) == []
+
+
+@pytest.mark.parametrize("version", ["1.29", "1.37"])
+@pytest.mark.parametrize("which", sorted(VARIANTS))
+def test_every_step_and_task_job_is_strictly_valid(version, which):
+    js = build(VARIANTS[which]())
+    for r in js["spec"]["replicatedJobs"]:
+        job = {"apiVersion": "batch/v1", "kind": "Job",
+               "metadata": {"name": f"{js['metadata']['name']}-{r['name']}-0", "namespace": NS,
+                            **r["template"]["metadata"]},
+               "spec": r["template"]["spec"]}
+        kubernetes_validate.validate(job, version, strict=True)
+        # the pod JobSet's Job makes of it, strictly valid too
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod",
+                                      "metadata": {"name": "p", "namespace": NS},
+                                      "spec": r["template"]["spec"]["template"]["spec"]},
+                                     version, strict=True)
+
+
+@pytest.mark.parametrize("which", sorted(VARIANTS))
+def test_every_pod_passes_the_restricted_pod_security_profile(which):
+    js = build(VARIANTS[which]())
+    for r in js["spec"]["replicatedJobs"]:
+        assert podsecurity.violations(r["template"]["spec"]["template"]["spec"], "restricted") == []
+
+
+def test_the_pod_security_check_sees_init_containers():
+    """The check above is not vacuous: a privileged init container fails it."""
+    pod = copy.deepcopy(pod_spec(build(synced_and_backed_up()), "sync"))
+    pod["initContainers"][0]["securityContext"] = {"privileged": True}
+    assert podsecurity.violations(pod, "restricted")
+
+
+def test_exit_code_rules_name_containers_that_exist():
+    """The API server refuses a containerName no container or init container has."""
+    js = build(synced_and_backed_up(ps=1))
+    for r in js["spec"]["replicatedJobs"]:
+        pod = r["template"]["spec"]["template"]["spec"]
+        names = {c["name"] for c in [*pod.get("initContainers", []), *pod["containers"]]}
+        for rule in r["template"]["spec"]["podFailurePolicy"]["rules"]:
+            name = (rule.get("onExitCodes") or {}).get("containerName")
+            assert name is None or name in names
+
+
+def test_render_yaml_shows_both_steps_and_never_a_value():
+    text = j.render_yaml(synced_and_backed_up(), SETTINGS)
+    for word in ("name: sync", "initContainers:", "name: fetch", "name: backup", "secretRef:",
+                 f"name: {SECRET}", DATA, OUT):
+        assert word in text
+    for value in SECRET_VALUES.values():
+        assert value not in text
+
+
+# -- the in-pod commands, run for real -----------------------------------------------------
+
+def test_logcopy_marks_done_only_on_exit_0(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "TFK8S_ROLE": "worker",
+           "JOB_COMPLETION_INDEX": "1", "TFK8S_DONE_FILE": str(tmp_path / "done/0/{task}")}
+    for code in (3, 0):
+        rc = subprocess.run(
+            [sys.executable, "-m", "tfk8s_magics.backends.kubernetes.logcopy",
+             str(tmp_path / "tasks/{task}.log"), "--", sys.executable, "-c",
+             f"raise SystemExit({code})"], env=env, timeout=60).returncode
+        assert rc == code
+        assert (tmp_path / "done/0/worker-1").exists() is (code == 0)
+
+
+class Recorder:
+    def __init__(self, code=0):
+        self.calls, self.code = [], code
+
+    def __call__(self, argv):
+        self.calls.append(argv[3:])
+        return subprocess.CompletedProcess(argv, self.code)
+
+
+def test_backup_waits_for_every_deciding_task_then_uploads(tmp_path, monkeypatch):
+    (tmp_path / "log/checkpoints").mkdir(parents=True)
+    (tmp_path / "log/models/m/1").mkdir(parents=True)
+    done = tmp_path / "log/.tfk8s/done/0"
+    done.mkdir(parents=True)
+    recorder = Recorder()
+    monkeypatch.setattr(steps.subprocess, "run", recorder)
+    result = {}
+    worker = threading.Thread(target=lambda: result.setdefault("rc", steps.backup(
+        str(done), ["worker-0", "worker-1"], str(tmp_path / "log"), OUT + "/", poll=0.05)))
+    worker.start()
+    (done / "worker-0").touch()
+    time.sleep(0.3)
+    assert worker.is_alive() and recorder.calls == []  # worker-1 has not finished
+    (done / "worker-1").touch()
+    worker.join(10)
+    assert result["rc"] == 0
+    assert recorder.calls == [
+        ["upload", str(tmp_path / "log/checkpoints"), OUT + "/checkpoints"],
+        ["upload", str(tmp_path / "log/models"), OUT + "/models"],
+    ]
+
+
+def test_a_failed_upload_is_the_steps_exit_code(tmp_path, monkeypatch):
+    (tmp_path / "checkpoints").mkdir()
+    monkeypatch.setattr(steps.subprocess, "run", Recorder(code=1))
+    assert steps.backup(str(tmp_path), [], str(tmp_path), OUT) == 1
+
+
+def test_backup_ended_early_uploads_what_exists_and_exits_143(tmp_path, monkeypatch):
+    (tmp_path / "models").mkdir()
+    recorder = Recorder()
+    monkeypatch.setattr(steps.subprocess, "run", recorder)
+    ended = threading.Event()
+    ended.set()
+    assert steps.backup(str(tmp_path / "done"), ["worker-0"], str(tmp_path), OUT, ended) == 143
+    assert recorder.calls == [["upload", str(tmp_path / "models"), OUT + "/models"]]
+
+
+def test_backup_with_nothing_to_upload_says_so_and_succeeds(tmp_path, capsys):
+    assert steps.upload_all(str(tmp_path), OUT) == 0
+    assert "nothing to upload: no checkpoints or models under" in capsys.readouterr().out
+
+
+def test_backup_process_ends_on_sigterm_within_its_grace(tmp_path):
+    """The real process: waiting for a task that never finishes, SIGTERM ends it (143)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfk8s_magics.backends.kubernetes.steps", "backup", "--done-dir",
+         str(tmp_path / "done"), "--tasks", "worker-0", "--source", str(tmp_path), "--to", OUT],
+        env=env, stdout=subprocess.PIPE, text=True)
+    assert "backup waits for worker-0" in proc.stdout.readline()
+    proc.terminate()
+    assert proc.wait(timeout=30) == 143
+    assert "best effort" in proc.stdout.read()
+
+
+def test_synced_reports_what_landed(tmp_path, capsys):
+    (tmp_path / "a").write_bytes(b"x" * 10)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub/b").write_bytes(b"y" * 5)
+    assert steps.synced(str(tmp_path)) == 0
+    assert capsys.readouterr().out == f"tfk8s: {tmp_path} holds 2 files, 15 bytes\n"
+
+
+# -- against the API test double ---------------------------------------------------------
+
+def _secret() -> dict:
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": NS},
+            "type": "Opaque",
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in SECRET_VALUES.items()}}
+
+
+def _role_with_secret_get() -> dict:
+    """The shipped Role plus ``get`` on secrets: what an administrator grants for the check."""
+    role = backend_role(NS)
+    role["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})
+    return role
+
+
+@pytest.fixture
+def restricted(kube):
+    kube.create_namespace(NS, labels={"pod-security.kubernetes.io/enforce": "restricted"})
+    return kube
+
+
+def _backend(kube) -> KubernetesBackend:
+    return KubernetesBackend(namespace=NS, api_client=kube.api_client, user="alice",
+                             storage_class="standard")
+
+
+def _ours(kube) -> list[tuple[str, str]]:
+    return sorted((kind, o["metadata"]["name"]) for kind in (
+        "configmaps", "persistentvolumeclaims", "pods", "jobsets", "services")
+        for o in kube.list_objects(kind, NS, "tfk8s.io/cluster=mnist"))
+
+
+def test_a_missing_secret_is_one_sentence_and_nothing_is_created(restricted):
+    kube = restricted
+    kube.set_role(_role_with_secret_get(), NS, service_account="jupyter")
+    backend = _backend(kube)
+    try:
+        with pytest.raises(LaunchFailed) as err:
+            backend.launch(synced_and_backed_up(), detach=True)
+    finally:
+        backend.close()
+    assert str(err.value) == (
+        f"--credentials-secret '{SECRET}': there is no Secret of that name in namespace 'alice'; "
+        f"create it there first (e.g. `kubectl create secret generic {SECRET} "
+        "--from-literal=AWS_ACCESS_KEY_ID=...`), then launch again.")
+    assert _ours(kube) == []
+    assert not [r for r in kube.requests if r.verb == "create"]
+    asked = [r for r in kube.requests if r.resource == "secrets"]
+    assert [(r.verb, r.name, r.code) for r in asked] == [("get", SECRET, 404)]
+
+
+def test_with_the_secret_pods_name_it_and_no_value_leaves_it(restricted):
+    """Launch with sync + backup in a restricted namespace: the steps pass Pod Security
+    admission, reference the Secret by name only, and its values appear nowhere the
+    backend writes or shows: the JobSet, the root ConfigMap (spec), the pods, Events,
+    the status, the rendered YAML.  The check read the Secret's metadata only."""
+    kube = restricted
+    kube.create_object(_secret())
+    kube.set_role(_role_with_secret_get(), NS, service_account="jupyter")
+    backend = _backend(kube)
+    spec = synced_and_backed_up()
+    try:
+        status = backend.launch(spec, detach=True)
+        sync_pod = kube.jobsets.pod_name(NS, "mnist", "sync", 0)
+        assert status.phase == Phase.PENDING
+        assert backend.status("mnist").reason.startswith("sync: ")
+        kube.kubelet.run(NS, sync_pod)  # the init container ran, "synced" runs
+        kube.kubelet.succeed(NS, sync_pod)
+        for p in kube.jobsets.pods(NS, "mnist"):
+            if p["metadata"]["labels"]["tfk8s.io/role"] == "worker":
+                kube.kubelet.run(NS, p["metadata"]["name"])
+                kube.kubelet.succeed(NS, p["metadata"]["name"])
+        backup_pod = kube.jobsets.pod_name(NS, "mnist", "backup", 0)
+        kube.kubelet.run(NS, backup_pod)
+        uploading = f"backup: uploading checkpoints and models to {OUT}"
+        deadline = time.monotonic() + 30
+        while (status := backend.status("mnist")).reason != uploading and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (status.phase, status.reason) == (Phase.RUNNING, uploading)
+        shown = [repr(backend.status("mnist")), repr(backend.list_clusters()),
+                 repr(backend.events("mnist")), repr(backend.spec("mnist"))]
+    finally:
+        backend.close()
+    pods = kube.jobsets.pods(NS, "mnist")
+    refs = {c["name"]: c.get("envFrom") for p in pods
+            for c in [*p["spec"].get("initContainers", []), *p["spec"]["containers"]]}
+    assert refs["fetch"] == refs["backup"] == [{"secretRef": {"name": SECRET}}]
+    assert refs["tensorflow"] is None and refs["synced"] is None
+    written = json.dumps([kube.get_object("jobsets", "mnist", NS),
+                          kube.get_object("configmaps", "mnist", NS), pods,
+                          kube.list_objects("events", NS)])
+    rendered = backend.render_yaml(spec)
+    for value in [*SECRET_VALUES.values(), *(base64.b64encode(v.encode()).decode()
+                                             for v in SECRET_VALUES.values())]:
+        for where, text in (("objects", written), ("render", rendered), *(
+                (f"shown[{i}]", s) for i, s in enumerate(shown))):
+            assert value not in text, f"a Secret value leaked into {where}"
+    assert "AWS_" not in written  # not even the keys: only the Secret's name travels
+
+
+def test_the_existence_check_never_receives_the_values(restricted):
+    """The metadata-only request: the API server answers PartialObjectMetadata, no data."""
+    from tfk8s_magics.backends.kubernetes.client import METADATA_ONLY
+
+    kube = restricted
+    kube.create_object(_secret())
+    kube.set_role(_role_with_secret_get(), NS, service_account="jupyter")
+    backend = _backend(kube)
+    raw = backend.api.core.read_namespaced_secret(
+        SECRET, NS, _headers={"Accept": METADATA_ONLY}, _preload_content=False)
+    body = json.loads(raw.data)
+    assert body["kind"] == "PartialObjectMetadata" and "data" not in body
+    assert backend.api.secret_metadata(SECRET)["metadata"]["name"] == SECRET
+    assert backend.api.secret_metadata("other") is None
+    backend.close()
+
+
+def test_the_shipped_role_cannot_read_secrets_so_the_kubelet_says_it(restricted):
+    """Without ``get`` on secrets (the shipped Role: the hub would need it cluster-wide)
+    the check is skipped; a real kubelet then leaves the pod waiting in
+    CreateContainerConfigError, and the status carries its sentence."""
+    kube = restricted
+    kube.set_role(backend_role(NS), NS, service_account="jupyter")
+    backend = _backend(kube)
+    try:
+        backend.launch(mnist(data_url=DATA, data_sync=True, credentials_secret=SECRET), detach=True)
+        sync_pod = kube.jobsets.pod_name(NS, "mnist", "sync", 0)
+        pod = kube.kubelet.run(NS, sync_pod)
+        assert pod["status"]["phase"] == "Pending"
+        deadline = time.monotonic() + 10
+        while "secret" not in (status := backend.status("mnist")).reason and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        backend.close()
+    assert status.phase == Phase.PENDING
+    assert status.reason == f'sync: CreateContainerConfigError: secret "{SECRET}" not found'
+    warnings = kube.events(NS, sync_pod)
+    assert [e["message"] for e in warnings if e["type"] == "Warning"] == [
+        f'Error: secret "{SECRET}" not found']
+
+
+def test_a_failed_fetch_and_a_failed_upload_are_visible(restricted):
+    kube = restricted
+    kube.set_role(backend_role(NS), NS, service_account="jupyter")
+    backend = _backend(kube)
+    try:
+        backend.launch(mnist(data_url=DATA, data_sync=True, backup_url=OUT), detach=True)
+        sync_pod = kube.jobsets.pod_name(NS, "mnist", "sync", 0)
+        kube.kubelet.fail_init(NS, sync_pod, 1)
+        deadline = time.monotonic() + 10
+        while "failing" not in (status := backend.status("mnist")).reason and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status.reason == f"failing: sync failed (fetching {DATA} into /data): fetch exited 1"
+        # what JobSet does with it (podFailurePolicy FailJob → FailJobSet), said by the test
+        kube.jobsets.finish(NS, "mnist", "Failed", "FailedJobs", "jobset failed due to "
+                            "PodFailurePolicy")
+        deadline = time.monotonic() + 10
+        while (status := backend.status("mnist")).phase != Phase.FAILED and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status.reason.startswith("sync failed: fetch exited 1")
+    finally:
+        backend.close()
+
+
+def test_the_double_starts_init_containers_before_the_app_containers(restricted):
+    """What the status reads while the sync step works: the double's pod as a kubelet
+    writes it (init statuses), checked against the same rule as a literal pod."""
+    from tfk8s_magics.backends.kubernetes import state
+
+    running = {"metadata": {"labels": {"tfk8s.io/role": "sync"}}, "status": {
+        "phase": "Pending",
+        "initContainerStatuses": [{"name": "fetch", "state": {"running": {"startedAt": "x"}}}],
+        "containerStatuses": [{"name": "synced", "state": {"waiting": {
+            "reason": "PodInitializing"}}}]}}
+    assert state.step_status("sync", running).phase == Phase.STARTING
+    view = state.View(spec=mnist(data_url=DATA, data_sync=True), jobset={}, pods={},
+                      steps={"sync": running})
+    assert state.cluster_phase(view, state.task_statuses(view)) == (
+        Phase.PENDING, f"sync: fetching {DATA} into /data")
+
+
+# -- a real cluster (marker k8s) -----------------------------------------------------------
+
+@pytest.mark.k8s
+def test_real_cluster_refuses_a_missing_secret_and_names_an_existing_one(request):
+    """On a real cluster with JobSet: a missing Secret refused before anything is made
+    (the Role plus ``get`` on secrets), then a launch with it whose step pods the API
+    server admits and whose JobSet carries the Secret's name only."""
+    backend, core, ns, admin = request.getfixturevalue("real")
+    from kubernetes import client
+
+    role = client.RbacAuthorizationV1Api(admin)
+    rules = backend_role(ns)["rules"] + [{"apiGroups": [""], "resources": ["secrets"],
+                                          "verbs": ["get"]}]
+    role.patch_namespaced_role("tfk8s-backend", ns, {"rules": rules})
+    spec = ClusterSpec(name="stor", script=SCRIPT, workers=1, data_url=DATA, data_sync=True,
+                       credentials_secret=SECRET, log_claim="logs", data_claim="data")
+    with pytest.raises(LaunchFailed, match="there is no Secret of that name"):
+        backend.launch(spec, detach=True)
+    assert core.list_namespaced_config_map(ns, label_selector="tfk8s.io/cluster=stor").items == []
+    core.create_namespaced_secret(ns, {"metadata": {"name": SECRET},
+                                       "stringData": dict(SECRET_VALUES)})
+    backend.launch(spec, detach=True)
+    js = client.CustomObjectsApi(admin).get_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", "stor")
+    text = json.dumps(js)
+    assert SECRET in text and not any(v in text for v in SECRET_VALUES.values())
+    backend.delete("stor")
