@@ -618,3 +618,21 @@ def test_real_cluster_refuses_a_missing_secret_and_names_an_existing_one(request
     text = json.dumps(js)
     assert SECRET in text and not any(v in text for v in SECRET_VALUES.values())
     backend.delete("stor")
+
+
+def test_quota_counts_a_step_pod_as_the_api_server_does():
+    """Pod usage = per resource max(sum of app containers, largest init container): the sync
+    pod's fetch and synced containers count once, not twice."""
+    from decimal import Decimal
+
+    from tfk8s_magics.backends.kubernetes import quota
+
+    need = quota.demand([build(synced_and_backed_up())])
+    assert need["pods"] == 4  # sync, 2 workers, backup
+    assert need["requests.cpu"] == Decimal("0.5")
+    assert need["requests.memory"] == 2 * 256 * 2**20
+    assert need["limits.memory"] == 2 * 2**30
+    bigger = copy.deepcopy(build(synced_and_backed_up()))
+    sync = pod_spec(bigger, "sync")
+    sync["initContainers"][0]["resources"]["requests"]["cpu"] = "2"
+    assert quota.demand([bigger])["requests.cpu"] == Decimal("2.25")

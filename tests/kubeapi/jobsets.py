@@ -118,7 +118,8 @@ class JobSetPods(_Controller):
             spec["subdomain"] = _subdomain(js)
         index_env = {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
             "fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}}
-        for container in spec.get("containers") or []:
+        # The Job controller gives the index to every container, init containers included.
+        for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
             container["env"] = [*container.get("env", []), index_env]
         meta = template.get("metadata") or {}
         template["metadata"] = {

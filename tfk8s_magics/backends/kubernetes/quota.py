@@ -78,7 +78,26 @@ def _pod_specs(manifest: Manifest) -> list[Manifest]:
 
 
 def _container_resources(pod_spec: Manifest) -> list[Manifest]:
-    return [c.get("resources") or {} for c in pod_spec.get("containers", [])]
+    """Every container's resources, init containers included (each must name what a quota asks)."""
+    return [c.get("resources") or {}
+            for c in [*pod_spec.get("initContainers", []), *pod_spec.get("containers", [])]]
+
+
+def _pod_resources(pod_spec: Manifest) -> Manifest:
+    """What the pod counts for in a quota: per resource the larger of its app containers' sum
+    and its largest init container (init containers run one at a time, before the others)."""
+    out: dict[str, dict[str, Decimal]] = {"requests": defaultdict(Decimal),
+                                          "limits": defaultdict(Decimal)}
+    for c in pod_spec.get("containers", []):
+        for section, values in (c.get("resources") or {}).items():
+            for key, value in (values or {}).items():
+                out.setdefault(section, defaultdict(Decimal))[key] += parse_quantity(value)
+    for c in pod_spec.get("initContainers", []):
+        for section, values in (c.get("resources") or {}).items():
+            for key, value in (values or {}).items():
+                bucket = out.setdefault(section, defaultdict(Decimal))
+                bucket[key] = max(bucket[key], parse_quantity(value))
+    return {section: dict(values) for section, values in out.items() if values}
 
 
 def demand(manifests: Iterable[Manifest]) -> dict[str, Decimal]:
@@ -105,11 +124,11 @@ def demand(manifests: Iterable[Manifest]) -> dict[str, Decimal]:
                 need[prefix + "requests.storage"] += size
                 need[prefix + "persistentvolumeclaims"] += 1
         for pod_spec in _pod_specs(m):
-            for res in _container_resources(pod_spec):
-                for key, (section, name) in _COMPUTE_KEYS.items():
-                    value = (res.get(section) or {}).get(name)
-                    if value is not None:
-                        need[key] += parse_quantity(value)
+            res = _pod_resources(pod_spec)
+            for key, (section, name) in _COMPUTE_KEYS.items():
+                value = (res.get(section) or {}).get(name)
+                if value is not None:
+                    need[key] += value
     return dict(need)
 
 
