@@ -26,6 +26,8 @@ import pytest
 
 from tests.kubeapi import crd, podsecurity
 from tests.test_k8s_real import real  # noqa: F401 - the real-cluster fixture, shared
+from tests.test_lifecycle import TABLE as LIFECYCLE_TABLE
+from tests.test_lifecycle import _what_jobset_does as what_jobset_does
 from tfk8s_magics.backends.base import Phase
 from tfk8s_magics.backends.kubernetes import KubernetesBackend, steps
 from tfk8s_magics.backends.kubernetes import jobset as j
@@ -636,3 +638,16 @@ def test_quota_counts_a_step_pod_as_the_api_server_does():
     sync = pod_spec(bigger, "sync")
     sync["initContainers"][0]["resources"]["requests"]["cpu"] = "2"
     assert quota.demand([bigger])["requests.cpu"] == Decimal("2.25")
+
+
+@pytest.mark.parametrize("step", ["sync", "backup"])
+@pytest.mark.parametrize(("end", "used", "budget", "action", "words"), LIFECYCLE_TABLE)
+def test_the_steps_obey_the_lifecycle_table(step, end, used, budget, action, words):
+    """The lifecycle table (tests/test_lifecycle.py) run against each step's Job by the same
+    documented Job/JobSet rules: a failed fetch or upload (exit 1) fails the cluster, a
+    killed or evicted step pod is retried within the budget — as for a task."""
+    if end.signal or end.vanished or end.exit_code == 0:
+        pytest.skip("a pod cannot show this end (signals arrive as exit codes 128+N)")
+    js = build(synced_and_backed_up(restart_budget=budget))
+    js["spec"]["replicatedJobs"].append(rjob(js, step))  # the rule reader takes the last Job
+    assert what_jobset_does(js, end, used) == action
