@@ -651,3 +651,48 @@ def test_the_steps_obey_the_lifecycle_table(step, end, used, budget, action, wor
     js = build(synced_and_backed_up(restart_budget=budget))
     js["spec"]["replicatedJobs"].append(rjob(js, step))  # the rule reader takes the last Job
     assert what_jobset_does(js, end, used) == action
+
+
+# -- the container harness runs the sync pod as written (mapping; tests/containers) ---------
+
+def _objects_with_secret() -> list[dict]:
+    from tfk8s_magics.backends.kubernetes.jobset import cluster_manifests
+
+    secret = {**_secret(), "metadata": {"name": SECRET, "namespace": NS}}
+    return [*cluster_manifests(synced_and_backed_up(), SETTINGS), secret]
+
+
+def test_the_harness_maps_the_sync_pod_init_container_first():
+    from tests.containers.pods import container_plan, pod_instances
+
+    objects = _objects_with_secret()
+    (pod,) = [p for p in pod_instances(objects) if p.name == "mnist-sync-0-0"]
+    plan = container_plan(pod, objects, prefix="t", network="t-net", image_user="1000")
+    (fetch,) = plan.init
+    args = fetch.run_args
+
+    def values(flag):
+        return [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
+
+    assert fetch.container == "t-mnist-sync-0-0-init-fetch" and fetch.dns_names == []
+    assert values("--entrypoint") == [json.dumps(["python", "-m", "tfk8s_magics.storage", "fetch",
+                                                  DATA, "/data"])]
+    env = dict(e.split("=", 1) for e in values("--env"))
+    assert {k: env[k] for k in SECRET_VALUES} == SECRET_VALUES  # envFrom, as the kubelet does
+    assert env["JOB_COMPLETION_INDEX"] == "0" and env["HOME"] == "/tmp"
+    assert values("--user") == ["1000:1000"] and values("--cap-drop") == ["ALL"]
+    assert "--read-only" in args and values("--restart") == ["no"]
+    assert values("-v") == ["@claim:mnist-data:/data:rw"]
+    assert fetch.claims == {"mnist-data": False}
+    # the app container reads what the init container wrote; it has no Secret
+    assert plan.claims == {"mnist-data": True}
+    assert not any(k in e for e in plan.run_args for k in SECRET_VALUES)
+
+
+def test_the_harness_refuses_a_pod_whose_secret_is_missing():
+    from tests.containers.pods import Unmappable, container_plan, pod_instances
+
+    objects = _objects_with_secret()[:-1]
+    (pod,) = [p for p in pod_instances(objects) if p.name == "mnist-sync-0-0"]
+    with pytest.raises(Unmappable, match="CreateContainerConfigError"):
+        container_plan(pod, objects, prefix="t", network="t-net", image_user="1000")

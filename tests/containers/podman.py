@@ -31,6 +31,14 @@ def _build_images_module():
 build_images = _build_images_module()
 
 
+class InitFailed(Exception):
+    """An init container exited non-zero: the pod failed before its app container started."""
+
+    def __init__(self, container: str, code: int, logs: str) -> None:
+        super().__init__(f"init container {container} exited {code}: {logs.strip()[-500:]}")
+        self.container, self.code, self.logs = container, code, logs
+
+
 class PodmanRun:
     """The containers, volumes and network of one test, all named ``<prefix>-…``."""
 
@@ -91,8 +99,19 @@ class PodmanRun:
                                image_user=self.image_user(p.spec["containers"][0]["image"]), **options)
                 for p in pod_instances(objects)]
 
-    def start(self, plan: ContainerPlan, extra: list[str] = ()) -> str:
-        """Create what ``plan`` mounts and start its container (detached); the container's name."""
+    def start(self, plan: ContainerPlan, extra: list[str] = (), init_timeout: float = 600) -> str:
+        """Create what ``plan`` mounts, run its init containers to their end (in order), then
+        start its container (detached); the container's name.  An init container that exits
+        non-zero raises :class:`InitFailed` and the app container never starts (as with
+        ``restartPolicy: Never``: the pod fails)."""
+        for init in plan.init:
+            self._start(init, extra)
+            code = self.wait_exit(init.container, timeout=init_timeout)
+            if code != 0:
+                raise InitFailed(init.container, code, self.logs(init.container))
+        return self._start(plan, extra)
+
+    def _start(self, plan: ContainerPlan, extra: list[str] = ()) -> str:
         args: list[str] = []
         it = iter(plan.run_args)
         for a in it:

@@ -8,7 +8,8 @@ and completion index, with the names, labels, annotations and
 
 :func:`container_plan` maps one pod to podman: image, command, args, env
 (``value``, ``valueFrom.fieldRef``, ``configMapKeyRef`` and the API's
-``$(VAR)`` expansion), ``workingDir``, security contexts (user and group,
+``$(VAR)`` expansion; ``envFrom`` a Secret or ConfigMap given among the objects),
+init containers (each its own container, run to its end first), ``workingDir``, security contexts (user and group,
 ``runAsNonRoot``, ``fsGroup``, read-only root filesystem, capabilities,
 no privilege escalation), resources (memory and CPU limits), volumes
 (``emptyDir`` → tmpfs, claims → podman volumes shared by every pod that
@@ -121,8 +122,10 @@ def _jobset_pods(jobset: Manifest) -> Iterator[PodInstance]:
 
 _POD_FIELDS = {"hostname", "subdomain", "restartPolicy", "automountServiceAccountToken",
                "enableServiceLinks", "securityContext", "containers", "volumes",
-               "serviceAccountName", "terminationGracePeriodSeconds", "dnsPolicy"}
+               "serviceAccountName", "terminationGracePeriodSeconds", "dnsPolicy",
+               "initContainers"}
 _CONTAINER_FIELDS = {"name", "image", "imagePullPolicy", "command", "args", "workingDir", "env",
+                     "envFrom",
                      "livenessProbe",
                      "ports", "readinessProbe", "securityContext", "volumeMounts", "resources",
                      "terminationMessagePolicy", "terminationMessagePath"}
@@ -150,6 +153,8 @@ class ContainerPlan:
     dns_names: list[str]
     fs_group: int | None
     uid: int | None
+    #: The pod's init containers, each run to exit 0, in order, before this one starts.
+    init: list[ContainerPlan] = field(default_factory=list)
 
 
 def refuse(what: str, value: Any) -> None:
@@ -236,8 +241,30 @@ def _field_ref(pod: PodInstance, path: str) -> str:
     return simple[path]
 
 
-def _env(pod: PodInstance, container: Manifest, objects: list[Manifest]) -> dict[str, str]:
+def _env_from(pod: PodInstance, container: Manifest, objects: list[Manifest]) -> dict[str, str]:
+    """``envFrom``: every key of a Secret or ConfigMap that is a valid variable name (the
+    kubelet skips the others); a missing one is the pod's CreateContainerConfigError."""
+    import base64
+
     out: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        _check_keys("envFrom[]", source, {"secretRef", "configMapRef"})
+        if "secretRef" in source:
+            ref = source["secretRef"]
+            _check_keys("envFrom[].secretRef", ref, {"name"})
+            secret = _secret(objects, pod.namespace, ref["name"])
+            data = {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+            data.update(secret.get("stringData") or {})
+        else:
+            ref = source["configMapRef"]
+            _check_keys("envFrom[].configMapRef", ref, {"name"})
+            data = dict(_configmap(objects, pod.namespace, ref["name"]).get("data") or {})
+        out.update({k: v for k, v in data.items() if re.fullmatch(r"[-._a-zA-Z][-._a-zA-Z0-9]*", k)})
+    return out
+
+
+def _env(pod: PodInstance, container: Manifest, objects: list[Manifest]) -> dict[str, str]:
+    out: dict[str, str] = _env_from(pod, container, objects)
     for item in [*pod.injected_env, *container.get("env", [])]:
         _check_keys("env[]", item, {"name", "value", "valueFrom"})
         if "valueFrom" in item:
@@ -265,6 +292,16 @@ def _configmap(objects: list[Manifest], namespace: str, name: str) -> Manifest:
                 meta.get("namespace", "default") == namespace:
             return obj
     raise Unmappable(f"ConfigMap {name!r} is not among the rendered objects (nothing would mount)")
+
+
+def _secret(objects: list[Manifest], namespace: str, name: str) -> Manifest:
+    for obj in objects:
+        meta = obj.get("metadata", {})
+        if obj.get("kind") == "Secret" and meta.get("name") == name and \
+                meta.get("namespace", "default") == namespace:
+            return obj
+    raise Unmappable(f"Secret {name!r} is not among the given objects: the pod would wait in "
+                     "CreateContainerConfigError")
 
 
 def _secret_value(objects: list[Manifest], namespace: str, name: str, key: str) -> str:
@@ -423,7 +460,8 @@ def _probe(c: Manifest, probe: Manifest | None, what: str) -> list[str] | None:
 
 def container_plan(pod: PodInstance, objects: list[Manifest], *, prefix: str, network: str,
                    image_user: str = "", cluster_domain: str = "cluster.local",
-                   existing_claims: Iterable[str] = (), unenforced: Iterable[str] = ()) -> ContainerPlan:
+                   existing_claims: Iterable[str] = (), unenforced: Iterable[str] = (),
+                   _init: Manifest | None = None) -> ContainerPlan:
     """How to run ``pod`` with podman, or :class:`Unmappable` naming the first field it cannot map.
 
     ``-v @claim:NAME:…`` and ``-v @files:DIR:…`` in ``run_args`` are placeholders the
@@ -447,15 +485,18 @@ def container_plan(pod: PodInstance, objects: list[Manifest], *, prefix: str, ne
         refuse("dnsPolicy", spec["dnsPolicy"])
     if len(spec["containers"]) != 1:
         refuse("containers (one per pod is mapped)", [c["name"] for c in spec["containers"]])
-    (c,) = spec["containers"]
+    (c,) = spec["containers"] if _init is None else (_init,)
     _check_keys("container", c, _CONTAINER_FIELDS)
     if c.get("imagePullPolicy", "IfNotPresent") not in ("IfNotPresent", "Never"):
         refuse("imagePullPolicy (no registry here)", c["imagePullPolicy"])
-    name = f"{prefix}-{pod.name}"
+    name = f"{prefix}-{pod.name}" + ("" if _init is None else f"-init-{c['name']}")
+    # An init container runs to its end: never restarted in place (restartPolicy Never here).
     args = ["--name", name, "--network", network, "--pull", "never",
-            "--restart", restart[spec.get("restartPolicy", "Always")],
+            "--restart", restart[spec.get("restartPolicy", "Always")] if _init is None else "no",
             "--label", f"tfk8s.test-run={prefix}", "--hostname", spec.get("hostname") or pod.name]
-    dns = promised_names(pod, objects, cluster_domain, unenforced)
+    if _init is not None and (c.get("readinessProbe") or c.get("livenessProbe")):
+        refuse(f"initContainers[{c['name']}] probes (the API server refuses them)", c["name"])
+    dns = promised_names(pod, objects, cluster_domain, unenforced) if _init is None else []
     args += [a for n in dns for a in ("--network-alias", n)]
     # The resolv.conf of a ClusterFirst pod: its namespace first, then the cluster, ndots:5.
     for search in (f"{pod.namespace}.svc.{cluster_domain}", f"svc.{cluster_domain}", cluster_domain):
@@ -486,5 +527,10 @@ def container_plan(pod: PodInstance, objects: list[Manifest], *, prefix: str, ne
         _check_keys("ports[]", port, {"name", "containerPort", "protocol"})
         if port.get("protocol", "TCP") != "TCP":
             refuse("ports[].protocol", port["protocol"])
+    init = [] if _init is not None else [
+        container_plan(pod, objects, prefix=prefix, network=network, image_user=image_user,
+                       cluster_domain=cluster_domain, existing_claims=existing_claims,
+                       unenforced=unenforced, _init=ic)
+        for ic in spec.get("initContainers", [])]
     return ContainerPlan(pod, name, c["image"], args + [c["image"], *cargs], claims, files,
-                         readiness, dns, fs_group, uid)
+                         readiness, dns, fs_group, uid, init)
