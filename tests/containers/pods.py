@@ -8,8 +8,9 @@ and completion index, with the names, labels, annotations and
 
 :func:`container_plan` maps one pod to podman: image, command, args, env
 (``value``, ``valueFrom.fieldRef``, ``configMapKeyRef`` and the API's
-``$(VAR)`` expansion; ``envFrom`` a Secret or ConfigMap given among the objects),
-init containers (each its own container, run to its end first), ``workingDir``, security contexts (user and group,
+``$(VAR)`` expansion; ``envFrom`` a Secret or ConfigMap given among the
+objects), init containers (each its own container, run to its end
+first), ``workingDir``, security contexts (user and group,
 ``runAsNonRoot``, ``fsGroup``, read-only root filesystem, capabilities,
 no privilege escalation), resources (memory and CPU limits), volumes
 (``emptyDir`` → tmpfs, claims → podman volumes shared by every pod that
