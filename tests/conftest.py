@@ -20,6 +20,12 @@ if (Path(__file__).parent / "kubeapi" / "fixtures.py").exists():
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Supervisors, tasks, pooled processes and TensorBoards are `python -m tfk8s_magics...`
+# subprocesses that inherit PYTHONPATH: this checkout goes first, so they run the code under
+# test even where the venv's editable install points at another checkout (a git worktree).
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    dict.fromkeys([str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
+
 
 def processes_of(state_dir: Path) -> list[psutil.Process]:
     """Supervisors, tasks and TensorBoards that belong to clusters under ``state_dir``."""

@@ -126,10 +126,29 @@ def test_a_stall_is_reported_with_each_tasks_last_line_then_cleared(local, workd
     assert cluster.wait(timeout=120).phase == Phase.SUCCEEDED
 
 
+WAIT_FOR_PS = """
+import json, os, socket, time
+host, port = json.loads(os.environ["TF_CONFIG"])["cluster"]["ps"][0].rsplit(":", 1)
+while True:
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+        break
+    except OSError:
+        time.sleep(0.1)
+time.sleep(1)  # "serving at" is printed right after the server binds
+"""
+
+
 def test_line_numbers_match_the_cell_and_logs_have_a_header_per_task(ip, state_dir, workdir):
     """Items 7 and 8: a traceback names the cell's line; `logs NAME` heads each task."""
-    cell = "print('line two of the cell', flush=True)\nraise RuntimeError('boom on cell line 3')\n"
-    ip.run_cell_magic("tfcluster", "launch lines --workers 1 --ps 1 --ps-grace 0 --no-dashboard", cell)
+    # The body's line 1 (the cell's line 2) waits until the PS serves (a worker from the warm pool can raise before a cold PS
+    # has imported TensorFlow, and a failed cluster stops its PS at once): the PS's own lines
+    # are then surely in its section.
+    (workdir / "wait_for_ps.py").write_text(WAIT_FOR_PS)
+    cell = ("import wait_for_ps; print('line two of the cell', flush=True)\n"
+            "raise RuntimeError('boom on cell line 3')\n")
+    ip.run_cell_magic("tfcluster", "launch lines --workers 1 --ps 1 --ps-grace 0 --no-dashboard "
+                      "--file wait_for_ps.py", cell)
     cluster = tk.get("lines")
     st = cluster.wait(timeout=240)
     log = cluster.logs("worker-0")
