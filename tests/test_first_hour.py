@@ -141,9 +141,9 @@ time.sleep(1)  # "serving at" is printed right after the server binds
 
 def test_line_numbers_match_the_cell_and_logs_have_a_header_per_task(ip, state_dir, workdir):
     """Items 7 and 8: a traceback names the cell's line; `logs NAME` heads each task."""
-    # The body's line 1 (the cell's line 2) waits until the PS serves (a worker from the warm pool can raise before a cold PS
-    # has imported TensorFlow, and a failed cluster stops its PS at once): the PS's own lines
-    # are then surely in its section.
+    # The body's line 1 (the cell's line 2) waits until the PS serves (a worker from the warm
+    # pool can raise before a cold PS has imported TensorFlow, and a failed cluster stops its
+    # PS at once): the PS's own lines are then surely in its section.
     (workdir / "wait_for_ps.py").write_text(WAIT_FOR_PS)
     cell = ("import wait_for_ps; print('line two of the cell', flush=True)\n"
             "raise RuntimeError('boom on cell line 3')\n")
