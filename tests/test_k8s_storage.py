@@ -576,6 +576,27 @@ def test_a_failed_fetch_and_a_failed_upload_are_visible(restricted):
         backend.close()
 
 
+def test_the_sync_progress_is_the_fetch_containers_newest_line(restricted):
+    """While ``fetch`` runs, the status (and so the dashboard) carries its newest log line."""
+    kube = restricted
+    kube.set_role(backend_role(NS), NS, service_account="jupyter")
+    backend = _backend(kube)
+    try:
+        backend.launch(mnist(data_url=DATA, data_sync=True), detach=True)
+        sync_pod = kube.jobsets.pod_name(NS, "mnist", "sync", 0)
+        kube.kubelet.run_init(NS, sync_pod)
+        kube.kubelet.log(NS, sync_pod, "fetched 10 of 40 MB\nfetched 20 of 40 MB", container="fetch")
+        want = f"sync: fetching {DATA} into /data: fetched 20 of 40 MB"
+        deadline = time.monotonic() + 15
+        while (status := backend.status("mnist")).reason != want and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (status.phase, status.reason) == (Phase.PENDING, want)
+        reads = [r for r in kube.requests if r.resource_path == "pods/log"]
+        assert reads and all(r.query.get("container") == "fetch" for r in reads)
+    finally:
+        backend.close()
+
+
 def test_the_double_starts_init_containers_before_the_app_containers(restricted):
     """What the status reads while the sync step works: the double's pod as a kubelet
     writes it (init statuses), checked against the same rule as a literal pod."""

@@ -187,6 +187,26 @@ class SimulatedKubelet:
             "state": {"waiting": {"reason": "PodInitializing"}}, "lastState": {},
         } for c in pod["spec"].get("initContainers") or []}
 
+    def run_init(self, namespace: str, name: str) -> dict:
+        """The first init container runs (phase Pending, the app containers waiting
+        ``PodInitializing``, ``Initialized=False``); its log can be written."""
+        with self.store.lock:
+            pod = self._pod(namespace, name)
+            if not pod["spec"].get("nodeName"):
+                pod = self.schedule(namespace, name)
+            missing = self._missing_secret(pod)
+            if missing is not None:
+                return self._config_error(pod, *missing)
+            inits = self._init_statuses(pod)
+            first = next(iter(inits))
+            inits[first].update(started=True, state={"running": {"startedAt": now()}})
+            self._open_segment(pod, first)
+            pod["status"]["initContainerStatuses"] = list(inits.values())
+            self._set_condition(pod["status"], "Initialized", False, "ContainersNotInitialized",
+                                f"containers with incomplete status: [{first}]")
+            self._store_statuses(pod, self._statuses(pod))
+            return self._write_status(pod)
+
     def fail_init(self, namespace: str, name: str, exit_code: int = 1,
                   message: str | None = None) -> dict:
         """The first init container exits ``exit_code``: with restartPolicy Never the pod
@@ -228,7 +248,8 @@ class SimulatedKubelet:
             inits = self._init_statuses(pod)
             for cs in inits.values():
                 if "terminated" not in cs["state"]:
-                    self._open_segment(pod, cs["name"])
+                    if "running" not in cs["state"]:
+                        self._open_segment(pod, cs["name"])
                     cs.update(state={"terminated": {"exitCode": 0, "reason": "Completed",
                                                     "startedAt": now(), "finishedAt": now()}})
             if inits:

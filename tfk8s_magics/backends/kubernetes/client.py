@@ -165,9 +165,13 @@ class Api:
         )
 
     def pod_log(self, name: str, *, follow: bool = False, tail: int | None = None,
-                timeout: float | None = None, timestamps: bool = False):
-        """The pod's log: text, or (``follow``) the raw streaming response."""
+                timeout: float | None = None, timestamps: bool = False,
+                container: str | None = None):
+        """The pod's log (of ``container``, for a pod of several): text, or (``follow``) the raw
+        streaming response."""
         kwargs: dict[str, Any] = {"_preload_content": False}
+        if container:
+            kwargs["container"] = container
         if tail is not None:
             kwargs["tail_lines"] = tail
         if timestamps:

@@ -241,6 +241,7 @@ class View:
     stopped: bool = False  # the root says a user stopped it
     jobset_seen: bool = True  # False until the first listing of the JobSet is in
     steps: dict[str, Pod] = field(default_factory=dict)  # sync/backup step → newest pod
+    step_line: str = ""  # the working step's newest log line (its progress)
 
     @property
     def policy(self) -> LifecyclePolicy:
@@ -317,7 +318,21 @@ def _step_phase(view: View, tasks: list[TaskStatus]) -> tuple[str, str] | None:
         if st.phase == Phase.PENDING:
             return Phase.PENDING, f"{step}: {st.reason}" if view.steps.get(step) else \
                 f"{step}: waiting to start ({doing})"
-        return (Phase.PENDING if step == SYNC else Phase.RUNNING), f"{step}: {doing}"
+        line = f": {view.step_line}" if view.step_line else ""
+        return (Phase.PENDING if step == SYNC else Phase.RUNNING), f"{step}: {doing}{line}"
+    return None
+
+
+def working_step(view: View) -> tuple[Pod, str] | None:
+    """The step pod and container doing the work now (the sync's ``fetch`` while it runs,
+    the running backup), whose log shows its progress; None when no step is working."""
+    sync = view.steps.get(SYNC)
+    for c in ((sync or {}).get("status") or {}).get("initContainerStatuses") or []:
+        if "running" in (c.get("state") or {}):
+            return sync, c["name"]
+    backup = view.steps.get(BACKUP)
+    if backup is not None and (backup.get("status") or {}).get("phase") == "Running":
+        return backup, BACKUP
     return None
 
 

@@ -40,6 +40,8 @@ from .stallcheck import StallCheck
 WATCH_SECONDS = 60
 #: Least seconds between two Event listings while a task waits unexplained.
 EVENT_PERIOD = 10.0
+#: Seconds between two reads of a working step's last log line (its progress).
+STEP_LOG_PERIOD = 2.0
 _VAGUE = ("waiting to be scheduled", "no pod", "ContainerCreating", "PodInitializing",
           state.WAITING_FOR_QUEUE)
 
@@ -67,6 +69,7 @@ class ClusterWatch:
         self._halt = threading.Event()
         self._synced = {"pods": threading.Event(), "jobset": threading.Event()}
         self._events_at = 0.0
+        self._step_at, self._step_line = 0.0, ""
         self._responses: dict[str, Any] = {}  # the open watch requests, closed by close()
         self._threads = [
             threading.Thread(target=self._loop, args=("pods",), daemon=True,
@@ -301,11 +304,30 @@ class ClusterWatch:
         # Kueue's verdict changes its Workload, never the JobSet or a pod: nothing the
         # watches see, so a reader asks again (at most every EVENT_PERIOD seconds)
         self._maybe_list_events(view)
+        view.step_line = self._working_step_line(view)
         tasks = state.task_statuses(view)
         self._explain_pending(tasks)
         snap = state.cluster_status(view, self.root, tasks, self.progress)
         self._check_stall(snap)
         return snap
+
+    def _working_step_line(self, view: state.View) -> str:
+        """The newest log line of the step at work (the fetch's or upload's progress), read at
+        most every :data:`STEP_LOG_PERIOD` seconds; empty when no step works."""
+        working = state.working_step(view)
+        if working is None:
+            return ""
+        if time.time() - self._step_at >= STEP_LOG_PERIOD:
+            self._step_at = time.time()
+            self.requests += 1
+            pod, container = working
+            try:
+                text = self.api.pod_log(pod["metadata"]["name"], tail=1, container=container)
+            except ApiException:
+                text = ""  # not started yet, or gone: the phase says the rest
+            lines = [line.strip() for line in text.splitlines() if line.strip()]
+            self._step_line = lines[-1][:200] if lines else ""
+        return self._step_line
 
     def _check_stall(self, snap: ClusterStatus) -> None:
         """Attach the stall (see :mod:`.stallcheck`) and record when one starts or ends."""
