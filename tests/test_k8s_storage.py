@@ -717,3 +717,11 @@ def test_the_harness_refuses_a_pod_whose_secret_is_missing():
     (pod,) = [p for p in pod_instances(objects) if p.name == "mnist-sync-0-0"]
     with pytest.raises(Unmappable, match="CreateContainerConfigError"):
         container_plan(pod, objects, prefix="t", network="t-net", image_user="1000")
+
+
+@pytest.mark.parametrize("field", ["data_url", "backup_url"])
+def test_a_url_with_a_password_is_refused_before_it_is_recorded_anywhere(field):
+    url = "https://reader:hunter2-secret@data.example/mnist"
+    with pytest.raises(SpecError) as err:
+        mnist(**{field: url})
+    assert "hunter2" not in str(err.value) and "carries a password" in str(err.value)

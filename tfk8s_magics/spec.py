@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from .errors import SpecError, TaskNotFound
 from .options import BETWEEN, IN_GRAPH, OPTIONS, ROLES
@@ -345,6 +346,14 @@ class ClusterSpec:
                 f"--credentials-secret {secret!r} is not a valid Secret name: use lowercase "
                 "letters, digits, '-' and '.', starting and ending with a letter or digit."
             )
+        for what, url in (("--data-dir", self.data_url), ("--backup", self.backup_url)):
+            # The URL is recorded (spec, ConfigMap, pod env, rendered YAML): no secret in it.
+            if url and _url_password(str(url)):
+                raise SpecError(
+                    f"{what}: the URL carries a password; give the URL without it and put the "
+                    "credentials in the environment (locally) or in the Secret named by "
+                    "--credentials-secret (Kubernetes)."
+                )
         if self.data_sync and not self.data_url:
             raise SpecError("--data-sync copies a --data-dir URL into /data: give --data-dir as a "
                             "URL such as s3://bucket/dataset, or drop --data-sync.")
@@ -427,6 +436,14 @@ class ClusterSpec:
         set_(spec, "spread", tuple(spec.spread))
         set_(spec, "node_affinity", {r: tuple(v) for r, v in dict(spec.node_affinity).items()})
         return spec
+
+
+def _url_password(url: str) -> bool:
+    """Whether ``url`` carries a password (``scheme://user:secret@host/...``)."""
+    try:
+        return urlsplit(url).password is not None
+    except ValueError:
+        return False
 
 
 #: The version of the record :meth:`ClusterSpec.to_dict` writes.  Raise it only when a
