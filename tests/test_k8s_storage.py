@@ -597,6 +597,49 @@ def test_the_sync_progress_is_the_fetch_containers_newest_line(restricted):
         backend.close()
 
 
+def test_no_task_pod_exists_before_the_sync_init_container_ended(make_kube):
+    """JobSet's InOrder rule (the double's ``jobset_in_order``, after v0.6's
+    ``allReplicasStarted``): the parameter servers' pods are created only once the sync
+    pod is ready or done, and a pod whose init container runs is neither; the workers
+    only once the PS is ready."""
+    kube = make_kube(jobset_in_order=True)
+    kube.create_namespace(NS, labels={"pod-security.kubernetes.io/enforce": "restricted"})
+    kube.set_role(backend_role(NS), NS, service_account="jupyter")
+    backend = _backend(kube)
+
+    def roles():
+        return sorted(p["metadata"]["labels"]["tfk8s.io/role"]
+                      for p in kube.jobsets.pods(NS, "mnist"))
+
+    try:
+        backend.launch(mnist(ps=1, data_url=DATA, data_sync=True), detach=True)
+        assert roles() == ["sync"]
+        sync_pod = kube.jobsets.pod_name(NS, "mnist", "sync", 0)
+        kube.kubelet.run_init(NS, sync_pod)  # fetch runs: the pod is not ready
+        assert roles() == ["sync"]
+        kube.kubelet.run(NS, sync_pod)  # fetch done, "synced" runs: ready
+        assert roles() == ["ps", "sync"]
+        kube.kubelet.succeed(NS, sync_pod)
+        assert roles() == ["ps", "sync"]  # the PS is not ready yet: no worker
+        kube.kubelet.run(NS, kube.jobsets.pod_name(NS, "mnist", "ps", 0))  # running and ready
+        assert roles() == ["ps", "sync", "worker", "worker"]
+    finally:
+        backend.close()
+
+
+def test_without_in_order_the_double_creates_every_pod_at_once(make_kube):
+    """The default double (every pod at once, as every other test expects) is unchanged."""
+    kube = make_kube()
+    kube.create_namespace(NS)
+    kube.set_role(backend_role(NS), NS, service_account="jupyter")
+    backend = _backend(kube)
+    try:
+        backend.launch(mnist(ps=1, data_url=DATA, data_sync=True), detach=True)
+        assert len(kube.jobsets.pods(NS, "mnist")) == 4
+    finally:
+        backend.close()
+
+
 def test_the_double_starts_init_containers_before_the_app_containers(restricted):
     """What the status reads while the sync step works: the double's pod as a kubelet
     writes it (init statuses), checked against the same rule as a literal pod."""

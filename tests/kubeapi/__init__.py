@@ -61,8 +61,11 @@ Harness API (``kube``)
   Events it would (Scheduled, Pulling, Pulled, Created, Started, Killing,
   BackOff, Failed, FailedScheduling, Evicted).
 * ``make_kube(kubernetes_version="1.29", nodes=("node-1",), history_size=1000,
-  strict_validation=True, jobset=True, graceful_pods=False)`` — fixture factory for
+  strict_validation=True, jobset=True, graceful_pods=False, jobset_in_order=False)`` —
+  fixture factory for
   non-default options (``jobset=False``: a cluster without JobSet installed;
+  ``jobset_in_order``: a JobSet with ``startupPolicy: InOrder`` gets a replicated
+  Job's pods only once every pod of the ones before is ready or ended;
   ``graceful_pods``: deleted running pods stay Terminating until
   ``kube.finish_pod_termination(ns)``).
 * ``jobsets`` — :class:`~tests.kubeapi.jobsets.JobSetDriver`: ``pods(ns, name,

@@ -38,12 +38,13 @@ class KubeHarness:
     def __init__(self, *, kubernetes_version: str = "1.29",
                  nodes: tuple[str, ...] = ("node-1",), history_size: int = 1000,
                  strict_validation: bool = True, jobset: bool = True,
-                 graceful_pods: bool = False, kueue: bool = False):
+                 graceful_pods: bool = False, kueue: bool = False,
+                 jobset_in_order: bool = False):
         self.store = Store(history_size=history_size)
         self.kubelet = SimulatedKubelet(self.store, nodes)
         self.validator = Validator(kubernetes_version, strict=strict_validation)
         self.api = KubeAPI(self.store, self.kubelet, self.validator)
-        jobset_pods = JobSetPods(self.store)
+        jobset_pods = JobSetPods(self.store, in_order=jobset_in_order)
         for observer in (QuotaController(self.store), DeploymentController(self.store),
                          JobController(self.store), jobset_pods):
             self.store.add_observer(observer)

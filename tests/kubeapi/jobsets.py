@@ -17,8 +17,10 @@ Job controllers *only where a test needs pods to exist*, it creates:
 
 What it deliberately does NOT do — JobSet's lifecycle semantics, which tests
 assert on the objects *we* create instead: it never restarts, replaces or
-deletes a pod, never applies successPolicy/failurePolicy/startupPolicy or the
-TTL, and never writes JobSet status on its own.  A test says what JobSet did:
+deletes a pod, never applies successPolicy/failurePolicy or the TTL, and
+never writes JobSet status on its own; ``startupPolicy: InOrder`` only with
+the harness's ``jobset_in_order=True`` (pod creation order, see
+:meth:`JobSetPods.reconcile`).  A test says what JobSet did:
 :meth:`JobSetDriver.restart` (a new attempt's pods, ``status.restarts`` + 1),
 :meth:`JobSetDriver.finish` (the ``Completed``/``Failed`` condition).  Also
 not modelled: the Job objects themselves (pods are owned by the JobSet
@@ -73,39 +75,70 @@ class JobSetPods(_Controller):
     owner_plural = "jobsets"
     component = "jobset-controller"
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, in_order: bool = False):
         super().__init__(store)
         self.services = lookup("services")
-        # (JobSet uid, attempt) whose pods were created: each pod is created
+        #: Model ``startupPolicy: InOrder`` (the harness's ``jobset_in_order``; off by default).
+        self.in_order = in_order
+        # (JobSet uid, attempt, replicated Job) whose pods were created: each pod is created
         # once; replacing a deleted or failed pod would be Job/JobSet semantics.
-        self._created: set[tuple[str, int]] = set()
+        self._created: set[tuple[str, int, str]] = set()
 
     def reconcile(self, namespace: str, name: str) -> None:
-        """Create the Service and the current attempt's pods that were never created."""
+        """Create the Service and the current attempt's pods that were never created.
+
+        With ``in_order`` and a JobSet whose ``startupPolicyOrder`` is ``InOrder``, a
+        replicated Job's pods are created only once every pod of the ones before it is
+        ready or has ended: JobSet's ``allReplicasStarted`` (failed + ready + succeeded
+        Jobs = replicas; a Job is ready when its ready and succeeded pods cover it).
+        """
         with self.store.lock:
             js = self.store.get(self.kind, namespace, name)
             if js is None or js["spec"].get("suspend") or js["metadata"].get("deletionTimestamp"):
                 return
             attempt = int((js.get("status") or {}).get("restarts", 0))
-            if (js["metadata"]["uid"], attempt) in self._created:
-                return
-            self._created.add((js["metadata"]["uid"], attempt))
-            network = js["spec"].get("network") or {}
-            if network.get("enableDNSHostnames") and \
-                    self.store.get(self.services, namespace, _subdomain(js)) is None:
-                self.store.create(self.services, {
-                    "apiVersion": "v1", "kind": "Service",
-                    "metadata": {"name": _subdomain(js), "namespace": namespace,
-                                 "ownerReferences": [_owner_ref(js)]},
-                    "spec": {"clusterIP": "None", "selector": {JOBSET_NAME: name},
-                             "publishNotReadyAddresses": network.get(
-                                 "publishNotReadyAddresses", True)},
-                })
+            self._service(js)
+            ordered = self.in_order and (js["spec"].get("startupPolicy") or {}).get(
+                "startupPolicyOrder") == "InOrder"
             for rjob in js["spec"]["replicatedJobs"]:
-                completions = rjob["template"]["spec"].get("completions", 1)
-                for job_index in range(rjob.get("replicas", 1)):
-                    for pod_index in range(completions):
-                        self._create_jobset_pod(js, rjob, job_index, pod_index, attempt)
+                key = (js["metadata"]["uid"], attempt, rjob["name"])
+                if key not in self._created:
+                    self._created.add(key)
+                    completions = rjob["template"]["spec"].get("completions", 1)
+                    for job_index in range(rjob.get("replicas", 1)):
+                        for pod_index in range(completions):
+                            self._create_jobset_pod(js, rjob, job_index, pod_index, attempt)
+                if ordered and not self._started(js, rjob, attempt):
+                    return
+
+    def _service(self, js: dict) -> None:
+        network = js["spec"].get("network") or {}
+        namespace = js["metadata"]["namespace"]
+        if network.get("enableDNSHostnames") and \
+                self.store.get(self.services, namespace, _subdomain(js)) is None:
+            self.store.create(self.services, {
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": _subdomain(js), "namespace": namespace,
+                             "ownerReferences": [_owner_ref(js)]},
+                "spec": {"clusterIP": "None", "selector": {JOBSET_NAME: js["metadata"]["name"]},
+                         "publishNotReadyAddresses": network.get("publishNotReadyAddresses", True)},
+            })
+
+    def _started(self, js: dict, rjob: dict, attempt: int) -> bool:
+        """Whether every pod of ``rjob`` (this attempt) is ready or has ended."""
+        pods = [p for p in self.store.objects(self.pods, js["metadata"]["namespace"])
+                if p["metadata"]["labels"].get(JOBSET_NAME) == js["metadata"]["name"]
+                and p["metadata"]["labels"].get(f"{GROUP}/replicatedjob-name") == rjob["name"]
+                and p["metadata"]["labels"].get(RESTART_ATTEMPT) == str(attempt)]
+        want = rjob.get("replicas", 1) * rjob["template"]["spec"].get("completions", 1)
+
+        def done(p: dict) -> bool:
+            status = p.get("status") or {}
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in status.get("conditions") or [])
+            return ready or status.get("phase") in ("Succeeded", "Failed")
+
+        return len(pods) >= want and all(done(p) for p in pods)
 
     def _create_jobset_pod(self, js: dict, rjob: dict, job_index: int, pod_index: int,
                            attempt: int) -> None:
