@@ -106,6 +106,7 @@ def _jobset_pods(jobset: Manifest) -> Iterator[PodInstance]:
                     JOBSET_PREFIX + "replicatedjob-name": rjob["name"],
                     JOBSET_PREFIX + "replicatedjob-replicas": str(rjob.get("replicas", 1)),
                     JOBSET_PREFIX + "job-index": str(job_index),
+                    JOBSET_PREFIX + "restart-attempt": "0",  # the first run
                     "job-name": job,
                     COMPLETION_INDEX: str(index),
                 }

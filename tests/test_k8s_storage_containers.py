@@ -1,0 +1,109 @@
+"""The backup step and the task's marker as real containers (podman; markers containers, slow).
+
+What ``render`` produces for a cluster with ``--backup`` and
+``--credentials-secret``, run one container per pod by ``tests/containers``
+exactly as written: the worker's PID 1 (``logcopy``) leaves its marker on the
+shared log claim when the script exits 0, the ``backup`` container (read-only
+claim, restricted security context, the Secret's keys as its environment via
+``envFrom``) waits for it and then uploads; the worker never sees the Secret.
+The upload itself needs ``tfk8s_magics.storage`` and an S3 endpoint: with
+nothing to upload the step says so and succeeds, and a failing upload is the
+step's non-zero exit (what fails the JobSet).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import tfk8s_magics as tk
+from tfk8s_magics.backends.kubernetes import KubernetesBackend
+from tfk8s_magics.spec import ClusterSpec
+
+pytestmark = [pytest.mark.containers, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parent.parent
+NAMESPACE = "lab-test"
+SECRET = {"AWS_ACCESS_KEY_ID": "AKIACONTAINERTEST01", "AWS_SECRET_ACCESS_KEY": "c0ntainer-secret-value"}
+SCRIPT = '''import os, pathlib
+print("SECRET_IN_ENV", "AWS_SECRET_ACCESS_KEY" in os.environ, flush=True)
+if os.environ.get("WRITE_CHECKPOINT"):
+    d = pathlib.Path(os.environ["TFK8S_CHECKPOINT_DIR"]); d.mkdir(parents=True, exist_ok=True)
+    (d / "ckpt-1.index").write_text("x")
+print("DONE", flush=True)
+'''
+
+
+@pytest.fixture(scope="module")
+def task_image() -> str:
+    """The task image with this checkout's code (built once, then found by its input hash)."""
+    if not shutil.which("podman"):
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must run the container tests: podman is not installed")
+        pytest.skip("podman is not installed: run scripts/bootstrap containers")
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "build_images.py"), "task"],
+                       capture_output=True, text=True, timeout=3600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return dict(line.split() for line in r.stdout.splitlines())["task"]
+
+
+@pytest.fixture
+def pods(tmp_path):
+    from tests.containers.podman import PodmanRun
+
+    run = PodmanRun(f"tfk8s-{os.getpid()}-{secrets.token_hex(3)}", tmp_path / "podman")
+    try:
+        yield run
+    finally:
+        run.cleanup()
+    assert not run.leftovers(), f"left in podman: {run.leftovers()}"
+
+
+def rendered(image: str, **env) -> list[dict]:
+    spec = ClusterSpec(name="bk", workers=1, script=SCRIPT, image=image, env=env,
+                       backup_url="s3://tfk8s-test-bucket/runs/bk", credentials_secret="s3-creds")
+    text = tk.render(spec, KubernetesBackend(namespace=NAMESPACE, user="alice"))
+    secret = {"apiVersion": "v1", "kind": "Secret",
+              "metadata": {"name": "s3-creds", "namespace": NAMESPACE},
+              "data": {k: base64.b64encode(v.encode()).decode() for k, v in SECRET.items()}}
+    return [*(d for d in yaml.safe_load_all(text) if d), secret]
+
+
+def _run_worker_and_backup(pods, objects) -> tuple[dict[str, int], dict[str, str]]:
+    plans = {p.pod.name: p for p in pods.plans(objects)}
+    assert sorted(plans) == ["bk-backup-0-0", "bk-worker-0-0"]
+    backup, worker = plans["bk-backup-0-0"], plans["bk-worker-0-0"]
+    pods.start(backup)  # first: it must wait for the worker's marker
+    pods.start(worker)
+    codes = {n: pods.wait_exit(p.container, timeout=600) for n, p in
+             (("worker", worker), ("backup", backup))}
+    logs = {n: pods.logs(p.container) for n, p in (("worker", worker), ("backup", backup))}
+    return codes, logs
+
+
+def test_the_backup_waits_for_the_workers_marker_and_only_it_has_the_secret(task_image, pods):
+    codes, logs = _run_worker_and_backup(pods, rendered(task_image))
+    assert codes == {"worker": 0, "backup": 0}, logs
+    assert "SECRET_IN_ENV False" in logs["worker"]
+    assert "backup waits for worker-0 to finish" in logs["backup"]
+    assert "nothing to upload: no checkpoints or models under /log" in logs["backup"]
+    for value in SECRET.values():
+        assert value not in logs["worker"] + logs["backup"]
+
+
+def test_a_failing_upload_is_the_backup_steps_exit_code(task_image, pods):
+    codes, logs = _run_worker_and_backup(pods, rendered(task_image, WRITE_CHECKPOINT="1"))
+    assert codes["worker"] == 0, logs
+    # No S3 endpoint here (and, until the task image carries tfk8s_magics.storage, no tool
+    # either): the upload cannot succeed, and the step must not say it did.
+    assert codes["backup"] != 0, logs
+    assert "uploading /log/checkpoints to s3://tfk8s-test-bucket/runs/bk/checkpoints" in logs["backup"]
+    assert "backup done" not in logs["backup"]
