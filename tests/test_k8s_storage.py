@@ -542,6 +542,9 @@ def test_the_shipped_role_cannot_read_secrets_so_the_kubelet_says_it(restricted)
         while "secret" not in (status := backend.status("mnist")).reason and \
                 time.monotonic() < deadline:
             time.sleep(0.05)
+        # `%tfcluster events` names the step, with the kubelet's words
+        assert ("sync", "Failed", f'Error: secret "{SECRET}" not found') in [
+            (e.task, e.reason, e.message) for e in backend.events("mnist")]
     finally:
         backend.close()
     assert status.phase == Phase.PENDING

@@ -406,6 +406,8 @@ class KubernetesBackend(Backend):
             pod = watcher.pod_named(obj)
             if pod is not None and state.pod_task(pod) is not None:
                 task = state.pod_task(pod).name
+            elif pod is not None:  # a storage step's pod: named by its step (sync, backup)
+                task = state.step_of_pod((pod.get("metadata") or {}).get("labels") or {}) or task
             out.append(Event(
                 time=state.event_time(e), task=task, reason=e.get("reason", ""),
                 message=e.get("message", ""), type=e.get("type", "Normal"),
