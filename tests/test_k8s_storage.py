@@ -37,6 +37,7 @@ from tfk8s_magics.backends.kubernetes.settings import K8sSettings
 from tfk8s_magics.errors import LaunchFailed, SpecError
 from tfk8s_magics.lifecycle import LifecyclePolicy
 from tfk8s_magics.spec import ClusterSpec
+from tfk8s_magics.ui.render import header_html
 
 NS = "alice"
 SETTINGS = K8sSettings(namespace=NS, image="tfk8s/tensorflow-task:0.1.0", user="alice")
@@ -312,7 +313,10 @@ def test_exit_code_rules_name_containers_that_exist():
 
 
 def test_render_yaml_shows_both_steps_and_never_a_value():
-    text = j.render_yaml(synced_and_backed_up(), SETTINGS)
+    import tfk8s_magics as tk
+
+    text = tk.render(synced_and_backed_up(), KubernetesBackend(namespace=NS, user="alice"))
+    assert text == j.render_yaml(synced_and_backed_up(), SETTINGS)  # what %tfcluster render prints
     for word in ("name: sync", "initContainers:", "name: fetch", "name: backup", "secretRef:",
                  f"name: {SECRET}", DATA, OUT):
         assert word in text
@@ -594,6 +598,7 @@ def test_the_sync_progress_is_the_fetch_containers_newest_line(restricted):
         while (status := backend.status("mnist")).reason != want and time.monotonic() < deadline:
             time.sleep(0.2)
         assert (status.phase, status.reason) == (Phase.PENDING, want)
+        assert f"sync: fetching {DATA} into /data: fetched 20 of 40 MB" in header_html(status, "mnist")
         reads = [r for r in kube.requests if r.resource_path == "pods/log"]
         assert reads and all(r.query.get("container") == "fetch" for r in reads)
     finally:
