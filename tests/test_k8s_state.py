@@ -77,10 +77,15 @@ def test_running_is_starting_until_ready():
 
 
 def test_exit_codes_are_explained():
-    s = state.task_status("worker-0", pod("worker-0", "Failed",
-                                          terminated={"exitCode": 3}))
+    # "Cannot run" needs the runtime's termination message (terminationMessagePath), not exit 3 alone.
+    broken = {"exitCode": 3, "reason": "Error",
+              "message": "ScriptBroken: the training script failed on an import"}
+    s = state.task_status("worker-0", pod("worker-0", "Failed", terminated=broken))
     assert (s.phase, s.exit_code, s.reason) == (
         Phase.FAILED, 3, "the script cannot run: it failed on an import or did not compile (exit code 3)")
+    own = {"exitCode": 3, "reason": "Error"}
+    s = state.task_status("worker-0", pod("worker-0", "Failed", terminated=own))
+    assert (s.phase, s.exit_code, s.reason) == (Phase.FAILED, 3, "exit code 3")  # the script's sys.exit(3)
     s = state.task_status("worker-0", pod("worker-0", "Failed",
                                           terminated={"exitCode": 137, "reason": "OOMKilled"}))
     assert (s.exit_code, s.signal, s.reason) == (137, "SIGKILL", "OOMKilled")

@@ -21,7 +21,9 @@ from tfk8s_magics.spec import ClusterSpec
 TABLE = [
     pytest.param(TaskEnd(exit_code=0), 0, 2, SUCCEED, "exit code 0", id="exit 0"),
     pytest.param(TaskEnd(exit_code=1), 0, 2, FAIL, "raised an exception", id="exit 1: raised"),
-    pytest.param(TaskEnd(exit_code=3), 0, 2, FAIL, "failed on an import", id="exit 3: broken"),
+    pytest.param(TaskEnd(exit_code=3, reason=lifecycle.SCRIPT_BROKEN), 0, 2, FAIL, "failed on an import",
+                 id="exit 3 + runtime's mark: broken"),
+    pytest.param(TaskEnd(exit_code=3), 0, 2, FAIL, "exit code 3", id="exit 3 alone: sys.exit(3)"),
     pytest.param(TaskEnd(exit_code=7), 0, 2, FAIL, "exit code 7", id="exit 7: chosen"),
     pytest.param(TaskEnd(exit_code=127), 0, 2, FAIL, "exit code 127", id="exit 127: chosen"),
     pytest.param(TaskEnd(signal="SIGKILL"), 0, 2, RESTART, "killed by SIGKILL", id="local SIGKILL"),
@@ -46,6 +48,13 @@ def test_policy_table(end, used, budget, action, words):
     decision = LifecyclePolicy(restart_budget=budget).decide(end, used)
     assert decision.action == action
     assert words in decision.reason
+
+
+def test_a_scripts_own_exit_3_is_not_called_broken():
+    """sys.exit(3) from user code is the user's exit code 3; only the runtime's mark says "cannot run"."""
+    assert LifecyclePolicy().decide(TaskEnd(exit_code=3), 0).reason == "exit code 3"
+    marked = LifecyclePolicy().decide(TaskEnd(exit_code=3, reason=lifecycle.SCRIPT_BROKEN), 0).reason
+    assert marked.startswith("the script cannot run")
 
 
 def _what_jobset_does(js: dict, end: TaskEnd, used: int) -> str:

@@ -143,6 +143,19 @@ def test_script_failing_on_import_is_not_restarted(local, workdir):
     assert "No module named 'no_such_module_at_runtime'" in cluster.logs("worker-0")
 
 
+def test_a_scripts_own_exit_3_is_its_exit_code_not_a_broken_script(local, workdir):
+    """sys.exit(3) from user code collides with the runtime's "cannot run" code; only the runtime's
+    termination file makes exit 3 "broken", so the user's 3 is reported as what it is."""
+    cluster = tk.launch("exit3", workers=1, restart_budget=3, script="import sys\nsys.exit(3)\n",
+                        backend=local)
+    *_, st = cluster.watch()
+    assert st.phase == Phase.FAILED
+    assert st.task("worker-0").exit_code == 3
+    assert st.task("worker-0").reason == "exit code 3"
+    assert "import" not in st.reason and "cannot run" not in st.reason
+    assert st.task("worker-0").restarts == 0
+
+
 def test_stop_ends_tasks_and_keeps_logs(local, workdir):
     cluster = tk.launch("stopme", workers=2, ps=1, script=SLEEPER, backend=local)
     st = cluster.wait_ready(timeout=120)

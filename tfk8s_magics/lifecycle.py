@@ -40,7 +40,9 @@ The rules:
   the script (or server) chose: :data:`EXIT_SCRIPT_RAISED` (the script raised:
   rerunning the same code on the same data raises again, and the traceback
   is in the log) and :data:`EXIT_SCRIPT_BROKEN` (syntax or import error: no
-  restart can fix it) included.
+  restart can fix it) included.  Exit 3 is called "cannot run" only when the
+  runtime's termination message says so (reason :data:`SCRIPT_BROKEN`): a
+  script's own ``sys.exit(3)`` is reported as "exit code 3".
 * **After a failure** the other tasks are stopped at once
   (``failure_grace`` = 0): a between-graph cluster with a dead worker hangs
   or fails at its next collective, and a parameter server of a failed
@@ -66,7 +68,7 @@ from __future__ import annotations
 import signal as _signal
 from dataclasses import dataclass
 
-from .runtime.exitcodes import EXIT_PEER_LOST, EXIT_SCRIPT_BROKEN
+from .runtime.exitcodes import BROKEN_MARK, EXIT_PEER_LOST, EXIT_SCRIPT_BROKEN
 from .spec import BETWEEN, ClusterSpec, Task
 
 #: The script raised an exception (Python's own exit code for that).
@@ -86,13 +88,19 @@ RETRYABLE_REASONS = frozenset(
 #: Pod conditions that mark a disruption (eviction, preemption, node drain).
 RETRYABLE_CONDITIONS = frozenset({"DisruptionTarget"})
 
+#: The reason a task's end carries when the runtime said its script cannot run (syntax error,
+#: import error at the top, a strategy that does not fit): its termination message, not the exit
+#: code alone — a script's own ``sys.exit(3)`` is the user's exit code 3.
+SCRIPT_BROKEN = BROKEN_MARK
+
 #: What :meth:`LifecyclePolicy.decide` answers.
 SUCCEED = "succeed"
 RESTART = "restart"
 FAIL = "fail"
 
 __all__ = [
-    "EXIT_PEER_LOST", "EXIT_SCRIPT_BROKEN", "EXIT_SCRIPT_RAISED", "FAIL", "RECYCLED", "RESTART", "SUCCEED",
+    "EXIT_PEER_LOST", "EXIT_SCRIPT_BROKEN", "EXIT_SCRIPT_RAISED", "FAIL", "RECYCLED", "RESTART",
+    "SCRIPT_BROKEN", "SUCCEED",
     "Decision", "LifecyclePolicy", "TaskEnd",
 ]
 
@@ -135,9 +143,10 @@ class Decision:
     reason: str
 
 
-def explain_exit(exit_code: int | None) -> str:
-    """One phrase for an exit code a task chose (the same words on every backend)."""
-    if exit_code == EXIT_SCRIPT_BROKEN:
+def explain_exit(exit_code: int | None, reason: str = "") -> str:
+    """One phrase for an exit code a task chose (the same words on every backend); ``reason``
+    :data:`SCRIPT_BROKEN` (the runtime's termination message) makes exit 3 "cannot run"."""
+    if reason == SCRIPT_BROKEN and exit_code == EXIT_SCRIPT_BROKEN:
         return f"the script cannot run: it failed on an import or did not compile (exit code {exit_code})"
     if exit_code == EXIT_SCRIPT_RAISED:
         return f"the script raised an exception (exit code {exit_code}); the traceback is in its log"
@@ -214,7 +223,7 @@ class LifecyclePolicy:
         low, high = self.user_exit_codes
         if end.exit_code is not None and not low <= end.exit_code <= high:
             return Decision(RESTART, f"exit code {end.exit_code}")
-        return Decision(FAIL, explain_exit(end.exit_code))
+        return Decision(FAIL, explain_exit(end.exit_code, end.reason))
 
     def decide(self, end: TaskEnd, restarts_used: int) -> Decision:
         """What follows ``end``, with ``restarts_used`` restarts already spent by the cluster."""

@@ -6,8 +6,17 @@ never imports :mod:`tfk8s_magics.runtime.task`: tasks start as
 line of every task's log — when that module is already imported.
 """
 
-#: The script cannot run at all (syntax error, missing module): do not restart it.
+#: The script cannot run at all (syntax error, missing module): do not restart it.  A script's
+#: own ``sys.exit(3)`` exits 3 too, so the code alone does not say "broken": the runtime also
+#: writes :data:`BROKEN_MARK` to its termination file (below), and only that makes it "broken".
 EXIT_SCRIPT_BROKEN = 3
+#: The first word of the termination message of a task whose script cannot run.
+BROKEN_MARK = "ScriptBroken"
+#: Where the runtime writes its termination message: the local supervisor names a file in the
+#: cluster dir; on Kubernetes the runtime uses the container's ``/dev/termination-log`` (the
+#: default ``terminationMessagePath``: the kubelet puts it in the terminated state's ``message``).
+TERMINATION_FILE_ENV = "TFK8S_TERMINATION_FILE"
+KUBERNETES_TERMINATION_LOG = "/dev/termination-log"
 #: The script lost a peer (TensorFlow's Unavailable/Aborted/Cancelled in a collective or a
 #: PS call): a consequence of another task's end, retried (EX_TEMPFAIL).
 EXIT_PEER_LOST = 75

@@ -24,7 +24,9 @@ restarted pod has the same role and index, hence the same identity.
 
 Exit codes: 0 success; 1 the script raised; :data:`EXIT_SCRIPT_BROKEN` the
 script could not be compiled or failed on an import, which no restart can
-fix; :data:`EXIT_PEER_LOST` the script lost a peer (TensorFlow's
+fix (said also by :data:`BROKEN_MARK` in the termination file, since a
+script's own ``sys.exit(3)`` is exit 3 too and is not "broken");
+:data:`EXIT_PEER_LOST` the script lost a peer (TensorFlow's
 Unavailable/Aborted/Cancelled), a consequence of another task's end;
 anything else is the script's own ``sys.exit`` code.
 """
@@ -42,7 +44,13 @@ from .. import tfconfig
 from ..scriptcheck import COLLECTIVE_WITH_PS
 from ..spec import Task
 from ..taskenv import import_tensorflow
-from .exitcodes import EXIT_PEER_LOST, EXIT_SCRIPT_BROKEN
+from .exitcodes import (
+    BROKEN_MARK,
+    EXIT_PEER_LOST,
+    EXIT_SCRIPT_BROKEN,
+    KUBERNETES_TERMINATION_LOG,
+    TERMINATION_FILE_ENV,
+)
 
 
 def task_from_env(environ: MutableMapping[str, str]) -> Task | None:
@@ -132,14 +140,38 @@ def guard_collective_strategy() -> None:
             cls.__init__ = refuse
 
 
+def broken(why: str) -> int:
+    """Say that the script cannot run (stderr and the termination file); return the exit code.
+
+    The termination file is the supervisor's (``$TFK8S_TERMINATION_FILE``, created here without
+    following a symlink) or, in a pod, ``/dev/termination-log`` when it exists (never created)."""
+    print(f"tfk8s: {why}", file=sys.stderr, flush=True)
+    path = os.environ.get(TERMINATION_FILE_ENV)
+    flags = os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    if path:
+        flags |= os.O_CREAT
+    else:
+        path = KUBERNETES_TERMINATION_LOG
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError:
+        return EXIT_SCRIPT_BROKEN  # no termination file: the exit code alone says it
+    try:
+        os.write(fd, f"{BROKEN_MARK}: {why}"[:4096].encode("utf-8", "replace"))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return EXIT_SCRIPT_BROKEN
+
+
 def run_script(path: str) -> int:
     """Run the training script as ``__main__``; map its outcome to an exit code."""
     try:
         with open(path, encoding="utf-8") as f:
             code = compile(f.read(), path, "exec")
     except (OSError, SyntaxError, ValueError) as e:
-        print(f"tfk8s: the training script cannot be compiled: {e}", file=sys.stderr, flush=True)
-        return EXIT_SCRIPT_BROKEN
+        return broken(f"the training script cannot be compiled: {e}")
     del code
     import_tensorflow()  # before "ready": starting = importing TF
 
@@ -165,15 +197,12 @@ def run_script(path: str) -> int:
         print(e.code, file=sys.stderr)
         return 1
     except StrategyDoesNotFit as e:
-        print(f"tfk8s: {e}", file=sys.stderr, flush=True)
-        return EXIT_SCRIPT_BROKEN
+        return broken(str(e))
     except ImportError as e:
         traceback.print_exc()
         if not import_at_top_level(e, path):
             return 1  # a late import (inside a function, mid-training) is the script raising
-        print("tfk8s: the training script failed on an import; restarting cannot fix it.",
-              file=sys.stderr, flush=True)
-        return EXIT_SCRIPT_BROKEN
+        return broken("the training script failed on an import; restarting cannot fix it.")
     except BaseException as e:  # noqa: BLE001 - report any failure of user code as exit 1
         traceback.print_exc()
         if _lost_a_peer(e):
@@ -209,9 +238,8 @@ def main() -> int:
     try:
         resolve_identity(os.environ)
     except (KeyError, ValueError) as e:
-        print(f"tfk8s: this task cannot tell which task it is: set {e} (a broken pod "
-              "template; restarting cannot fix it).", file=sys.stderr, flush=True)
-        return EXIT_SCRIPT_BROKEN
+        return broken(f"this task cannot tell which task it is: set {e} (a broken pod "
+                      "template; restarting cannot fix it).")
     tf_config = json.loads(os.environ["TF_CONFIG"])
     script = os.environ.get("TFK8S_SCRIPT")
     code = run_script(script) if script else run_server(tf_config)

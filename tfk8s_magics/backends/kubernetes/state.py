@@ -154,6 +154,8 @@ def _explain_failure(out: TaskStatus, pod: Pod) -> None:
         out.signal = end.killed_by
     if status.get("reason"):
         out.reason = _sentence(status["reason"], status.get("message"))
+    elif end.reason == lifecycle.SCRIPT_BROKEN:
+        out.reason = lifecycle.explain_exit(end.exit_code, end.reason)
     elif end.reason and end.reason != "Error":  # "Error" says nothing the exit code does not
         out.reason = end.reason
     elif out.signal:
@@ -170,9 +172,12 @@ def pod_end(pod: Pod) -> TaskEnd:
     conditions = frozenset(
         c.get("type", "") for c in status.get("conditions") or [] if c.get("status") == "True"
     )
+    reason = status.get("reason") or terminated.get("reason") or ""
+    if str(terminated.get("message") or "").startswith(lifecycle.SCRIPT_BROKEN + ":"):
+        reason = lifecycle.SCRIPT_BROKEN  # the runtime's word (terminationMessagePath), not exit 3 alone
     return TaskEnd(
         exit_code=code if isinstance(code, int) else None,
-        reason=status.get("reason") or terminated.get("reason") or "",
+        reason=reason,
         conditions=conditions,
     )
 

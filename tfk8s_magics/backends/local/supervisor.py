@@ -51,6 +51,7 @@ from ...lifeline import (
     set_parent_death_signal,
     start_time,
 )
+from ...runtime.exitcodes import TERMINATION_FILE_ENV
 from ...spec import ClusterSpec, Task
 from ...stall import DEFAULT_TIMEOUT as DEFAULT_STALL_TIMEOUT
 from ...tfconfig import tf_config
@@ -175,6 +176,7 @@ class Supervisor:
             "TFK8S_DATA_DIR": rec["data_dir"],
             "TFK8S_CHECKPOINT_DIR": str(Path(rec["log_dir"]) / "checkpoints"),
             "TFK8S_PROGRESS_FILE": str(self.cdir.progress_file(t.task.name)),
+            TERMINATION_FILE_ENV: str(self._termination_file(t)),
         }
         if t.runs_script:
             reserved["TFK8S_SCRIPT"] = str(self.cdir.script)
@@ -185,6 +187,25 @@ class Supervisor:
         if self.isolation["mode"] == isolation.LOOPBACK_SHIM:
             isolation.preload_env(env, rec.get("loopback_shim"))
         return env
+
+    def _termination_file(self, t: _Task) -> Path:
+        """Where the task's runtime says why it cannot run (``progress/<task>.end``)."""
+        return self.cdir.progress_dir / f"{t.task.name}.end"
+
+    def _termination_reason(self, t: _Task) -> str:
+        """:data:`lifecycle.SCRIPT_BROKEN` if this try's runtime wrote it (removed after reading),
+        else "": exit 3 alone is the script's own ``sys.exit(3)``."""
+        path = self._termination_file(t)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return ""
+        try:
+            text = os.read(fd, 4096).decode("utf-8", "replace")
+        finally:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+        return lifecycle.SCRIPT_BROKEN if text.startswith(lifecycle.SCRIPT_BROKEN + ":") else ""
 
     def _open_log(self, t: _Task):
         """The task's log, opened for appending without following a symlink at any level we create
@@ -249,6 +270,10 @@ class Supervisor:
         except OSError as e:
             self.file_failure(t, e)
             return
+        try:  # a mark of an earlier try says nothing about this one
+            self._termination_file(t).unlink(missing_ok=True)
+        except OSError:
+            pass
         read_fd, write_fd = os.pipe()
         env = self._env(t)
         env["TFK8S_READY_FD"] = str(write_fd)
@@ -403,7 +428,7 @@ class Supervisor:
         if t.stopping == "restart":  # ended by us: its group restarts after another's end
             self._restart(t, f"restarted with its group ({self.incident[1]})")
             return
-        end = lifecycle.TaskEnd(exit_code=st.exit_code, signal=st.signal)
+        end = lifecycle.TaskEnd(exit_code=st.exit_code, signal=st.signal, reason=self._termination_reason(t))
         if self._in_incident(t, end) and self.policy.classify(end).action == lifecycle.RESTART:
             # A consequence of the incident already paid for: restart, do not count again.
             self._restart(t, f"{self.policy.classify(end).reason}; same incident as {self.incident[1]}")
