@@ -249,6 +249,14 @@ def test_a_shared_log_claim_keeps_the_markers_in_the_clusters_own_folder():
     assert cmd[cmd.index("--source") + 1] == "/log/mnist"
 
 
+def test_the_deadline_caps_the_steps_as_it_caps_the_tasks():
+    js = build(synced_and_backed_up(active_deadline=600))
+    for name in ("sync", "worker", "backup"):
+        assert rjob(js, name)["template"]["spec"]["activeDeadlineSeconds"] == 600
+    assert {"name": "DeadlineExceeded", "action": "FailJobSet",
+            "onJobFailureReasons": ["DeadlineExceeded"]} in js["spec"]["failurePolicy"]["rules"]
+
+
 def test_in_graph_backup_is_refused_in_one_sentence():
     spec = ClusterSpec(name="ig", mode="in-graph", ps=1, workers=1, backup_url=OUT)
     with pytest.raises(SpecError, match=r"^cluster 'ig': on Kubernetes --backup s3://bucket/runs/"

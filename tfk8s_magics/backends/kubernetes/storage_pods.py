@@ -228,6 +228,8 @@ def step_job(spec: ClusterSpec, settings: K8sSettings, step: str, pod_failure_po
         "podFailurePolicy": policy,
         "template": template,
     }
+    if spec.active_deadline:  # a hung fetch or upload ends like a hung task (DeadlineExceeded)
+        job["activeDeadlineSeconds"] = int(spec.active_deadline)
     labels = {**m.object_labels(spec, settings, "task"), m.ROLE_LABEL: step}
     return {"name": step, "replicas": 1, "template": {"metadata": {"labels": labels}, "spec": job}}
 
