@@ -335,3 +335,30 @@ def test_an_in_graph_launch_imports_tensorflow_while_the_cluster_starts(tmp_path
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["threads"] == "tfk8s-import-tensorflow"
     assert out["strategy"].startswith("ParameterServerStrategy")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("warm_kernel", ["1", "0"])
+def test_a_kernel_with_a_warm_pool_imports_tensorflow_in_the_background(tmp_path, warm_kernel):
+    # The owner is the client of its in-graph clusters: with a warm pool it is warm too, so a
+    # sub-second warm launch is not followed by seconds of connect importing TensorFlow.
+    kernel = textwrap.dedent('''
+        import json, sys
+        from tfk8s_magics import ingraph
+        from tfk8s_magics.backends.local import pool
+        assert "tensorflow" not in sys.modules
+        sock = pool.ensure()
+        thread = ingraph._preimport and ingraph._preimport.name
+        imported = ingraph.preimported(300)
+        pool.shutdown()
+        print(json.dumps({"sock": bool(sock), "thread": thread, "imported": imported,
+                          "tf": "tensorflow" in sys.modules}), flush=True)
+    ''')
+    done = subprocess.run([sys.executable, "-c", kernel], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path, env={**os.environ, "TFK8S_POOL_SIZE": "1",
+                                             "TFK8S_WARM_KERNEL": warm_kernel})
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    on = warm_kernel == "1"
+    assert out == {"sock": True, "thread": "tfk8s-import-tensorflow" if on else None,
+                   "imported": on, "tf": on}, out

@@ -62,10 +62,15 @@ _clients: dict[tuple[str, str], _Client] = {}
 _preimport: threading.Thread | None = None
 
 
-def preimport(legacy_keras: bool) -> None:
-    """Start importing TensorFlow in a background thread, once: an in-graph launch was made, so
-    ``connect`` will need it, and the 3-5 s import then overlaps the cluster's own start
-    instead of following it."""
+def preimport(legacy_keras: bool | None) -> None:
+    """Start importing TensorFlow in a background thread, once, so ``connect`` finds it imported.
+
+    Called at an in-graph launch (``legacy_keras``: the spec's; the 3-5 s import then
+    overlaps the cluster's own start) and when this process's warm pool starts (None:
+    nothing is set, as no spec is known yet; a warm launch is then ready before the
+    import would be, so it must come first).  ``TF_USE_LEGACY_KERAS`` is read at the first
+    ``tf.keras``, not at the import, so :func:`prepare_tensorflow` still sets it in time.
+    """
     global _preimport
     with _lock:
         if "tensorflow" in sys.modules or _preimport is not None:
@@ -75,6 +80,13 @@ def preimport(legacy_keras: bool) -> None:
         _preimport = threading.Thread(target=_import_in_background, name="tfk8s-import-tensorflow",
                                       daemon=True)
         _preimport.start()
+
+
+def preimported(timeout: float | None = None) -> bool:
+    """Wait up to ``timeout`` s for a background import; whether TensorFlow is imported now."""
+    if _preimport is not None:
+        _preimport.join(timeout)
+    return "tensorflow" in sys.modules and (_preimport is None or not _preimport.is_alive())
 
 
 def _import_in_background() -> None:

@@ -490,6 +490,10 @@ _OPTIONS = (
            "warm task processes (TensorFlow already imported) the local backend keeps ready for "
            "this kernel's launches; 0: every task starts cold", env="TFK8S_POOL_SIZE",
            trait="pool_size", check=count(0, 64)),
+    Option("warm_kernel", parse_bool, True,
+           "when this kernel's warm pool starts, the kernel imports TensorFlow in the background "
+           "too, so an in-graph connect after a warm launch waits for no import (~250 MiB PSS in "
+           "the kernel); 0: only an in-graph launch starts that import", env="TFK8S_WARM_KERNEL"),
     Option("size", _whole, None, "set this kernel's warm pool size now and start it (0 stops it)",
            commands=("pool",), check=count(0, 64), metavar="N"),
     Option("isolation", str, "netns",

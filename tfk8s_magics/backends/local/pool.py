@@ -61,7 +61,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ... import options, taskenv
+from ... import ingraph, options, taskenv
 from ...lifeline import open_pidfd, pid_alive, set_parent_death_signal
 from ...runtime import task
 from . import isolation
@@ -305,10 +305,15 @@ def ensure() -> str | None:
             return _handle.sock
         shutdown()
     try:
-        return _start(size, env, cwd, shim)
+        sock = _start(size, env, cwd, shim)
     except OSError as e:
         print(f"tfk8s: the warm pool could not start ({e}); tasks start cold.", file=sys.stderr)
         return None
+    if options.get("warm_kernel"):
+        # The owner is the client of its in-graph clusters: warm too, or connect after a
+        # sub-second warm launch would wait seconds for its own import of TensorFlow.
+        ingraph.preimport(None)
+    return sock
 
 
 def _start(size: int, env: dict[str, str], cwd: str, shim: str | None) -> str:
