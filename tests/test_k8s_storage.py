@@ -656,6 +656,26 @@ def test_without_in_order_the_double_creates_every_pod_at_once(make_kube):
         backend.close()
 
 
+def test_a_failed_task_not_the_ended_backup_is_named_as_the_cause():
+    """The JobSet failed on a worker's exit 1 and ended the waiting backup (SIGTERM, 143):
+    the reason names the worker."""
+    from tfk8s_magics.backends.kubernetes import state
+
+    def pod(role, code):
+        return {"metadata": {"labels": {"tfk8s.io/role": role,
+                                        "batch.kubernetes.io/job-completion-index": "0"}},
+                "status": {"phase": "Failed", "containerStatuses": [{"name": "c", "state": {
+                    "terminated": {"exitCode": code, "reason": "Error"}}}]}}
+
+    spec = mnist(workers=1, backup_url=OUT)
+    failed = {"status": {"conditions": [{"type": "Failed", "status": "True",
+                                         "message": "jobset failed due to PodFailurePolicy"}]}}
+    view = state.View(spec=spec, jobset=failed, pods={"worker-0": pod("worker", 1)},
+                      steps={"backup": pod("backup", 143)})
+    phase, reason = state.cluster_phase(view, state.task_statuses(view))
+    assert phase == Phase.FAILED and reason.startswith("worker-0 failed: the script raised")
+
+
 def test_the_double_starts_init_containers_before_the_app_containers(restricted):
     """What the status reads while the sync step works: the double's pod as a kubelet
     writes it (init statuses), checked against the same rule as a literal pod."""

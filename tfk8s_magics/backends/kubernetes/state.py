@@ -351,7 +351,8 @@ def cluster_phase(view: View, tasks: list[TaskStatus]) -> tuple[str, str]:
     """The cluster's phase and reason: JobSet's verdict, else what its steps and tasks show."""
     if view.stopped:
         return Phase.STOPPED, "stopped by the user"
-    failed = [*failed_steps(view), *(t for t in tasks if t.phase == Phase.FAILED)]
+    # A task's failure first: a step ended by the JobSet's own end is not its cause.
+    failed = [*(t for t in tasks if t.phase == Phase.FAILED), *failed_steps(view)]
     ended = jobset_condition(view.jobset)
     if ended is not None:
         return _ended_phase(ended, failed)
