@@ -107,3 +107,61 @@ def test_a_failing_upload_is_the_backup_steps_exit_code(task_image, pods):
     assert codes["backup"] != 0, logs
     assert "uploading /log/checkpoints to s3://tfk8s-test-bucket/runs/bk/checkpoints" in logs["backup"]
     assert "backup done" not in logs["backup"]
+
+
+def _image_has(pods, image: str, modules: str) -> bool:
+    from tests.containers.podman import build_images
+
+    r = pods.run("run", "--rm", "--network", "none", *build_images.run_flags(), "--entrypoint",
+                 '["python", "-c"]', image, f"import {modules}", check=False)
+    return r.returncode == 0
+
+
+def test_the_sync_pods_init_container_fetches_from_s3_before_its_app_container(task_image, pods):
+    """The rendered sync pod as written: its init container ``fetch`` (the Secret's keys as
+    its environment, restricted) copies a bucket prefix from a moto S3 server on 127.0.0.1
+    into the data claim; then ``synced`` reads the claim and reports what landed."""
+    moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    if not _image_has(pods, task_image, "tfk8s_magics.storage, s3fs"):
+        pytest.skip("the task image has no tfk8s_magics.storage / s3fs yet (the storage extras)")
+    import boto3
+
+    from tests.containers.pods import container_plan, pod_instances
+    from tfk8s_magics.ports import free_port
+
+    port = free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    try:
+        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+        s3.create_bucket(Bucket="data")
+        payload = os.urandom(1 << 20)
+        s3.put_object(Bucket="data", Key="ds/a.txt", Body=b"hello\n")
+        s3.put_object(Bucket="data", Key="ds/sub/b.bin", Body=payload)
+        spec = ClusterSpec(name="sy", workers=1, script=SCRIPT, image=task_image,
+                           data_url="s3://data/ds", data_sync=True, credentials_secret="s3-creds")
+        text = tk.render(spec, KubernetesBackend(namespace=NAMESPACE, user="alice"))
+        creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_DEFAULT_REGION": "us-east-1"}
+        objects = [*(d for d in yaml.safe_load_all(text) if d), {
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "s3-creds", "namespace": NAMESPACE},
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in creds.items()}}]
+        (pod,) = [p for p in pod_instances(objects) if p.name == "sy-sync-0-0"]
+        # The endpoint listens on the host's loopback only: the init container shares the
+        # host's network (as the pod would reach an in-cluster endpoint); the rest is as written.
+        host_plan = container_plan(pod, objects, prefix=pods.prefix, network="host",
+                                   image_user=pods.image_user(task_image))
+        (fetch,) = host_plan.init
+        pods._start(fetch)
+        assert pods.wait_exit(fetch.container, timeout=600) == 0, pods.logs(fetch.container)
+        (synced,) = [p for p in pods.plans(objects) if p.pod.name == "sy-sync-0-0"]
+        synced.init = []  # done above; the app container runs next, as the kubelet starts it
+        pods.start(synced)
+        assert pods.wait_exit(synced.container, timeout=300) == 0
+        assert f"/data holds 2 files, {len(payload) + 6} bytes" in pods.logs(synced.container)
+        for value in ("testing",):
+            assert f"AWS_SECRET_ACCESS_KEY={value}" not in pods.logs(fetch.container)
+    finally:
+        server.stop()
