@@ -22,6 +22,9 @@ FORBIDDEN = {
     "spec": {"api", "ui", "magics", "cli", "backends", "watch"},
     "options": {"api", "ui", "magics", "cli", "backends", "watch", "spec"},
     "runtime": {"api", "ui", "magics", "cli", "backends", "watch"},
+    # object storage sits just above errors: the spec checks URLs with it, the backends transfer with it
+    "storage": {"api", "ui", "magics", "cli", "backends", "watch", "spec", "options", "runtime",
+                "trainer", "serving", "scriptcheck"},
 }
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import ingraph, options
+from . import ingraph, options, storage
 from .backends import Backend, ClusterStatus, Event, LogLine, Phase, TensorBoardInfo, get_backend
 from .backends.kubernetes.manifests import dump_yaml
 from .errors import ClusterExists, ClusterNotFound, ClusterTimeout, LaunchFailed, SpecError
@@ -50,7 +50,8 @@ def resolve_backend(backend: str | Backend | None = None) -> Backend:
 _NOT_KEYWORDS = {"name", "script", "script_name", "env"}
 #: Options that are spec fields under the same name.
 _SPEC_FIELDS = ("mode", "workers", "ps", "chief", "evaluator", "restart_budget", "ps_grace_period",
-                "legacy_keras", "image", "log_dir", "data_dir", "log_claim", "data_claim")
+                "legacy_keras", "image", "log_dir", "data_dir", "log_claim", "data_claim", "data_sync",
+                "backup_url", "credentials_secret")
 
 
 def make_spec(name: str, *, script: str | None = None, **values: Any) -> ClusterSpec:
@@ -73,10 +74,13 @@ def make_spec(name: str, *, script: str | None = None, **values: Any) -> Cluster
             f"unknown launch option {sorted(extra)[0]!r}: use one of {', '.join(sorted(known))}."
         )
     resolved = {name: options.get(name, given.get(name)) for name in known}
-    script, script_name = _script(script, resolved["script_path"])
+    sources: dict[str, dict] = {}
+    script, script_name = _script(script, resolved["script_path"], sources)
     trainer_options, script = _with_trainer(resolved, script)
     if resolved["files"]:
-        values["files"] = _read_files(resolved["files"])
+        values["files"] = _read_files(resolved["files"], sources)
+    if sources:
+        values.setdefault("sources", sources)
     if "resources" not in values:
         cpu, memory, gpus = (options.by_role(resolved[k]) for k in ("cpu", "memory", "gpus"))
         per_role = {role: Resources(cpu=cpu[role], memory=memory[role], gpus=gpus[role] or 0)
@@ -117,11 +121,15 @@ def _checked(trainer_options, spec: ClusterSpec) -> ClusterSpec:
     return spec
 
 
-def _script(script: str | None, script_path: str | None) -> tuple[str | None, str]:
+def _script(script: str | None, script_path: str | None, sources: dict[str, dict]) -> tuple[str | None, str]:
     if script_path is None:
         return script, "<cell>"
     if script is not None:
         raise SpecError("give the training script as a cell body or as --script, not both.")
+    if storage.is_url(script_path):  # fetched once, here; the tasks get the text like a local script
+        fetched = storage.fetch_text(script_path, MAX_READ_BYTES, "--script")
+        sources["script.py"] = fetched.source()
+        return fetched.text, f"<{script_path}>"
     path = Path(script_path).expanduser()
     text = _read_text(path, "--script", script_path, "a Python file", "a Python file")
     # The absolute path: its folder is importable in every task.
@@ -161,12 +169,18 @@ def _read_text(path: Path, flag: str, given: str, wanted: str, kind: str) -> str
         raise SpecError(f"{flag} {given!r} cannot be read as {kind}: {e}.") from None
 
 
-def _read_files(paths: list[str] | dict[str, str]) -> dict[str, str]:
-    """``--file`` paths → name → text (the files travel with the script, beside it)."""
+def _read_files(paths: list[str] | dict[str, str], sources: dict[str, dict]) -> dict[str, str]:
+    """``--file`` paths or URLs → name → text (the files travel with the script, beside it)."""
     if isinstance(paths, dict):
         return dict(paths)  # already name → text
     out = {}
     for given in paths:
+        if storage.is_url(given):
+            fetched = storage.fetch_text(given, MAX_READ_BYTES, "--file")
+            name = given.split("?")[0].rstrip("/").rpartition("/")[2]
+            out[name] = fetched.text
+            sources[name] = fetched.source()
+            continue
         path = Path(given).expanduser()
         out[path.name] = _read_text(path, "--file", given, "a file next to the script", "a text file")
     return out

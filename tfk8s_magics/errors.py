@@ -21,6 +21,10 @@ class SpecError(TFClusterError, ValueError):
     """A cluster spec (name, mode, replicas, script, ...) is invalid."""
 
 
+class StorageError(SpecError):
+    """An object-storage URL cannot be used: a missing package, object or permission (one sentence)."""
+
+
 class ClusterExists(TFClusterError):
     """A cluster with this name already exists."""
 

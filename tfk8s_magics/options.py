@@ -217,6 +217,18 @@ def claim(flag: str, value: Any) -> str | None:
     return value
 
 
+def claim_like(kind: str) -> Callable[[str, Any], str | None]:
+    """A check: the name of a Kubernetes object of ``kind`` (a DNS-1123 subdomain), or None."""
+
+    def check(flag: str, value: Any) -> str | None:
+        if value is not None and (not DNS_SUBDOMAIN.match(str(value)) or len(str(value)) > 253):
+            raise SpecError(f"{flag} {value!r} is not a valid {kind} name: use lowercase letters, "
+                            "digits, '-' and '.'.")
+        return value
+
+    return check
+
+
 def _mode(flag: str, value: Any) -> str:
     return normalize_mode(value)
 
@@ -340,12 +352,13 @@ _OPTIONS = (
            metavar="N"),
     Option("evaluator", _whole, 0, "evaluator task (0 or 1)", check=count(0, 1),
            commands=SPEC_COMMANDS, metavar="N"),
-    Option("script_path", str, None, "path of the training script (instead of the cell body)",
+    Option("script_path", str, None, "path or URL (s3://, gs://, https://, ...) of the training script "
+           "(instead of the cell body); a URL is fetched once per cluster",
            flag="--script", commands=SPEC_COMMANDS, metavar="PATH"),
     Option("env", _env_pair, None, "environment variable of every task (repeatable; "
            "--env PYTHONPATH=DIR extends the inherited path)",
            commands=SPEC_COMMANDS, action="append", metavar="KEY=VALUE"),
-    Option("files", str, None, "a file that travels with the script, importable beside it "
+    Option("files", str, None, "a file (path or URL) that travels with the script, importable beside it "
            "(repeatable; on Kubernetes the modules next to the script must be named so)",
            flag="--file", commands=SPEC_COMMANDS, action="append", metavar="PATH"),
     Option("restart_budget", _whole, 2, "restarts a cluster may spend on crashed tasks",
@@ -361,9 +374,20 @@ _OPTIONS = (
            "TensorFlow's distributed tutorials need under TF 2.21; --no-legacy-keras: Keras 3",
            flag="--no-legacy-keras", env="TFK8S_LEGACY_KERAS", trait="legacy_keras",
            hub_trait="legacy_keras", commands=SPEC_COMMANDS, action="store_false"),
-    Option("log_dir", str, None, "log dir (TensorBoard, checkpoints, task logs)",
+    Option("log_dir", str, None, "log dir (TensorBoard, checkpoints, task logs); a URL "
+           "(s3://bucket/run) means --backup URL with the default log dir",
            commands=SPEC_COMMANDS),
-    Option("data_dir", str, None, "data dir", commands=SPEC_COMMANDS),
+    Option("data_dir", str, None, "data dir, or a URL (s3://, gs://, abfs://, hdfs://, https://): "
+           "copied into the data dir first with --data-sync, else given to the script as "
+           "$TFK8S_DATA_URL", commands=SPEC_COMMANDS),
+    Option("data_sync", parse_bool, False, "copy the --data-dir URL into the data dir (/data) before "
+           "the tasks start", commands=SPEC_COMMANDS, action="store_true"),
+    Option("backup_url", str, None, "upload checkpoints and exported models to this URL when the "
+           "cluster succeeds (best effort when stopped)", flag="--backup", commands=SPEC_COMMANDS,
+           metavar="URL"),
+    Option("credentials_secret", str, None, "Kubernetes Secret holding the storage credentials "
+           "(kubernetes; locally they come from your environment or fsspec's config)",
+           check=claim_like("Secret"), commands=SPEC_COMMANDS, metavar="NAME"),
     Option("log_claim", str, None, "existing PVC for /log (kubernetes)", check=claim,
            commands=SPEC_COMMANDS),
     Option("data_claim", str, None, "existing PVC for /data (kubernetes)", check=claim,

@@ -14,11 +14,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from .errors import SpecError, TaskNotFound
 from .options import BETWEEN, IN_GRAPH, OPTIONS, ROLES
 from .scriptcheck import check_strategy
+from .storage.urls import check_url, is_url
 
 #: A cluster name must leave room for ``-evaluator-0`` style suffixes in a
 #: 63-character Kubernetes name, so it is shorter than a DNS label.
@@ -34,6 +34,7 @@ RESERVED_ENV = frozenset(
         "TFK8S_CLUSTER",
         "TFK8S_LOG_DIR",
         "TFK8S_DATA_DIR",
+        "TFK8S_DATA_URL",
         "TFK8S_CHECKPOINT_DIR",
         "TFK8S_PROGRESS_FILE",
         "TFK8S_READY_FD",
@@ -43,7 +44,6 @@ RESERVED_ENV = frozenset(
         "TFK8S_SCRIPT",
         "TFK8S_SCRIPT_DIR",
         "TFK8S_FILES_DIR",
-        "TFK8S_DATA_URL",
     }
 )
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_][-._A-Za-z0-9]*$")
@@ -52,8 +52,6 @@ MAX_FILES_BYTES = 900 * 1024
 #: A Kueue queue, a PriorityClass, a scheduler: DNS-1123 subdomain names that
 #: also fit a label value (the queue name is one).
 _SCHEDULING_NAME = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-.a-z0-9]*[a-z0-9])?$")
-#: A Secret's name (a DNS-1123 subdomain).
-_SECRET_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_KEY = r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 #: A node label requirement: key=value, key!=value, key, !key.
 _NODE_REQUIREMENT = re.compile(
@@ -138,7 +136,8 @@ def check_script(source: str, filename: str = "<cell>") -> None:
 
 #: The spec fields checked by their option's check (see :mod:`.options`).
 _CHECKED = ("mode", "workers", "ps", "chief", "evaluator", "restart_budget", "ps_grace_period",
-            "log_claim", "data_claim")
+            "log_claim", "data_claim", "credentials_secret")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -190,18 +189,18 @@ class ClusterSpec:
     #: Role → node label requirements its pods need: ``key=value``,
     #: ``key!=value``, ``key`` (exists) or ``!key`` (does not exist).
     node_affinity: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    # Object storage (issue 15).
-    #: ``--data-dir`` given as a URL (``s3://``, ``gs://``...): synced into ``/data`` before
-    #: the tasks start (``data_sync``) or handed to the script as ``TFK8S_DATA_URL``.
+    # Object storage (tfk8s_magics.storage); URLs never carry credentials (checked below).
+    #: ``--data-dir URL``: synced into the data dir before the tasks start (``data_sync``), else
+    #: handed to the script as ``$TFK8S_DATA_URL``.  A URL given as ``data_dir`` moves here.
     data_url: str | None = None
-    #: Copy ``data_url`` into ``/data`` once per cluster before the tasks start.
     data_sync: bool = False
-    #: Where checkpoints and exported models are uploaded when the cluster succeeds.
+    #: ``--backup URL`` (or ``--log-dir URL``): checkpoints and exported models are uploaded there
+    #: when the cluster succeeds (best effort when it is stopped).
     backup_url: str | None = None
-    #: Kubernetes: the Secret (in the cluster's namespace) whose keys are the storage
-    #: credentials (``AWS_ACCESS_KEY_ID``...), given only to the containers that use them.
+    #: A Kubernetes Secret with the storage credentials (``--credentials-secret``); Kubernetes only.
     credentials_secret: str | None = None
-    #: Files fetched from URLs at launch: name → ``{url, size, sha256}``.
+    #: What was fetched from URLs: ``script.py`` (the script) and each ``--file`` name →
+    #: ``{"url", "size", "sha256"}``; the texts themselves are ``script`` and ``files``.
     sources: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -340,24 +339,41 @@ class ClusterSpec:
         object.__setattr__(self, "node_affinity", affinity)
 
     def _validate_storage(self) -> None:
-        secret = self.credentials_secret
-        if secret is not None and not _SECRET_NAME.match(str(secret)):
+        set_ = object.__setattr__
+        if is_url(self.data_dir):  # --data-dir URL: the data dir itself stays the default one
+            if self.data_url not in (None, self.data_dir):
+                raise SpecError("give the data URL once: as --data-dir URL (data_url), not both.")
+            set_(self, "data_url", self.data_dir)
+            set_(self, "data_dir", None)
+        if is_url(self.log_dir):  # --log-dir URL: logs stay local, and are backed up there
+            if self.backup_url not in (None, self.log_dir):
+                raise SpecError(f"--log-dir {self.log_dir!r} is a URL, which means --backup "
+                                f"{self.log_dir!r}; it differs from --backup {self.backup_url!r}: give one.")
+            set_(self, "backup_url", self.log_dir)
+            set_(self, "log_dir", None)
+        if self.data_url is not None:
+            check_url("--data-dir", self.data_url)
+        if self.backup_url is not None:
+            check_url("--backup", self.backup_url, writable=True)
+        set_(self, "data_sync", bool(self.data_sync))
+        if self.data_sync and self.data_url is None:
+            raise SpecError("--data-sync copies a --data-dir URL into the data dir before the tasks start: "
+                            "give --data-dir s3://bucket/path with it, or drop --data-sync.")
+        sources = {}
+        for name, src in dict(self.sources).items():
+            if name != "script.py" and name not in self.files:
+                raise SpecError(f"source {name!r} names neither the script (script.py) nor a --file.")
+            src = dict(src)
+            check_url("--script" if name == "script.py" else "--file", str(src.get("url")))
+            if not _SHA256.match(str(src.get("sha256"))) or not isinstance(src.get("size"), int):
+                raise SpecError(f"source {name!r} needs a whole size and a sha256 (64 hex digits).")
+            sources[name] = {"url": src["url"], "size": src["size"], "sha256": src["sha256"]}
+        set_(self, "sources", sources)
+        if self.credentials_secret and not (self.data_url or self.backup_url or sources):
             raise SpecError(
-                f"--credentials-secret {secret!r} is not a valid Secret name: use lowercase "
-                "letters, digits, '-' and '.', starting and ending with a letter or digit."
+                f"--credentials-secret {self.credentials_secret!r} goes with a URL (--script, --file, "
+                "--data-dir or --backup): give one, or drop it."
             )
-        for what, url in (("--data-dir", self.data_url), ("--backup", self.backup_url)):
-            # The URL is recorded (spec, ConfigMap, pod env, rendered YAML): no secret in it.
-            if url and _url_password(str(url)):
-                raise SpecError(
-                    f"{what}: the URL carries a password; give the URL without it and put the "
-                    "credentials in the environment (locally) or in the Secret named by "
-                    "--credentials-secret (Kubernetes)."
-                )
-        if self.data_sync and not self.data_url:
-            raise SpecError("--data-sync copies a --data-dir URL into /data: give --data-dir as a "
-                            "URL such as s3://bucket/dataset, or drop --data-sync.")
-        object.__setattr__(self, "sources", {str(k): dict(v) for k, v in dict(self.sources).items()})
 
     # -- derived views -------------------------------------------------
     def replicas(self) -> dict[str, int]:
@@ -438,18 +454,11 @@ class ClusterSpec:
         return spec
 
 
-def _url_password(url: str) -> bool:
-    """Whether ``url`` carries a password (``scheme://user:secret@host/...``)."""
-    try:
-        return urlsplit(url).password is not None
-    except ValueError:
-        return False
-
-
 #: The version of the record :meth:`ClusterSpec.to_dict` writes.  Raise it only when a
 #: reader of the previous version would misread the new one; new keys need no new version.
 SCHEMA_VERSION = 1
 #: What a reader of a record relies on (anything else is taken as written).
 _RECORD_TYPES = {"mode": str, "workers": int, "ps": int, "chief": int, "evaluator": int,
                  "script": str, "env": dict, "resources": dict, "restart_budget": int,
-                 "ps_grace_period": (int, float), "legacy_keras": bool}
+                 "ps_grace_period": (int, float), "legacy_keras": bool, "sources": dict,
+                 "data_sync": bool}
