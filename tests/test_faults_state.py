@@ -255,6 +255,45 @@ def test_no_descendant_of_a_task_outlives_its_cluster(local, workdir, victim):
     assert marked(cid) == []
 
 
+#: A script that starts one child in its own process group and one in a session of its own.
+TWO_CHILDREN = (
+    "import subprocess, time\n"
+    "a = subprocess.Popen(['sleep', '600'])\n"
+    "b = subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+    "print('children', a.pid, b.pid, flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+@pytest.mark.slow
+def test_a_pooled_task_and_its_children_die_with_a_sigkilled_supervisor(local, workdir, monkeypatch):
+    """A warm-pool task is the pool daemon's child, not the supervisor's: no parent-death signal,
+    and its /proc environ is the pool's (no cluster id).  SIGKILL the supervisor: the task, a child
+    in its group and a child in another session must all die, as for a cold task."""
+    from tfk8s_magics.backends.local import pool
+
+    monkeypatch.setenv("TFK8S_POOL_SIZE", "1")
+    pool.configure(None)
+    try:
+        sock = pool.ensure()
+        wait_for(lambda: pool.available(sock) >= 1, 180, "an idle pooled process")
+        cluster = tk.launch("pooled", workers=1, script=TWO_CHILDREN, backend=local)
+        line = wait_for(lambda: [x for x in cluster.logs("worker-0").splitlines()
+                                 if x.startswith("children ")], 120, "the script's children")[0]
+        assert not [e for e in cluster.events() if e.reason == "StartedCold"], "the task ran cold"
+        raw = read_json(local._dir("pooled").status)
+        task = raw["tasks"][0]["pid"]
+        assert os.getppid() != task and Path(f"/proc/{task}/stat").read_text().split()[3] != str(
+            raw["supervisor_pid"])  # not the supervisor's child: the pool's
+        victims = [task, *map(int, line.split()[1:])]
+        os.kill(raw["supervisor_pid"], signal.SIGKILL)
+        wait_for(lambda: all(start_time(p) is None for p in victims), 10,
+                 "the pooled task and both children to die")
+        cluster.delete()
+    finally:
+        pool.shutdown()
+
+
 @pytest.mark.slow
 def test_a_sigkilled_kernel_ends_its_cluster_and_everything_in_it(state_dir, workdir):
     code = (

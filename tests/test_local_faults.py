@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -200,3 +201,72 @@ def test_in_graph_after_a_parameter_server_restart_reconnects_and_restores(local
     assert cluster.status().reason == "every task is ready"
     assert cluster.connect() is second
     cluster.delete()
+
+
+MWMS_ONCE = """
+import time
+import tensorflow as tf
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+@tf.function
+def step():
+    return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce("sum", 1.0))
+
+print(f"all-reduced: {float(step())}", flush=True)
+time.sleep(5)  # the peer may still be reading this all-reduce: leaving now would cut it off
+"""
+
+
+@pytest.mark.parametrize(("mode", "victim"), [("between", "worker-1"), ("in-graph", "ps-0")])
+def test_a_port_taken_between_allocation_and_bind_is_repicked_for_every_task(
+        local, workdir, monkeypatch, mode, victim):
+    """Tasks on the host's loopback (in-graph; TFK8S_ISOLATION=loopback): another process takes a
+    task's port right after the launch picked it.  The task moves to a new port, every task gets
+    the new addresses (TF_CONFIG), and nothing is counted against the restart budget."""
+    import socket
+
+    from tfk8s_magics.backends.local import backend as local_backend
+    from tfk8s_magics.spec import ClusterSpec
+
+    monkeypatch.setenv("TFK8S_ISOLATION", "loopback")
+    real, grabbed = local_backend.free_ports, []
+
+    def picked_then_taken(n):
+        ports = real(n)
+        if not grabbed and n > 1:  # the launch's allocation: take the victim's port at once
+            index = [t.name for t in spec.tasks()].index(victim)
+            s = socket.socket()
+            s.bind(("127.0.0.1", ports[index]))
+            s.listen(1)
+            grabbed.append(s)
+        return ports
+
+    spec = ClusterSpec(name="grab", mode=mode, workers=2 if mode == "between" else 1,
+                          ps=0 if mode == "between" else 1, script=MWMS_ONCE if mode == "between" else None,
+                          restart_budget=0)
+    monkeypatch.setattr(local_backend, "free_ports", picked_then_taken)
+    try:
+        cluster = tk.launch("grab", mode=mode, workers=spec.workers, ps=spec.ps, script=spec.script,
+                            restart_budget=0, backend=local)
+        taken = grabbed[0].getsockname()[1]
+        if mode == "between":
+            st = cluster.wait(timeout=240)
+            assert st.phase == Phase.SUCCEEDED, (st.reason, cluster.logs()[-3000:], cluster.events())
+            assert all("all-reduced: 2.0" in cluster.logs(t) for t in ("worker-0", "worker-1"))
+        else:
+            st = cluster.wait_ready(timeout=240)
+            record = json.loads(local._dir("grab").record.read_text())
+            for t in st.tasks:  # every live task was started with the same, new addresses
+                raw = Path(f"/proc/{t.pid}/environ").read_text().split("\0")
+                environ = dict(v.split("=", 1) for v in raw if "=" in v)
+                assert json.loads(environ["TF_CONFIG"])["cluster"] == record["cluster"]
+        moved = [e.message for e in cluster.events() if e.reason == "PortTaken"]
+        assert len(moved) == 1 and f"127.0.0.1:{taken} was taken" in moved[0], cluster.events()
+        assert st.task(victim).host != f"127.0.0.1:{taken}"
+        role, index = victim.split("-")
+        assert local.addresses("grab")[role][int(index)] == st.task(victim).host
+        assert _restarts_used(local, "grab") == 0
+        cluster.delete()
+    finally:
+        for s in grabbed:
+            s.close()

@@ -12,6 +12,11 @@ line of every task's log — when that module is already imported.
 EXIT_SCRIPT_BROKEN = 3
 #: The first word of the termination message of a task whose script cannot run.
 BROKEN_MARK = "ScriptBroken"
+#: The first word of the termination message of a task whose own port was taken by another
+#: process before its server could listen (local backend, tasks on the host's loopback): the
+#: supervisor moves it to a new port and restarts the cluster's tasks with the new addresses.
+PORT_TAKEN_MARK = "PortTaken"
+
 #: Where the runtime writes its termination message: the local supervisor names a file in the
 #: cluster dir; on Kubernetes the runtime uses the container's ``/dev/termination-log`` (the
 #: default ``terminationMessagePath``: the kubelet puts it in the terminated state's ``message``).

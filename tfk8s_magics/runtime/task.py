@@ -33,9 +33,11 @@ anything else is the script's own ``sys.exit`` code.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import runpy
+import socket
 import sys
 import traceback
 from collections.abc import MutableMapping
@@ -49,6 +51,7 @@ from .exitcodes import (
     EXIT_PEER_LOST,
     EXIT_SCRIPT_BROKEN,
     KUBERNETES_TERMINATION_LOG,
+    PORT_TAKEN_MARK,
     TERMINATION_FILE_ENV,
 )
 
@@ -98,14 +101,21 @@ def run_server(tf_config: dict) -> int:
     """Serve as one task of the cluster until killed."""
     tf = import_tensorflow()
 
-    task = tf_config["task"]
-    server = tf.distribute.Server(
-        tf.train.ClusterSpec(tf_config["cluster"]),
-        job_name=task["type"],
-        task_index=int(task["index"]),
-        protocol="grpc",
-        start=True,
-    )
+    task, port = tf_config["task"], own_port(tf_config)
+    if port_taken(port):
+        return port_lost(port)
+    try:
+        server = tf.distribute.Server(
+            tf.train.ClusterSpec(tf_config["cluster"]),
+            job_name=task["type"],
+            task_index=int(task["index"]),
+            protocol="grpc",
+            start=True,
+        )
+    except Exception:
+        if port_taken(port):  # taken between our check and the bind
+            return port_lost(port)
+        raise
     print(f"tfk8s: {task['type']}-{task['index']} serving at {server.target}", flush=True)
     signal_ready()
     server.join()  # parameter servers are stopped from outside (grace period + SIGTERM)
@@ -141,11 +151,16 @@ def guard_collective_strategy() -> None:
 
 
 def broken(why: str) -> int:
-    """Say that the script cannot run (stderr and the termination file); return the exit code.
-
-    The termination file is the supervisor's (``$TFK8S_TERMINATION_FILE``, created here without
-    following a symlink) or, in a pod, ``/dev/termination-log`` when it exists (never created)."""
+    """Say that the script cannot run (stderr and the termination file); return the exit code."""
     print(f"tfk8s: {why}", file=sys.stderr, flush=True)
+    _terminate_with(f"{BROKEN_MARK}: {why}")
+    return EXIT_SCRIPT_BROKEN
+
+
+def _terminate_with(message: str) -> None:
+    """Write the termination message: to the supervisor's file (``$TFK8S_TERMINATION_FILE``,
+    created here without following a symlink) or, in a pod, to ``/dev/termination-log`` when it
+    exists (never created)."""
     path = os.environ.get(TERMINATION_FILE_ENV)
     flags = os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     if path:
@@ -155,14 +170,45 @@ def broken(why: str) -> int:
     try:
         fd = os.open(path, flags, 0o600)
     except OSError:
-        return EXIT_SCRIPT_BROKEN  # no termination file: the exit code alone says it
+        return  # no termination file: the exit code alone says it
     try:
-        os.write(fd, f"{BROKEN_MARK}: {why}"[:4096].encode("utf-8", "replace"))
+        os.write(fd, message[:4096].encode("utf-8", "replace"))
     except OSError:
         pass
     finally:
         os.close(fd)
-    return EXIT_SCRIPT_BROKEN
+
+
+def own_port(tf_config: dict) -> int | None:
+    """This task's port in ``TF_CONFIG`` (None when it names none)."""
+    task = tf_config.get("task") or {}
+    try:
+        address = tf_config["cluster"][task["type"]][int(task["index"])]
+        return int(str(address).rsplit(":", 1)[1])
+    except (KeyError, IndexError, ValueError, TypeError):
+        return None
+
+
+def port_taken(port: int | None) -> bool:
+    """Whether another process listens on ``port`` here, so this task's server cannot (a port
+    picked at launch and taken before the task bound it)."""
+    if port is None:
+        return False
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "taken"
+        try:
+            s.bind(("0.0.0.0", port))  # what TensorFlow's server binds (the shim: loopback)
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
+
+
+def port_lost(port: int) -> int:
+    """Exit saying our port was taken: the supervisor moves this task to another one."""
+    print(f"tfk8s: port {port} was taken by another process before this task could listen on it",
+          file=sys.stderr, flush=True)
+    _terminate_with(f"{PORT_TAKEN_MARK}: {port}")
+    return EXIT_PEER_LOST
 
 
 def run_script(path: str) -> int:
@@ -174,6 +220,9 @@ def run_script(path: str) -> int:
         return broken(f"the training script cannot be compiled: {e}")
     del code
     import_tensorflow()  # before "ready": starting = importing TF
+    port = own_port(json.loads(os.environ.get("TF_CONFIG") or "{}"))
+    if port_taken(port):  # the strategy's server could not listen: move before running anything
+        return port_lost(port)
 
     guard_collective_strategy()
     # As `python path/script.py` does: the script's own folder comes first (for a
@@ -205,6 +254,9 @@ def run_script(path: str) -> int:
         return broken("the training script failed on an import; restarting cannot fix it.")
     except BaseException as e:  # noqa: BLE001 - report any failure of user code as exit 1
         traceback.print_exc()
+        port = own_port(json.loads(os.environ.get("TF_CONFIG") or "{}"))
+        if "gRPC server" in str(e) and port_taken(port):  # the strategy could not start our server
+            return port_lost(port)
         if _lost_a_peer(e):
             print("tfk8s: the script lost a peer (another task ended); it will be restarted.",
                   file=sys.stderr, flush=True)

@@ -51,10 +51,11 @@ from ...lifeline import (
     set_parent_death_signal,
     start_time,
 )
-from ...runtime.exitcodes import TERMINATION_FILE_ENV
+from ...ports import free_ports
+from ...runtime.exitcodes import PORT_TAKEN_MARK, TERMINATION_FILE_ENV
 from ...spec import ClusterSpec, Task
 from ...stall import DEFAULT_TIMEOUT as DEFAULT_STALL_TIMEOUT
-from ...tfconfig import tf_config
+from ...tfconfig import cluster_def, tf_config
 from ..base import Phase
 from . import isolation, pool
 from .layout import ClusterDir, open_private_append, read_json, task_log_path, write_json_atomic
@@ -66,6 +67,9 @@ from .watchdog import CLUSTER_ID_ENV, fork_watchdog
 STOP_TIMEOUT = 5.0
 #: Seconds between checks that the cluster dir is still this cluster's.
 IDENTITY_CHECK = 1.0
+#: How many times a cluster's tasks are moved to new ports (a port taken by another process
+#: between allocation and bind), free of the restart budget; after that it is a failure like any.
+PORT_MOVES = 3
 
 
 class DirReplaced(Exception):
@@ -109,6 +113,7 @@ class Supervisor:
         self.reason = ""
         self.finished: float | None = None
         self.restarts_used = 0
+        self.port_moves = 0
         self.stop_reason = ""
         self.grace_deadline: float | None = None
         #: The open incident: until when, "task: why" of its first retryable end, and the
@@ -193,8 +198,9 @@ class Supervisor:
         return self.cdir.progress_dir / f"{t.task.name}.end"
 
     def _termination_reason(self, t: _Task) -> str:
-        """:data:`lifecycle.SCRIPT_BROKEN` if this try's runtime wrote it (removed after reading),
-        else "": exit 3 alone is the script's own ``sys.exit(3)``."""
+        """What this try's runtime wrote (the file is removed after reading):
+        :data:`lifecycle.SCRIPT_BROKEN`, :data:`PORT_TAKEN_MARK`, or "" (exit 3 alone is the
+        script's own ``sys.exit(3)``)."""
         path = self._termination_file(t)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -205,7 +211,10 @@ class Supervisor:
         finally:
             os.close(fd)
             path.unlink(missing_ok=True)
-        return lifecycle.SCRIPT_BROKEN if text.startswith(lifecycle.SCRIPT_BROKEN + ":") else ""
+        for mark in (lifecycle.SCRIPT_BROKEN, PORT_TAKEN_MARK):
+            if text.startswith(mark + ":"):
+                return mark
+        return ""
 
     def _open_log(self, t: _Task):
         """The task's log, opened for appending without following a symlink at any level we create
@@ -418,17 +427,12 @@ class Supervisor:
         st.exit_code = rc if rc >= 0 else None
         st.signal = signal.Signals(-rc).name if rc < 0 else None
         self.dirty = True
-        if t.stopping == "stop" or (t.stopping == "restart" and self.stop_reason):
-            st.phase, st.reason = Phase.STOPPED, self.stop_reason
+        if self._ended_by_us(t):
             return
-        if t.stopping == "recycle":
-            st.phase, st.reason = Phase.SUCCEEDED, lifecycle.RECYCLED
-            self.event(t.task.name, "Recycled", st.reason)
+        reason = self._termination_reason(t)
+        if reason == PORT_TAKEN_MARK and self._move_port(t):
             return
-        if t.stopping == "restart":  # ended by us: its group restarts after another's end
-            self._restart(t, f"restarted with its group ({self.incident[1]})")
-            return
-        end = lifecycle.TaskEnd(exit_code=st.exit_code, signal=st.signal, reason=self._termination_reason(t))
+        end = lifecycle.TaskEnd(exit_code=st.exit_code, signal=st.signal, reason=reason)
         if self._in_incident(t, end) and self.policy.classify(end).action == lifecycle.RESTART:
             # A consequence of the incident already paid for: restart, do not count again.
             self._restart(t, f"{self.policy.classify(end).reason}; same incident as {self.incident[1]}")
@@ -448,6 +452,23 @@ class Supervisor:
             st.phase, st.reason = Phase.FAILED, decision.reason + self._disk_note()
             self.fail(f"{t.task.name} failed: {st.reason}")
             self.event(t.task.name, "Failed", st.reason, "Warning")
+
+    def _ended_by_us(self, t: _Task) -> bool:
+        """Settle the end of a task we ended (stop, recycle, a group restart, new ports); False
+        when it ended on its own, for the lifecycle policy to judge."""
+        st = t.status
+        if t.stopping == "stop" or (t.stopping in ("restart", "ports") and self.stop_reason):
+            st.phase, st.reason = Phase.STOPPED, self.stop_reason
+        elif t.stopping == "recycle":
+            st.phase, st.reason = Phase.SUCCEEDED, lifecycle.RECYCLED
+            self.event(t.task.name, "Recycled", st.reason)
+        elif t.stopping == "ports":  # the cluster's addresses changed
+            self._restart(t, "restarted with the cluster's new addresses (not counted)")
+        elif t.stopping == "restart":  # its group restarts after another's end
+            self._restart(t, f"restarted with its group ({self.incident[1]})")
+        else:
+            return False
+        return True
 
     def _in_incident(self, t: _Task, end: lifecycle.TaskEnd) -> bool:
         """Whether ``t``'s end belongs to the open incident (its first end since it opened):
@@ -479,8 +500,36 @@ class Supervisor:
         self._start_deferred()
 
     def _group_ending(self) -> bool:
-        return any(t.stopping == "restart" and t.proc is not None and t.proc.returncode is None
+        return any(t.stopping in ("restart", "ports") and t.proc is not None and t.proc.returncode is None
                    for t in self.tasks.values())
+
+    def _move_port(self, t: _Task) -> bool:
+        """``t``'s port was taken by another process before it could listen (tasks on the host's
+        loopback): give it a new one, rewrite the addresses every task and the kernel read
+        (``record.json``), and restart the tasks already started with them — free of the
+        restart budget, at most :data:`PORT_MOVES` times.  False when no move is left."""
+        if self.port_moves >= PORT_MOVES or self.stop_reason:
+            return False
+        self.port_moves += 1
+        old = self.record["addresses"][t.task.name]
+        taken = {a.rsplit(":", 1)[1] for a in self.record["addresses"].values()}
+        port = next(p for p in free_ports(len(taken) + 1) if str(p) not in taken)
+        self.record["addresses"][t.task.name] = t.status.host = f"127.0.0.1:{port}"
+        addresses = self.record["addresses"]
+        self.record["cluster"] = self.cluster = cluster_def(self.spec, lambda x: addresses[x.name])
+        try:
+            write_json_atomic(self.cdir.record, self.record, dir_fd=self.dir_fd)
+        except OSError as e:
+            self.file_failure(t, OSError(e.errno, e.strerror, str(self.cdir.record)))
+            return True
+        self.event(t.task.name, "PortTaken", f"{old} was taken by another process before the task could "
+                   f"listen on it; moved to 127.0.0.1:{port}, every task restarted with the new addresses "
+                   "(not counted against the restart budget)", "Warning")
+        for other in self.tasks.values():
+            if other is not t and other.proc is not None and other.proc.returncode is None:
+                self.end_task(other, "ports")
+        self._restart(t, f"on a new port ({old} was taken)")
+        return True
 
     def _start_deferred(self) -> None:
         """Start the restarts that waited for their group, once all of it has ended."""
