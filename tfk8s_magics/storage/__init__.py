@@ -9,8 +9,8 @@ tfk8s_magics.storage fetch URL DEST`` / ``upload SRC URL`` does the same
 from a command line (the Kubernetes init container and upload step).
 """
 
-from .transfer import Fetched, explain, fetch_text, open_fs, sync_down, upload
+from .transfer import Fetched, explain, fetch_text, open_fs, probe, sync_down, upload
 from .urls import READ_ONLY, SCHEMES, check_url, is_url, join, scheme
 
 __all__ = ["READ_ONLY", "SCHEMES", "Fetched", "check_url", "explain", "fetch_text", "is_url", "join",
-           "open_fs", "scheme", "sync_down", "upload"]
+           "open_fs", "probe", "scheme", "sync_down", "upload"]

@@ -46,7 +46,8 @@ def open_fs(url: str):
     kind = scheme(url)
     need = SCHEMES.get(kind)
     try:
-        fs, path = fsspec.core.url_to_fs(url)
+        # Not fsspec's cached instance: credentials fixed in the environment take effect at once.
+        fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True)
     except ImportError:
         package = need[1] if need else "fsspec"
         raise StorageError(
@@ -247,3 +248,19 @@ def upload(src_dir: str | os.PathLike, url: str, progress: Progress | None = Non
     if progress is not None:
         progress(total, total)
     return {"files": len(files), "bytes": total}
+
+
+def probe(url: str, flag: str, *, write: bool = False) -> None:
+    """Check before a launch that ``url`` can be used: it exists and the credentials are accepted
+    (read), or an object can be written there (``write``: a small probe object, removed at once)."""
+    check_url(flag, url, writable=write)
+    fs, path = open_fs(url)
+    try:
+        if not write:
+            fs.info(path)
+            return
+        name = join(path, f".tfk8s-probe-{os.getpid()}-{threading.get_ident()}")
+        fs.pipe_file(name, b"")
+        fs.rm_file(name)
+    except Exception as e:  # noqa: BLE001 - one sentence whatever the filesystem raised
+        raise explain(e, url, flag) from None

@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from ... import scriptcheck, stall
+from ... import scriptcheck, stall, storage
 from ...errors import BackendError, ClusterExists, ClusterNotFound, LaunchFailed, SpecError
 from ...lifeline import open_pidfd, pid_alive, same_process, start_time
 from ...ports import free_ports, port_open
@@ -161,12 +161,26 @@ class LocalBackend(Backend):
                 "--log-claim/--data-claim name Kubernetes volumes; on the local backend use "
                 "--log-dir/--data-dir instead."
             )
+        self._preflight_storage(spec)
         if spec.ttl_after_finished is not None:
             # The lifecycle policy's TTL needs a controller that outlives the cluster's processes.
             raise SpecError(
                 f"ttl_after_finished={spec.ttl_after_finished:g} is enforced on Kubernetes only; on the "
                 "local backend leave it unset and remove a finished cluster with %tfcluster delete NAME."
             )
+
+    def _preflight_storage(self, spec: ClusterSpec) -> None:
+        """A data or backup URL that cannot be used is refused before anything exists (one sentence)."""
+        if spec.credentials_secret:
+            raise SpecError(
+                f"--credentials-secret {spec.credentials_secret!r} names a Kubernetes Secret; the local "
+                "backend takes storage credentials from your environment (e.g. AWS_ACCESS_KEY_ID/"
+                "AWS_SECRET_ACCESS_KEY) or fsspec's config: drop the flag."
+            )
+        if spec.data_url:
+            storage.probe(spec.data_url, "--data-dir")
+        if spec.backup_url:
+            storage.probe(spec.backup_url, "--backup", write=True)
 
     def _make_cluster_dir(self, name: str) -> ClusterDir:
         """Create the cluster's private dir (0700); the name is taken by whoever creates it first."""

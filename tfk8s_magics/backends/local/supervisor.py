@@ -61,6 +61,7 @@ from . import isolation, pool
 from .layout import ClusterDir, open_private_append, read_json, task_log_path, write_json_atomic
 from .stallwatch import StallWatch
 from .status import LocalTaskStatus
+from .storage import ClusterStorage
 from .watchdog import CLUSTER_ID_ENV, fork_watchdog
 
 #: Seconds a task gets between SIGTERM and SIGKILL.
@@ -125,6 +126,8 @@ class Supervisor:
         self.dirty = True
         #: How this cluster is kept from other users (see :meth:`isolate`), for status.json.
         self.isolation: dict = {"mode": isolation.NONE, "reason": "not isolated yet", "netns": None}
+        #: --data-sync before the tasks, --backup after them (issue 15).
+        self.storage = ClusterStorage(self)
         self.stalls = StallWatch(
             {t: task_log_path(self.record["log_dir"], t) for t in self.tasks},
             cdir.progress_dir,
@@ -188,6 +191,7 @@ class Supervisor:
             reserved["TFK8S_SCRIPT_DIR"] = rec.get("script_dir") or rec["workdir"]
             if self.spec.files:
                 reserved["TFK8S_FILES_DIR"] = str(self.cdir.files)
+        reserved.update(self.storage.task_env())  # streaming: TFK8S_DATA_URL + storage credentials
         env = taskenv.build(os.environ, self.spec.env, reserved, self.spec.legacy_keras)
         if self.isolation["mode"] == isolation.LOOPBACK_SHIM:
             isolation.preload_env(env, rec.get("loopback_shim"))
@@ -400,6 +404,7 @@ class Supervisor:
         a child of ours that is no task is an orphaned descendant, which must not outlive its task."""
         keep = {t.proc.pid for t in self.tasks.values() if t.proc is not None and t.proc.returncode is None}
         keep.add(self.watchdog_pid)
+        keep.add(self.storage.uploader.pid if self.storage.uploader else None)  # waits for the backup
         for pid in children_of(os.getpid()):
             if pid in keep:
                 continue
@@ -564,10 +569,11 @@ class Supervisor:
         ``status.json`` says why.
         """
         want = isolation.wanted(options.get("isolation"))
-        if want != "netns" or not self.policy.success_roles:
+        if want != "netns" or not self.policy.success_roles or self.storage.streams:
             shim = (want in ("loopback", "netns")) and self.record.get("loopback_shim")
             mode = isolation.LOOPBACK_SHIM if shim else isolation.NONE
-            why = f"TFK8S_ISOLATION={want}" if want != "netns" else IN_GRAPH_NO_NETNS
+            why = (f"TFK8S_ISOLATION={want}" if want != "netns"
+                   else IN_GRAPH_NO_NETNS if not self.policy.success_roles else STREAMS_NO_NETNS)
             self.isolation = {"mode": mode, "reason": why, "netns": None}
             return
         try:
@@ -742,7 +748,6 @@ class Supervisor:
                 self.request_stop(f"its owner (pid {owner}) had already exited")
             else:
                 self.sel.register(fd, selectors.EVENT_READ, ("owner", owner))
-        self.isolate()
 
     def _start_all(self) -> None:
         if self.stop_reason:
@@ -776,9 +781,12 @@ class Supervisor:
         self.sel.register(wake_r, selectors.EVENT_READ, ("signal", None))
         self._guard()
         self.write_status()
+        if self.storage.before_tasks():  # on the host's network: the data URL and the uploader
+            self.isolate()
         self._start_all()
         while True:
             self.update_phase()
+            self.storage.on_success()  # --backup: uploaded before the success is written
             self.check_stall(time.time())
             if self.dirty:
                 self.write_status()
@@ -790,6 +798,7 @@ class Supervisor:
                 pending.pop()
                 self.request_stop("stopped by the user")
             self.tick()
+        self.storage.after_tasks()  # the backup, before what is left of the cluster is killed
         self.reap_orphans()
         if self.cluster_id:  # whatever a task started in another session dies with the cluster
             kill_marked(CLUSTER_ID_ENV, self.cluster_id, exclude=frozenset({self.watchdog_pid or 0}))
@@ -800,6 +809,12 @@ class Supervisor:
 #: Why an in-graph cluster gets no private network namespace (shown in ``status.json``).
 IN_GRAPH_NO_NETNS = ("in-graph: the notebook kernel is the chief and its servers dial it, so they "
                      "share the host's loopback (behind the loopback shim), not a private namespace")
+
+
+#: Why a cluster whose tasks stream from ``$TFK8S_DATA_URL`` gets no private network namespace.
+STREAMS_NO_NETNS = ("its tasks stream --data-dir's URL ($TFK8S_DATA_URL), which needs the host's network, "
+                    "so they share the host's loopback (behind the loopback shim); --data-sync copies the "
+                    "data first and keeps a private namespace")
 
 
 def main(argv: list[str] | None = None) -> int:
