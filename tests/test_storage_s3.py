@@ -8,11 +8,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import requests
 
 pytest.importorskip("s3fs", reason="the storage extra (s3fs) is not installed")
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed")
@@ -174,6 +176,16 @@ def test_data_synced_before_the_tasks_and_results_backed_up_after(creds, local, 
                                                                 f"s3://{BUCKET}/backup/run1")
     isolation_mode = local._raw_status(local._dir("synced"), local._record("synced"))["isolation"]["mode"]
     assert isolation_mode in ("netns", "userns+netns")  # synced: the tasks keep their private network
+    # The volumes are gone: %tfcluster serve --from the backup URL serves the uploaded SavedModel.
+    shutil.rmtree(Path(cluster.status().log_dir.path) / "models")
+    info = cluster.serve(source_url=f"s3://{BUCKET}/backup/run1")
+    try:
+        assert (info.model, info.version) == ("m", 1)
+        r = requests.post(f"{info.rest_local}/v1/models/m:predict", json={"instances": [1.0, 2.0]},
+                          timeout=30)
+        assert r.json() == {"predictions": [3.0, 6.0]}, r.text
+    finally:
+        cluster.serve(stop=True)
     cluster.delete()
 
 

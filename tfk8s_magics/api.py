@@ -307,7 +307,8 @@ def serve(name: str, backend: str | Backend | None = None, *, model: str | None 
 
     Returns a :class:`~tfk8s_magics.serving.ServingInfo` (endpoint, model,
     version); ``stop=True`` removes the server instead and returns whether
-    one was running.  Kubernetes options: ``replicas``, ``cpu``, ``memory``.
+    one was running.  Kubernetes options: ``replicas``, ``cpu``, ``memory``.  ``source_url`` (local):
+    serve from object storage, e.g. the cluster's ``--backup`` URL, instead of its log dir.
     """
     return get(name, backend).serve(model=model, stop=stop, **serving)
 
@@ -440,6 +441,11 @@ class Cluster:
             raise SpecError(f"the {self.backend.name} backend cannot serve models; use local or kubernetes.")
         if stop:
             return self.backend.stop_serving(self.name)
+        if serving.get("source_url") is not None and self.backend.name != "local":
+            raise SpecError(
+                f"serve --from URL serves from object storage on the local backend; the {self.backend.name} "
+                "backend serves from the cluster's log volume (its --backup copy is for when that is gone)."
+            )
         return serve_fn(self.name, model=model, **{k: v for k, v in serving.items() if v is not None})
 
     def serving(self):

@@ -153,6 +153,7 @@ def _serve(args: argparse.Namespace) -> int:
                                   else "nothing was being served"))
         return 0
     info = cluster.serve(model=args.model, replicas=args.replicas, cpu=args.serving_cpu,
+                         source_url=args.source_url,
                          memory=args.serving_memory)
     print(serving_text(info))
     if cluster.backend.name == "local":

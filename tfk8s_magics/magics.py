@@ -217,7 +217,7 @@ class TFClusterMagics(Magics, MagicDefaults):
             print(f"{args.name}: {what}")
             return None
         show_serving(cluster.serve(model=args.model, replicas=args.replicas, cpu=args.serving_cpu,
-                                   memory=args.serving_memory))
+                                   memory=args.serving_memory, source_url=args.source_url))
         return None
 
     def _cmd_pool(self, args, cell):

@@ -446,6 +446,9 @@ _OPTIONS = (
            flag="--memory", check=quantity, commands=("serve",)),
     Option("stop_serving", parse_bool, False, "stop serving and remove the server", flag="--stop",
            commands=("serve",), action="store_true"),
+    Option("source_url", str, None, "serve from this URL instead of the log dir: a --backup URL "
+           "(its models/) or a models dir holding <model>/<version>/ (local backend)", flag="--from",
+           commands=("serve",), metavar="URL"),
     Option("serve_model", str, None, "include TF Serving of MODEL (Deployment + Service)",
            flag="--serve", check=_model_name, commands=("render",), metavar="MODEL"),
     # -- how a launch runs ----------------------------------------------------

@@ -630,12 +630,18 @@ class LocalBackend(Backend):
                 os.kill(info["pid"], signal.SIGKILL)
 
     # -- serving (see tfk8s_magics.serving.local) -------------------------------
-    def serve(self, name: str, model: str | None = None, **options):
+    def serve(self, name: str, model: str | None = None, source_url: str | None = None, **options):
         """Serve the cluster's newest exported model with the local TF-Serving-compatible server.
 
         ``replicas``/``cpu``/``memory`` are Kubernetes choices: one process serves here.
+        ``source_url``: serve from object storage instead of the log dir (see :func:`_fetch_models`).
         """
         cdir = self._dir(name)
+        if source_url is not None:
+            base = _fetch_models(cdir, source_url)
+            serving.stop(cdir.root)
+            kwargs = {k: v for k, v in options.items() if k in ("poll_seconds", "timeout")}
+            return serving.start(name, cdir.root, str(base), model, **kwargs)
         allowed = {"poll_seconds", "timeout"}
         for key, value in options.items():
             if key not in allowed and value not in (None, 1):
@@ -679,6 +685,25 @@ def _write_script(cdir: ClusterDir, spec: ClusterSpec) -> None:
         cdir.files.mkdir(mode=0o700)
         for file_name, text in spec.files.items():
             _write_private(cdir.files / file_name, text)
+
+
+def _fetch_models(cdir: ClusterDir, url: str) -> Path:
+    """Copy the models under ``url`` (a ``--backup`` URL: its ``models/``; else ``url`` is a models dir,
+    ``<model>/<version>/``) to ``<cluster dir>/served/models``; return ``served`` (a log dir to serve
+    from).  The copy replaces the previous one only once it is complete."""
+    storage.check_url("--from", url)
+    served = cdir.root / "served"
+    fresh = cdir.root / ".served-new"
+    shutil.rmtree(fresh, ignore_errors=True)
+    try:
+        storage.sync_down(storage.join(url, "models"), fresh / "models")
+    except SpecError as first:
+        if "does not exist" not in str(first):
+            raise
+        storage.sync_down(url, fresh / "models")  # the URL of a models dir itself
+    shutil.rmtree(served, ignore_errors=True)
+    os.replace(fresh, served)
+    return served
 
 
 def _mkdir_private(d: Path) -> None:
