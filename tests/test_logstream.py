@@ -10,15 +10,16 @@ reading it replaced.
 
 from __future__ import annotations
 
+import gc
 import queue
 import threading
 
 import pytest
 
-from tfk8s_magics.backends import LogLine
+from tfk8s_magics.backends import LogChunk, LogLine
 from tfk8s_magics.backends.local import logtail
 from tfk8s_magics.backends.pacing import Pacer
-from tfk8s_magics.watch import HISTORY_LINES, ClusterFeed
+from tfk8s_magics.watch import HISTORY_LINES, ClusterFeed, LogBatch
 
 TIMEOUT = 10.0
 _BURST_END = object()
@@ -242,3 +243,35 @@ def test_the_live_view_formats_only_what_a_flood_leaves_visible(capsys):
     printed = LogView(backend=None, name="demo", max_lines=50)  # no widget: every line printed
     printed._on_logs([LogLine("worker-0", f"p{i}") for i in range(200)])
     assert capsys.readouterr().out.splitlines() == [f"[worker-0] p{i}" for i in range(200)]
+
+
+def test_a_batch_is_a_sequence_of_the_lines_it_was_read_as():
+    chunks = [LogChunk("ps-0", ["p0", "p1"], 1.0), LogChunk("worker-0", [], 2.0),
+              LogChunk("worker-0", ["w0", "w1", "w2"], 3.0)]
+    lines = [ln for c in chunks for ln in c.lines()]
+    batch = LogBatch(chunks)
+    assert len(batch) == 5 and batch == lines and list(batch) == lines
+    assert list(reversed(batch)) == lines[::-1]
+    for i in range(-5, 5):
+        assert batch[i] == lines[i]
+    for sl in (slice(None), slice(1, 4), slice(-2, None), slice(-50, 2), slice(4, 1), slice(None, None, 2)):
+        assert batch[sl] == lines[sl], sl
+    with pytest.raises(IndexError):
+        batch[5]
+    assert LogBatch([]) == [] and not LogBatch([])
+
+
+def test_a_flood_handed_out_line_by_line_leaves_the_garbage_collector_idle():
+    # LogLine is a tuple subclass: tracked by the collector for life.  A flood made into a
+    # list at once promotes tens of thousands of them per batch, and the kernel pays with
+    # full collections; looked at one by one and dropped, none survives to a collection.
+    texts = [f"line {i}" for i in range(70_000)]
+    gc.collect()
+    before = gc.get_stats()[0]["collections"]
+    shown = sum(len(ln.text) for ln in LogBatch([LogChunk("worker-0", texts, 1.0)]))
+    lazy = gc.get_stats()[0]["collections"] - before
+    before = gc.get_stats()[0]["collections"]
+    listed = sum(len(ln.text) for ln in LogChunk("worker-0", texts, 1.0).lines())
+    eager = gc.get_stats()[0]["collections"] - before
+    assert shown == listed
+    assert eager >= 50 and lazy <= 5, (eager, lazy)

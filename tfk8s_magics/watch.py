@@ -5,7 +5,7 @@ status (``Backend.watch``), one its logs (``Backend.follow_logs``), one
 handing log batches out — and gives what they see to subscribers: the
 live log view under a launch cell, the dashboard, the cluster list.
 However many views show a cluster, the backend is read once.  Subscribers
-get log lines in batches, paced by a :class:`~.backends.pacing.Pacer`:
+get log lines in batches (a :class:`LogBatch`), paced by a :class:`~.backends.pacing.Pacer`:
 a line after a quiet spell is handed out the moment it is read (a slow
 stream is shown line by line, as printed), and only a stream faster than
 one line per ``LOG_MIN_GAP`` is gathered into batches, up to
@@ -19,20 +19,21 @@ guards only the registry: no backend call is made while it is held.
 
 from __future__ import annotations
 
+import bisect
 import collections
-import itertools
 import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from itertools import repeat
 
 from .backends import Backend, ClusterStatus, LogChunk, LogLine
 from .backends.pacing import Pacer
 from .errors import ClusterNotFound
 
 StatusCallback = Callable[[ClusterStatus], None]
-LogsCallback = Callable[[list[LogLine]], None]
+LogsCallback = Callable[["LogBatch"], None]
 
 #: Longest gap between log batches handed to subscribers (reached only under load).
 LOG_BATCH_INTERVAL = 0.1
@@ -40,6 +41,78 @@ LOG_BATCH_INTERVAL = 0.1
 LOG_MIN_GAP = 0.02
 #: Log lines kept in memory per task, for views that subscribe late.
 HISTORY_LINES = 1000
+
+
+class LogBatch(Sequence[LogLine]):
+    """The lines handed to subscribers at once: a read-only sequence of :class:`LogLine`,
+    each made when it is looked at.
+
+    Why not a list: a flood hands out 10k+ lines a batch, and a list would make
+    them all at once.  ``LogLine`` is a tuple *subclass*, which the garbage
+    collector tracks for life, so a batch alive across allocations gets promoted
+    to the old generation and triggers full collections, which pause the whole
+    kernel for 100-200 ms with a kernel-sized heap.  Made one at a time, a line
+    that the view drops at once is freed before any collection runs; a view that
+    shows only the newest lines (a slice) makes only those.
+    Compares equal to a sequence of the same lines.
+    """
+
+    __slots__ = ("_chunks", "_ends")
+
+    def __init__(self, chunks: list[LogChunk]) -> None:
+        self._chunks = chunks
+        self._ends: list[int] = []
+        n = 0
+        for chunk in chunks:
+            n += len(chunk.texts)
+            self._ends.append(n)
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def __iter__(self) -> Iterator[LogLine]:
+        for c in self._chunks:
+            yield from map(tuple.__new__, repeat(LogLine), zip(repeat(c.task), c.texts, repeat(c.time)))
+
+    def __reversed__(self) -> Iterator[LogLine]:
+        for c in reversed(self._chunks):
+            yield from map(tuple.__new__, repeat(LogLine),
+                           zip(repeat(c.task), reversed(c.texts), repeat(c.time)))
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            return self._range(start, stop)
+        n = len(self)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError("LogBatch index out of range")
+        k = bisect.bisect_right(self._ends, i)
+        c = self._chunks[k]
+        return LogLine(c.task, c.texts[i - (self._ends[k - 1] if k else 0)], c.time)
+
+    def _range(self, start: int, stop: int) -> list[LogLine]:
+        out: list[LogLine] = []
+        k = bisect.bisect_right(self._ends, start)
+        while start < stop and k < len(self._chunks):
+            base = self._ends[k - 1] if k else 0
+            c = self._chunks[k]
+            end = min(stop, self._ends[k])
+            out.extend(LogLine.many(c.task, c.texts[start - base:end - base], c.time))
+            start, k = end, k + 1
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-like semantics, as a list
+
+    def __repr__(self) -> str:
+        return f"<LogBatch of {len(self)} lines from {len(self._chunks)} reads>"
 
 
 class ClusterFeed:
@@ -212,14 +285,13 @@ class ClusterFeed:
             self._pending_lines = 0
             if not chunks:
                 return False
-            parts = [chunk.lines() for chunk in chunks]
-            for chunk, lines in zip(chunks, parts, strict=True):  # one history update per chunk
+            for chunk in chunks:  # one history update per chunk, of the lines it can keep
                 q = self.history.get(chunk.task)
                 if q is None:
                     q = self.history[chunk.task] = collections.deque(maxlen=HISTORY_LINES)
-                q.extend(lines)
+                q.extend(LogLine.many(chunk.task, chunk.texts[-HISTORY_LINES:], chunk.time))
             subs = list(self._log_subs)
-        batch = parts[0] if len(parts) == 1 else list(itertools.chain.from_iterable(parts))
+        batch = LogBatch(chunks)
         for cb in subs:
             _safe(cb, batch)
         return True
