@@ -125,10 +125,12 @@ class ClusterFeed:
         self.backend = backend
         self.name = name
         self.status: ClusterStatus | None = None
-        self.history: dict[str, collections.deque[LogLine]] = {}
+        #: Per task, its newest read chunks holding at most HISTORY_LINES lines (plus the
+        #: count): kept as strings, made into LogLines only for a late view (:attr:`history`).
+        self._recent: dict[str, tuple[collections.deque[LogChunk], list[int]]] = {}
         self._status_subs: list[StatusCallback] = []
         self._log_subs: list[LogsCallback] = []
-        self._lock = threading.Lock()  # guards status, history, the subscriber lists, _pending
+        self._lock = threading.Lock()  # guards status, _recent, the subscriber lists, _pending
         self._stop = threading.Event()
         #: Chunks of one task's lines each, as the backend handed them over: kept as
         #: strings until handed out (see :class:`~.backends.LogChunk`).
@@ -196,7 +198,7 @@ class ClusterFeed:
             if on_logs:
                 self._log_subs.append(on_logs)
             status = self.status
-            history = sorted((line for q in self.history.values() for line in q), key=lambda x: x.time)
+            history = sorted((line for q in self._history().values() for line in q), key=lambda x: x.time)
         if replay:
             if on_status and status is not None:
                 on_status(status)
@@ -278,6 +280,26 @@ class ClusterFeed:
                 self._flush()
                 return
 
+    @property
+    def history(self) -> dict[str, collections.deque[LogLine]]:
+        """The newest ``HISTORY_LINES`` log lines of each task (for views that subscribe late)."""
+        with self._lock:
+            return self._history()
+
+    def _history(self) -> dict[str, collections.deque[LogLine]]:
+        return {task: collections.deque((ln for c in chunks for ln in c.lines()), maxlen=HISTORY_LINES)
+                for task, (chunks, _n) in self._recent.items()}
+
+    def _remember(self, chunk: LogChunk) -> None:
+        """Keep ``chunk``'s newest lines in the history (caller holds ``_lock``)."""
+        chunks, count = self._recent.setdefault(chunk.task, (collections.deque(), [0]))
+        kept = chunk if len(chunk.texts) <= HISTORY_LINES else chunk._replace(
+            texts=chunk.texts[-HISTORY_LINES:])
+        chunks.append(kept)
+        count[0] += len(kept.texts)
+        while count[0] - len(chunks[0].texts) >= HISTORY_LINES:
+            count[0] -= len(chunks.popleft().texts)
+
     def _flush(self) -> bool:
         """Hand the pending lines out; whether there were any."""
         with self._lock:
@@ -285,11 +307,8 @@ class ClusterFeed:
             self._pending_lines = 0
             if not chunks:
                 return False
-            for chunk in chunks:  # one history update per chunk, of the lines it can keep
-                q = self.history.get(chunk.task)
-                if q is None:
-                    q = self.history[chunk.task] = collections.deque(maxlen=HISTORY_LINES)
-                q.extend(LogLine.many(chunk.task, chunk.texts[-HISTORY_LINES:], chunk.time))
+            for chunk in chunks:  # strings only: a flood must not make (GC-tracked) LogLines
+                self._remember(chunk)
             subs = list(self._log_subs)
         batch = LogBatch(chunks)
         for cb in subs:
