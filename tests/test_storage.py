@@ -90,6 +90,13 @@ def test_sync_down_and_upload_round_trip_with_progress(mem, tmp_path):
     assert fs.cat(f"/{p}/backup/run1/sub/b.bin") == b"b" * 1000
 
 
+def test_a_url_naming_one_object_lands_as_that_file(mem, tmp_path):
+    fs, p = mem
+    fs.pipe(f"/{p}/ds/one.csv", b"1,2\n")
+    assert storage.sync_down(f"memory://{p}/ds/one.csv", tmp_path / "d") == {"files": 1, "bytes": 4}
+    assert os.listdir(tmp_path / "d") == ["one.csv"]
+
+
 def test_a_failed_sync_leaves_nothing_behind(mem, tmp_path):
     with pytest.raises(StorageError, match="does not exist"):
         storage.sync_down(f"memory://{mem[1]}/nothing", tmp_path / "data")

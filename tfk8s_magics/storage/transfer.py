@@ -150,18 +150,23 @@ class _Bytes:
         return Top()
 
 
-def _listing(fs, path: str) -> dict[str, int]:
-    """Relative name → size of every object under ``path`` (one object: its own name)."""
-    if fs.isfile(path):
-        return {path.rstrip("/").rpartition("/")[2]: int(fs.info(path).get("size") or 0)}
+def _listing(fs, path: str) -> tuple[dict[str, int], bool]:
+    """(relative name → size of every object under ``path``, whether ``path`` is one object itself),
+    from one listing (``find`` gives an object's own entry when ``path`` names one)."""
     base = path.rstrip("/") + "/"
-    out = {}
+    out, single = {}, False
     for name, info in fs.find(path, detail=True).items():
-        if info.get("type") == "file" and name.startswith(base) and len(name) > len(base):
+        if info.get("type") != "file":
+            continue
+        if name.rstrip("/") == path.rstrip("/"):
+            single = True
+            out = {path.rstrip("/").rpartition("/")[2]: int(info.get("size") or 0)}
+            break
+        if name.startswith(base) and len(name) > len(base):
             out[name[len(base):]] = int(info.get("size") or 0)
     if not out and not fs.exists(path):
         raise FileNotFoundError(path)
-    return out
+    return out, single
 
 
 def _safe_rel(rel: str) -> str:
@@ -183,7 +188,8 @@ def sync_down(url: str, dest_dir: str | os.PathLike, progress: Progress | None =
     fs, path = open_fs(url)
     dest = Path(dest_dir)
     try:
-        names = {_safe_rel(rel): size for rel, size in _listing(fs, path).items()}
+        listed, single = _listing(fs, path)
+        names = {_safe_rel(rel): size for rel, size in listed.items()}
     except StorageError:
         raise
     except Exception as e:  # noqa: BLE001 - one sentence whatever the filesystem raised
@@ -194,7 +200,6 @@ def sync_down(url: str, dest_dir: str | os.PathLike, progress: Progress | None =
     tmp = Path(tempfile.mkdtemp(prefix=".tfk8s-sync-", dir=dest))
     counter = _Bytes(total, progress)
     try:
-        single = fs.isfile(path)
         rpaths = [path if single else join(path, rel) for rel in names]
         lpaths = [str(tmp / rel) for rel in names]
         for lp in lpaths:
