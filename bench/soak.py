@@ -11,17 +11,27 @@ process's fds, threads and RSS, the processes of the run (marked) and of any
 cluster (``TFK8S_CLUSTER_ID``), the files under the state dir and the host's
 listening TCP sockets, then the growth of each.
 
-    .venv/bin/python bench/soak.py [--cycles 100] [--ready-every 10]
+The warm-up cycle waits until ready too, so modules first imported on that path
+(the dashboard's metric/plot path, the log pacer) are in the "before" numbers.
+RSS is printed every 10 cycles (a leak grows with the cycles; an import is a
+step) and measured twice at the end: as is, and after glibc's ``malloc_trim(0)``
+(what the allocator keeps but Python no longer uses); ``--tracemalloc`` also
+prints the Python allocations that grew most, by line, and the module count.
+
+    .venv/bin/python bench/soak.py [--cycles 100] [--ready-every 10] [--tracemalloc]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import os
 import sys
 import tempfile
 import time
+import tracemalloc
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -67,9 +77,25 @@ def rss_kib() -> int:
     return 0
 
 
+def trimmed_rss_kib() -> int:
+    """RSS after glibc hands back the free memory it keeps (``malloc_trim(0)``); RSS if no glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    return rss_kib()
+
+
 def measure(state_dir: Path) -> dict[str, int]:
     gc.collect()
+    widgets = sys.modules.get("ipywidgets")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # Widget.widgets: the live registry
+        registry = getattr(getattr(widgets, "Widget", None), "widgets", None)
     return {
+        "live widgets": len(registry) if registry is not None else 0,
+        "modules": len(sys.modules),
+        "gc objects": len(gc.get_objects()),
         "run processes": len(leftovers()),
         "cluster processes": cluster_processes(state_dir),
         "fds": len(os.listdir("/proc/self/fd")),
@@ -92,7 +118,7 @@ def cycle(tk, dashboard_mod, backend, i: int, wait_ready: bool) -> float:
                 raise RuntimeError(f"cycle {i}: no output reached the dashboard in 120 s")
             time.sleep(0.05)
     cluster.delete()
-    board.close()
+    board.close(destroy=True)  # as a re-run cell does (live.supersede): a kept view holds its widgets
     return time.perf_counter() - started
 
 
@@ -100,6 +126,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--cycles", type=int, default=100)
     p.add_argument("--ready-every", type=int, default=10, help="wait until ready every N cycles (0: never)")
+    p.add_argument("--tracemalloc", action="store_true", help="trace Python allocations (slower)")
     args = p.parse_args()
     state_dir = Path(tempfile.mkdtemp(prefix="tfk8s-soak-"))
     os.environ["TFK8S_STATE_DIR"] = str(state_dir)
@@ -109,9 +136,18 @@ def main() -> int:
 
     backend = LocalBackend(state_dir)
     print(machine())
-    # One warm-up cycle: the first imports (ipywidgets, the feed's threads) are not growth.
-    cycle(tk, dashboard_mod, backend, 0, wait_ready=False)
+    # One warm-up cycle, ready: the first imports (ipywidgets, the feed's threads, the ready
+    # path's metric/plot code) are not growth.
+    cycle(tk, dashboard_mod, backend, 0, wait_ready=True)
+    # The warm pool's kernel side imports TensorFlow in a background thread: a step, not growth.
+    from tfk8s_magics import ingraph
+    if hasattr(ingraph, "preimported"):
+        ingraph.preimported(600)
+    if args.tracemalloc:
+        tracemalloc.start(1)
     before = measure(state_dir)
+    before["RSS KiB after malloc_trim"] = trimmed_rss_kib()
+    snap = tracemalloc.take_snapshot() if args.tracemalloc else None
     times, ready_times = [], []
     try:
         for i in range(1, args.cycles + 1):
@@ -119,9 +155,14 @@ def main() -> int:
             took = cycle(tk, dashboard_mod, backend, i, ready)
             (ready_times if ready else times).append(took)
             if i % 10 == 0:
-                print(f"cycle {i}: {took:.2f} s", flush=True)
+                print(f"cycle {i}: {took:.2f} s, RSS {rss_kib()} KiB", flush=True)
         time.sleep(1.0)  # let exiting processes be reaped before counting
         after = measure(state_dir)
+        after["RSS KiB after malloc_trim"] = trimmed_rss_kib()
+        if snap is not None:
+            print("Python allocations that grew most (tracemalloc, by line):")
+            for stat in tracemalloc.take_snapshot().compare_to(snap, "lineno")[:12]:
+                print(f"  {stat}")
     finally:
         sweep()
     print(f"{args.cycles} cycles ({len(ready_times)} waited until ready); median cycle "
@@ -132,7 +173,7 @@ def main() -> int:
     for key in before:
         delta = after[key] - before[key]
         print(f"{key:24}{before[key]:>10}{after[key]:>10}{delta:>+10}")
-        if delta > 0 and key != "RSS KiB":
+        if delta > 0 and not key.startswith("RSS") and key != "gc objects":
             grew.append(key)
     rss_growth = (after["RSS KiB"] - before["RSS KiB"]) / max(1, before["RSS KiB"])
     print(f"RSS growth {rss_growth:+.1%}")

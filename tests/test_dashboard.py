@@ -531,6 +531,29 @@ def test_rerunning_a_cell_closes_the_views_it_showed_before(scripted, monkeypatc
     again.close()
 
 
+def test_a_destroyed_dashboard_leaves_no_widget_behind(scripted):
+    """close(destroy=True) frees every widget the view made (bench/soak.py found one Layout per
+    view left in ipywidgets' registry: the action bar's, replaced and never closed)."""
+    import warnings
+
+    import ipywidgets
+
+    def live_widgets() -> set:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # Widget.widgets: the registry
+            return set(ipywidgets.Widget.widgets)
+
+    cluster = scripted.add(make_status())
+    before = live_widgets()
+    d = Dashboard(cluster, widgets=True).start()
+    scripted.push_lines("demo", "worker-0", ["a line"])
+    wait_for(lambda: d._task_pages.get("worker-0"), what="the task's tab")
+    d.close(destroy=True)
+    wait_for(lambda: not d.running, what="the view's thread to end")
+    left = [type(ipywidgets.Widget.widgets[k]).__name__ for k in live_widgets() - before]
+    assert left == []
+
+
 def test_fallback_repr_without_widgets(scripted):
     cluster = scripted.add(make_status(name="demo", reason=EVIL, progress=Progress(step=5, total=10)))
     d = Dashboard(cluster, widgets=False)

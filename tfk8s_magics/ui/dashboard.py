@@ -181,7 +181,9 @@ class Dashboard:
         self.outcome_label.add_class("tfk8s-outcome")
         self.actions = self._action_bar(extra=(self.tensorboard_button, self.serve_button,
                                                self.outcome_label))
-        self.actions.widget.layout = w.Layout(align_items="center", flex_flow="row wrap")
+        # Set on the bar's own Layout: a replaced Layout is a widget nobody closes (soak: one per view).
+        self.actions.widget.layout.align_items = "center"
+        self.actions.widget.layout.flex_flow = "row wrap"
         self.events_view = w.HTML(events_html([]))
         self.tensorboard_view = w.HTML(
             '<div style="color:#888">press <b>TensorBoard</b> to start (or reuse) it on the log dir</div>'
