@@ -146,3 +146,49 @@ def test_make_spec_fetches_script_and_files_once_and_records_them(mem):
     assert spec.sources["helper.py"]["size"] == 7
     with pytest.raises(SpecError, match="does not exist"):
         api.make_spec("s", script_path=f"memory://{p}/code/missing.py")
+
+
+class _Sup:
+    """What ClusterStorage uses of a supervisor, recording every status it would write."""
+
+    def __init__(self, spec, data_dir):
+        self.spec, self.record = spec, {"data_dir": str(data_dir), "log_dir": str(data_dir.parent / "logs")}
+        self.reason, self.phase, self.written, self.events, self.failed = "", "starting", [], [], None
+
+    def write_status(self):
+        self.written.append(self.reason)
+
+    def event(self, task, reason, message, type_="Normal"):
+        self.events.append((reason, message))
+
+    def fail(self, why):
+        self.failed = why
+
+
+def test_the_supervisors_sync_shows_progress_as_the_reason_and_fails_in_one_sentence(mem, tmp_path,
+                                                                                   monkeypatch):
+    from tfk8s_magics.backends.local import storage as local_storage
+
+    monkeypatch.setattr(local_storage, "PROGRESS_EVERY", 0.0)
+    fs, p = mem
+    for i in range(3):
+        fs.pipe(f"/{p}/ds/part-{i}", b"x" * 1000)
+    spec = ClusterSpec("s", script="print(1)", data_dir=f"memory://{p}/ds", data_sync=True)
+    sup = _Sup(spec, tmp_path / "data")
+    assert local_storage.ClusterStorage(sup).before_tasks()
+    progress = [r for r in sup.written if r.startswith(f"sync: fetching memory://{p}/ds: ")]
+    assert progress[-1] == f"sync: fetching memory://{p}/ds: 3.0 kB of 3.0 kB (100%)"
+    assert sup.written[-1] == "" and sup.events[0][0] == "Synced" and sup.failed is None
+    assert sorted(os.listdir(tmp_path / "data")) == ["part-0", "part-1", "part-2"]
+    gone = ClusterSpec("s", script="print(1)", data_dir=f"memory://{p}/gone", data_sync=True)
+    sup = _Sup(gone, tmp_path / "data2")
+    assert not local_storage.ClusterStorage(sup).before_tasks()
+    assert sup.failed == f"sync: --data-dir 'memory://{p}/gone' does not exist: check the bucket and path."
+    assert sup.events[-1][0] == "SyncFailed" and not (tmp_path / "data2").exists()
+    # Streaming (no --data-sync): the task gets the URL and this environment's storage credentials only.
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t")
+    monkeypatch.setenv("UNRELATED_TOKEN", "x")
+    streaming = ClusterSpec("s", script="print(1)", data_dir=f"memory://{p}/ds")
+    env = local_storage.ClusterStorage(_Sup(streaming, tmp_path / "d3")).task_env()
+    assert env["TFK8S_DATA_URL"] == f"memory://{p}/ds" and env["AWS_SECRET_ACCESS_KEY"] == "s3cr3t"
+    assert "UNRELATED_TOKEN" not in env
