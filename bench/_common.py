@@ -112,6 +112,32 @@ def killpg(procs: list[subprocess.Popen]) -> None:
             p.wait(timeout=10)
 
 
+def pool_pids() -> set[int]:
+    """The pool daemon (it carries this run's mark, and lives across rounds by design)."""
+    from tfk8s_magics.backends.local import pool
+
+    return {pool._handle.proc.pid} if pool._handle else set()
+
+
+def pool_full(size: int, timeout: float, import_timeout: float | None = None,
+              with_memory: bool = False) -> dict:
+    """Start this process's pool if needed and wait until ``size`` processes in it are idle,
+    then for the kernel's own background TensorFlow import (warm_kernel): neither is timed."""
+    from tfk8s_magics import ingraph
+    from tfk8s_magics.backends.local import pool
+
+    sock = pool.ensure()
+    deadline = time.monotonic() + timeout
+    while True:
+        found = pool.info(sock, with_memory=with_memory)
+        if found and sum(p["state"] == "idle" for p in found["processes"]) >= size:
+            ingraph.preimported(timeout if import_timeout is None else import_timeout)
+            return found
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the pool did not fill within {timeout:g} s: {found}")
+        time.sleep(0.1)
+
+
 def leftovers(allow: set[int] = frozenset()) -> list[tuple[int, str]]:
     """(pid, command) of every live process carrying this run's mark, except us (and ``allow``)."""
     me, needle = os.getpid(), f"{MARK_VAR}={MARK}".encode()

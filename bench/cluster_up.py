@@ -61,7 +61,7 @@ def run_ours(tmp: str, i: int, warm: bool = False) -> dict:
     be = LocalBackend(os.path.join(tmp, f"{'warm' if warm else 'ours'}-{i}"))
     name = f"up{i}"
     if warm:
-        pool_full()
+        c.pool_full(POOL_SIZE, 10 * TIMEOUT, import_timeout=TIMEOUT, with_memory=True)
     wall0, t0 = time.time(), time.perf_counter()
     try:
         # detach=True: a detached cluster never takes pooled processes (the cold side).
@@ -81,33 +81,8 @@ def run_ours(tmp: str, i: int, warm: bool = False) -> dict:
         parts = (first - wall0, raw["updated"] - first, wall1 - raw["updated"])
     finally:
         c.remove_cluster(be, name)
-    c.assert_clean(f"ours round {i + 1}", allow=pool_pids())
+    c.assert_clean(f"ours round {i + 1}", allow=c.pool_pids())
     return {"s": dt, "parts": parts}
-
-
-def pool_pids() -> set[int]:
-    """The pool daemon (it carries this run's mark, and lives across rounds by design)."""
-    from tfk8s_magics.backends.local import pool
-
-    return {pool._handle.proc.pid} if pool._handle else set()
-
-
-def pool_full() -> dict:
-    """Start this process's pool if needed and wait until every process in it is idle."""
-    from tfk8s_magics import ingraph
-    from tfk8s_magics.backends.local import pool
-
-    sock = pool.ensure()
-    deadline = time.monotonic() + 10 * TIMEOUT
-    while True:
-        found = pool.info(sock)
-        procs = found["processes"] if found else []
-        if sum(p["state"] == "idle" for p in procs) >= POOL_SIZE:
-            ingraph.preimported(TIMEOUT)  # the kernel's own import (warm_kernel): not timed either
-            return found
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the pool did not fill within {10 * TIMEOUT:g} s: {found}")
-        time.sleep(0.1)
 
 
 def bare_tf_memory(env: dict) -> dict:
@@ -131,7 +106,7 @@ def bare_tf_memory(env: dict) -> dict:
 def report_memory() -> None:
     from tfk8s_magics.backends.local import pool
 
-    found = pool_full()
+    found = c.pool_full(POOL_SIZE, 10 * TIMEOUT, import_timeout=TIMEOUT, with_memory=True)
     idle = [p for p in found["processes"] if p["state"] == "idle"]
     bare = bare_tf_memory(pool._handle.env)
     rss = c.median([p["rss"] for p in idle])
@@ -163,7 +138,7 @@ def run_base(i: int) -> dict:
         dt = time.perf_counter() - t0
     finally:
         c.killpg(procs)
-    c.assert_clean(f"baseline round {i + 1}", allow=pool_pids())
+    c.assert_clean(f"baseline round {i + 1}", allow=c.pool_pids())
     return {"s": dt}
 
 
@@ -184,7 +159,7 @@ def main() -> int:
     with c.cleanup_on_exit(), tempfile.TemporaryDirectory(prefix="bench-up-") as tmp:
         try:
             run_base(-1)  # warm the page cache for TensorFlow once, for both sides (not counted)
-            pool_full()
+            c.pool_full(POOL_SIZE, 10 * TIMEOUT, import_timeout=TIMEOUT, with_memory=True)
             print("warm-up done (page cache, pool of 4 filled)", flush=True)
             ours, base, warm = c.rounds(args.rounds, [
                 ("ours", lambda i: run_ours(tmp, i)), ("base", run_base),

@@ -62,7 +62,7 @@ def run(tmp: str, i: int, warm: bool) -> dict:
     be = LocalBackend(os.path.join(tmp, f"{'warm' if warm else 'cold'}-{i}"))
     name = f"fs{i}"
     if warm:
-        pool_full()
+        c.pool_full(POOL_SIZE, TIMEOUT)
     t0 = time.time()
     try:
         cluster = tk.launch(name, workers=2, script=SCRIPT, backend=be, detach=not warm)
@@ -75,32 +75,8 @@ def run(tmp: str, i: int, warm: bool) -> dict:
         first = max(float((Path(st.log_dir) / f"first-worker-{k}").read_text()) for k in (0, 1))
     finally:
         c.remove_cluster(be, name)
-    c.assert_clean(f"{'warm' if warm else 'cold'} round {i + 1}", allow=pool_pids())
+    c.assert_clean(f"{'warm' if warm else 'cold'} round {i + 1}", allow=c.pool_pids())
     return {"s": first - t0}
-
-
-def pool_pids() -> set[int]:
-    """The pool daemon (it carries this run's mark, and lives across rounds by design)."""
-    from tfk8s_magics.backends.local import pool
-
-    return {pool._handle.proc.pid} if pool._handle else set()
-
-
-def pool_full() -> None:
-    """Start this process's pool if needed and wait until every process in it is idle."""
-    from tfk8s_magics import ingraph
-    from tfk8s_magics.backends.local import pool
-
-    sock = pool.ensure()
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        found = pool.info(sock, with_memory=False)
-        if found and sum(p["state"] == "idle" for p in found["processes"]) >= POOL_SIZE:
-            ingraph.preimported(TIMEOUT)  # the kernel's own import (warm_kernel): not timed either
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the pool did not fill within {TIMEOUT:g} s: {found}")
-        time.sleep(0.1)
 
 
 def main() -> int:
@@ -111,7 +87,7 @@ def main() -> int:
     print(f"first step  MWMS 2 workers  {c.machine()}", flush=True)
     with c.cleanup_on_exit(), tempfile.TemporaryDirectory(prefix="bench-fs-") as tmp:
         try:
-            pool_full()
+            c.pool_full(POOL_SIZE, TIMEOUT)
             print("pool of 2 filled", flush=True)
             cold, warm = c.rounds(args.rounds, [("cold", lambda i: run(tmp, i, False)),
                                                 ("warm", lambda i: run(tmp, i, True))],

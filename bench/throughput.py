@@ -138,7 +138,7 @@ def run_ours(tmp: Path, script: Path, i: int, warm: bool = False) -> dict:
     name = f"tp{i}"
     cluster = None
     if warm:
-        pool_full()
+        c.pool_full(POOL_SIZE, TIMEOUT)
     t0 = time.perf_counter()
     try:
         # ps_grace_period=0: the PS is recycled as soon as the worker is done (after
@@ -159,7 +159,7 @@ def run_ours(tmp: Path, script: Path, i: int, warm: bool = False) -> dict:
             raise RuntimeError(f"a warm round started tasks cold: {cold}")
     finally:
         c.remove_cluster(be, name)
-    c.assert_clean(f"ours round {i + 1}", allow=pool_pids())
+    c.assert_clean(f"ours round {i + 1}", allow=c.pool_pids())
     return {**out, "wall": wall, "refilled": refilled}
 
 
@@ -169,30 +169,6 @@ def refills_since(when: float) -> int:
 
     found = pool.info(pool.current(), with_memory=False) if pool.current() else None
     return sum(1 for p in (found or {}).get("processes", []) if p["since"] > when)
-
-
-def pool_pids() -> set[int]:
-    """The pool daemon (it carries this run's mark, and lives across rounds by design)."""
-    from tfk8s_magics.backends.local import pool
-
-    return {pool._handle.proc.pid} if pool._handle else set()
-
-
-def pool_full() -> None:
-    """Start this process's pool if needed and wait until every process in it is idle."""
-    from tfk8s_magics import ingraph
-    from tfk8s_magics.backends.local import pool
-
-    sock = pool.ensure()
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        found = pool.info(sock, with_memory=False)
-        if found and sum(p["state"] == "idle" for p in found["processes"]) >= POOL_SIZE:
-            ingraph.preimported(TIMEOUT)  # the kernel's own import (warm_kernel): not timed either
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the pool did not fill within {TIMEOUT:g} s: {found}")
-        time.sleep(0.1)
 
 
 def run_base(tmp: Path, script: Path, i: int) -> dict:
@@ -223,7 +199,7 @@ def run_base(tmp: Path, script: Path, i: int) -> dict:
         out = parse(text, "baseline")
     finally:
         c.killpg(procs)
-    c.assert_clean(f"baseline round {i + 1}", allow=pool_pids())
+    c.assert_clean(f"baseline round {i + 1}", allow=c.pool_pids())
     return {**out, "wall": wall}
 
 
