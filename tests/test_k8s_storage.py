@@ -117,7 +117,8 @@ def test_sync_step_is_exactly_this():
                 "initContainers": [{
                     "name": "fetch", "image": "tfk8s/tensorflow-task:0.1.0",
                     "imagePullPolicy": "IfNotPresent",
-                    "command": ["python", "-m", "tfk8s_magics.storage", "fetch", DATA, "/data"],
+                    "command": ["/opt/storage/bin/python", "-m", "tfk8s_magics.storage", "fetch", DATA,
+                                "/data"],
                     "env": STEP_ENV, "resources": RESOURCES, "securityContext": SECURITY,
                     "volumeMounts": [{"name": "data", "mountPath": "/data"},
                                      {"name": "tmp", "mountPath": "/tmp"}],
@@ -126,8 +127,8 @@ def test_sync_step_is_exactly_this():
                 "containers": [{
                     "name": "synced", "image": "tfk8s/tensorflow-task:0.1.0",
                     "imagePullPolicy": "IfNotPresent",
-                    "command": ["python", "-m", "tfk8s_magics.backends.kubernetes.steps",
-                                "synced", "/data"],
+                    "command": ["/opt/storage/bin/python", "-m",
+                                "tfk8s_magics.backends.kubernetes.steps", "synced", "/data"],
                     "env": STEP_ENV, "resources": RESOURCES, "securityContext": SECURITY,
                     "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True},
                                      {"name": "tmp", "mountPath": "/tmp"}],
@@ -152,7 +153,8 @@ def test_backup_step_is_exactly_this():
                 "containers": [{
                     "name": "backup", "image": "tfk8s/tensorflow-task:0.1.0",
                     "imagePullPolicy": "IfNotPresent",
-                    "command": ["python", "-m", "tfk8s_magics.backends.kubernetes.steps", "backup",
+                    "command": ["/opt/storage/bin/python", "-m",
+                                "tfk8s_magics.backends.kubernetes.steps", "backup",
                                 "--done-dir", "/log/.tfk8s/done/$(TFK8S_RESTART_ATTEMPT)",
                                 "--tasks", "worker-0,worker-1", "--source", "/log", "--to", OUT],
                     "env": [ATTEMPT, *STEP_ENV], "resources": RESOURCES,
@@ -775,8 +777,8 @@ def test_the_harness_maps_the_sync_pod_init_container_first():
         return [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
 
     assert fetch.container == "t-mnist-sync-0-0-init-fetch" and fetch.dns_names == []
-    assert values("--entrypoint") == [json.dumps(["python", "-m", "tfk8s_magics.storage", "fetch",
-                                                  DATA, "/data"])]
+    assert values("--entrypoint") == [json.dumps(["/opt/storage/bin/python", "-m",
+                                                  "tfk8s_magics.storage", "fetch", DATA, "/data"])]
     env = dict(e.split("=", 1) for e in values("--env"))
     assert {k: env[k] for k in SECRET_VALUES} == SECRET_VALUES  # envFrom, as the kubelet does
     assert env["JOB_COMPLETION_INDEX"] == "0" and env["HOME"] == "/tmp"

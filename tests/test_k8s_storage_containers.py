@@ -38,6 +38,8 @@ print("SECRET_IN_ENV", "AWS_SECRET_ACCESS_KEY" in os.environ, flush=True)
 if os.environ.get("WRITE_CHECKPOINT"):
     d = pathlib.Path(os.environ["TFK8S_CHECKPOINT_DIR"]); d.mkdir(parents=True, exist_ok=True)
     (d / "ckpt-1.index").write_text("x")
+    m = pathlib.Path(os.environ["TFK8S_LOG_DIR"]) / "models" / "m" / "1"; m.mkdir(parents=True)
+    (m / "saved_model.pb").write_bytes(bytes(range(256)) * 40)
 print("DONE", flush=True)
 '''
 
@@ -67,20 +69,53 @@ def pods(tmp_path):
     assert not run.leftovers(), f"left in podman: {run.leftovers()}"
 
 
-def rendered(image: str, **env) -> list[dict]:
+def rendered(image: str, secret: dict[str, str] = SECRET, bucket: str = "tfk8s-test-bucket",
+             **env) -> list[dict]:
     spec = ClusterSpec(name="bk", workers=1, script=SCRIPT, image=image, env=env,
-                       backup_url="s3://tfk8s-test-bucket/runs/bk", credentials_secret="s3-creds")
+                       backup_url=f"s3://{bucket}/runs/bk", credentials_secret="s3-creds")
     text = tk.render(spec, KubernetesBackend(namespace=NAMESPACE, user="alice"))
     secret = {"apiVersion": "v1", "kind": "Secret",
               "metadata": {"name": "s3-creds", "namespace": NAMESPACE},
-              "data": {k: base64.b64encode(v.encode()).decode() for k, v in SECRET.items()}}
+              "data": {k: base64.b64encode(v.encode()).decode() for k, v in secret.items()}}
     return [*(d for d in yaml.safe_load_all(text) if d), secret]
 
 
-def _run_worker_and_backup(pods, objects) -> tuple[dict[str, int], dict[str, str]]:
+@pytest.fixture
+def s3():
+    """A moto S3 server on 127.0.0.1 (bucket ``data`` made): (the env a Secret gives, a client)."""
+    moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    import boto3
+
+    from tfk8s_magics.ports import free_port
+
+    port = free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    try:
+        creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_DEFAULT_REGION": "us-east-1"}
+        client = boto3.client("s3", endpoint_url=creds["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing")
+        client.create_bucket(Bucket="data")
+        yield creds, client
+    finally:
+        server.stop()
+
+
+def _run_worker_and_backup(pods, objects, backup_network: str | None = None
+                           ) -> tuple[dict[str, int], dict[str, str]]:
     plans = {p.pod.name: p for p in pods.plans(objects)}
     assert sorted(plans) == ["bk-backup-0-0", "bk-worker-0-0"]
     backup, worker = plans["bk-backup-0-0"], plans["bk-worker-0-0"]
+    if backup_network:  # the endpoint listens on the host's loopback only; the rest is as written
+        from tests.containers.pods import container_plan
+
+        backup = container_plan(backup.pod, objects, prefix=pods.prefix, network=backup_network,
+                                image_user=pods.image_user(backup.image))
+        # podman gives no DNS aliases on the host's network; the backup pod dials no peer anyway
+        args = backup.run_args
+        drop = {i for i, a in enumerate(args) if a == "--network-alias"}
+        backup.run_args = [a for i, a in enumerate(args) if i not in drop and i - 1 not in drop]
     pods.start(backup)  # first: it must wait for the worker's marker
     pods.start(worker)
     codes = {n: pods.wait_exit(p.container, timeout=600) for n, p in
@@ -102,18 +137,44 @@ def test_the_backup_waits_for_the_workers_marker_and_only_it_has_the_secret(task
 def test_a_failing_upload_is_the_backup_steps_exit_code(task_image, pods):
     codes, logs = _run_worker_and_backup(pods, rendered(task_image, WRITE_CHECKPOINT="1"))
     assert codes["worker"] == 0, logs
-    # No S3 endpoint here (and, until the task image carries tfk8s_magics.storage, no tool
-    # either): the upload cannot succeed, and the step must not say it did.
+    # No S3 endpoint reachable from the pod's network here: the storage venv's upload cannot
+    # succeed, and the step must not say it did.
     assert codes["backup"] != 0, logs
     assert "uploading /log/checkpoints to s3://tfk8s-test-bucket/runs/bk/checkpoints" in logs["backup"]
     assert "backup done" not in logs["backup"]
 
 
+def test_the_backup_step_uploads_checkpoints_and_models_to_s3(task_image, pods, s3):
+    """The rendered backup pod, its upload run by the image's storage venv against moto's S3 on
+    127.0.0.1 (host network): both folders land under the backup URL, byte for byte."""
+    creds, client = s3
+    objects = rendered(task_image, creds, bucket="data", WRITE_CHECKPOINT="1")
+    codes, logs = _run_worker_and_backup(pods, objects, backup_network="host")
+    assert codes == {"worker": 0, "backup": 0}, logs
+    assert "backup done: checkpoints, models uploaded to s3://data/runs/bk" in logs["backup"]
+    keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket="data", Prefix="runs/bk/")["Contents"])
+    assert keys == ["runs/bk/checkpoints/ckpt-1.index", "runs/bk/models/m/1/saved_model.pb"]
+    body = client.get_object(Bucket="data", Key="runs/bk/models/m/1/saved_model.pb")["Body"].read()
+    assert body == bytes(range(256)) * 40
+    assert "SECRET_IN_ENV False" in logs["worker"]
+
+
+def test_an_upload_to_a_missing_bucket_fails_the_step_in_one_sentence(task_image, pods, s3):
+    creds, client = s3
+    codes, logs = _run_worker_and_backup(pods, rendered(task_image, creds, bucket="no-such-bucket",
+                                                        WRITE_CHECKPOINT="1"), backup_network="host")
+    assert codes["worker"] == 0 and codes["backup"] == 1, logs
+    errors = [ln for ln in logs["backup"].splitlines() if ln.startswith("tfk8s-storage: --backup")]
+    assert len(errors) == 1 and "s3://no-such-bucket/runs/bk/checkpoints" in errors[0], logs["backup"]
+    assert "backup done" not in logs["backup"] and "Traceback" not in logs["backup"]
+
+
 def _image_has(pods, image: str, modules: str) -> bool:
+    """Whether the image's storage venv (what the step containers run) imports ``modules``."""
     from tests.containers.podman import build_images
 
     r = pods.run("run", "--rm", "--network", "none", *build_images.run_flags(), "--entrypoint",
-                 '["python", "-c"]', image, f"import {modules}", check=False)
+                 '["/opt/storage/bin/python", "-c"]', image, f"import {modules}", check=False)
     return r.returncode == 0
 
 
@@ -122,8 +183,8 @@ def test_the_sync_pods_init_container_fetches_from_s3_before_its_app_container(t
     its environment, restricted) copies a bucket prefix from a moto S3 server on 127.0.0.1
     into the data claim; then ``synced`` reads the claim and reports what landed."""
     moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed")
-    if not _image_has(pods, task_image, "tfk8s_magics.storage, s3fs"):
-        pytest.skip("the task image has no tfk8s_magics.storage / s3fs yet (the storage extras)")
+    assert _image_has(pods, task_image, "tfk8s_magics.storage, s3fs"), (
+        "the task image's storage venv (/opt/storage) must carry tfk8s_magics.storage and s3fs")
     import boto3
 
     from tests.containers.pods import container_plan, pod_instances

@@ -6,8 +6,9 @@ more replicated Job of the cluster's JobSet (:mod:`.jobset`), one pod, the
 task image, the restricted Pod Security profile:
 
 ``sync`` (first)
-    an **init container** ``fetch`` runs ``python -m tfk8s_magics.storage
-    fetch URL /data`` into the data claim; then a container ``synced`` prints
+    an **init container** ``fetch`` runs ``/opt/storage/bin/python -m
+    tfk8s_magics.storage fetch URL /data`` (the task image's storage venv,
+    :data:`STORAGE_PYTHON`) into the data claim; then a container ``synced`` prints
     what landed and exits 0.  The JobSet starts ``InOrder``: a replicated Job
     counts as started once its pods are *ready or done* (JobSet's
     ``allReplicasStarted``), and a pod is not ready while an init container
@@ -65,6 +66,10 @@ DONE_ENV = "TFK8S_DONE_FILE"
 #: A step needs little: Python and fsspec moving bytes.
 STEP_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 _STEPS_MODULE = "tfk8s_magics.backends.kubernetes.steps"
+#: The task image's storage venv (images/task/Dockerfile): fsspec, s3fs, aiohttp and the lab's
+#: code, without the kubernetes client (whose python-dateutil>=3 botocore refuses) or TensorFlow.
+#: Every step container runs it, so ``sys.executable`` in :mod:`.steps` is it too.
+STORAGE_PYTHON = "/opt/storage/bin/python"
 
 
 def syncs(spec: ClusterSpec) -> bool:
@@ -172,10 +177,10 @@ def sync_pod(spec: ClusterSpec, settings: K8sSettings) -> Manifest:
     """The sync step's pod template: init container ``fetch`` into ``/data``, then ``synced``."""
     data = {"name": "data", "mountPath": m.DATA_MOUNT}
     fetch = _container(spec, settings, FETCH_CONTAINER,
-                       ["python", "-m", "tfk8s_magics.storage", "fetch", str(spec.data_url),
+                       [STORAGE_PYTHON, "-m", "tfk8s_magics.storage", "fetch", str(spec.data_url),
                         m.DATA_MOUNT], [data, dict(_TMP)], secret=True)
     synced = _container(spec, settings, SYNCED_CONTAINER,
-                        ["python", "-m", _STEPS_MODULE, "synced", m.DATA_MOUNT],
+                        [STORAGE_PYTHON, "-m", _STEPS_MODULE, "synced", m.DATA_MOUNT],
                         [{**data, "readOnly": True}, dict(_TMP)], secret=False)
     return _pod(spec, settings, SYNC, {
         "initContainers": [fetch],
@@ -189,7 +194,7 @@ def sync_pod(spec: ClusterSpec, settings: K8sSettings) -> Manifest:
 
 def backup_pod(spec: ClusterSpec, settings: K8sSettings, deciding: list[str]) -> Manifest:
     """The backup step's pod template: wait for ``deciding`` tasks' exit 0, then upload."""
-    command = ["python", "-m", _STEPS_MODULE, "backup", "--done-dir", done_dir(spec),
+    command = [STORAGE_PYTHON, "-m", _STEPS_MODULE, "backup", "--done-dir", done_dir(spec),
                "--tasks", ",".join(deciding), "--source", m.log_dir(spec),
                "--to", str(spec.backup_url)]
     backup = _container(spec, settings, BACKUP_CONTAINER, command,
