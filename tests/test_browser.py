@@ -1,7 +1,7 @@
 """The dashboard in a real browser: JupyterLab on 127.0.0.1 driven through Debian's Chromium.
 
-The test starts JupyterLab (the venv's, so its kernel is the venv's Python)
-on a free loopback port with a token, opens a copy of
+The test starts JupyterLab (the venv's) with the lab's kernels (``hub_config/jupyter``: the
+sandboxed kernel, its channels on unix sockets) on a free loopback port with a token, opens a copy of
 ``notebooks/dashboard_tour.ipynb`` with one extra cell appended (a cluster
 that runs until stopped), runs the tour's launch cell and the extra cell
 on the local backend, and asserts in the DOM that
@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -31,6 +33,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hub_config"))
+from tfk8s_hub.local import jupyter_environment  # noqa: E402
 
 pytestmark = pytest.mark.browser
 
@@ -108,6 +113,7 @@ def lab(tmp_path, state_dir):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values), encoding="utf-8")
     port, token = _free_port(), os.urandom(16).hex()
+    jrun = Path(tempfile.mkdtemp(prefix="tfk8s-jr-"))
     venv_bin = str(Path(sys.executable).parent)
     env = dict(
         os.environ,
@@ -116,7 +122,9 @@ def lab(tmp_path, state_dir):
         TFK8S_BACKEND="local",
         JUPYTER_CONFIG_DIR=str(tmp_path / "jcfg"),
         JUPYTER_DATA_DIR=str(tmp_path / "jdata"),
-        JUPYTER_RUNTIME_DIR=str(tmp_path / "jrun"),
+        # The lab's kernels: the sandboxed python3 kernelspec, channels on unix sockets (transport
+        # ipc) in a short private dir (a socket path has at most 107 bytes).
+        **jupyter_environment(jrun),
         JUPYTERLAB_SETTINGS_DIR=str(settings),
         JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
         IPYTHONDIR=str(tmp_path / "ipython"),
@@ -148,7 +156,8 @@ def lab(tmp_path, state_dir):
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_http(f"{base}/api/status?token={token}", 90, proc, tmp_path / "jupyterlab.log")
-        yield {"base": base, "token": token, "root": root, "log": tmp_path / "jupyterlab.log"}
+        yield {"base": base, "token": token, "root": root, "log": tmp_path / "jupyterlab.log",
+               "pid": proc.pid, "runtime": jrun}
     finally:
         try:
             req = urllib.request.Request(
@@ -163,6 +172,7 @@ def lab(tmp_path, state_dir):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
         log.close()
+        shutil.rmtree(jrun, ignore_errors=True)
 
 
 @pytest.fixture
@@ -277,6 +287,18 @@ def _wait(cond, timeout: float, what: str, page=None):
         raise
 
 
+def _assert_sandboxed_kernel(lab) -> None:
+    """The lab's kernel: channels on unix sockets, started by the sandbox in a namespace of its own."""
+    import psutil
+
+    files = list(lab["runtime"].glob("kernel-*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["transport"] == "ipc", files
+    kernels = [p for p in psutil.Process(lab["pid"]).children(recursive=True)
+               if "ipykernel_launcher" in p.cmdline()]
+    assert len(kernels) == 1 and "tfk8s_magics.kernel.sandbox" in kernels[0].parent().cmdline(), kernels
+    assert os.readlink(f"/proc/{kernels[0].pid}/ns/net") != os.readlink("/proc/self/ns/net")
+
+
 def test_dashboard_in_jupyterlab(lab, browser_page, state_dir):
     from tfk8s_magics.backends.local import LocalBackend
 
@@ -306,6 +328,7 @@ def test_dashboard_in_jupyterlab(lab, browser_page, state_dir):
 
     # Run only once the kernel is up (a cell run while it starts can be dropped).
     _wait(lambda: "Idle" in page.locator("#jp-main-statusbar").inner_text(), 90, "the kernel", page)
+    _assert_sandboxed_kernel(lab)
     _run_cell(page, cells.nth(load_i))
     _wait(
         lambda: "[1]" in cells.nth(load_i).locator(".jp-InputPrompt").first.inner_text(),

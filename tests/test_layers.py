@@ -17,7 +17,9 @@ FORBIDDEN = {
     "ui": {"magics", "cli"},
     "cli": {"magics"},
     "api": {"ui", "magics", "cli"},
-    "backends": {"api", "ui", "magics", "cli", "watch"},
+    "backends": {"api", "ui", "magics", "cli", "watch", "kernel"},
+    # the kernel launcher runs before ipykernel, on the backends' isolation primitives only
+    "kernel": {"api", "ui", "magics", "cli", "watch", "spec", "runtime", "trainer", "serving", "storage"},
     "watch": {"api", "ui", "magics", "cli"},
     "spec": {"api", "ui", "magics", "cli", "backends", "watch"},
     "options": {"api", "ui", "magics", "cli", "backends", "watch", "spec"},

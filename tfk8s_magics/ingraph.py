@@ -167,11 +167,10 @@ def strategy(cluster, addresses: dict[str, list[str]], options: dict[str, Any]):
         return client.strategy
     tf = prepare_tensorflow(cluster.spec.legacy_keras)
     built_at = time.time()
-    # The strategy starts this process's chief server in the host's network namespace, where
-    # its gRPC threads live: TensorFlow's threads are process-wide and keep the namespace they
-    # were made in, so a chief started inside one cluster's namespace leaves this process
-    # unable to reach a relaunched cluster (measured: the second connect hung).  The tasks
-    # stay in their own namespace, reached through the owner-only relay.
+    # The strategy starts this process's chief server in this process's network namespace,
+    # where its gRPC threads live: TensorFlow's threads are process-wide and keep the namespace
+    # they were made in, so the tasks share it (the supervisor stays there for in-graph): the
+    # sandboxed kernel's own private one (tfk8s_magics.kernel.sandbox), else the host's.
     built = tf.distribute.ParameterServerStrategy(resolver(cluster, addresses), **options)
     client.strategy, client.options, client.built = built, wanted, built_at
     client.coordinator.connected(built_at)

@@ -29,6 +29,9 @@ from .settings import LabSettings
 
 #: The IPython profile every local kernel gets (loads ``tfk8s_magics``).
 IPYTHON_PROFILE = Path(__file__).resolve().parent.parent / "ipython" / "profile_default"
+#: The lab's Jupyter files: ``kernels/python3`` (the sandboxed kernel, :mod:`tfk8s_magics.kernel.sandbox`,
+#: shadowing the plain one) and ``jupyter_server_config.json`` (kernels' channels on unix sockets).
+JUPYTER_DIR = Path(__file__).resolve().parent.parent / "jupyter"
 #: The example notebooks a new user finds in their home (``notebooks/`` of the repository).
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "notebooks"
 #: The shared password when ``TFK8S_LAB_PASSWORD`` is not set (the README names it too).
@@ -130,8 +133,33 @@ def user_dirs(lab_dir: Path, username: str) -> dict[str, Path]:
     return {"home": root / "home", "state": root / "tfk8s", "ipython": root / "ipython"}
 
 
+def runtime_dir(lab_dir: Path, username: str) -> Path:
+    """A short private dir for a user's Jupyter runtime files (connection files, the kernels'
+    unix sockets): ``$TMPDIR/tfk8s-lab-UID/HASH``, made 0700 and checked to be ours.
+
+    Short, because a unix socket's path has at most 107 bytes and the kernels' sockets are
+    named ``kernel-<uuid>-ipc-N`` in it; a lab dir's own path may already be long.
+    """
+    import hashlib
+    import stat
+    import tempfile
+
+    top = Path(tempfile.gettempdir()) / f"tfk8s-lab-{os.geteuid()}"
+    path = top / hashlib.sha256(str(lab_dir / "users" / username).encode()).hexdigest()[:12]
+    for d in (top, path):
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        info = d.lstat()  # never through a symlink someone else planted
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+            raise LabSetupError(f"{d} is not a private directory of this user; remove it and start again.")
+    return path
+
+
 def local_environment(settings: LabSettings, lab_dir: Path, username: str) -> dict[str, str]:
-    """Environment of a user's local server: the extension on the local backend, preloaded."""
+    """Environment of a user's local server: the extension on the local backend, preloaded, and
+    kernels started sandboxed with their channels on unix sockets (see :data:`JUPYTER_DIR`)."""
     dirs = user_dirs(lab_dir, username)
     env = settings.extension_environment()
     env.update(
@@ -139,9 +167,20 @@ def local_environment(settings: LabSettings, lab_dir: Path, username: str) -> di
             "TFK8S_BACKEND": "local",
             "TFK8S_STATE_DIR": str(dirs["state"]),
             "IPYTHONDIR": str(dirs["ipython"]),
+            **jupyter_environment(runtime_dir(lab_dir, username)),
         }
     )
     return env
+
+
+def jupyter_environment(runtime: Path) -> dict[str, str]:
+    """What makes a Jupyter server start the lab's kernels: the sandboxed ``python3`` kernelspec
+    first on the data path, ``transport: ipc`` from the config path, sockets in ``runtime``."""
+    def first(var: str) -> str:
+        return os.pathsep.join(p for p in (str(JUPYTER_DIR), os.environ.get(var, "")) if p)
+
+    return {"JUPYTER_PATH": first("JUPYTER_PATH"), "JUPYTER_CONFIG_PATH": first("JUPYTER_CONFIG_PATH"),
+            "JUPYTER_RUNTIME_DIR": str(runtime)}
 
 
 def prepare_user(lab_dir: Path, username: str, examples: Path = EXAMPLES) -> dict[str, Path]:

@@ -50,7 +50,7 @@ from ..base import (
     Progress,
     TensorBoardInfo,
 )
-from . import isolation, logtail, pool
+from . import hostside, isolation, logtail, pool
 from .inotify import DirWatcher
 from .layout import (
     ClusterDir,
@@ -592,7 +592,7 @@ class LocalBackend(Backend):
         info = _tb_info(cdir)
         if info and same_process(info.get("pid"), info.get("start")) and port_open(info["port"]):
             return TensorBoardInfo(info["port"], _tb_url(info["port"]), record["log_dir"], True, info["pid"])
-        port = free_ports(1)[0]
+        port = hostside.free_port()  # in a sandboxed kernel: free on the host too
         proc = subprocess.Popen(
             [
                 # The guard makes it answer the owner only (its own namespace + the relay).

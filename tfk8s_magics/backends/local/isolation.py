@@ -86,8 +86,25 @@ CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 
-#: ``status.json`` "isolation" modes, strongest first.
-NETNS, USERNS_NETNS, LOOPBACK_SHIM, NONE = "netns", "userns+netns", "loopback-shim", "none"
+#: ``status.json`` "isolation" modes, strongest first.  ``kernel-netns``: an in-graph cluster
+#: in its sandboxed kernel's private namespace (:mod:`tfk8s_magics.kernel.sandbox`).
+NETNS, USERNS_NETNS, KERNEL_NETNS, LOOPBACK_SHIM, NONE = (
+    "netns", "userns+netns", "kernel-netns", "loopback-shim", "none")
+
+#: Set by the kernel sandbox: the kernel's network namespace (``net:[INODE]``) ...
+KERNEL_NETNS_ENV = "TFK8S_KERNEL_NETNS"
+#: ... or, where the kernel runs on the host's network, the one sentence saying why.
+KERNEL_NOTE_ENV = "TFK8S_KERNEL_NOTE"
+
+
+def in_kernel_netns() -> bool:
+    """Whether this process is in the private network namespace of the sandboxed kernel that
+    started it (an in-graph supervisor is; one that left for a namespace of its own is not)."""
+    want = os.environ.get(KERNEL_NETNS_ENV)
+    try:
+        return bool(want) and os.readlink("/proc/self/ns/net") == want
+    except OSError:
+        return False
 
 
 class IsolationError(OSError):

@@ -1,17 +1,18 @@
 """Carry the owner's traffic into a cluster's private network namespace, and nobody else's.
 
-``python -m tfk8s_magics.backends.local.relay UID TABLE_FDS LISTENERS``, started by the
-supervisor of an in-graph cluster.  The in-graph kernel (the coordinator) lives in the host's
-network namespace and dials the tasks at the addresses of TF_CONFIG, ``127.0.0.1:PORT``; the
-tasks listen on the same addresses inside the cluster's namespace.  The supervisor binds each
-``127.0.0.1:PORT`` in the host namespace before it leaves it and hands those listening sockets
-to this process, which runs inside the cluster's namespace: so one address names the same task
-on both sides, whichever namespace a TensorFlow thread happens to dial from.
+``python -m tfk8s_magics.backends.local.relay UID TABLE_FDS/LISTENERS... TAG``, started by
+:mod:`.guard` for a server in a private network namespace (a cluster's TensorBoard).  The guard
+binds ``127.0.0.1:PORT`` before it leaves its namespace and hands the listening socket to this
+process, which runs inside the new namespace and forwards to the same address there.  In a
+sandboxed kernel (:mod:`tfk8s_magics.kernel.sandbox`) a second listener on the HOST's
+``127.0.0.1:PORT`` comes from the kernel's host-side parent (:mod:`.hostside`), for the Jupyter
+server there: one relay, a group of listeners per namespace.
 
 Every accepted connection is checked first: the connecting socket must belong to ``UID`` (the
-cluster's owner), read from the host's ``/proc/net/tcp`` and ``tcp6`` (opened by the supervisor
-in the host namespace: the ``uid`` column is the socket creator's).  Any other uid's connection
-is closed before a byte is read or forwarded, so another user cannot make a task do anything.
+cluster's owner), read from the ``/proc/net/tcp`` and ``tcp6`` tables of the listener's own
+namespace (opened there, by the guard or the sandbox's parent: the ``uid`` column is the socket
+creator's).  Any other uid's connection is closed before a byte is read or forwarded, so another
+user cannot make the server do anything.
 """
 
 from __future__ import annotations
@@ -61,26 +62,37 @@ def _serve(conn: socket.socket, port: int) -> None:
     inner.close()
 
 
-def run(owner: int, tables: list[int], listeners: dict[int, int]) -> None:
-    """Accept on every listener (fd → port) forever; forward the owner's connections only."""
+#: One side of a relay: the TCP tables of the namespace its listeners are in, and fd → port.
+Group = tuple[list[int], dict[int, int]]
+
+
+def run(owner: int, groups: list[Group]) -> None:
+    """Accept on every listener forever; forward the owner's connections only.
+
+    Each group's listeners are checked against that group's tables: a listener on the host
+    (handed over by a sandboxed kernel's parent, :mod:`.hostside`) against the host's, one in
+    the caller's namespace against that namespace's.
+    """
     sel = selectors.DefaultSelector()
-    for fd, port in listeners.items():
-        sock = socket.socket(fileno=fd)
-        sock.setblocking(True)
-        sel.register(sock, selectors.EVENT_READ, port)
+    for tables, listeners in groups:
+        for fd, port in listeners.items():
+            sock = socket.socket(fileno=fd)
+            sock.setblocking(True)
+            sel.register(sock, selectors.EVENT_READ, (port, tables))
     while True:
         for key, _ in sel.select():
             try:
                 conn, peer = key.fileobj.accept()
             except OSError:
                 continue
-            uid = socket_owner(tables, peer[1], key.data)
+            port, tables = key.data
+            uid = socket_owner(tables, peer[1], port)
             if uid != owner:
                 # Closed unread: not one byte reaches the task.
-                print(f"tfk8s relay: refused a connection to port {key.data} from uid {uid}", flush=True)
+                print(f"tfk8s relay: refused a connection to port {port} from uid {uid}", flush=True)
                 conn.close()
                 continue
-            threading.Thread(target=_serve, args=(conn, key.data), daemon=True).start()
+            threading.Thread(target=_serve, args=(conn, port), daemon=True).start()
 
 
 def host_side(addresses: list[tuple[str, int]]) -> tuple[list[socket.socket], list[int]]:
@@ -104,32 +116,38 @@ def host_side(addresses: list[tuple[str, int]]) -> tuple[list[socket.socket], li
     return listeners, tables
 
 
-def spawn(owner: int, listeners: list[socket.socket], tables: list[int], tag: str) -> subprocess.Popen:
-    """Start the relay (it dies with the caller) and hand it ``listeners`` and ``tables``,
+def spawn(owner: int, groups: list[tuple[list[socket.socket], list[int]]], tag: str) -> subprocess.Popen:
+    """Start the relay (it dies with the caller) and hand it each group's listeners and tables,
     closing them here; ``tag`` (a path) only names whose relay it is in ``ps``."""
-    pairs = ",".join(f"{s.fileno()}:{s.getsockname()[1]}" for s in listeners)
+    args = [f"{','.join(map(str, tables))}/{','.join(f'{s.fileno()}:{s.getsockname()[1]}' for s in socks)}"
+            for socks, tables in groups]
+    fds = [fd for socks, tables in groups for fd in (*(s.fileno() for s in socks), *tables)]
     me = os.getpid()
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "tfk8s_magics.backends.local.relay", str(owner),
-             ",".join(map(str, tables)), pairs, tag],
-            stdin=subprocess.DEVNULL, pass_fds=(*(s.fileno() for s in listeners), *tables),
+            [sys.executable, "-m", "tfk8s_magics.backends.local.relay", str(owner), *args, tag],
+            stdin=subprocess.DEVNULL, pass_fds=fds,
             preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL, me),
         )
     finally:
-        for sock in listeners:
-            sock.close()  # the relay holds them now: when it ends, the ports close
-        for fd in tables:
-            os.close(fd)
+        for socks, tables in groups:
+            for sock in socks:
+                sock.close()  # the relay holds them now: when it ends, the ports close
+            for fd in tables:
+                os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``UID TCP_FD,TCP6_FD FD:PORT[,FD:PORT...] CLUSTER_DIR`` (the dir only names whose relay it is)."""
+    """``UID TCP_FD,TCP6_FD/FD:PORT[,FD:PORT...] [more groups...] CLUSTER_DIR`` (the dir only
+    names whose relay it is)."""
     argv = sys.argv[1:] if argv is None else argv
     owner = int(argv[0])
-    tables = [int(x) for x in argv[1].split(",") if x]
-    listeners = {int(fd): int(port) for fd, port in (pair.split(":") for pair in argv[2].split(",") if pair)}
-    run(owner, tables, listeners)
+    groups: list[Group] = []
+    for group in argv[1:-1]:
+        tables, _, pairs = group.partition("/")
+        groups.append(([int(x) for x in tables.split(",") if x],
+                       {int(fd): int(port) for fd, port in (p.split(":") for p in pairs.split(",") if p)}))
+    run(owner, groups)
     return 0
 
 

@@ -193,7 +193,7 @@ class Supervisor:
                 reserved["TFK8S_FILES_DIR"] = str(self.cdir.files)
         reserved.update(self.storage.task_env())  # streaming: TFK8S_DATA_URL + storage credentials
         env = taskenv.build(os.environ, self.spec.env, reserved, self.spec.legacy_keras)
-        if self.isolation["mode"] == isolation.LOOPBACK_SHIM:
+        if self.isolation["mode"] in (isolation.LOOPBACK_SHIM, isolation.KERNEL_NETNS):
             isolation.preload_env(env, rec.get("loopback_shim"))
         return env
 
@@ -561,19 +561,23 @@ class Supervisor:
     def isolate(self) -> None:
         """Enter a private network namespace before any task starts (the tasks inherit it).
 
-        An in-graph cluster stays in the host's namespace behind the loopback shim: its
-        kernel is the chief, and the servers dial it (e.g. a checkpoint's file name lives on
-        the chief) while TensorFlow's process-wide gRPC threads in the kernel cannot follow a
-        cluster into a namespace (a second connect() to a relaunched cluster hung).  Where
-        the kernel refuses a namespace, the loopback shim is the fallback too, and
-        ``status.json`` says why.
+        An in-graph cluster stays in its kernel's namespace: the kernel is the chief, and the
+        servers dial it (e.g. a checkpoint's file name lives on the chief) while TensorFlow's
+        process-wide gRPC threads in the kernel cannot follow a cluster into a namespace (a
+        second connect() to a relaunched cluster hung).  That namespace is private when the
+        kernel was started sandboxed (:mod:`tfk8s_magics.kernel.sandbox`: ``kernel-netns``),
+        else it is the host's, behind the loopback shim.  Where the kernel refuses a
+        namespace, the loopback shim is the fallback too, and ``status.json`` says why.
         """
         want = isolation.wanted(options.get("isolation"))
+        if want == "netns" and not self.policy.success_roles and isolation.in_kernel_netns():
+            self.isolation = {"mode": isolation.KERNEL_NETNS, "reason": IN_GRAPH_KERNEL_NETNS, "netns": None}
+            return
         if want != "netns" or not self.policy.success_roles or self.storage.streams:
             shim = (want in ("loopback", "netns")) and self.record.get("loopback_shim")
             mode = isolation.LOOPBACK_SHIM if shim else isolation.NONE
             why = (f"TFK8S_ISOLATION={want}" if want != "netns"
-                   else IN_GRAPH_NO_NETNS if not self.policy.success_roles else STREAMS_NO_NETNS)
+                   else _in_graph_on_host() if not self.policy.success_roles else STREAMS_NO_NETNS)
             self.isolation = {"mode": mode, "reason": why, "netns": None}
             return
         try:
@@ -809,6 +813,18 @@ class Supervisor:
 #: Why an in-graph cluster gets no private network namespace (shown in ``status.json``).
 IN_GRAPH_NO_NETNS = ("in-graph: the notebook kernel is the chief and its servers dial it, so they "
                      "share the host's loopback (behind the loopback shim), not a private namespace")
+
+
+#: An in-graph cluster started from a sandboxed kernel (``isolation.mode`` ``kernel-netns``).
+IN_GRAPH_KERNEL_NETNS = ("in-graph: its tasks share the sandboxed kernel's private network namespace "
+                         "(the kernel is the chief), which no other process on the host can connect into")
+
+
+def _in_graph_on_host() -> str:
+    """Why an in-graph cluster is on the host's loopback: :data:`IN_GRAPH_NO_NETNS`, and what the
+    kernel sandbox said when it could not run this kernel in a namespace of its own."""
+    note = os.environ.get(isolation.KERNEL_NOTE_ENV, "").strip()
+    return f"{IN_GRAPH_NO_NETNS}; {note}" if note else IN_GRAPH_NO_NETNS
 
 
 #: Why a cluster whose tasks stream from ``$TFK8S_DATA_URL`` gets no private network namespace.
