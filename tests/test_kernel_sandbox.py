@@ -449,9 +449,10 @@ def test_the_local_lab_starts_sandboxed_kernels_over_unix_sockets(tmp_path):
     its own; stopping the lab ends the kernel."""
     import psutil
     import requests
-    from tfk8s_hub.local import runtime_dir
 
-    from tests.test_hub_local import LAB, _lab_env
+    from tests.test_hub_local import LAB, _lab_env  # puts hub_config on sys.path
+
+    runtime_dir = sys.modules["tfk8s_hub.local"].runtime_dir
 
     token = os.urandom(16).hex()
     lab_dir = tmp_path / "lab"
