@@ -509,3 +509,91 @@ def test_the_local_lab_starts_sandboxed_kernels_over_unix_sockets(tmp_path):
             proc.wait()
     wait_for(lambda: not kernel.is_running(), 30, "the kernel to end with the lab")
     shutil.rmtree(runtime_dir(lab_dir, "demo"), ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_an_unprivileged_sandboxed_kernel_gets_a_user_namespace_and_its_in_graph_cluster_trains():
+    """The non-root path: the launcher run as uid 65534 (tests/test_local_unprivileged.py's way
+    to the interpreter) makes a user+network namespace, slirp4netns joins it, an in-graph cluster
+    trains in it; the owner itself and uid 65533 get "refused" on the host; shutdown ends all."""
+    from jupyter_client import BlockingKernelClient
+    from jupyter_client.connect import write_connection_file
+
+    from tests.test_local_unprivileged import OTHER, OWNER, _as_owner, _owned_pids
+
+    home = Path(tempfile.mkdtemp(prefix="tfk8s-nobody-", dir="/tmp"))
+    os.chown(home, OWNER, OWNER)
+    name = f"kernel-{uuid.uuid4()}"
+    conn, _ = write_connection_file(str(home / f"{name}.json"), transport="ipc",
+                                    ip=str(home / f"{name}-ipc"))
+    os.chown(conn, OWNER, OWNER)
+    env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO),
+           "TFK8S_BACKEND": "local", "TFK8S_POOL_SIZE": "0", "TF_CPP_MIN_LOG_LEVEL": "2", "LANG": "C.UTF-8"}
+    err = open(home / "kernel.err", "wb")  # noqa: SIM115 - closed below
+    cmd = [*_as_owner(), sys.executable, "-m", "tfk8s_magics.kernel.sandbox", "-f", conn]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=home, env=env)
+    kc = BlockingKernelClient(connection_file=conn)
+    kc.load_connection_file()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=300)
+        got = last_json(run_code(kc, '''
+            import json, os
+            import tensorflow as tf
+            import tfk8s_magics as tk
+            from tfk8s_magics import ingraph
+            c = tk.launch("un", mode="in-graph", ps=1, workers=1, wait_ready=300)
+            s = c.connect()
+            with s.scope():
+                v = tf.Variable(0.0)
+            coord = tf.distribute.coordinator.ClusterCoordinator(s)
+            @tf.function
+            def step():
+                v.assign_add(1.0)
+                return tf.constant(1)
+            for _ in range(5):
+                coord.schedule(step)
+            coord.join()
+            addresses = c.backend.addresses("un")
+            print(json.dumps({"v": float(v.numpy()), "pid": os.getpid(), "uid": os.getuid(),
+                              "chief": ingraph.coordinator(c, addresses).address, "addresses": addresses}))
+        '''))
+        kernel = got["pid"]
+        assert got["v"] == 5.0 and got["uid"] == OWNER
+        assert Path(f"/proc/{kernel}").stat().st_uid == OWNER
+        assert os.readlink(f"/proc/{kernel}/ns/user") != os.readlink("/proc/self/ns/user")
+        assert os.readlink(f"/proc/{kernel}/ns/net") != os.readlink("/proc/self/ns/net")
+        import psutil
+
+        slirp = [p for p in psutil.Process(proc.pid).children() if p.name() == "slirp4netns"]
+        assert len(slirp) == 1 and slirp[0].uids().real == OWNER, psutil.Process(proc.pid).children()
+        raw = json.loads((home / ".local/share/tfk8s/clusters/un/status.json").read_text())
+        assert raw["isolation"]["mode"] == "kernel-netns", raw["isolation"]
+        addresses = [got["chief"], *(a for hosts in got["addresses"].values() for a in hosts)]
+        ports = [int(a.rsplit(":", 1)[1]) for a in addresses]
+        ports = [p for p in ports if p not in host_listeners()]
+        assert len(ports) >= 2, got
+        assert probe(ports, OTHER) == {p: "refused" for p in ports}
+        assert probe(ports, OWNER) == {p: "refused" for p in ports}  # even the owner, from the host
+        inside = subprocess.run(["nsenter", "-t", str(kernel), "-n", SYSTEM_PYTHON, "-c", PROBE,
+                                 *map(str, ports)],
+                                capture_output=True, text=True, timeout=60, check=True, cwd="/")
+        assert all(isinstance(v, int) and v > 0 for v in json.loads(inside.stdout).values()), inside.stdout
+        owned = set(_owned_pids(home))
+        assert {proc.pid, kernel, slirp[0].pid, raw["supervisor_pid"]} <= owned, owned
+        kc.shutdown()
+        assert proc.wait(60) == 0
+        wait_for(lambda: not _owned_pids(home), 30, "every process of the owner's kernel to end",
+                 interval=0.2)
+    finally:
+        kc.stop_channels()
+        err.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in _owned_pids(home):  # only on failure: the test asserts there are none
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(home, ignore_errors=True)
