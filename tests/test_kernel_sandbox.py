@@ -142,6 +142,15 @@ def nameserver() -> str | None:
     return None
 
 
+def dead(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def gone(procs) -> bool:
     return not any(p.is_running() and p.status() != "zombie" for p in procs)
 
@@ -597,3 +606,38 @@ def test_an_unprivileged_sandboxed_kernel_gets_a_user_namespace_and_its_in_graph
             except ProcessLookupError:
                 pass
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_sandboxed_kernel_is_interrupted_restarted_and_killed_like_any_kernel(runtime):
+    """Jupyter's interrupt (SIGINT to the kernel's process group) reaches the kernel and not the
+    launcher; a restart makes a new sandbox; a SIGKILLed launcher takes its kernel and slirp4netns
+    with it (the kernel's parent-death signal, slirp4netns's exit fd)."""
+    import psutil
+
+    km, kc = start_kernel(runtime, "ipc")
+    try:
+        msg_id = kc.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(120)")
+        wait_for(lambda: kc.get_iopub_msg(timeout=30)["content"].get("text") == "sleeping\n", 30,
+                 "the cell to start sleeping")
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+        assert km.is_alive()
+        first = json.loads(run_code(kc, "import os, json; print(json.dumps(os.getpid()))"))
+
+        km.restart_kernel(now=True)
+        kc.wait_for_ready(timeout=240)
+        launcher = psutil.Process(km.provisioner.process.pid)
+        kernel = json.loads(run_code(kc, "import os, json; print(json.dumps(os.getpid()))"))
+        assert kernel != first
+        wait_for(lambda: dead(first), 30, "the first kernel to end with the restart", interval=0.2)
+        assert os.readlink(f"/proc/{kernel}/ns/net") != os.readlink("/proc/self/ns/net")
+        procs = [launcher, *launcher.children(recursive=True)]
+        assert sorted(p.name() for p in procs).count("slirp4netns") == 1, procs
+        launcher.kill()
+        wait_for(lambda: gone(procs), 30, "the kernel and slirp4netns to end with their launcher",
+                 interval=0.2)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
