@@ -524,7 +524,9 @@ def test_the_local_lab_starts_sandboxed_kernels_over_unix_sockets(tmp_path):
 def test_an_unprivileged_sandboxed_kernel_gets_a_user_namespace_and_its_in_graph_cluster_trains():
     """The non-root path: the launcher run as uid 65534 (tests/test_local_unprivileged.py's way
     to the interpreter) makes a user+network namespace, slirp4netns joins it, an in-graph cluster
-    trains in it; the owner itself and uid 65533 get "refused" on the host; shutdown ends all."""
+    trains in it; the owner itself and uid 65533 get "refused" on the host; a between-graph cluster
+    gets a user namespace nested in the kernel's, its TensorBoard answers the owner on the host and
+    not 65533; shutdown ends all."""
     from jupyter_client import BlockingKernelClient
     from jupyter_client.connect import write_connection_file
 
@@ -588,6 +590,21 @@ def test_an_unprivileged_sandboxed_kernel_gets_a_user_namespace_and_its_in_graph
                                  *map(str, ports)],
                                 capture_output=True, text=True, timeout=60, check=True, cwd="/")
         assert all(isinstance(v, int) and v > 0 for v in json.loads(inside.stdout).values()), inside.stdout
+
+        # A between-graph cluster from the same kernel: a user namespace nested in the kernel's, and
+        # its TensorBoard on the host's loopback through the host side: the owner gets pages, 65533 nothing.
+        bg = last_json(run_code(kc, '''
+            bg = tk.launch("bg", workers=1, script="print(1)\\n")
+            bg.wait()
+            print(json.dumps({"tb": bg.tensorboard().port}))
+        '''))
+        raw_bg = json.loads((home / ".local/share/tfk8s/clusters/bg/status.json").read_text())
+        assert raw_bg["isolation"]["mode"] == "userns+netns", raw_bg["isolation"]
+        assert raw_bg["phase"] == "succeeded", raw_bg
+        tb = bg["tb"]
+        assert probe([tb], OTHER) == {tb: 0}
+        answered = probe([tb], OWNER)[tb]  # the owner on the host (as jupyter-server-proxy would be)
+        assert isinstance(answered, int) and answered > 0, answered
         owned = set(_owned_pids(home))
         assert {proc.pid, kernel, slirp[0].pid, raw["supervisor_pid"]} <= owned, owned
         kc.shutdown()
