@@ -11,8 +11,11 @@ reading it replaced.
 from __future__ import annotations
 
 import gc
+import os
 import queue
+import select
 import threading
+import time
 
 import pytest
 
@@ -160,6 +163,91 @@ def test_the_follower_reads_a_line_after_a_quiet_spell_without_waiting_its_inter
         stop.set()
         reader.join(TIMEOUT)
     assert not reader.is_alive()
+
+
+def _inotify_masks(directory) -> list[int]:
+    """The masks of this process's inotify watches on ``directory`` (from ``/proc/self/fdinfo``)."""
+    ino = format(os.stat(directory).st_ino, "x")
+    masks = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != "anon_inode:inotify":
+                continue
+            with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as f:
+                info = f.read()
+        except OSError:
+            continue  # closed meanwhile
+        for line in info.splitlines():
+            fields = dict(kv.split(":", 1) for kv in line.split()[1:] if ":" in kv)
+            if line.startswith("inotify ") and fields.get("ino") == ino:
+                masks.append(int(fields["mask"], 16))
+    return masks
+
+
+def _inotify_fds() -> set[int]:
+    return {int(fd) for fd in os.listdir("/proc/self/fd")
+            if _readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"}
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+IN_MODIFY = 0x2
+
+
+def test_a_busy_stream_is_read_on_a_timer_and_its_writes_make_no_inotify_event(tmp_path):
+    """Issue 16: a task printing in a flood lost a quarter of its lines/s to the kernel queueing an
+    inotify event for each of its write()s into the watched log dir.  While the stream is busy the
+    follower's watch must not ask for writes, the kernel must queue nothing for them, and once the
+    stream is quiet a line must wake the follower again — nothing lost across the switches."""
+    path = tmp_path / "worker-0.log"
+    path.write_bytes(b"")
+    skew = [0.0]  # the pacer's clock is monotonic + skew; its sleeps only move the skew
+    pacer = Pacer(0.005, 3600, clock=lambda: time.monotonic() + skew[0],
+                  sleep=lambda s: skew.__setitem__(0, skew[0] + s))
+    stop = threading.Event()
+    before = _inotify_fds()
+    gen = logtail.follow_batches({"worker-0": path}, stop, lambda: False, pacer=pacer)
+
+    def write(prefix: str, n: int) -> list[str]:
+        lines = [f"{prefix}{i}" for i in range(n)]
+        with open(path, "ab") as f:
+            for line in lines:  # one write() per line, as an unbuffered print does
+                f.write(line.encode() + b"\n")
+                f.flush()
+        return lines
+
+    written = write("a", 2000)
+    got = list(next(gen).texts)
+    assert got == written and all(m & IN_MODIFY for m in _inotify_masks(tmp_path))
+    written += write("b", 2000)  # 2000 lines right after a read: busy
+    got += next(gen).texts
+    masks = _inotify_masks(tmp_path)
+    assert masks and not any(m & IN_MODIFY for m in masks), "a busy stream still asks for writes"
+    (watch_fd,) = _inotify_fds() - before
+    written += write("c", 500)
+    assert select.select([watch_fd], [], [], 0)[0] == [], "a write in a busy stream made an event"
+    got += next(gen).texts
+
+    def quiet_line() -> None:  # an hour later (on the pacer's clock): the stream is quiet
+        skew[0] += 7200
+        written.extend(write("d", 1))
+
+    timer = threading.Timer(0.2, quiet_line)
+    timer.start()
+    try:
+        got += next(gen).texts  # nothing more of the burst: write events on, then the quiet line
+        assert all(m & IN_MODIFY for m in _inotify_masks(tmp_path))
+    finally:
+        timer.join(TIMEOUT)
+        stop.set()
+        gen.close()
+    assert got == written
+    assert _inotify_fds() == before
 
 
 def _reference_lines(chunks: list[bytes]) -> list[str]:

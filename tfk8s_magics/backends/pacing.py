@@ -63,13 +63,28 @@ class Pacer:
         self._busy = since < self.max_gap and waiting * self.min_gap > since
         return max(0.0, self._last + self.gap - now) if self._busy else 0.0
 
-    def took(self) -> None:
-        """A batch was just taken (after :meth:`delay`): the gap grows while busy, shrinks when not."""
+    def took_polled(self, got: int) -> bool:
+        """Took ``got`` lines on a timer (a caller that no longer waits for the stream's events
+        while it is busy): return whether the stream is still busy, i.e. still faster than one
+        line per ``min_gap`` since the last batch; the gap grows or shrinks as in :meth:`took`.
+
+        Unlike :meth:`delay`, the time since the last batch includes the caller's own wait,
+        so it is not read as a quiet spell.
+        """
+        self._busy = self._last is not None and got * self.min_gap > self.clock() - self._last
+        return self.took()
+
+    def took(self) -> bool:
+        """A batch was just taken (after :meth:`delay`): the gap grows while busy, shrinks when not.
+
+        Returns whether the stream was busy (the batch waited for the gap).
+        """
         self._last = self.clock()
-        if self._busy:
+        busy, self._busy = self._busy, False
+        if busy:
             self.delayed += 1
             self.gap = min(self.max_gap, max(self.gap * 2, self.min_gap))
         else:
             self.immediate += 1
             self.gap = max(self.min_gap, self.gap / 2)
-        self._busy = False
+        return busy

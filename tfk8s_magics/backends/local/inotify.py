@@ -4,6 +4,14 @@ The log follower and the status watcher sleep here instead of polling:
 an idle cluster costs nothing, and a new line or status is seen at once.
 Where inotify is unavailable, :class:`DirWatcher` degrades to a timed
 wait, and callers fall back to checking on every wake-up.
+
+Watching writes is not free for the writer: while a directory's watch asks
+for ``IN_MODIFY``, every ``write()`` into a file in it goes through the
+kernel's notification path (an event allocated, queued or merged, then
+freed) — measured 2.2 → 4.4 µs of system time per printed line (two
+writes) for an unbuffered Python writer, about 25 % of its lines/s.  A
+follower that polls anyway (a busy stream) turns write events off with
+:meth:`DirWatcher.watch_writes` and back on when the stream goes quiet.
 """
 
 from __future__ import annotations
@@ -21,7 +29,11 @@ _IN_DELETE = 0x00000200
 _IN_DELETE_SELF = 0x00000400
 _IN_NONBLOCK = 0o4000
 _IN_CLOEXEC = 0o2000000
-_MASK = _IN_MODIFY | _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_CREATE | _IN_DELETE | _IN_DELETE_SELF
+#: Changes of a directory's entries: files created, renamed in, removed; the directory removed.
+#: Watching only these costs a writer nothing (no event per ``write()``).
+_ENTRIES = _IN_MOVED_TO | _IN_CREATE | _IN_DELETE | _IN_DELETE_SELF
+#: The entries and the writes into the files.
+_MASK = _ENTRIES | _IN_MODIFY | _IN_CLOSE_WRITE
 
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
@@ -36,19 +48,35 @@ class DirWatcher:
 
     def __init__(self, dirs: list[Path]) -> None:
         self.fd: int | None = None
+        self.dirs: list[bytes] = []
+        #: Whether writes into the files wake :meth:`wait` (see :meth:`watch_writes`).
+        self.writes = True
         if _libc is None:
             return
         fd = _libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
         if fd < 0:
             return
-        watched = 0
         for d in dirs:
             if _libc.inotify_add_watch(fd, os.fsencode(str(d)), _MASK) >= 0:
-                watched += 1
-        if watched:
+                self.dirs.append(os.fsencode(str(d)))
+        if self.dirs:
             self.fd = fd
         else:
             os.close(fd)
+
+    def watch_writes(self, on: bool) -> None:
+        """Ask for write events (``on``) or only for changes of the directories' entries.
+
+        Off, a ``write()`` into a watched directory's file costs its writer no
+        notification; the caller must then look for new data itself (a timed read).
+        Turned back on, a write made before has no event: read once more before waiting.
+        """
+        if self.fd is None or on == self.writes:
+            return
+        mask = _MASK if on else _ENTRIES
+        for d in self.dirs:  # on a watched path, inotify_add_watch replaces the mask
+            _libc.inotify_add_watch(self.fd, d, mask)
+        self.writes = on
 
     @property
     def active(self) -> bool:

@@ -179,6 +179,7 @@ def follow_batches(
     from_start: bool = True,
     interval: float = FOLLOW_INTERVAL,
     wake_dirs: list[Path] | None = None,
+    pacer: Pacer | None = None,
 ) -> Iterator[LogChunk]:
     """Yield the new lines of ``files`` (task → path), a :class:`LogChunk` per task and read.
 
@@ -186,12 +187,19 @@ def follow_batches(
     files' directories (plus ``wake_dirs``, e.g. where the status lives)
     and reads as soon as a task writes; only while the tasks keep writing
     do reads space out, up to ``interval`` apart (:class:`~..pacing.Pacer`).
+    While they do, the watch stops asking for write events and the files are
+    read on that timer instead: an event per ``write()`` costs the *writer*
+    (a task printing in a flood) a quarter of its lines/s (:mod:`.inotify`).
+    The first read that finds the stream slower than one line per
+    ``FOLLOW_MIN_GAP`` (or nothing) turns write events back on, then reads
+    once more, so no line is missed and the next quiet line is read at once.
     Ends when ``stop`` is set, or once ``finished()`` is true and every
-    file has been read to its end.
+    file has been read to its end.  ``pacer`` replaces the one made from
+    ``interval`` (tests give one with their own clock).
     """
     cursors = [_FileCursor(task, path, from_start) for task, path in files.items()]
     dirs = sorted({p.parent for p in files.values()} | set(wake_dirs or ()))
-    pacer = Pacer(min(FOLLOW_MIN_GAP, interval), interval, sleep=stop.wait)
+    pacer = pacer or Pacer(min(FOLLOW_MIN_GAP, interval), interval, sleep=stop.wait)
     last = 0
     with DirWatcher([d for d in dirs if d.exists()]) as watcher:
         while not stop.is_set():
@@ -205,10 +213,19 @@ def follow_batches(
                     yield LogChunk(c.task, texts, now)
             if done:
                 return
+            if not watcher.writes:  # busy: read on a timer, the writes make no events
+                if got:
+                    last = got
+                    if pacer.took_polled(got):
+                        pacer.sleep(pacer.gap)
+                        continue
+                watcher.watch_writes(True)  # slow or quiet again: wake on the next write,
+                continue  # after one more read (a write made before this has no event)
             if got:
                 pacer.took()
                 last = got  # the pace of the last read stands for what is coming
             watcher.wait(IDLE_WAKEUP if watcher.active else interval)
             delay = pacer.delay(last)
-            if delay:
-                pacer.sleep(delay)  # the tasks write faster than min_gap: let more gather
+            if delay:  # the tasks write faster than min_gap: let more gather, on a timer
+                watcher.watch_writes(False)
+                pacer.sleep(delay)
