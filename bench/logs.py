@@ -22,9 +22,11 @@ kernel stays responsive while logs stream.  Rounds alternate ours / baseline.
 
 Reported: latency p50/p95/max (pooled over rounds), ours/bare ratio of
 p95s, delivered lines/s in the burst (lines / (last receive − first write)),
-the share of burst lines shown live (ours bounds a flood: past 512 KiB of
-backlog it jumps to the newest 64 KiB and says so; the file keeps every
-line), and the kernel's p95 tick delay in each phase.  Targets: latency
+the writer's own CPU per burst line (user and system, from its
+``getrusage``: a log watch that costs the task's ``write()`` calls shows
+here), the share of burst lines shown live (ours bounds a flood: past
+512 KiB of backlog it jumps to the newest 64 KiB and says so; the file
+keeps every line), and the kernel's p95 tick delay in each phase.  Targets: latency
 p95 ≤ 200 ms; (issue 16) p95 ≤ 2 × the bare reader's, burst delivery
 ≥ 0.9 × the bare reader's lines/s with the kernel's tick p95 ≤ 10 ms.
 
@@ -63,6 +65,7 @@ TIMEOUT = 120.0
 LOGGER = '''\
 """Print stamped lines: RATE/s for SECONDS s, then as fast as possible for BURST s."""
 import os
+import resource
 import time
 
 rate, seconds, burst = (float(os.environ[f"BENCH_{k}"]) for k in ("RATE", "SECONDS", "BURST"))
@@ -76,11 +79,14 @@ for i in range(n):
     print(f"L {i} {time.time():.6f}", flush=True)
     due += period
 time.sleep(0.5)
+r0 = resource.getrusage(resource.RUSAGE_SELF)
 end = time.time() + burst
 i = 0
 while (t := time.time()) < end:
     print(f"B {i} {t:.6f}")
     i += 1
+r1 = resource.getrusage(resource.RUSAGE_SELF)
+print(f"R writer-cpu-s {r1.ru_utime - r0.ru_utime:.4f} {r1.ru_stime - r0.ru_stime:.4f}")
 print(f"E {i} {time.time():.6f}", flush=True)
 '''
 BENCH_ENV = {"BENCH_RATE": str(RATE), "BENCH_SECONDS": str(SECONDS), "BENCH_BURST": str(BURST)}
@@ -157,10 +163,14 @@ def kernel_ticks(until: threading.Event, timeout: float) -> tuple[list[tuple[flo
 def analyse(rx: Receiver, ticks: tuple[list[tuple[float, float]], float], gcs: GCPauses) -> dict:
     ticks, cpu = ticks
     lat, first_b, last_b, n_b, end, skips = [], None, None, 0, None, 0
+    writer_cpu = (float("nan"), float("nan"))
     for recv, batch in rx.batches:
         for line in batch:
             if "bytes of fast output skipped here" in line:
                 skips += 1  # the live stream bounds a flood (the file keeps every line)
+                continue
+            if line.startswith("R writer-cpu-s "):
+                writer_cpu = tuple(map(float, line.split()[2:4]))
                 continue
             parts = line.split()
             if len(parts) != 3 or parts[0] not in ("L", "B", "E"):
@@ -190,6 +200,9 @@ def analyse(rx: Receiver, ticks: tuple[list[tuple[float, float]], float], gcs: G
         "shown": n_b / written,
         "skips": skips,
         "cpu_us_per_line": cpu / (n_b + len(lat)) * 1e6,
+        # The writer's own CPU per burst line (user, system): what watching its log costs it.
+        "writer_user_us": writer_cpu[0] / written * 1e6,
+        "writer_sys_us": writer_cpu[1] / written * 1e6,
         "burst_cpu_us_per_line": _window_cpu(ticks, burst_window) / n_b * 1e6,
         "tick_lat": [d * 1000 for t, d, _ in ticks if lat_window[0] <= t < lat_window[1]],
         "tick_burst": [d * 1000 for t, d, _ in ticks if burst_window[0] <= t <= burst_window[1]],
@@ -276,7 +289,8 @@ def show(_label: str, _i: int, r: dict) -> str:
             f"max {max(r['lat']):6.1f} ms | burst {r['lines']} lines ({r['shown']:.0%} shown, "
             f"{r['skips']} skips), written "
             f"{r['written_per_s']:8.0f}/s delivered {r['delivered_per_s']:8.0f}/s, "
-            f"lag {r['lag_ms']:5.0f} ms, kernel CPU {r['cpu_us_per_line']:.2f} us/line "
+            f"lag {r['lag_ms']:5.0f} ms, writer CPU/line user {r['writer_user_us']:.2f} sys "
+            f"{r['writer_sys_us']:.2f} us, kernel CPU {r['cpu_us_per_line']:.2f} us/line "
             f"({r['burst_cpu_us_per_line']:.2f} in the burst) | "
             f"kernel tick p95 {c.pct(r['tick_lat'], 95):5.1f} ms "
             f"(latency phase) {c.pct(r['tick_burst'], 95):5.1f} ms (burst) | GC in burst: "
@@ -310,6 +324,8 @@ def main() -> int:
             "lag": c.median([r["lag_ms"] for r in rs]),
             "cpu": c.median([r["cpu_us_per_line"] for r in rs]),
             "burst_cpu": c.median([r["burst_cpu_us_per_line"] for r in rs]),
+            "w_user": c.median([r["writer_user_us"] for r in rs]),
+            "w_sys": c.median([r["writer_sys_us"] for r in rs]),
             "tick_lat": c.pct(pooled(rs, "tick_lat"), 95),
             "tick_burst": c.pct(pooled(rs, "tick_burst"), 95),
         }
@@ -331,6 +347,9 @@ def main() -> int:
     ratio = o['p95'] / b['p95']
     print(f"ours/bare p95 {ratio:.2f} (target <= {TARGET_P95_RATIO:g}: "
           f"{c.verdict(ratio <= TARGET_P95_RATIO)})")
+    print(f"writer CPU per burst line ours/bare: user {o['w_user'] / b['w_user']:.2f}, system "
+          f"{o['w_sys'] / b['w_sys']:.2f} ({o['w_sys']:.2f} vs {b['w_sys']:.2f} us; the writer's "
+          f"lines/s follow its CPU per line and its CPU share)")
     delivered = o['delivered'] / b['delivered']
     print(f"delivered lines/s ours/bare {delivered:.2f} (target >= {TARGET_DELIVERED:g}: "
           f"{c.verdict(delivered >= TARGET_DELIVERED)})   kernel tick p95 during burst ours "
