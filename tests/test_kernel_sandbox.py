@@ -638,7 +638,8 @@ def test_a_sandboxed_kernel_is_interrupted_restarted_and_killed_like_any_kernel(
                  "the cell to start sleeping")
         km.interrupt_kernel()
         reply = kc.get_shell_msg(timeout=30)
-        assert reply["parent_header"]["msg_id"] == msg_id
+        while reply["parent_header"].get("msg_id") != msg_id:  # late kernel_info replies of wait_for_ready
+            reply = kc.get_shell_msg(timeout=30)
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
         assert km.is_alive()
         first = json.loads(run_code(kc, "import os, json; print(json.dumps(os.getpid()))"))
