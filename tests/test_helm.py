@@ -218,13 +218,44 @@ def test_placeholders_hold_room_that_any_task_pod_takes(helm):
     assert pod["priorityClassName"] == pc["metadata"]["name"]
     assert pod["terminationGracePeriodSeconds"] == 0 and not pod["automountServiceAccountToken"]
     (box,) = pod["containers"]
-    assert box["resources"]["requests"] == {"cpu": "1", "memory": "2Gi"}
+    # One placeholder = the room of one task pod launched without --cpu/--memory: the request its
+    # single container gets from the user namespace's LimitRange (lab.default_requests).
+    assert box["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}}
     assert box["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert pod["securityContext"]["runAsNonRoot"]
     # In the release's namespace: no user's ResourceQuota pays for the held room.
     assert "namespace" not in dep["metadata"] or dep["metadata"]["namespace"] == "hub-ns"
     r = run_helm(helm, "template", "lab", str(CHART), "--set", "placeholder.priority=5", check=False)
     assert r.returncode != 0 and "/placeholder/priority" in r.stderr  # must stay below task pods
+
+
+def _placeholder_and_limit_range(helm, *args: str) -> tuple[dict, dict | None]:
+    """The placeholder's container, and the LimitRange the hub this render configures gives each
+    user namespace (its real builder, from the rendered lab settings)."""
+    from tfk8s_hub.bootstrap import BootstrapSpec, limit_range
+
+    docs = render(helm, *VALUE_SETS["warm-capacity"], *args)
+    (dep,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("placeholder")]
+    (box,) = dep["spec"]["template"]["spec"]["containers"]
+    (cm,) = by_kind(docs, "ConfigMap")
+    lab = LabSettings(**json.loads(cm["data"]["values.json"])["lab"])
+    return box, limit_range(BootstrapSpec.from_settings(lab), "jhub-ada")
+
+
+def test_a_placeholder_holds_what_a_task_pod_requests_and_follows_the_lab_setting(helm):
+    """Sized like the pods it stands in for: by default the request a task pod without
+    --cpu/--memory gets from its namespace's LimitRange, as that setting changes; an explicit
+    size when one is given; never an empty room."""
+    for args in ([], ["--set", "lab.default_requests.cpu=2", "--set", "lab.default_requests.memory=6Gi"]):
+        box, lr = _placeholder_and_limit_range(helm, *args)
+        assert box["resources"] == {"requests": lr["spec"]["limits"][0]["defaultRequest"]}
+    assert box["resources"] == {"requests": {"cpu": "2", "memory": "6Gi"}}
+    own, _ = _placeholder_and_limit_range(helm, "--set", "placeholder.resources.requests.cpu=4",
+                                          "--set", "placeholder.resources.requests.nvidia\\.com/gpu=1")
+    assert own["resources"] == {"requests": {"cpu": 4, "nvidia.com/gpu": 1}}  # as given
+    r = run_helm(helm, "template", "lab", str(CHART), *VALUE_SETS["warm-capacity"],
+                 "--set", "lab.default_requests=null", check=False)
+    assert r.returncode != 0 and "placeholder.resources is empty" in r.stderr
 
 
 @pytest.mark.parametrize(

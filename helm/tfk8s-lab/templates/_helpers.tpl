@@ -43,3 +43,18 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- $_ := set $lab "hub_namespace" .Release.Namespace -}}
 {{- dict "lab" $lab "hub" $hub | toPrettyJson -}}
 {{- end -}}
+
+{{/* What one placeholder pod holds: placeholder.resources, else the room of one task pod launched
+without --cpu/--memory (its single container gets the LimitRange's default request). */}}
+{{- define "tfk8s-lab.placeholderResources" -}}
+{{- if .Values.placeholder.resources -}}
+{{- toYaml .Values.placeholder.resources -}}
+{{- else if .Values.lab.default_requests -}}
+requests:
+{{- range $name, $value := .Values.lab.default_requests }}
+  {{ $name }}: {{ $value | toString | quote }}
+{{- end }}
+{{- else -}}
+{{- fail "placeholder.resources is empty and so is lab.default_requests, so a placeholder would hold no room: set placeholder.resources.requests to what one task pod requests" -}}
+{{- end -}}
+{{- end -}}
