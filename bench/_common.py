@@ -120,17 +120,21 @@ def pool_pids() -> set[int]:
 
 
 def pool_full(size: int, timeout: float, import_timeout: float | None = None,
-              with_memory: bool = False) -> dict:
-    """Start this process's pool if needed and wait until ``size`` processes in it are idle,
-    then for the kernel's own background TensorFlow import (warm_kernel): neither is timed."""
+              with_memory: bool = False, in_graph: bool = False) -> dict:
+    """Start this process's pool if needed and wait until ``size`` processes in it are idle for
+    the next launch (``in_graph``: on the host's network; else of the default launch's kind: in
+    the pool's spare namespace), then for the kernel's own background TensorFlow import
+    (warm_kernel): neither is timed."""
     from tfk8s_magics import ingraph
     from tfk8s_magics.backends.local import pool
 
-    sock = pool.ensure()
+    kind = pool.default_kind(in_graph)
+    sock = pool.ensure(kind)
     deadline = time.monotonic() + timeout
     while True:
         found = pool.info(sock, with_memory=with_memory)
-        if found and sum(p["state"] == "idle" for p in found["processes"]) >= size:
+        if found and sum(p["state"] == "idle" and p["kind"] == kind and not p["reserved"]
+                         for p in found["processes"]) >= size:
             ingraph.preimported(timeout if import_timeout is None else import_timeout)
             return found
         if time.monotonic() > deadline:

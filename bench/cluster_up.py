@@ -61,7 +61,8 @@ def run_ours(tmp: str, i: int, warm: bool = False) -> dict:
     be = LocalBackend(os.path.join(tmp, f"{'warm' if warm else 'ours'}-{i}"))
     name = f"up{i}"
     if warm:
-        c.pool_full(POOL_SIZE, 10 * TIMEOUT, import_timeout=TIMEOUT, with_memory=True)
+        c.pool_full(POOL_SIZE, 10 * TIMEOUT, import_timeout=TIMEOUT, with_memory=True,
+                    in_graph=True)
     wall0, t0 = time.time(), time.perf_counter()
     try:
         # detach=True: a detached cluster never takes pooled processes (the cold side).
@@ -106,7 +107,8 @@ def bare_tf_memory(env: dict) -> dict:
 def report_memory() -> None:
     from tfk8s_magics.backends.local import pool
 
-    found = c.pool_full(POOL_SIZE, 10 * TIMEOUT, import_timeout=TIMEOUT, with_memory=True)
+    found = c.pool_full(POOL_SIZE, 10 * TIMEOUT, import_timeout=TIMEOUT, with_memory=True,
+                        in_graph=True)
     idle = [p for p in found["processes"] if p["state"] == "idle"]
     bare = bare_tf_memory(pool._handle.env)
     rss = c.median([p["rss"] for p in idle])
@@ -159,7 +161,8 @@ def main() -> int:
     with c.cleanup_on_exit(), tempfile.TemporaryDirectory(prefix="bench-up-") as tmp:
         try:
             run_base(-1)  # warm the page cache for TensorFlow once, for both sides (not counted)
-            c.pool_full(POOL_SIZE, 10 * TIMEOUT, import_timeout=TIMEOUT, with_memory=True)
+            c.pool_full(POOL_SIZE, 10 * TIMEOUT, import_timeout=TIMEOUT, with_memory=True,
+                        in_graph=True)
             print("warm-up done (page cache, pool of 4 filled)", flush=True)
             ours, base, warm = c.rounds(args.rounds, [
                 ("ours", lambda i: run_ours(tmp, i)), ("base", run_base),

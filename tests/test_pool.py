@@ -11,12 +11,18 @@ supervisor.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import selectors
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -94,6 +100,58 @@ def test_the_cli_explains_that_a_pool_belongs_to_a_kernel():
     assert out.returncode == 2 and "belongs to the process that launches" in out.stderr
 
 
+def test_an_expired_claim_is_answered_at_once_and_the_daemon_does_not_spin(tmp_path):
+    # The daemon's loop sleeps until the first waiting claim's deadline.  serve_pending used to
+    # release expired claims from the end of the queue only: an older claim past its deadline
+    # behind a newer live one stayed, so the loop's timeout was 0 (a busy spin) until the newer
+    # one expired too, up to CLAIM_TIMEOUT later.  Two claims wait for two processes "still
+    # importing" (sleep, in sessions of their own): the first is past its deadline.
+    pool_dir = tmp_path / "pool"
+    pool_dir.mkdir()
+    (pool_dir / "config.json").write_text(json.dumps(
+        {"env": {}, "cwd": str(tmp_path), "size": 0, "owner": os.getpid()}))
+    daemon = pool.Daemon(pool_dir)
+    sleepers = [subprocess.Popen(["sleep", "120"], start_new_session=True) for _ in range(2)]
+    claimers = []
+    for p in sleepers:  # as Daemon.spawn registers a pooled process
+        w = pool._Worker(p, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET), os.pidfd_open(p.pid))
+        daemon.workers[p.pid] = w
+        daemon.sel.register(w.pidfd, selectors.EVENT_READ, ("exit", w))
+    now = time.monotonic()
+    for deadline in (now - 1, now + 60):
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(3)]  # log, ready and status pipes
+        daemon.pending.append(pool._Claim(theirs, {"ns": None, "peer": os.getpid(), "wait": True}, fds,
+                                          deadline))
+        claimers.append(mine)
+    calls = []
+    select = daemon.sel.select
+    daemon.sel.select = lambda timeout=None: calls.append(timeout) or select(timeout)
+    ready_r, ready_w = os.pipe()
+    loop = threading.Thread(target=daemon.run, args=(ready_w,), daemon=True)
+    try:
+        loop.start()
+        assert os.read(ready_r, 8) == b"ok"
+        claimers[0].settimeout(5)
+        assert json.loads(claimers[0].recv(4096)) == {"cold": "no warm process became free in time"}
+        time.sleep(1.0)
+        assert len(calls) < 20, f"{len(calls)} select() calls in 1 s, timeouts {calls[:5]}..."
+        assert [c.deadline for c in daemon.pending] == [now + 60]  # the live claim still waits
+        assert 55 < daemon.next_timeout(None) <= 60
+        pool._request(str(pool_dir / "sock"), {"op": "close"})  # ends the sleepers, answers the claim
+        claimers[1].settimeout(5)
+        assert json.loads(claimers[1].recv(4096)) == {"cold": "no warm process became free in time"}
+        loop.join(10)
+        assert not loop.is_alive() and not pool_dir.exists()
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
+        for c in claimers:
+            c.close()
+        os.close(ready_r)
+
+
 # -- real tasks ------------------------------------------------------------------------
 # What a task can observe about itself before and while running user code.
 PROBE = textwrap.dedent('''
@@ -117,6 +175,10 @@ PROBE = textwrap.dedent('''
         "flags": repr(sys.flags), "encoding": [sys.stdout.encoding, locale.getpreferredencoding()],
         "unbuffered": [sys.stdout.write_through, sys.stdout.line_buffering],
         "netns": os.readlink("/proc/thread-self/ns/net"),
+        # Every thread (TensorFlow's too) in the process's namespace, at the process's priority.
+        "threads_in_one_netns": len({os.readlink(f"/proc/self/task/{t}/ns/net")
+                                     for t in os.listdir("/proc/self/task")}) == 1,
+        "nice": [os.getpriority(os.PRIO_PROCESS, 0), open("/proc/self/autogroup").read().split()[-1]],
         "bind": [_bound(socket.AF_INET, "0.0.0.0"), _bound(socket.AF_INET6, "::")],
         "pgid_is_pid": os.getpgid(0) == os.getpid(), "sid_is_pid": os.getsid(0) == os.getpid(),
         "umask": os.umask(0o022),
@@ -151,12 +213,17 @@ def warm(state_dir, monkeypatch):
     assert sock is None or not os.path.exists(os.path.dirname(sock))
 
 
-def _wait_idle(n: int, timeout: float = 180.0) -> dict:
-    """Start this process's pool if needed and wait until ``n`` processes are idle."""
-    sock = pool.ensure()
+def _idle(found: dict, kind: str) -> int:
+    """How many processes of ``kind`` a pool holds idle for its next launch."""
+    return sum(p["state"] == "idle" and p["kind"] == kind and not p["reserved"] for p in found["processes"])
+
+
+def _wait_idle(n: int, timeout: float = 180.0, kind: str = pool.NS) -> dict:
+    """Start this process's pool if needed and wait until ``n`` processes of ``kind`` are idle."""
+    sock = pool.ensure(kind)
     assert sock, "the pool did not start"
-    return wait_for(lambda: (i := pool.info(sock)) and sum(p["state"] == "idle" for p in i["processes"]) >= n
-                    and i, timeout, f"{n} idle pooled processes")
+    return wait_for(lambda: (i := pool.info(sock)) and _idle(i, kind) >= n and i, timeout,
+                    f"{n} idle pooled processes ({kind})")
 
 
 def _run_probe(local, name, env=None) -> tuple[dict, list]:
@@ -186,8 +253,77 @@ def test_a_pooled_task_is_the_same_as_a_cold_one(local, workdir, warm, monkeypat
     # pooled task runs in its cluster's, as the cold one does.
     host = os.readlink("/proc/self/ns/net")
     assert (pooled.pop("netns") != host) == (cold.pop("netns") != host) == isolated
+    assert pooled["threads_in_one_netns"] and pooled["nice"] == [0, "0"], pooled
     for key in pooled:
         assert pooled[key] == cold[key], f"{key} differs: pooled {pooled[key]!r} cold {cold[key]!r}"
+
+
+SLEEPER = "import time\nprint('up', flush=True)\ntime.sleep(600)\n"
+
+
+def _thread_namespaces(pid: int) -> set[str]:
+    """The network namespace of every thread of ``pid``."""
+    return {os.readlink(f"/proc/{pid}/task/{t}/ns/net") for t in os.listdir(f"/proc/{pid}/task")}
+
+
+def _wholly_in_own_namespace(local, cluster, host: str) -> tuple[str, list[int]]:
+    """Check a running namespaced cluster started warm with every thread of every task in its
+    supervisor's namespace, unreachable from the host; return that namespace and the task pids."""
+    from tests import test_local_isolation as iso
+
+    assert not [e for e in cluster.events() if e.reason == "StartedCold"], cluster.events()
+    raw = json.loads((local.clusters_dir / cluster.name / "status.json").read_text())
+    assert raw["isolation"]["mode"] in ("netns", "userns+netns"), raw["isolation"]
+    theirs = os.readlink(f"/proc/{raw['supervisor_pid']}/ns/net")
+    assert theirs != host
+    pids = [t["pid"] for t in raw["tasks"]]
+    for pid in pids:
+        assert _thread_namespaces(pid) == {theirs}, (pid, _thread_namespaces(pid))
+    ports = [int(a.rsplit(":", 1)[1]) for addrs in local.addresses(cluster.name).values() for a in addrs]
+    assert iso.probe(ports, None) == {p: "refused" for p in ports}  # nothing of it on the host
+    if os.geteuid() == 0 and shutil.which("setpriv") and Path(iso.SYSTEM_PYTHON).exists():
+        assert all(v in (0, "refused") for v in iso.probe(ports, iso.NOBODY).values())
+    return theirs, pids
+
+
+@pytest.mark.slow
+def test_pooled_tasks_live_wholly_in_their_clusters_own_namespace(local, workdir, warm, monkeypatch):
+    # Pooled processes import TensorFlow inside the spare namespace their cluster then adopts:
+    # every thread of a pooled task is in the supervisor's namespace (none left on the host's),
+    # nothing is reachable from the host, the processes the cluster did not take end, and the
+    # next cluster (from the refill, imported at low priority) gets a namespace of its own and
+    # runs at normal priority.
+    host = os.readlink("/proc/self/ns/net")
+    monkeypatch.setenv("TFK8S_POOL_SIZE", "3")
+    pool.configure(None)
+    spares = {p["pid"] for p in _wait_idle(3)["processes"]}
+    first = tk.launch("nsa", ps=1, workers=1, script=SLEEPER, backend=local, wait_ready=180)
+    ns_a, _ = _wholly_in_own_namespace(local, first, host)
+    held = os.open(f"/proc/{_supervisor(local, 'nsa')}/ns/net", os.O_RDONLY)  # its number stays its own
+    try:
+        found = wait_for(lambda: (i := pool.info(pool.current())) and not any(
+            p["reserved"] and p["state"] != "busy" for p in i["processes"]) and i, 30,
+            "the unclaimed process in its namespace to end")
+        busy = {p["pid"] for p in found["processes"] if p["state"] == "busy"}
+        assert found["claimed"] == 2 and len(busy) == 2 and busy <= spares
+        assert not (spares - busy) & {p["pid"] for p in found["processes"]}  # the third ended
+        first.delete()
+        found = _wait_idle(2)
+        refilled = [p["pid"] for p in found["processes"] if p["state"] == "idle"]
+        assert all(pool.autogroup_nice(p) in (pool.REFILL_NICE, None) for p in refilled)
+        second = tk.launch("nsb", ps=1, workers=1, script=SLEEPER, backend=local, wait_ready=180)
+        ns_b, pids = _wholly_in_own_namespace(local, second, host)
+        assert ns_b != ns_a
+        for pid in pids:  # the refill's low priority is gone before the task runs
+            assert {os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{pid}/task")} == {0}
+            assert pool.autogroup_nice(pid) in (0, None)
+        second.delete()
+    finally:
+        os.close(held)
+
+
+def _supervisor(local, name: str) -> int:
+    return json.loads((local.clusters_dir / name / "status.json").read_text())["supervisor_pid"]
 
 
 def _listening(ports: set[int]) -> set[tuple[str, int]]:
@@ -219,7 +355,7 @@ def _in_graph_listening(local, name: str) -> tuple[set[str], list]:
 def test_an_in_graph_cluster_starts_warm_behind_the_loopback_shim(local, workdir, warm, monkeypatch):
     # In-graph tasks share the host's network behind the shim (LD_PRELOAD at exec): the pool
     # preloads it, so they start warm, and listen on loopback only, as cold ones do.
-    _wait_idle(2)
+    _wait_idle(2, kind=pool.HOST)
     pooled, events = _in_graph_listening(local, "igwarm")
     assert not [e for e in events if e[1] == "StartedCold"], events
     assert pool.info(pool.current())["claimed"] == 2
@@ -285,20 +421,46 @@ def test_the_pool_dies_with_its_owner_and_leaves_nothing(tmp_path):
             time.sleep(0.05)
         i = pool.info(sock)
         print(json.dumps({"daemon": i["pid"], "procs": [p["pid"] for p in i["processes"]],
-                          "dir": os.path.dirname(sock)}), flush=True)
+                          "dir": os.path.dirname(sock), "kind": i["processes"][0]["kind"]}), flush=True)
         time.sleep(600)
     ''')
     proc = subprocess.Popen([sys.executable, "-c", owner], stdout=subprocess.PIPE, text=True,
                             cwd=tmp_path, env={**os.environ, "TFK8S_POOL_SIZE": "1"})
+    held = None
     try:
         seen = json.loads(proc.stdout.readline())
         assert all(pid_alive(p) for p in [seen["daemon"], *seen["procs"]])
+        # Our own hold on the spare namespace keeps its number from being reused while we look.
+        held = os.open(f"/proc/{seen['procs'][0]}/ns/net", os.O_RDONLY)
+        spare = os.readlink(f"/proc/self/fd/{held}")
+        assert (spare != os.readlink("/proc/self/ns/net")) == (seen["kind"] == pool.NS)
     finally:
         proc.kill()  # SIGKILL: nothing of the owner runs any clean-up
         proc.wait()
-    for pid in [seen["daemon"], *seen["procs"]]:
-        wait_for(lambda pid=pid: not pid_alive(pid), 30, f"pool process {pid} to end with its owner")
-    wait_for(lambda: not os.path.exists(seen["dir"]), 10, "the pool's directory to be removed")
+    try:
+        for pid in [seen["daemon"], *seen["procs"]]:
+            wait_for(lambda pid=pid: not pid_alive(pid), 30, f"pool process {pid} to end with its owner")
+        wait_for(lambda: not os.path.exists(seen["dir"]), 10, "the pool's directory to be removed")
+        if seen["kind"] == pool.NS:  # nothing is in the spare namespace or holds it but us
+            assert _holders(spare) == [f"{os.getpid()}/fd/{held}"]
+    finally:
+        os.close(held)
+
+
+def _holders(ns: str) -> list[str]:
+    """Every process in namespace ``ns`` ("PID") or holding it open ("PID/fd/N")."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if any(os.readlink(f"{d}/task/{t}/ns/net") == ns for t in os.listdir(d / "task")):
+                found.append(d.name)
+            for fd in os.listdir(d / "fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"{d}/fd/{fd}") == ns:
+                        found.append(f"{d.name}/fd/{fd}")
+    return found
 
 
 @pytest.mark.slow

@@ -274,7 +274,8 @@ class LocalBackend(Backend):
                 "script_dir": scriptcheck.script_dir(spec),
                 "stall_timeout": stall.timeout_from_env(),
                 "loopback_shim": str(shim) if (shim := isolation.shim_path()) else None,
-                "pool": None if detach else pool.ensure(),  # detached: outlives our pool, cold
+                # Detached: it outlives our pool, so cold.  The pool starts with the kind this launch needs.
+                "pool": None if detach else pool.ensure(pool.default_kind(spec.mode == IN_GRAPH)),
                 "log_dir": str(log_dir),
                 "data_dir": str(data_dir),
                 "created_dirs": [str(p) for p in created[1:]],

@@ -147,6 +147,66 @@ def enter_private_network() -> str:
     return NETNS if uid == 0 else USERNS_NETNS
 
 
+def make_namespace() -> tuple[str, list[int]]:
+    """A spare private network namespace (as :func:`enter_private_network` makes it), held by
+    descriptors: ``(mode, fds)``, fds ``[user ns, net ns]`` (``[net ns]`` for root).
+
+    For the warm pool (``pool.py``): a forked child enters the namespace and exits; the
+    descriptors keep the namespace alive (with whatever runs in it) and
+    :func:`join_namespace` enters it.  Call it from a single-threaded process (it forks).
+    Raises :class:`IsolationError` when the kernel refuses the namespace.
+    """
+    told_r, told_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child (coverage does not follow a fork)
+        code = 1
+        try:
+            os.close(told_r)
+            os.close(done_w)
+            mode = enter_private_network()
+            os.write(told_w, mode.encode())
+            os.read(done_r, 1)  # until the parent has opened our namespaces
+            code = 0
+        except OSError as e:
+            os.write(told_w, f"!{e.errno or 0}".encode())
+        finally:
+            os._exit(code)
+    os.close(told_w)
+    os.close(done_r)
+    fds: list[int] = []
+    try:
+        mode = os.read(told_r, 64).decode()
+        if not mode or mode.startswith("!"):
+            err = int(mode[1:] or 0) if mode else 0
+            raise IsolationError(err, f"unshare() failed: {os.strerror(err) if err else 'no answer'}")
+        kinds = ["net"] if mode == NETNS else ["user", "net"]
+        for kind in kinds:
+            fds.append(os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC))
+        return mode, fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    finally:
+        os.close(told_r)
+        os.close(done_w)  # the child exits; the descriptors keep its namespaces
+        os.waitpid(pid, 0)
+
+
+def join_namespace(fds: list[int]) -> str:
+    """Enter a namespace of :func:`make_namespace` (``fds`` as it returned them); return the mode.
+
+    Must run while the process has one thread (joining a user namespace needs it): before a
+    process imports TensorFlow, or the supervisor before it starts anything.  Raises
+    :class:`IsolationError` when the kernel refuses.
+    """
+    types = [CLONE_NEWNET] if len(fds) == 1 else [CLONE_NEWUSER, CLONE_NEWNET]
+    for fd, nstype in zip(fds, types, strict=True):
+        _libc_call("setns", fd, nstype)
+    return NETNS if len(fds) == 1 else USERNS_NETNS
+
+
 def _loopback_up() -> None:
     """Bring ``lo`` up in this process's network namespace (a new one has it down)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:

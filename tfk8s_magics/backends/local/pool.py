@@ -39,6 +39,26 @@ shim is the one exception to "same value or cold": tasks behind it (in-graph
 clusters) need it preloaded at exec, tasks in a private network namespace have
 none, so a pooled process preloads it and a namespaced task switches it off
 (every ``bind()`` passes through; :func:`shim_off`): one pool serves both.
+
+**Namespaces** (issue 16: a pooled task trains as fast as a cold one).  A
+process that imports TensorFlow on the host and joins a cluster's private
+network namespace afterwards keeps the threads the import made in the host's
+namespace (and another user's multithreaded process cannot join a user
+namespace at all).  So a pooled process never changes namespace after its
+import: the pool keeps a **spare namespace** (:func:`isolation.make_namespace`,
+held by descriptors, no process) and starts its processes for namespaced
+clusters *inside* it, before they import anything.  A namespaced launch's
+supervisor **adopts** the spare (:func:`adopt`: it enters that namespace
+instead of making a new one, and claims the processes in it; tasks beyond
+them start cold, inside it too); the namespace is then that cluster's alone,
+its unclaimed processes are ended (:func:`release`), and the pool makes a
+fresh spare for its refill.  Processes for in-graph and ``loopback``
+clusters stay in the host's namespace.  Which kind the pool keeps follows its
+launches: the kind the owner names at start (``ensure(kind)``), then the kind
+of the last launch that asked (a claim on the host, or an adoption), one
+replacement at a time.  Refills (everything after the first fill) import at
+low CPU priority (autogroup nice :data:`REFILL_NICE`; the process sets 0 again
+before it runs its task), so they do not slow the clusters that are running.
 """
 
 from __future__ import annotations
@@ -81,6 +101,13 @@ REQUEST_TIMEOUT = 10.0
 #: Pooled processes that die before they are idle, in a row, before the pool stops refilling
 #: (a broken environment would otherwise restart them forever).
 MAX_START_FAILURES = 3
+#: Autogroup nice of a refill's import (``/proc/PID/autogroup``: any user may raise it and set it
+#: back to 0, unlike a thread's nice); a pooled process resets it to 0 before its task.
+REFILL_NICE = 10
+#: The two kinds of pooled process: in the host's network namespace, or in the pool's spare one.
+HOST, NS = "host", "ns"
+#: ``available(ns=ANY)``: count processes of either kind that are not reserved for a cluster.
+ANY = "*"
 #: How the owner and the daemon start processes of this module (``-c``, not ``-m``: the
 #: package imports this module first, which ``-m`` warns about in every task's output).
 ENTRY = "import sys; from tfk8s_magics.backends.local.pool import main; sys.exit(main())"
@@ -287,9 +314,17 @@ def current() -> str | None:
     return _handle.sock
 
 
-def ensure() -> str | None:
+def default_kind(in_graph: bool = False) -> str:
+    """The kind of pooled process a launch needs: :data:`NS` for a cluster in a private network
+    namespace (between-graph, ``isolation`` netns), :data:`HOST` for in-graph and the others."""
+    return NS if isolation.wanted(options.get("isolation")) == "netns" and not in_graph else HOST
+
+
+def ensure(kind: str | None = None) -> str | None:
     """Start this process's pool if it should run; return its socket (None: size 0 or unusable).
 
+    ``kind``: which processes a new pool starts with (:data:`NS` or :data:`HOST`; default
+    :func:`default_kind`); a running pool follows its launches whatever this says.
     A pool started with another environment or working folder than this
     process's current ones is replaced: its processes could not run a task
     of a launch made now.
@@ -305,7 +340,7 @@ def ensure() -> str | None:
             return _handle.sock
         shutdown()
     try:
-        sock = _start(size, env, cwd, shim)
+        sock = _start(size, env, cwd, shim, kind or default_kind())
     except OSError as e:
         print(f"tfk8s: the warm pool could not start ({e}); tasks start cold.", file=sys.stderr)
         return None
@@ -316,14 +351,14 @@ def ensure() -> str | None:
     return sock
 
 
-def _start(size: int, env: dict[str, str], cwd: str, shim: str | None) -> str:
+def _start(size: int, env: dict[str, str], cwd: str, shim: str | None, kind: str) -> str:
     global _handle
     pools()  # sweeps what dead owners' pools left
     pool_dir = Path(tempfile.mkdtemp(prefix=f"pool-{os.getpid()}-", dir=runtime_dir()))
     sock = str(pool_dir / "sock")
     config = pool_dir / "config.json"
     config.write_text(json.dumps({"env": env, "cwd": cwd, "size": size, "owner": os.getpid(),
-                                       "shim": shim}))
+                                       "shim": shim, "kind": kind}))
     ready_r, ready_w = os.pipe()
     with open(pool_dir / "pool.log", "ab") as log:
         proc = subprocess.Popen(
@@ -390,27 +425,58 @@ class PooledProcess:
         return self.returncode
 
 
-def available(sock_path: str | None) -> int:
-    """How many processes a pool can hand out now or soon (idle or importing); 0 without a pool."""
+def available(sock_path: str | None, ns: str | None = ANY) -> int:
+    """How many processes a pool can hand out now or soon (idle or importing); 0 without a pool.
+
+    ``ns``: those in the namespace a supervisor adopted (:func:`adopt`), None: those on the
+    host's network, :data:`ANY`: every one not reserved for a cluster."""
     found = info(sock_path, with_memory=False) if sock_path else None
     if not found or found.get("closing"):
         return 0
-    return sum(1 for p in found["processes"] if p["state"] in ("idle", "starting"))
+    return sum(1 for p in found["processes"] if p["state"] in ("idle", "starting") and (
+        p.get("ns") == ns if ns != ANY else not p.get("reserved")))
+
+
+def adopt(sock_path: str, env: Mapping[str, str]) -> tuple[str | None, list[int], str]:
+    """Take the pool's spare network namespace for a cluster whose tasks get environment ``env``:
+    (its id, descriptors for :func:`isolation.join_namespace`, "") or (None, [], why not, e.g.
+    :func:`mismatch`'s reason).  The processes in it are this caller's alone from now on
+    (:func:`claim` with ``ns``)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        try:
+            s.settimeout(REQUEST_TIMEOUT)
+            s.connect(sock_path)
+            s.send(json.dumps({"op": "adopt", "env": dict(env)}).encode())
+            data, fds, _, _ = socket.recv_fds(s, MAX_MESSAGE, 2)
+            answer = json.loads(data)
+        except (OSError, ValueError) as e:
+            return None, [], f"the pool did not answer ({e})"
+    if "ns" not in answer or len(fds) != answer.get("fds"):
+        for fd in fds:
+            os.close(fd)
+        return None, [], answer.get("cold", "the pool has no spare namespace")
+    return answer["ns"], fds, ""
+
+
+def release(sock_path: str, ns: str) -> None:
+    """Tell the pool a cluster claimed all it will from its adopted namespace: the rest end."""
+    with contextlib.suppress(OSError, ValueError):
+        _request(sock_path, {"op": "release", "ns": ns, "memory": False})
 
 
 def claim(sock_path: str, env: Mapping[str, str], cwd: str, log_fd: int, ready_fd: int,
-          wait: bool = True, netns: str | None = None) -> tuple[PooledProcess | None, str]:
+          wait: bool = True, ns: str | None = None) -> tuple[PooledProcess | None, str]:
     """Hand a task to a pooled process: (the process, "") or (None, why it must start cold).
 
     With ``wait``, a pooled process still importing TensorFlow is waited
     for (it started earlier than a cold one would); without, only an idle one is taken.
-    ``netns``: the cluster's network namespace, which the process joins before it answers.
+    ``ns``: the namespace the caller adopted (:func:`adopt`); None: a process on the host's network.
     """
     status_r, status_w = os.pipe()
     try:
         mask = os.umask(0o077)
         os.umask(mask)  # the claimer's (the supervisor's): a cold task would inherit it
-        message = {"op": "claim", "env": dict(env), "cwd": cwd, "wait": wait, "netns": netns, "umask": mask}
+        message = {"op": "claim", "env": dict(env), "cwd": cwd, "wait": wait, "ns": ns, "umask": mask}
         answer = _request(sock_path, message, [log_fd, ready_fd, status_w], CLAIM_TIMEOUT + REQUEST_TIMEOUT)
     except (OSError, ValueError) as e:
         os.close(status_r)
@@ -439,15 +505,41 @@ def memory(pid: int) -> dict[str, int]:
 
 
 # -- the daemon ----------------------------------------------------------------------
+@dataclass(eq=False)
+class _Namespace:
+    """A network namespace of the pool (:func:`isolation.make_namespace`): the spare, or one a
+    cluster's supervisor adopted (``adopter``: its pid; the processes in it are its own)."""
+    id: str
+    fds: list[int]
+    adopter: int | None = None
+    adopter_fd: int | None = None
+
+    def close(self) -> None:
+        """Drop the pool's hold (what runs in it, and its adopter, keep it alive)."""
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+
 @dataclass
 class _Worker:
     proc: subprocess.Popen
     sock: socket.socket
     pidfd: int
-    state: str = "starting"  # starting -> idle -> busy
+    ns: _Namespace | None = None  # None: the host's network namespace
+    state: str = "starting"  # starting -> idle -> busy (or retired: ended by the pool, unused)
     started: float = field(default_factory=time.time)
     status_fd: int | None = None
     supervisor_fd: int | None = None
+
+    @property
+    def kind(self) -> str:
+        return HOST if self.ns is None else NS
+
+    @property
+    def reserved(self) -> bool:
+        """In a namespace a cluster adopted: for that cluster's supervisor only."""
+        return self.ns is not None and self.ns.adopter is not None
 
 
 @dataclass
@@ -456,6 +548,29 @@ class _Claim:
     message: dict
     fds: list[int]
     deadline: float
+
+
+def _autogroup_nice(nice: int, pid: int | str = "self") -> bool:
+    """Set the autogroup nice of ``pid``'s session (``/proc/PID/autogroup``); whether it took."""
+    for _ in range(50):  # the kernel takes one change per 100 ms from an unprivileged process
+        try:
+            with open(f"/proc/{pid}/autogroup", "w", encoding="ascii") as f:
+                f.write(str(nice))
+            return True
+        except BlockingIOError:
+            time.sleep(0.02)
+        except OSError:
+            return False
+    return False
+
+
+def autogroup_nice(pid: int | str = "self") -> int | None:
+    """The autogroup nice of ``pid``'s session, None where there is no autogroup."""
+    try:
+        with open(f"/proc/{pid}/autogroup", encoding="ascii") as f:
+            return int(f.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class Daemon:
@@ -469,11 +584,18 @@ class Daemon:
         self.cwd: str = config["cwd"]
         self.size: int = int(config["size"])
         self.owner: int = int(config["owner"])
+        #: The kind of process refills make (:data:`NS` or :data:`HOST`): the last launch's.
+        self.kind: str = config.get("kind") or HOST
+        #: The spare namespace NS processes start in (made when the first one is needed).
+        self.spare: _Namespace | None = None
+        #: Why the kernel refused a namespace (then every process is HOST), "" if it did not.
+        self.no_ns = ""
         self.sel = selectors.DefaultSelector()
         self.workers: dict[int, _Worker] = {}
         self.pending: list[_Claim] = []
         self.closing = False
         self.claimed = 0
+        self.adopted = 0  # namespaces handed to clusters
         self.last_claim = 0.0
         self.start_failures = 0
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -482,43 +604,141 @@ class Daemon:
         self.listener.listen(64)
         self.sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
 
+    # -- namespaces --------------------------------------------------------------
+    def spare_ns(self) -> _Namespace | None:
+        """The spare namespace, made now if there is none (None: the kernel refuses them)."""
+        if self.spare is None and not self.no_ns:
+            try:
+                _mode, fds = isolation.make_namespace()
+            except OSError as e:
+                self.no_ns = f"no private network namespace here ({e.strerror or e})"
+                self.kind = HOST
+                print(f"tfk8s pool: {self.no_ns}; every pooled process is on the host's network",
+                      file=sys.stderr, flush=True)
+                return None
+            self.spare = _Namespace(os.readlink(f"/proc/self/fd/{fds[-1]}"), fds)
+        return self.spare
+
+    def on_adopt(self, conn: socket.socket, peer: int, env: Mapping[str, str]) -> None:
+        """A namespaced launch's supervisor takes the spare namespace with the processes in it
+        (not if its tasks could not use them: they stay for the next launch)."""
+        why = mismatch(self.env, env, self.shim)
+        if not why:
+            self.kind = NS if not self.no_ns else HOST  # what the next refills make
+            self.last_claim = time.monotonic()  # a launch is starting: no refill competes with it
+            self.adopted += 1
+        ns = None if self.closing or why else self.spare
+        if ns is None or not any(w.ns is ns and w.state in ("idle", "starting") for w in self.spares()):
+            # Without a warm process in it a spare is no use: the supervisor makes its own.
+            why = why or ("the pool is closing" if self.closing
+                          else self.no_ns or "no warm process is in the spare namespace")
+            self.answer(conn, {"cold": why})
+            return
+        ns.adopter, ns.adopter_fd = peer, open_pidfd(peer)
+        self.spare = None
+        if ns.adopter_fd is None:
+            self.retire_reserved(ns)
+            self.answer(conn, {"cold": "the supervisor exited"})
+            return
+        self.sel.register(ns.adopter_fd, selectors.EVENT_READ, ("adopter", ns))
+        with contextlib.suppress(OSError):
+            socket.send_fds(conn, [json.dumps({"ns": ns.id, "fds": len(ns.fds)}).encode()], ns.fds)
+        conn.close()
+        ns.close()  # the processes in it and its supervisor hold it from now on
+
+    def retire_reserved(self, ns: _Namespace) -> None:
+        """End the processes of an adopted namespace that its cluster did not claim."""
+        for w in self.workers.values():
+            if w.ns is ns and w.state in ("idle", "starting"):
+                self.retire(w)
+        if ns.adopter_fd is not None:
+            self.sel.unregister(ns.adopter_fd)
+            os.close(ns.adopter_fd)
+            ns.adopter_fd = None
+
+    def release(self, ns_id: str, peer: int) -> None:
+        """The adopter claimed what it will: its namespace's unclaimed processes end."""
+        for ns in {w.ns for w in self.workers.values() if w.ns is not None}:
+            if ns.id == ns_id and ns.adopter == peer:
+                self.retire_reserved(ns)
+
+    def retire(self, w: _Worker) -> None:
+        """End an unused pooled process (reaped by :meth:`on_worker_exit`)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(w.proc.pid, signal.SIGKILL)
+        w.state = "retired"
+
     # -- pooled processes -----------------------------------------------------
-    def spawn(self) -> None:
-        """Start one pooled process (it imports TensorFlow, then says idle)."""
+    def spawn(self, kind: str, nice: bool) -> None:
+        """Start one pooled process of ``kind`` (it imports TensorFlow, then says idle); a
+        :data:`NS` one enters the spare namespace first; with ``nice``, at low CPU priority."""
+        ns = self.spare_ns() if kind == NS else None
+        fds = list(ns.fds) if ns is not None else []
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         me = os.getpid()
-        with open(self.dir / "workers.log", "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", ENTRY, "worker", str(theirs.fileno())],
-                env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),), start_new_session=True,
-                preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL, me),
-            )
-        theirs.close()
-        w = _Worker(proc, mine, os.pidfd_open(proc.pid))
+
+        def before_exec() -> None:  # in the child, one thread, before anything is imported
+            if fds:
+                isolation.join_namespace(fds)
+            if nice:
+                _autogroup_nice(REFILL_NICE)  # its own session: its own autogroup
+            set_parent_death_signal(signal.SIGKILL, me)
+
+        try:
+            with open(self.dir / "workers.log", "ab") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", ENTRY, "worker", str(theirs.fileno())],
+                    env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),), start_new_session=True,
+                    preexec_fn=before_exec,
+                )
+        except (OSError, subprocess.SubprocessError) as e:
+            mine.close()
+            self.start_failures += 1
+            print(f"tfk8s pool: a {kind} process could not start ({e})", file=sys.stderr, flush=True)
+            return
+        finally:
+            theirs.close()
+        w = _Worker(proc, mine, os.pidfd_open(proc.pid), ns)
         self.workers[proc.pid] = w
         self.sel.register(mine, selectors.EVENT_READ, ("worker", w))
         self.sel.register(w.pidfd, selectors.EVENT_READ, ("exit", w))
 
-    def count(self, state: str) -> int:
-        """How many pooled processes are in ``state``."""
-        return sum(1 for w in self.workers.values() if w.state == state)
+    def count(self, state: str, key: str | None = ANY) -> int:
+        """How many pooled processes are in ``state`` (``key``: in that adopted namespace's id,
+        None: on the host, :data:`ANY`: all)."""
+        return sum(1 for w in self.workers.values() if w.state == state and self.serves(w, key))
+
+    @staticmethod
+    def serves(w: _Worker, key: str | None) -> bool:
+        """Whether ``w`` may serve a claim for ``key`` (an adopted namespace's id, None: host)."""
+        if key == ANY:
+            return True
+        return w.ns is None if key is None else (w.reserved and w.ns.id == key)
+
+    def spares(self) -> list[_Worker]:
+        """Processes not yet handed out nor reserved for a cluster (idle or importing)."""
+        return [w for w in self.workers.values() if w.state in ("idle", "starting") and not w.reserved]
 
     def refill(self, now: float) -> float | None:
         """Start replacements when due; return seconds until the next refill is due (None: none)."""
         if self.closing or self.start_failures >= MAX_START_FAILURES:
             return None
-        missing = self.size - self.count("idle") - self.count("starting")
+        missing = self.size - sum(1 for w in self.spares() if w.kind == self.kind)
         if missing <= 0:
             return None
         delay = REFILL_BUSY_DELAY if self.count("busy") else REFILL_DELAY
-        if self.claimed and now < self.last_claim + delay:
+        served = self.claimed or self.adopted
+        if served and now < self.last_claim + delay:
             return self.last_claim + delay - now  # (a task's end wakes the loop before that)
         # The first fill starts every process at once; later ones one at a time, so a
-        # refill takes at most one core from the clusters that are running.
-        limit = missing if not self.claimed else max(0, 1 - self.count("starting"))
+        # refill takes at most one core (at low priority) from the clusters that are running.
+        limit = missing if not served else max(0, 1 - sum(w.state == "starting" for w in self.spares()))
         for _ in range(min(missing, limit)):
-            self.spawn()
+            other = [w for w in self.spares() if w.kind != self.kind]
+            if other and len(self.spares()) >= self.size:  # the launches changed kind: convert one
+                self.retire(min(other, key=lambda w: w.state == "idle"))
+            self.spawn(self.kind, nice=bool(served))
         return None
 
     def on_worker_message(self, w: _Worker) -> None:
@@ -588,7 +808,14 @@ class Daemon:
             message["peer"] = pid
             self.claim(_Claim(conn, message, fds, time.monotonic() + CLAIM_TIMEOUT))
             return
-        if op == "resize":
+        if op == "adopt":
+            for fd in fds:
+                os.close(fd)
+            self.on_adopt(conn, pid, message.get("env") or {})
+            return
+        if op == "release":
+            self.release(str(message.get("ns")), pid)
+        elif op == "resize":
             self.size = max(0, int(message.get("size", self.size)))
             self.trim()
         elif op == "close":
@@ -605,10 +832,24 @@ class Daemon:
 
     def describe(self, with_memory: bool = True) -> dict:
         """The pool as ``%tfcluster pool`` shows it."""
-        procs = [{"pid": pid, "state": w.state, "since": w.started, **(memory(pid) if with_memory else {})}
+        procs = [{"pid": pid, "state": w.state, "since": w.started, "kind": w.kind,
+                  "ns": w.ns.id if w.reserved else None if w.ns is None else "spare",
+                  "reserved": w.reserved, **(memory(pid) if with_memory else {})}
                  for pid, w in sorted(self.workers.items())]
         return {"pid": os.getpid(), "owner": self.owner, "size": self.size, "closing": self.closing,
-                "socket": str(self.dir / "sock"), "claimed": self.claimed, "processes": procs}
+                "socket": str(self.dir / "sock"), "claimed": self.claimed, "processes": procs,
+                "kind": self.kind, "no_namespace": self.no_ns}
+
+    @staticmethod
+    def key(c: _Claim) -> str | None:
+        """Which processes can serve claim ``c``: its adopted namespace's id, or None (host)."""
+        return c.message.get("ns") or None
+
+    def idle_for(self, c: _Claim) -> _Worker | None:
+        """An idle process that may serve ``c`` (in its adopter's namespace, or on the host)."""
+        key = self.key(c)
+        return next((w for w in self.workers.values() if w.state == "idle" and self.serves(w, key)
+                     and (key is None or w.ns.adopter == c.message["peer"])), None)
 
     def claim(self, c: _Claim) -> None:
         """Hand a task to an idle process, wait for a starting one, or answer "cold" and why."""
@@ -618,38 +859,51 @@ class Daemon:
         if why:
             self.answer(c.conn, {"cold": why}, c.fds)
             return
-        idle = next((w for w in self.workers.values() if w.state == "idle"), None)
+        key = self.key(c)
+        if key is None and self.kind != HOST:  # a launch on the host's network: refills follow it
+            self.kind, self.last_claim = HOST, time.monotonic()
+        idle = self.idle_for(c)
         if idle is not None:
             self.assign(idle, c)
-        elif c.message.get("wait") and self.count("starting") > len(self.pending):
+        elif c.message.get("wait") and self.count("starting", key) > sum(
+                self.key(p) == key for p in self.pending):
             self.pending.append(c)
         else:
             self.answer(c.conn, {"cold": "no warm process is free"}, c.fds)
 
     def serve_pending(self) -> None:
-        """Give idle processes to waiting claims; release claims nothing can serve any more."""
+        """Give idle processes to waiting claims; release every claim nothing can serve any more:
+        past its deadline (wherever it is in the queue), or more claims than processes importing."""
         now = time.monotonic()
-        while self.pending:
-            idle = next((w for w in self.workers.values() if w.state == "idle"), None)
-            if idle is None:
-                break
-            self.assign(idle, self.pending.pop(0))
-        while self.pending and (len(self.pending) > self.count("starting") or self.closing
-                                or self.pending[-1].deadline <= now):
-            c = self.pending.pop()
-            self.answer(c.conn, {"cold": "no warm process became free in time"}, c.fds)
+        waiting, self.pending = self.pending, []
+        for c in waiting:
+            idle = self.idle_for(c)
+            if idle is not None:
+                self.assign(idle, c)
+                continue
+            key = self.key(c)
+            ahead = sum(self.key(p) == key for p in self.pending)
+            if self.closing or c.deadline <= now or ahead >= self.count("starting", key):
+                self.answer(c.conn, {"cold": "no warm process became free in time"}, c.fds)
+            else:
+                self.pending.append(c)
+
+    def next_timeout(self, due: float | None) -> float | None:
+        """Seconds the loop may sleep: until the first pending claim's deadline or ``due``."""
+        deadlines = [c.deadline - time.monotonic() for c in self.pending]
+        deadlines += [due] if due is not None else []
+        return max(0.0, min(deadlines)) if deadlines else None
 
     def assign(self, w: _Worker, c: _Claim) -> None:
         """Send the task to ``w``; tell the claimer its pid; watch the claimer's life."""
         log_fd, ready_fd, status_fd = c.fds
         off = shim_off(self.env, c.message["env"], self.shim)
         payload = json.dumps({"env": c.message["env"], "cwd": c.message.get("cwd") or self.cwd,
-                              "netns": c.message.get("netns"), "umask": c.message.get("umask"),
-                              "shim_off": self.shim if off else None})
+                              "umask": c.message.get("umask"), "shim_off": self.shim if off else None})
         try:
             socket.send_fds(w.sock, [payload.encode()], [log_fd, ready_fd])
             w.sock.settimeout(REQUEST_TIMEOUT)
-            ack = w.sock.recv(512).decode(errors="replace")  # "ok" once it is in the cluster's netns
+            ack = w.sock.recv(512).decode(errors="replace")  # "ok" once it is ready to run the task
         except OSError:
             ack = "cold:the warm process had just exited"
         finally:
@@ -674,20 +928,36 @@ class Daemon:
         self.answer(c.conn, {"pid": w.proc.pid})
 
     def trim(self) -> None:
-        """End idle and starting processes beyond the size (all of them when closing)."""
+        """End spare processes beyond the size (all of them when closing, reserved ones too)."""
         keep = 0 if self.closing else self.size
-        spare = [w for w in self.workers.values() if w.state in ("idle", "starting")]
+        spare = [w for w in self.workers.values() if w.state in ("idle", "starting") and (
+            self.closing or not w.reserved)]
         for w in spare[keep:]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(w.proc.pid, signal.SIGKILL)
+            self.retire(w)
 
     def close(self) -> None:
         """Stop handing out processes; end the idle ones; exit once handed-out tasks have ended."""
         self.closing = True
         self.trim()
         self.serve_pending()
+        if self.spare is not None:
+            self.spare.close()
+            self.spare = None
 
     # -- the loop -------------------------------------------------------------------
+    def dispatch(self, kind: str, obj) -> None:
+        """Handle one ready descriptor of the loop."""
+        if kind == "listen":
+            self.on_connect()
+        elif kind == "worker":
+            self.on_worker_message(obj)
+        elif kind == "exit":
+            self.on_worker_exit(obj)
+        elif kind == "supervisor":
+            self.on_supervisor_exit(obj)
+        elif kind == "adopter":
+            self.retire_reserved(obj)  # its supervisor died before it released them
+
     def run(self, ready_fd: int) -> int:
         """Fill the pool, tell the owner we listen, serve until the owner is gone and tasks ended."""
         owner = open_pidfd(self.owner)
@@ -698,22 +968,13 @@ class Daemon:
         os.write(ready_fd, b"ok")
         os.close(ready_fd)
         while not (self.closing and not self.workers):
-            deadlines = [c.deadline - time.monotonic() for c in self.pending]
-            deadlines += [due] if due is not None else []
-            timeout = max(0.0, min(deadlines)) if deadlines else None
-            for key, _ in self.sel.select(timeout):
-                kind, w = key.data
-                if kind == "listen":
-                    self.on_connect()
-                elif kind == "worker":
-                    self.on_worker_message(w)
-                elif kind == "exit":
-                    self.on_worker_exit(w)
-                elif kind == "supervisor":
-                    self.on_supervisor_exit(w)
-                elif kind == "owner":
+            for key, _ in self.sel.select(self.next_timeout(due)):
+                kind, obj = key.data
+                if kind == "owner":
                     self.sel.unregister(owner)
                     self.close()
+                else:
+                    self.dispatch(kind, obj)
             self.serve_pending()
             due = self.refill(time.monotonic())
         self.listener.close()
@@ -737,14 +998,10 @@ def worker(fd: int) -> int:
         return 0  # the pool closed: nothing was assigned
     assignment = json.loads(data)
     log_fd, ready_fd = fds
-    if assignment.get("netns"):
-        # Before anything of the task runs, on the thread that will create its servers (threads
-        # it starts later inherit the namespace).  Refused (not root): the task starts cold.
-        try:
-            isolation.join_cluster_netns(assignment["netns"])
-        except OSError as e:
-            sock.send(f"cold:cannot join the cluster's network namespace ({e.strerror})".encode())
-            return 0
+    # A refill imported at low priority (its session's autogroup): a task runs at the cold one's.
+    if autogroup_nice() not in (None, 0) and not _autogroup_nice(0):
+        sock.send(b"cold:cannot set the warm process's CPU priority back to normal")
+        return 0
     if assignment.get("shim_off"):
         # A cold task of this cluster has no shim: binds must pass through untouched.
         try:

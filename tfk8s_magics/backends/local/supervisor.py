@@ -126,6 +126,10 @@ class Supervisor:
         self.dirty = True
         #: How this cluster is kept from other users (see :meth:`isolate`), for status.json.
         self.isolation: dict = {"mode": isolation.NONE, "reason": "not isolated yet", "netns": None}
+        #: The warm pool's namespace this cluster adopted (its id; see :meth:`isolate`), or None
+        #: and why not (then its tasks start cold).
+        self.pool_ns: str | None = None
+        self.pool_why = "no warm pool"
         #: --data-sync before the tasks, --backup after them (issue 15).
         self.storage = ClusterStorage(self)
         self.stalls = StallWatch(
@@ -261,12 +265,12 @@ class Supervisor:
         sock = self.record.get("pool")
         if not sock:
             return None
-        if self.isolation["mode"] == isolation.USERNS_NETNS:
-            # Joining a user namespace needs a single-threaded process; a pooled one has TF's threads.
-            proc, why = None, "a process with TensorFlow loaded cannot join this cluster's user namespace"
+        if self.isolation["netns"] and not self.pool_ns:
+            # A pooled process never changes namespace after its import (its threads would not follow).
+            proc, why = None, self.pool_why
         else:
             proc, why = pool.claim(sock, {k: v for k, v in env.items() if k != "TFK8S_READY_FD"},
-                                   self.record["workdir"], log_fd, ready_fd, wait, self.isolation["netns"])
+                                   self.record["workdir"], log_fd, ready_fd, wait, self.pool_ns)
         if proc is None:
             self.event(t.task.name, "StartedCold", f"not from the warm pool: {why}")
         return proc
@@ -326,7 +330,10 @@ class Supervisor:
     def start_all(self) -> None:
         """Start every task: as many from the warm pool as it holds (waiting for ones still
         importing), the others cold and first, so they do not wait behind the pool."""
-        warm = pool.available(self.record.get("pool"))
+        sock = self.record.get("pool")
+        # Namespaced without the pool's namespace: every task cold, each with an event saying why.
+        warm = len(self.tasks) if sock and self.isolation["netns"] and not self.pool_ns else (
+            pool.available(sock, self.pool_ns))
         tasks = list(self.tasks.values())
         order = [(t, {"use_pool": False}) for t in tasks[warm:]]
         order += [(t, {"wait_warm": True}) for t in tasks[:warm]]
@@ -581,7 +588,7 @@ class Supervisor:
             self.isolation = {"mode": mode, "reason": why, "netns": None}
             return
         try:
-            mode = isolation.enter_private_network()
+            mode = self._adopt_pool_namespace() or isolation.enter_private_network()
         except isolation.IsolationError as e:
             shim = isolation.LOOPBACK_SHIM if self.record.get("loopback_shim") else isolation.NONE
             self.isolation = {"mode": shim, "netns": None,
@@ -590,6 +597,29 @@ class Supervisor:
             return
         self.isolation = {"mode": mode, "reason": "a private network namespace",
                           "netns": f"/proc/{os.getpid()}/ns/net"}
+
+    def _adopt_pool_namespace(self) -> str | None:
+        """Enter the warm pool's spare namespace, where its processes imported TensorFlow (their
+        every thread is in it); return the mode, or None (no pool or spare: make a new one)."""
+        sock = self.record.get("pool")
+        if not sock or not self.tasks:
+            return None
+        env = self._env(next(iter(self.tasks.values())))  # the tasks' import-time env is one
+        ns, fds, why = pool.adopt(sock, {k: v for k, v in env.items() if k != "TFK8S_READY_FD"})
+        if ns is None:
+            self.pool_why = why
+            return None
+        try:
+            mode = isolation.join_namespace(fds)
+        except isolation.IsolationError as e:
+            pool.release(sock, ns)
+            self.pool_why = f"cannot enter the pool's namespace ({e.strerror})"
+            return None  # nothing changed (a refused first setns): a namespace of our own
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self.pool_ns = ns
+        return mode
 
     # -- the cluster dir's identity --------------------------------------------
     def dir_is_mine(self) -> bool:
@@ -758,6 +788,9 @@ class Supervisor:
             return
         self.start_all()
         self.event("", "Started", f"started {len(self.tasks)} task(s)")
+        if self.pool_ns:  # the adopted namespace's processes no task took end now (status first)
+            self.write_status()
+            pool.release(self.record["pool"], self.pool_ns)
 
     def _dispatch(self, key: selectors.SelectorKey) -> None:
         kind, obj = key.data
