@@ -226,3 +226,42 @@ def test_the_sync_pods_init_container_fetches_from_s3_before_its_app_container(t
             assert f"AWS_SECRET_ACCESS_KEY={value}" not in pods.logs(fetch.container)
     finally:
         server.stop()
+
+
+def _serving_fetch(pods, task_image, creds, url, model):
+    """The rendered serve --from Deployment's init container ``fetch`` run as written (the
+    Secret's keys via ``envFrom``, restricted, the models emptyDir), on the host's network for
+    the endpoint on 127.0.0.1: (exit code, log)."""
+    from tests.containers.pods import container_plan, pod_instances
+    from tfk8s_magics import api
+
+    spec = ClusterSpec(name="sv", workers=1, script=SCRIPT, image=task_image)
+    be = KubernetesBackend(namespace=NAMESPACE, user="alice")
+    objects = [*api.render_serving(spec, model, be, source_url=url, credentials_secret="s3-creds"), {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-creds", "namespace": NAMESPACE},
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in creds.items()}}]
+    (pod,) = pod_instances(objects)
+    plan = container_plan(pod, objects, prefix=pods.prefix, network="host",
+                          image_user=pods.image_user(task_image))
+    (fetch,) = plan.init
+    assert fetch.image == task_image
+    pods._start(fetch)
+    code, log = pods.wait_exit(fetch.container, timeout=600), pods.logs(fetch.container)
+    pods.run("rm", fetch.container)  # the next call's container takes the same name
+    return code, log
+
+
+def test_the_serving_pods_fetch_gets_the_model_from_s3(task_image, pods, s3):
+    creds, client = s3
+    client.put_object(Bucket="data", Key="runs/sv/models/m/1/saved_model.pb", Body=b"pb" * 500)
+    client.put_object(Bucket="data", Key="runs/sv/models/m/1/variables/variables.index", Body=b"ix")
+    code, log = _serving_fetch(pods, task_image, creds, "s3://data/runs/sv", "m")
+    assert code == 0, log
+    assert "tfk8s-storage: done: 2 file(s), 1.0 kB" in log
+    code, log = _serving_fetch(pods, task_image, creds, "s3://data/runs/sv", "other")
+    assert code == 1, log
+    errors = [ln for ln in log.splitlines() if ln.startswith("tfk8s-storage: --from")]
+    assert errors == ["tfk8s-storage: --from 's3://data/runs/sv' holds no complete export of model 'other' "
+                      "(found: m): give one of those with --model, or the URL of a --backup or of a models "
+                      "dir (<model>/<version>/saved_model.pb)."], log
+    assert "testing" not in log.replace("tfk8s-test", "")

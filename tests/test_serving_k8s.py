@@ -3,13 +3,17 @@ and the backend's serve / stop against the API test double."""
 
 from __future__ import annotations
 
+import base64
+import json
+
 import kubernetes_validate
 import pytest
+import yaml
 
 from tfk8s_magics.backends.kubernetes import manifests as m
 from tfk8s_magics.backends.kubernetes import serving as s
 from tfk8s_magics.backends.kubernetes.settings import K8sSettings
-from tfk8s_magics.errors import SpecError
+from tfk8s_magics.errors import LaunchFailed, SpecError
 from tfk8s_magics.spec import ClusterSpec
 
 SETTINGS = K8sSettings(namespace="alice", image="tfk8s/tensorflow-task:0.1.0", user="alice")
@@ -203,3 +207,162 @@ def test_backend_serves_and_stops_against_the_api_double(kube, monkeypatch):
         backend.close()
     for r in kube.requests:
         assert r.allowed, f"{r.method} {r.path} was denied by the shipped Role"
+
+
+# -- serve --from URL: an init container of the task image fetches the models --------------
+SOURCE = "s3://runs/mnist-1"
+SECRET_NAME = "s3-creds"
+SECRET_VALUES = {"AWS_ACCESS_KEY_ID": "AKIASERVINGTEST0001", "AWS_SECRET_ACCESS_KEY": "serving-s3cr3t-value"}
+
+
+def _from_url(**kw):
+    return s.serving_options("mnist", source_url=SOURCE, credentials_secret=SECRET_NAME, **kw)
+
+
+def test_serving_from_a_url_is_exactly_this():
+    """No claim: ``fetch`` (the task image's storage venv, the Secret's keys as its environment)
+    fills an emptyDir, which TF Serving reads read-only; the source is annotated."""
+    dep = s.serving_deployment(SPEC, SETTINGS, _from_url())
+    template = dep["spec"]["template"]
+    assert template["metadata"]["annotations"] == {"tfk8s.io/model": "mnist", "tfk8s.io/source": SOURCE}
+    pod = template["spec"]
+    assert list(pod) == ["automountServiceAccountToken", "enableServiceLinks", "securityContext",
+                         "initContainers", "containers", "volumes"]
+    assert pod["initContainers"] == [{
+        "name": "fetch",
+        "image": "tfk8s/tensorflow-task:0.1.0",
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["/opt/storage/bin/python", "-m", "tfk8s_magics.storage", "fetch-models", SOURCE,
+                    "/models", "--model", "mnist"],
+        "env": [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "models", "mountPath": "/models"}, {"name": "tmp", "mountPath": "/tmp"}],
+        "envFrom": [{"secretRef": {"name": SECRET_NAME}}],
+    }]
+    (serving,) = pod["containers"]
+    assert "--model_base_path=/models/mnist" in serving["args"] and "envFrom" not in serving
+    assert serving["volumeMounts"] == [{"name": "models", "mountPath": "/models", "readOnly": True},
+                                       {"name": "tmp", "mountPath": "/tmp"}]
+    assert pod["volumes"] == [{"name": "models", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
+    # without a Secret the fetch has no envFrom (public bucket, or a node's own credentials)
+    bare = s.serving_deployment(SPEC, SETTINGS, s.serving_options("mnist", source_url=SOURCE))
+    assert "envFrom" not in bare["spec"]["template"]["spec"]["initContainers"][0]
+
+
+@pytest.mark.parametrize("version", ["1.29", "1.37"])
+def test_serving_from_a_url_validates_strictly_and_is_restricted(version):
+    root = {**m.root_configmap(SPEC, SETTINGS)}
+    root["metadata"] = {**root["metadata"], "uid": "0000-1111"}
+    for doc in s.serving_manifests(SPEC, SETTINGS, _from_url(replicas=2)):
+        kubernetes_validate.validate(m.with_owner(doc, m.owner_reference(root)), version, strict=True)
+    dep = s.serving_deployment(SPEC, SETTINGS, _from_url())
+    assert restricted_violations(dep["spec"]["template"]["spec"]) == []
+
+
+@pytest.mark.parametrize("bad, sentence", [
+    ({"source_url": "s3://AKIAX:topsecret@runs/m"}, "--from 's3://runs/m' carries a password"),
+    ({"source_url": "https://h/m?X-Amz-Signature=abc"}, "--from 'https://h/m' carries credentials"),
+    ({"source_url": "ftp://h/m"}, "--from 'ftp://h/m': the scheme ftp:// is not supported"),
+    ({"credentials_secret": SECRET_NAME}, "--credentials-secret 's3-creds' goes with serve --from URL"),
+    ({"source_url": SOURCE, "credentials_secret": "Bad_Name"}, "--credentials-secret 'Bad_Name'"),
+])
+def test_bad_serve_from_input_is_one_sentence_without_the_secret(bad, sentence):
+    with pytest.raises(SpecError) as err:
+        s.serving_options("mnist", **bad)
+    text = str(err.value)
+    assert text.startswith(sentence) and "topsecret" not in text and "abc" not in text
+    assert text.count(". ") == 0 or text.endswith(".")  # one sentence
+
+
+def test_render_shows_the_fetch_and_names_the_secret_only(capsys, tmp_path, monkeypatch):
+    """``tfk8s render --serve M --from URL --credentials-secret S`` of a cluster with no URL of its
+    own: the serving pod's fetch names S; the cluster's spec does not carry it."""
+    from tfk8s_magics import api, cli
+
+    monkeypatch.setattr(api, "_backends", {})  # the render's backend is this test's only
+
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    assert cli.main(["render", "mnist", "--workers", "1", "--script", str(script), "--serve", "mnist",
+                     "--from", SOURCE, "--credentials-secret", SECRET_NAME]) == 0
+    docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    (fetch,) = dep["spec"]["template"]["spec"]["initContainers"]
+    assert fetch["envFrom"] == [{"secretRef": {"name": SECRET_NAME}}] and SOURCE in fetch["command"]
+    spec_text = json.dumps([d for d in docs if d["kind"] != "Deployment"])
+    assert SECRET_NAME not in spec_text
+
+
+def _served_backend(kube, ns="alice", secret_get=True):
+    from tfk8s_magics.backends.kubernetes import KubernetesBackend
+    from tfk8s_magics.backends.kubernetes.rbac import backend_role
+
+    kube.create_namespace(ns, labels={"pod-security.kubernetes.io/enforce": "restricted"})
+    role = backend_role(ns)
+    if secret_get:  # what an administrator grants for the existence check
+        role["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})
+    kube.set_role(role, ns, service_account="jupyter")
+    return KubernetesBackend(namespace=ns, api_client=kube.api_client, user="alice", storage_class="standard")
+
+
+def test_serve_from_a_url_against_the_api_double(kube, monkeypatch):
+    """A restricted namespace admits the serving pod with its fetch; the Secret is named only, its
+    values are nowhere (Deployment, pod, events, status, info); the same source is reused, another
+    is refused in one sentence with nothing changed; stop removes it."""
+    ns = "alice"
+    backend = _served_backend(kube, ns)
+    kube.create_object({"apiVersion": "v1", "kind": "Secret",
+                        "metadata": {"name": SECRET_NAME, "namespace": ns}, "type": "Opaque",
+                        "data": {k: base64.b64encode(v.encode()).decode() for k, v in SECRET_VALUES.items()}})
+    monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/alice/")
+    try:
+        backend.launch(ClusterSpec(name="mnist", workers=1, script="print(1)\n"), detach=True)
+        info = backend.serve("mnist", source_url=SOURCE, credentials_secret=SECRET_NAME)
+        assert (info.model, info.reused, info.base_path) == ("mnist", False, "/models/mnist")
+        pods = kube.wait_for(lambda: kube.list_objects("pods", ns, "tfk8s.io/component=serving"),
+                             message="the serving pod admitted")
+        pod = pods[0]["metadata"]["name"]
+        kube.kubelet.run_init(ns, pod)
+        kube.kubelet.log(ns, pod, "tfk8s-storage: fetched 1.0 MB of 2.0 MB (50%)\n", container="fetch")
+        kube.kubelet.run(ns, pod)
+        assert backend.serve("mnist", source_url=SOURCE).reused is True  # the cluster's Secret: none
+        before = kube.get_object("deployments", "mnist-serving", ns)
+        with pytest.raises(SpecError) as err:
+            backend.serve("mnist", source_url="s3://runs/other")
+        assert str(err.value) == (f"cluster 'mnist' already serves model 'mnist' from {SOURCE}: "
+                                  "`%tfcluster serve mnist --stop` first, then serve again.")
+        assert kube.get_object("deployments", "mnist-serving", ns) == before
+        shown = [repr(backend.serving("mnist")), repr(backend.status("mnist")), repr(backend.events("mnist"))]
+        written = json.dumps([kube.get_object("deployments", "mnist-serving", ns),
+                              kube.list_objects("pods", ns), kube.list_objects("events", ns),
+                              kube.get_object("configmaps", "mnist", ns)])
+        for value in [*SECRET_VALUES.values(), *(base64.b64encode(v.encode()).decode()
+                                                 for v in SECRET_VALUES.values())]:
+            assert value not in written and not any(value in x for x in shown)
+        assert backend.stop_serving("mnist") is True
+        kube.wait_for(lambda: kube.get_object("deployments", "mnist-serving", ns) is None, message="removed")
+    finally:
+        backend.close()
+    for r in kube.requests:
+        assert r.allowed, f"{r.method} {r.path} was denied by the Role"
+
+
+def test_serve_from_a_url_with_a_missing_secret_is_one_sentence_and_creates_nothing(kube):
+    ns = "alice"
+    backend = _served_backend(kube, ns)
+    try:
+        backend.launch(ClusterSpec(name="mnist", workers=1, script="print(1)\n"), detach=True)
+        created = len([r for r in kube.requests if r.verb == "create"])
+        with pytest.raises(LaunchFailed) as err:
+            backend.serve("mnist", source_url=SOURCE, credentials_secret="nope")
+    finally:
+        backend.close()
+    assert str(err.value) == (
+        "--credentials-secret 'nope': there is no Secret of that name in namespace 'alice'; create it "
+        "there first (e.g. `kubectl create secret generic nope --from-literal=AWS_ACCESS_KEY_ID=...`), "
+        "then serve again.")
+    assert len([r for r in kube.requests if r.verb == "create"]) == created
+    assert kube.get_object("deployments", "mnist-serving", ns) is None
+    assert kube.get_object("services", "mnist-serving", ns) is None

@@ -292,6 +292,20 @@ def render(spec: ClusterSpec, backend: str | Backend = "kubernetes", tensorboard
     return dump_yaml(render_objects(spec, backend, tensorboard))
 
 
+def serving_secret_apart(spec_kwargs: dict[str, Any], source_url: str | None) -> tuple[dict, dict]:
+    """For ``render --serve M --from URL``: (the spec's keywords, the serving's).  The
+    ``--credentials-secret`` is the serving fetch's; the spec keeps it too when one of its own
+    URLs (script, files, data dir, backup) needs it, else it would refuse it as unused."""
+    secret = spec_kwargs.get("credentials_secret")
+    if not (source_url and secret):
+        return spec_kwargs, {"source_url": source_url} if source_url else {}
+    urls = [spec_kwargs.get(k) for k in ("script_path", "data_dir", "log_dir", "backup_url")]
+    urls += list(spec_kwargs.get("files") or [])
+    own = any(storage.is_url(u) for u in urls)
+    keep = spec_kwargs if own else {**spec_kwargs, "credentials_secret": None}
+    return keep, {"source_url": source_url, "credentials_secret": secret}
+
+
 def render_serving(spec: ClusterSpec, model: str, backend: str | Backend = "kubernetes",
                    **serving: Any) -> list[dict]:
     """The objects that would serve ``model`` of ``spec`` (TF Serving Deployment + Service)."""
@@ -307,8 +321,9 @@ def serve(name: str, backend: str | Backend | None = None, *, model: str | None 
 
     Returns a :class:`~tfk8s_magics.serving.ServingInfo` (endpoint, model,
     version); ``stop=True`` removes the server instead and returns whether
-    one was running.  Kubernetes options: ``replicas``, ``cpu``, ``memory``.  ``source_url`` (local):
-    serve from object storage, e.g. the cluster's ``--backup`` URL, instead of its log dir.
+    one was running.  Kubernetes options: ``replicas``, ``cpu``, ``memory``, ``credentials_secret``
+    (for ``source_url``; default: the cluster's).  ``source_url``: serve from object storage, e.g.
+    the cluster's ``--backup`` URL, instead of its log dir (on Kubernetes an init container fetches it).
     """
     return get(name, backend).serve(model=model, stop=stop, **serving)
 
@@ -441,11 +456,6 @@ class Cluster:
             raise SpecError(f"the {self.backend.name} backend cannot serve models; use local or kubernetes.")
         if stop:
             return self.backend.stop_serving(self.name)
-        if serving.get("source_url") is not None and self.backend.name != "local":
-            raise SpecError(
-                f"serve --from URL serves from object storage on the local backend; the {self.backend.name} "
-                "backend serves from the cluster's log volume (its --backup copy is for when that is gone)."
-            )
         return serve_fn(self.name, model=model, **{k: v for k, v in serving.items() if v is not None})
 
     def serving(self):

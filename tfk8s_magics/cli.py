@@ -73,10 +73,13 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _render(args: argparse.Namespace) -> int:
-    spec = api.make_spec(args.name, **{o.name: getattr(args, o.name) for o in options.spec_options()})
+    kwargs, serving = api.serving_secret_apart(
+        {o.name: getattr(args, o.name) for o in options.spec_options()},
+        args.source_url if args.serve_model else None)
+    spec = api.make_spec(args.name, **kwargs)
     objects = api.render_objects(spec, args.backend, args.tensorboard)
     if args.serve_model:
-        objects += api.render_serving(spec, args.serve_model, args.backend)
+        objects += api.render_serving(spec, args.serve_model, args.backend, **serving)
     print(dump_yaml(objects), end="")
     return 0
 
@@ -153,7 +156,7 @@ def _serve(args: argparse.Namespace) -> int:
                                   else "nothing was being served"))
         return 0
     info = cluster.serve(model=args.model, replicas=args.replicas, cpu=args.serving_cpu,
-                         source_url=args.source_url,
+                         source_url=args.source_url, credentials_secret=args.credentials_secret,
                          memory=args.serving_memory)
     print(serving_text(info))
     if cluster.backend.name == "local":

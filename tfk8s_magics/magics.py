@@ -101,13 +101,13 @@ class TFClusterMagics(Magics, MagicDefaults):
             raise UsageError(str(e)) from None
 
     # -- subcommands ---------------------------------------------------------
-    def _spec(self, args: argparse.Namespace, cell: str | None):
+    def _spec(self, args: argparse.Namespace, cell: str | None, kwargs: dict | None = None):
         # The body starts on the cell's second line: one leading newline makes every
         # line number (syntax errors, tracebacks) match the cell the user sees.
         script = "\n" + cell if cell is not None and cell.strip() else None
-        return api.make_spec(
-            args.name, script=script, **{o.name: getattr(args, o.name) for o in options.spec_options()}
-        )
+        if kwargs is None:
+            kwargs = {o.name: getattr(args, o.name) for o in options.spec_options()}
+        return api.make_spec(args.name, script=script, **kwargs)
 
     def _cmd_launch(self, args, cell):
         spec = self._spec(args, cell)
@@ -129,10 +129,13 @@ class TFClusterMagics(Magics, MagicDefaults):
         return None
 
     def _cmd_render(self, args, cell):
-        spec = self._spec(args, cell)
+        kwargs, serving = api.serving_secret_apart(
+            {o.name: getattr(args, o.name) for o in options.spec_options()},
+            args.source_url if args.serve_model else None)
+        spec = self._spec(args, cell, kwargs)
         objects = api.render_objects(spec, args.backend, tensorboard=args.tensorboard)
         if args.serve_model:
-            objects += api.render_serving(spec, args.serve_model, args.backend)
+            objects += api.render_serving(spec, args.serve_model, args.backend, **serving)
         if args.output_dir:
             out = Path(args.output_dir).expanduser()
             out.mkdir(parents=True, exist_ok=True)
@@ -217,7 +220,8 @@ class TFClusterMagics(Magics, MagicDefaults):
             print(f"{args.name}: {what}")
             return None
         show_serving(cluster.serve(model=args.model, replicas=args.replicas, cpu=args.serving_cpu,
-                                   memory=args.serving_memory, source_url=args.source_url))
+                                   memory=args.serving_memory, source_url=args.source_url,
+                                   credentials_secret=args.credentials_secret))
         return None
 
     def _cmd_pool(self, args, cell):

@@ -387,7 +387,7 @@ _OPTIONS = (
            metavar="URL"),
     Option("credentials_secret", str, None, "Kubernetes Secret holding the storage credentials "
            "(kubernetes; locally they come from your environment or fsspec's config)",
-           check=claim_like("Secret"), commands=SPEC_COMMANDS, metavar="NAME"),
+           check=claim_like("Secret"), commands=(*SPEC_COMMANDS, "serve"), metavar="NAME"),
     Option("log_claim", str, None, "existing PVC for /log (kubernetes)", check=claim,
            commands=SPEC_COMMANDS),
     Option("data_claim", str, None, "existing PVC for /data (kubernetes)", check=claim,
@@ -447,8 +447,9 @@ _OPTIONS = (
     Option("stop_serving", parse_bool, False, "stop serving and remove the server", flag="--stop",
            commands=("serve",), action="store_true"),
     Option("source_url", str, None, "serve from this URL instead of the log dir: a --backup URL "
-           "(its models/) or a models dir holding <model>/<version>/ (local backend)", flag="--from",
-           commands=("serve",), metavar="URL"),
+           "(its models/) or a models dir holding <model>/<version>/ (kubernetes: fetched by an init "
+           "container, with --credentials-secret)", flag="--from", commands=("serve", "render"),
+           metavar="URL"),
     Option("serve_model", str, None, "include TF Serving of MODEL (Deployment + Service)",
            flag="--serve", check=_model_name, commands=("render",), metavar="MODEL"),
     # -- how a launch runs ----------------------------------------------------

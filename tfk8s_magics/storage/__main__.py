@@ -1,4 +1,5 @@
-"""``python -m tfk8s_magics.storage fetch URL DEST`` | ``upload SRC URL``: one transfer, with progress.
+"""``python -m tfk8s_magics.storage fetch URL DEST`` | ``upload SRC URL`` | ``fetch-models URL DEST
+[--model M]``: one transfer, with progress.
 
 Prints a progress line at most every :data:`PROGRESS_EVERY` seconds and a
 last one with the totals; exits 0, or 1 with one sentence on stderr.
@@ -13,7 +14,7 @@ import sys
 import time
 
 from ..errors import SpecError
-from .transfer import sync_down, upload
+from .transfer import fetch_models, sync_down, upload
 
 #: Seconds between progress lines.
 PROGRESS_EVERY = 1.0
@@ -55,11 +56,18 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("upload", help="copy every file under SRC to URL")
     up.add_argument("src")
     up.add_argument("url")
+    models = sub.add_parser("fetch-models", help="copy the exported models of a --backup URL (its "
+                            "models/) or of a models dir into DEST")
+    models.add_argument("url")
+    models.add_argument("dest")
+    models.add_argument("--model", help="fail unless DEST then holds a complete version of this model")
     args = parser.parse_args(argv)
     started = time.monotonic()
     try:
         if args.cmd == "fetch":
             done = sync_down(args.url, args.dest, progress=Printer("fetched"))
+        elif args.cmd == "fetch-models":
+            done = fetch_models(args.url, args.dest, args.model, progress=Printer("fetched"))
         else:
             done = upload(args.src, args.url, progress=Printer("uploaded"))
     except SpecError as e:

@@ -177,14 +177,15 @@ def _safe_rel(rel: str) -> str:
     return "/".join(parts)
 
 
-def sync_down(url: str, dest_dir: str | os.PathLike, progress: Progress | None = None) -> dict[str, int]:
+def sync_down(url: str, dest_dir: str | os.PathLike, progress: Progress | None = None,
+              what: str = "--data-dir") -> dict[str, int]:
     """Copy every object under ``url`` into ``dest_dir`` (created); return ``{"files", "bytes"}``.
 
     Objects arrive in a hidden temporary dir inside ``dest_dir`` and are moved
     into place only once all arrived, so a failure leaves ``dest_dir`` as it was.
-    ``progress(done, total)`` is called as bytes arrive.
+    ``progress(done, total)`` is called as bytes arrive; ``what`` names the flag in messages.
     """
-    check_url("--data-dir", url)
+    check_url(what, url)
     fs, path = open_fs(url)
     dest = Path(dest_dir)
     try:
@@ -193,7 +194,7 @@ def sync_down(url: str, dest_dir: str | os.PathLike, progress: Progress | None =
     except StorageError:
         raise
     except Exception as e:  # noqa: BLE001 - one sentence whatever the filesystem raised
-        raise explain(e, url, "--data-dir") from None
+        raise explain(e, url, what) from None
     total = sum(names.values())
     made = not dest.exists()
     dest.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -215,12 +216,57 @@ def sync_down(url: str, dest_dir: str | os.PathLike, progress: Progress | None =
         if made:
             shutil.rmtree(dest, ignore_errors=True)
         if isinstance(e, Exception) and not isinstance(e, StorageError):
-            raise explain(e, url, "--data-dir") from None
+            raise explain(e, url, what) from None
         raise
     shutil.rmtree(tmp, ignore_errors=True)
     if progress is not None:
         progress(total, total)
     return {"files": len(names), "bytes": total}
+
+
+def _complete_models(root: Path) -> list[str]:
+    """The models under ``root`` with a complete version (``<model>/<whole number>/saved_model.pb``)."""
+    return sorted(
+        m.name for m in root.iterdir() if m.is_dir()
+        and any(v.name.isdigit() and (v / "saved_model.pb").is_file() for v in m.iterdir())
+    ) if root.is_dir() else []
+
+
+def fetch_models(url: str, dest_dir: str | os.PathLike, model: str | None = None,
+                 progress: Progress | None = None) -> dict[str, int]:
+    """Copy the exported models under ``url`` into ``dest_dir``: ``url`` is a ``--backup`` URL (its
+    ``models/`` is taken) or a models dir itself (``<model>/<version>/``).  With ``model``, the copy
+    must hold a complete version of it, else nothing is kept and one sentence says what was found.
+    Return ``{"files", "bytes"}``; ``serve --from`` (local, and the serving pod's init container)."""
+    check_url("--from", url)
+    dest = Path(dest_dir)
+    made = not dest.exists()
+    dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = Path(tempfile.mkdtemp(prefix=".tfk8s-models-", dir=dest))
+    try:
+        try:
+            done = sync_down(join(url, "models"), tmp, progress, what="--from")
+        except StorageError as first:
+            if "does not exist" not in str(first):
+                raise
+            done = sync_down(url, tmp, progress, what="--from")  # the URL of a models dir itself
+        found = _complete_models(tmp)
+        if model is not None and model not in found:
+            raise StorageError(
+                f"--from {url!r} holds no complete export of model {model!r} (found: "
+                f"{', '.join(found) or 'none'}): give one of those with --model, or the URL of a "
+                "--backup or of a models dir (<model>/<version>/saved_model.pb)."
+            )
+        for entry in tmp.iterdir():
+            target = dest / entry.name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.replace(entry, target)
+    except BaseException:
+        shutil.rmtree(dest if made else tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(tmp, ignore_errors=True)
+    return done
 
 
 def upload(src_dir: str | os.PathLike, url: str, progress: Progress | None = None,

@@ -29,7 +29,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from ...errors import BackendError, ClusterExists, ClusterNotFound, LaunchFailed
+from ...errors import BackendError, ClusterExists, ClusterNotFound, LaunchFailed, SpecError
 from ...ports import free_port
 from ...runtime.progress import parse_record
 from ...scriptcheck import check_files_travel, script_dir
@@ -55,7 +55,14 @@ from .manifests import (
     tensorboard_name,
     with_owner,
 )
-from .serving import serving_info, serving_manifests, serving_name, serving_options
+from .serving import (
+    MODEL_ANNOTATION,
+    SOURCE_ANNOTATION,
+    serving_info,
+    serving_manifests,
+    serving_name,
+    serving_options,
+)
 from .settings import K8sSettings, label_value, settings_from_env
 from .watch import ClusterWatch
 from .watch import events as watch_events
@@ -206,12 +213,13 @@ class KubernetesBackend(Backend):
         if not served:
             raise LaunchFailed(INSTALL_JOBSET)
 
-    def _check_secret(self, spec: ClusterSpec) -> None:
+    def _check_secret(self, spec: ClusterSpec, name: str | None = None, then: str = "launch") -> None:
         """Refuse a ``--credentials-secret`` that does not exist: a pod naming it would wait
         in ``CreateContainerConfigError`` forever.  Reads its metadata only, never its data,
         and only where the Role allows ``get`` on secrets (not the shipped one: see
-        :mod:`.rbac`); without it the step's status carries the kubelet's sentence."""
-        name = spec.credentials_secret
+        :mod:`.rbac`); without it the step's status carries the kubelet's sentence.
+        ``name``: another Secret than the spec's (serve --from)."""
+        name = name or spec.credentials_secret
         if not name:
             return
         try:
@@ -230,7 +238,7 @@ class KubernetesBackend(Backend):
             raise LaunchFailed(
                 f"--credentials-secret {name!r}: there is no Secret of that name in namespace "
                 f"{self.settings.namespace!r}; create it there first (e.g. `kubectl create secret "
-                f"generic {name} --from-literal=AWS_ACCESS_KEY_ID=...`), then launch again."
+                f"generic {name} --from-literal=AWS_ACCESS_KEY_ID=...`), then {then} again."
             )
 
     def _notebook_pod_owner(self) -> dict[str, Any] | None:
@@ -521,16 +529,26 @@ class KubernetesBackend(Backend):
     # -- TF Serving (pure builders in .serving) -----------------------------------
     def render_serving(self, spec: ClusterSpec, model: str, **options: Any) -> list[dict[str, Any]]:
         """The TF Serving Deployment + Service for ``model`` of ``spec``; needs no cluster."""
-        return serving_manifests(self._owned(spec), self.settings, serving_options(model, **options))
+        opts = serving_options(model, **_serving_secret(spec, options))
+        return serving_manifests(self._owned(spec), self.settings, opts)
 
     def serve(self, name: str, model: str | None = None, **options: Any):
-        """Create (or reuse) the cluster's TF Serving Deployment + Service, owned by its root."""
+        """Create (or reuse) the cluster's TF Serving Deployment + Service, owned by its root.
+
+        ``source_url``: serve from object storage (an init container fetches the models;
+        ``credentials_secret``, default the cluster's, is its environment).  An existing
+        Deployment is reused unless it serves another model or source than the one asked for:
+        that is refused in one sentence (stop serving first)."""
         root = self._require_root(name)
         spec = self._spec_of(root)
-        opts = serving_options(model or spec.name, **options)
+        opts = serving_options(model or spec.name, **_serving_secret(spec, options))
         svc = serving_name(spec)
         try:
             existing = self.api.get("apps/v1", "Deployment", svc)
+            if existing is not None:
+                _same_serving(name, existing, opts, model is not None)
+            elif opts.source_url:
+                self._check_secret(spec, opts.credentials_secret, then="serve")
             if existing is None:
                 created: list[dict[str, Any]] = []
                 try:
@@ -622,3 +640,22 @@ def _load_api_client():
                 f"service account, or set KUBECONFIG ({e})."
             ) from e
     return client.ApiClient()
+
+
+def _serving_secret(spec: ClusterSpec, options: dict[str, Any]) -> dict[str, Any]:
+    """Serving options with the Secret a fetch from a URL reads: the one given, else the cluster's."""
+    if options.get("source_url") and not options.get("credentials_secret") and spec.credentials_secret:
+        return {**options, "credentials_secret": spec.credentials_secret}
+    return options
+
+
+def _same_serving(name: str, existing: dict[str, Any], opts, model_given: bool) -> None:
+    """Refuse to reuse a Deployment that serves another model or source than the one asked for."""
+    notes = (existing["spec"]["template"].get("metadata") or {}).get("annotations") or {}
+    model, source = notes.get(MODEL_ANNOTATION), notes.get(SOURCE_ANNOTATION)
+    if (model_given and model != opts.model) or (opts.source_url and source != opts.source_url):
+        where = f"from {source}" if source else "from its log volume"
+        raise SpecError(
+            f"cluster {name!r} already serves model {model!r} {where}: `%tfcluster serve {name} --stop` "
+            "first, then serve again."
+        )

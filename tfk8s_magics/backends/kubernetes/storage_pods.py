@@ -100,9 +100,12 @@ def steps(spec: ClusterSpec) -> tuple[list[str], list[str]]:
 
 def credentials(spec: ClusterSpec) -> list[Manifest]:
     """``envFrom`` of a container that uses the storage: the user's Secret, by name only."""
-    if not spec.credentials_secret:
-        return []
-    return [{"secretRef": {"name": spec.credentials_secret}}]
+    return secret_env_from(spec.credentials_secret)
+
+
+def secret_env_from(name: str | None) -> list[Manifest]:
+    """``envFrom`` naming Secret ``name`` (its keys become the environment); nothing without one."""
+    return [{"secretRef": {"name": name}}] if name else []
 
 
 def done_dir(spec: ClusterSpec) -> str:
@@ -133,8 +136,10 @@ def add_to_task(container: Manifest, spec: ClusterSpec, role: str, deciding: boo
         container["envFrom"] = credentials(spec)
 
 
-def _container(spec: ClusterSpec, settings: K8sSettings, name: str, command: list[str],
-               mounts: list[Manifest], secret: bool) -> Manifest:
+def storage_container(spec: ClusterSpec, settings: K8sSettings, name: str, command: list[str],
+                      mounts: list[Manifest], secret: str | None) -> Manifest:
+    """A container of the task image that moves bytes (restricted, small): ``secret``'s keys
+    as its environment when one is named."""
     out: Manifest = {
         "name": name,
         "image": spec.image or settings.image,
@@ -145,8 +150,8 @@ def _container(spec: ClusterSpec, settings: K8sSettings, name: str, command: lis
         "securityContext": copy.deepcopy(m._CONTAINER_SECURITY),
         "volumeMounts": mounts,
     }
-    if secret and spec.credentials_secret:
-        out["envFrom"] = credentials(spec)
+    if secret:
+        out["envFrom"] = secret_env_from(secret)
     return out
 
 
@@ -176,12 +181,12 @@ _TMP = {"name": "tmp", "mountPath": "/tmp"}
 def sync_pod(spec: ClusterSpec, settings: K8sSettings) -> Manifest:
     """The sync step's pod template: init container ``fetch`` into ``/data``, then ``synced``."""
     data = {"name": "data", "mountPath": m.DATA_MOUNT}
-    fetch = _container(spec, settings, FETCH_CONTAINER,
-                       [STORAGE_PYTHON, "-m", "tfk8s_magics.storage", "fetch", str(spec.data_url),
-                        m.DATA_MOUNT], [data, dict(_TMP)], secret=True)
-    synced = _container(spec, settings, SYNCED_CONTAINER,
-                        [STORAGE_PYTHON, "-m", _STEPS_MODULE, "synced", m.DATA_MOUNT],
-                        [{**data, "readOnly": True}, dict(_TMP)], secret=False)
+    fetch = storage_container(spec, settings, FETCH_CONTAINER,
+                              [STORAGE_PYTHON, "-m", "tfk8s_magics.storage", "fetch", str(spec.data_url),
+                               m.DATA_MOUNT], [data, dict(_TMP)], secret=spec.credentials_secret)
+    synced = storage_container(spec, settings, SYNCED_CONTAINER,
+                               [STORAGE_PYTHON, "-m", _STEPS_MODULE, "synced", m.DATA_MOUNT],
+                               [{**data, "readOnly": True}, dict(_TMP)], secret=None)
     return _pod(spec, settings, SYNC, {
         "initContainers": [fetch],
         "containers": [synced],
@@ -197,9 +202,9 @@ def backup_pod(spec: ClusterSpec, settings: K8sSettings, deciding: list[str]) ->
     command = [STORAGE_PYTHON, "-m", _STEPS_MODULE, "backup", "--done-dir", done_dir(spec),
                "--tasks", ",".join(deciding), "--source", m.log_dir(spec),
                "--to", str(spec.backup_url)]
-    backup = _container(spec, settings, BACKUP_CONTAINER, command,
-                        [{"name": "log", "mountPath": m.LOG_MOUNT, "readOnly": True}, dict(_TMP)],
-                        secret=True)
+    backup = storage_container(spec, settings, BACKUP_CONTAINER, command,
+                               [{"name": "log", "mountPath": m.LOG_MOUNT, "readOnly": True}, dict(_TMP)],
+                               secret=spec.credentials_secret)
     backup["env"].insert(0, attempt_env())
     return _pod(spec, settings, BACKUP, {
         "terminationGracePeriodSeconds": BACKUP_GRACE,

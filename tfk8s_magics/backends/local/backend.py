@@ -637,6 +637,10 @@ class LocalBackend(Backend):
         ``replicas``/``cpu``/``memory`` are Kubernetes choices: one process serves here.
         ``source_url``: serve from object storage instead of the log dir (see :func:`_fetch_models`).
         """
+        secret = options.pop("credentials_secret", None)
+        if secret:
+            raise SpecError(f"--credentials-secret {secret!r} names a Kubernetes Secret; the local backend "
+                            "reads storage credentials from your environment or fsspec's config: drop it.")
         cdir = self._dir(name)
         if source_url is not None:
             base = _fetch_models(cdir, source_url)
@@ -697,11 +701,10 @@ def _fetch_models(cdir: ClusterDir, url: str) -> Path:
     fresh = cdir.root / ".served-new"
     shutil.rmtree(fresh, ignore_errors=True)
     try:
-        storage.sync_down(storage.join(url, "models"), fresh / "models")
-    except SpecError as first:
-        if "does not exist" not in str(first):
-            raise
-        storage.sync_down(url, fresh / "models")  # the URL of a models dir itself
+        storage.fetch_models(url, fresh / "models")
+    except BaseException:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
     shutil.rmtree(served, ignore_errors=True)
     os.replace(fresh, served)
     return served
