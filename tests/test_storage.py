@@ -149,42 +149,17 @@ def test_make_spec_fetches_script_and_files_once_and_records_them(mem):
 
 
 class _Sup:
-    """What ClusterStorage uses of a supervisor, recording every status it would write."""
+    """What ClusterStorage uses of a supervisor for a streaming cluster."""
 
     def __init__(self, spec, data_dir):
         self.spec, self.record = spec, {"data_dir": str(data_dir), "log_dir": str(data_dir.parent / "logs")}
-        self.reason, self.phase, self.written, self.events, self.failed = "", "starting", [], [], None
-
-    def write_status(self):
-        self.written.append(self.reason)
-
-    def event(self, task, reason, message, type_="Normal"):
-        self.events.append((reason, message))
-
-    def fail(self, why):
-        self.failed = why
 
 
-def test_the_supervisors_sync_shows_progress_as_the_reason_and_fails_in_one_sentence(mem, tmp_path,
-                                                                                   monkeypatch):
+def test_a_streaming_task_gets_the_url_and_only_storage_credentials(mem, tmp_path, monkeypatch):
+    """(The supervisor's --data-sync copy runs as a child process: tests/test_storage_s3.py.)"""
     from tfk8s_magics.backends.local import storage as local_storage
 
-    monkeypatch.setattr(local_storage, "PROGRESS_EVERY", 0.0)
     fs, p = mem
-    for i in range(3):
-        fs.pipe(f"/{p}/ds/part-{i}", b"x" * 1000)
-    spec = ClusterSpec("s", script="print(1)", data_dir=f"memory://{p}/ds", data_sync=True)
-    sup = _Sup(spec, tmp_path / "data")
-    assert local_storage.ClusterStorage(sup).before_tasks()
-    progress = [r for r in sup.written if r.startswith(f"sync: fetching memory://{p}/ds: ")]
-    assert progress[-1] == f"sync: fetching memory://{p}/ds: 3.0 kB of 3.0 kB (100%)"
-    assert sup.written[-1] == "" and sup.events[0][0] == "Synced" and sup.failed is None
-    assert sorted(os.listdir(tmp_path / "data")) == ["part-0", "part-1", "part-2"]
-    gone = ClusterSpec("s", script="print(1)", data_dir=f"memory://{p}/gone", data_sync=True)
-    sup = _Sup(gone, tmp_path / "data2")
-    assert not local_storage.ClusterStorage(sup).before_tasks()
-    assert sup.failed == f"sync: --data-dir 'memory://{p}/gone' does not exist: check the bucket and path."
-    assert sup.events[-1][0] == "SyncFailed" and not (tmp_path / "data2").exists()
     # Streaming (no --data-sync): the task gets the URL and this environment's storage credentials only.
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t")
     monkeypatch.setenv("UNRELATED_TOKEN", "x")
@@ -192,3 +167,65 @@ def test_the_supervisors_sync_shows_progress_as_the_reason_and_fails_in_one_sent
     env = local_storage.ClusterStorage(_Sup(streaming, tmp_path / "d3")).task_env()
     assert env["TFK8S_DATA_URL"] == f"memory://{p}/ds" and env["AWS_SECRET_ACCESS_KEY"] == "s3cr3t"
     assert "UNRELATED_TOKEN" not in env
+
+
+def _export(fs, root, model="m", version="1"):
+    fs.pipe(f"{root}/{model}/{version}/saved_model.pb", b"pb" * 50)
+    fs.pipe(f"{root}/{model}/{version}/variables/variables.index", b"ix")
+
+
+def test_fetch_models_takes_a_backup_urls_models_or_a_models_dir(mem, tmp_path):
+    """``serve --from``: a --backup URL (its models/ is taken) or the models dir itself, into a
+    destination that may exist already (the serving pod's emptyDir)."""
+    fs, p = mem
+    _export(fs, f"/{p}/run1/models")
+    fs.pipe(f"/{p}/run1/checkpoints/ckpt-1.index", b"c")  # not a model: never fetched
+    (tmp_path / "a").mkdir()
+    done = storage.fetch_models(f"memory://{p}/run1", tmp_path / "a", model="m")
+    assert done == {"files": 2, "bytes": 102}
+    assert sorted(str(f.relative_to(tmp_path / "a")) for f in (tmp_path / "a").rglob("*") if f.is_file()) == [
+        "m/1/saved_model.pb", "m/1/variables/variables.index"]
+    storage.fetch_models(f"memory://{p}/run1/models", tmp_path / "b")
+    assert (tmp_path / "b" / "m" / "1" / "saved_model.pb").read_bytes() == b"pb" * 50
+    assert not [f for f in (tmp_path / "b").iterdir() if f.name.startswith(".")]
+
+
+def test_fetch_models_without_the_model_is_one_sentence_and_keeps_nothing(mem, tmp_path):
+    fs, p = mem
+    _export(fs, f"/{p}/run1/models")
+    fs.pipe(f"/{p}/run1/models/half/2/variables/variables.index", b"ix")  # no saved_model.pb yet
+    (tmp_path / "pod").mkdir()  # an emptyDir exists: it stays, empty
+    for model, dest in (("other", tmp_path / "pod"), ("half", tmp_path / "new")):
+        with pytest.raises(StorageError) as err:
+            storage.fetch_models(f"memory://{p}/run1", dest, model=model)
+        assert str(err.value) == (
+            f"--from 'memory://{p}/run1' holds no complete export of model {model!r} (found: m): give one "
+            "of those with --model, or the URL of a --backup or of a models dir "
+            "(<model>/<version>/saved_model.pb).")
+    assert list((tmp_path / "pod").iterdir()) == [] and not (tmp_path / "new").exists()
+    with pytest.raises(StorageError, match=f"--from 'memory://{p}/gone' does not exist"):
+        storage.fetch_models(f"memory://{p}/gone", tmp_path / "gone")
+    assert not (tmp_path / "gone").exists()
+
+
+def test_the_fetch_models_command_line(mem, tmp_path, capsys):
+    """What the serving pod's init container runs (in-process here: memory:// is per process)."""
+    from tfk8s_magics.storage.__main__ import main
+
+    fs, p = mem
+    _export(fs, f"/{p}/run1/models")
+    assert main(["fetch-models", f"memory://{p}/run1", str(tmp_path / "m"), "--model", "m"]) == 0
+    out = capsys.readouterr()
+    assert out.out.splitlines()[-1].startswith("tfk8s-storage: done: 2 file(s), 102 B in ")
+    assert main(["fetch-models", f"memory://{p}/run1", str(tmp_path / "x"), "--model", "y"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"tfk8s-storage: --from 'memory://{p}/run1' holds no")
+    assert not (tmp_path / "x").exists()
+
+
+def test_local_serve_refuses_a_kubernetes_secret_in_one_sentence(local):
+    with pytest.raises(SpecError) as err:
+        local.serve("any", source_url="s3://b/run", credentials_secret="s3-creds")
+    assert str(err.value) == ("--credentials-secret 's3-creds' names a Kubernetes Secret; the local backend "
+                              "reads storage credentials from your environment or fsspec's config: drop it.")
+    assert not list(local.state_dir.iterdir())

@@ -225,3 +225,196 @@ def test_a_failed_sync_fails_the_cluster_in_one_sentence_and_leaves_the_data_dir
     assert st.phase == Phase.FAILED and st.reason.startswith("sync: --data-dir ")
     assert not [p for p in local._dir("gone").default_data_dir.rglob("*")]
     cluster.delete()
+
+
+# -- the supervisor's --data-sync copy: a child it can stop at once ------------------------------
+
+class _Sup:
+    """What ClusterStorage uses of a supervisor (a real selector; ``pump`` dispatches like its own,
+    and ``stop_when()`` plays the owner's exit or a stop), recording every status it would write."""
+
+    def __init__(self, spec, data_dir, stop_when=lambda: False):
+        import selectors
+
+        self.spec, self.record = spec, {"data_dir": str(data_dir), "log_dir": str(data_dir.parent / "logs")}
+        self.reason, self.written, self.events, self.failed, self.stop_reason = "", [], [], None, ""
+        self.sel, self.stop_when = selectors.DefaultSelector(), stop_when
+
+    def write_status(self):
+        self.written.append(self.reason)
+
+    def event(self, task, reason, message, type_="Normal"):
+        self.events.append((reason, message))
+
+    def fail(self, why):
+        self.failed = why
+
+    def pump(self, timeout):
+        for key, _ in self.sel.select(0.05 if timeout is None else timeout):
+            key.data[1]()
+        if self.stop_when():
+            self.stop_reason = "stopped by the user"
+
+
+def test_the_supervisors_sync_shows_progress_as_the_reason_and_fails_in_one_sentence(creds, tmp_path):
+    from tfk8s_magics.backends.local import storage as local_storage
+    from tfk8s_magics.spec import ClusterSpec
+
+    url = f"s3://{BUCKET}/ds"
+    sup = _Sup(ClusterSpec("s", script="print(1)", data_dir=url, data_sync=True), tmp_path / "data")
+    assert local_storage.ClusterStorage(sup).before_tasks()
+    progress = [r for r in sup.written if r.startswith(f"sync: fetching {url}: ")]
+    assert progress[-1] == f"sync: fetching {url}: 300.1 kB of 300.1 kB (100%)"
+    assert sup.written[-1] == "" and sup.failed is None
+    assert sup.events[0][0] == "Synced"
+    assert sup.events[0][1].startswith(f"{url} → {tmp_path / 'data'}: 2 file(s), 300.1 kB in ")
+    assert sorted(str(p.relative_to(tmp_path / "data")) for p in (tmp_path / "data").rglob("*")) == [
+        "a.txt", "sub", "sub/b.bin"]
+    gone = f"s3://{BUCKET}/gone-for-good"
+    sup = _Sup(ClusterSpec("s", script="print(1)", data_dir=gone, data_sync=True), tmp_path / "data2")
+    assert not local_storage.ClusterStorage(sup).before_tasks()
+    assert sup.failed == f"sync: --data-dir '{gone}' does not exist: check the bucket and path."
+    assert sup.events[-1][0] == "SyncFailed" and not (tmp_path / "data2").exists()
+
+
+class _HeldS3:
+    """A second S3 endpoint on 127.0.0.1 over moto's process-wide backends (same buckets, same
+    IAM) whose GET of one key sends its first 64 kB and then holds the rest until the test
+    releases it: a transfer that is under way for exactly as long as the test says."""
+
+    def __init__(self, key: str):
+        import threading
+
+        from werkzeug.serving import make_server
+
+        self.key, self.started, self.release = key, threading.Event(), threading.Event()
+        app = moto_server.DomainDispatcherApplication(moto_server.create_backend_app)
+        self.server = make_server("127.0.0.1", 0, self._held(app), True,
+                                  request_handler=moto_server.MotoRequestHandler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def _held(self, app):
+        def wsgi(environ, start_response):
+            body = app(environ, start_response)
+            if environ["REQUEST_METHOD"] != "GET" or not environ["PATH_INFO"].endswith(self.key):
+                return body
+            data = b"".join(body)
+
+            def held():
+                yield data[:65536]
+                self.started.set()
+                self.release.wait(300)
+                yield data[65536:]
+            return held()
+        return wsgi
+
+    def close(self):
+        self.release.set()
+        self.server.shutdown()
+        self.thread.join(30)
+
+
+@pytest.fixture
+def held(creds, monkeypatch):
+    """The held endpoint in this test's environment (what the owner and the supervisor inherit), a
+    2 MB object under ``slow/``."""
+    env, client = creds
+    client.put_object(Bucket=BUCKET, Key="slow/big.bin", Body=os.urandom(2_000_000))
+    server = _HeldS3("slow/big.bin")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _fetch_processes(marker: str) -> list[int]:
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "tfk8s_magics.storage" in cmd and any(marker in a for a in cmd):
+            out.append(p.pid)
+    return out
+
+
+def test_a_stop_during_the_copy_kills_it_and_keeps_nothing(held, tmp_path):
+    from tfk8s_magics.backends.local import storage as local_storage
+    from tfk8s_magics.spec import ClusterSpec
+
+    url = f"s3://{BUCKET}/slow"
+    sup = _Sup(ClusterSpec("s", script="print(1)", data_dir=url, data_sync=True), tmp_path / "data",
+               stop_when=held.started.is_set)
+    assert not local_storage.ClusterStorage(sup).before_tasks()
+    assert not held.release.is_set()  # the transfer was still held when the copy was ended
+    assert sup.events[-1][0] == "SyncAborted" and "nothing of it was kept" in sup.events[-1][1]
+    assert sup.failed is None and not (tmp_path / "data").exists()
+    assert _fetch_processes(str(tmp_path / "data")) == []
+
+
+OWNER = """
+import sys
+import tfk8s_magics as tk
+tk.launch("slow", workers=1, script="print('never')\\n", data_dir=sys.argv[1], data_sync=True,
+          backend="local")
+print("launched", flush=True)
+sys.stdin.read()
+"""
+
+
+def _start_owner(url: str) -> subprocess.Popen:
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, url], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    assert owner.stdout.readline().strip() == "launched"
+    return owner
+
+
+def _supervisor_done(local, name: str) -> dict:
+    raw = local._raw_status(local._dir(name), local._record(name))
+    return raw if raw.get("supervisor_done") else {}
+
+
+@pytest.mark.slow
+def test_the_owners_exit_during_a_long_sync_stops_it_at_once(held, local, workdir):
+    """The kernel dies while the copy is held mid-object: the supervisor sees it in the same wait,
+    kills the copy, removes what it wrote, and writes a final status — without the transfer
+    ever being released."""
+    from tests.conftest import wait_for
+
+    owner = _start_owner(f"s3://{BUCKET}/slow")
+    try:
+        assert held.started.wait(120), "the copy never started"
+        data_dir = local._record("slow")["data_dir"]
+        wait_for(lambda: local.status("slow").reason.startswith(f"sync: fetching s3://{BUCKET}/slow: "),
+                 timeout=60, what="progress as the reason")
+    finally:
+        owner.kill()
+        owner.wait()
+    raw = wait_for(lambda: _supervisor_done(local, "slow"), timeout=60, what="a final status")
+    assert not held.release.is_set()
+    assert raw["phase"] == Phase.STOPPED and "owner" in raw["reason"], raw["reason"]
+    assert not os.path.exists(data_dir) or not os.listdir(data_dir)
+    assert _fetch_processes(data_dir) == []
+    events = {e.reason: e.message for e in local.events("slow")}
+    assert "nothing of it was kept" in events["SyncAborted"]
+    local.delete("slow")
+
+
+@pytest.mark.slow
+def test_delete_during_a_long_sync_stops_it_at_once(held, local, workdir):
+    owner = _start_owner(f"s3://{BUCKET}/slow")
+    try:
+        assert held.started.wait(120), "the copy never started"
+        data_dir = local._record("slow")["data_dir"]
+        local.delete("slow")
+        assert not held.release.is_set()
+        assert "slow" not in [c.name for c in local.list_clusters()]
+        assert not os.path.exists(data_dir)
+        assert _fetch_processes(data_dir) == []
+        assert owner.poll() is None  # the owner lives on; only its cluster went
+    finally:
+        owner.kill()
+        owner.wait()

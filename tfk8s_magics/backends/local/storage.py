@@ -5,7 +5,12 @@ host's network for the cluster's private namespace (:mod:`.isolation`): the
 data URL is copied into the cluster's data dir there, once per cluster, with
 its progress as the cluster's reason (``status``, ``list``, the dashboard
 header) and a ``Synced``/``SyncFailed`` event; a failed copy fails the
-cluster in one sentence and leaves the data dir as it was.  For a backup
+cluster in one sentence and leaves the data dir as it was.  The copy is a
+child (``python -m tfk8s_magics.storage fetch URL DIR``, its own process
+group) whose output the supervisor reads in its own wait
+(:meth:`~.supervisor.Supervisor.pump`): the owner's exit, ``stop`` or
+``delete`` during a long copy stops the cluster at once — the child is
+killed, what it wrote is removed (``SyncAborted``), the status is final.  For a backup
 it starts an *uploader* there too (``python -m
 tfk8s_magics.backends.local.storage``), a child that stays on the host's
 network, waits, and when the tasks have ended (:meth:`after_tasks`) uploads
@@ -22,21 +27,18 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
+import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from ... import storage
-from ...errors import SpecError
 from ...lifeline import set_parent_death_signal
-from ...storage.__main__ import human
 from ...storage.__main__ import main as storage_main
 from ..base import Phase
 
-#: Seconds between status rewrites while data is copied.
-PROGRESS_EVERY = 0.5
 #: What is backed up: ``<log dir>/<name>`` → ``<backup>/<name>``.
 BACKED_UP = ("checkpoints", "models")
 
@@ -48,7 +50,6 @@ class ClusterStorage:
         self.sup = sup
         self.spec = sup.spec
         self.uploader: subprocess.Popen | None = None
-        self._next = 0.0
 
     @property
     def streams(self) -> bool:
@@ -72,32 +73,25 @@ class ClusterStorage:
             self._start_uploader()
         if not (self.spec.data_url and self.spec.data_sync):
             return True
-        url, dest = self.spec.data_url, self.sup.record["data_dir"]
+        url, dest = str(self.spec.data_url), self.sup.record["data_dir"]
         self._say(f"sync: fetching {url} into {dest}")
-        started = time.monotonic()
-        try:
-            done = storage.sync_down(url, dest, progress=lambda d, t: self._progress("fetching", url, d, t))
-        except SpecError as e:
-            self.sup.fail(f"sync: {e}")
-            self.sup.event("", "SyncFailed", str(e), "Warning")
+        code, last = SyncCopy(self, url, dest).run()
+        if code is None:
+            self.sup.event("", "SyncAborted", f"{url} → {dest}: {self.sup.stop_reason} during the copy; "
+                           f"nothing of it was kept ({last or 'no byte yet'})", "Warning")
             return False
-        took = time.monotonic() - started
-        self.sup.event("", "Synced", f"{url} → {dest}: {done['files']} file(s), {human(done['bytes'])} "
-                       f"in {took:.1f} s")
+        if code != 0 or not last.startswith("done: "):
+            why = last or f"the copy exited {code}"
+            self.sup.fail(f"sync: {why}")
+            self.sup.event("", "SyncFailed", why, "Warning")
+            return False
+        self.sup.event("", "Synced", f"{url} → {dest}: {last.removeprefix('done: ')}")
         self._say("")
         return True
 
     def _say(self, reason: str) -> None:
         self.sup.reason = reason
         self.sup.write_status()
-
-    def _progress(self, verb: str, url: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        if now < self._next and done < total:
-            return
-        self._next = now + PROGRESS_EVERY
-        pct = f" ({100 * done / total:.0f}%)" if total else ""
-        self._say(f"sync: {verb} {url}: {human(done)} of {human(total)}{pct}")
 
     def _start_uploader(self) -> None:
         me = os.getpid()
@@ -163,6 +157,71 @@ class ClusterStorage:
         rc = proc.wait()
         # Success is the uploader's last line as well as its code (a reaped child reports 0).
         return rc == 0 and last.startswith("tfk8s-storage: done"), last.removeprefix("tfk8s-storage: ")
+
+
+class SyncCopy:
+    """One --data-sync copy as a child process that the supervisor can stop at any moment."""
+
+    def __init__(self, owner: ClusterStorage, url: str, dest: str) -> None:
+        self.owner, self.url, self.dest = owner, url, Path(dest)
+        self.buffer, self.last, self.open = b"", "", True
+        self.fd = -1
+
+    def run(self) -> tuple[int | None, str]:
+        """(the child's exit code, or None when the cluster was stopped meanwhile; its last line
+        without the ``tfk8s-storage:`` prefix)."""
+        sup, made, me = self.owner.sup, not self.dest.exists(), os.getpid()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tfk8s_magics.storage", "fetch", self.url, str(self.dest)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own group: killed whole, whatever fsspec started
+            preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL, me),
+        )
+        self.fd = proc.stdout.fileno()
+        os.set_blocking(self.fd, False)
+        sup.sel.register(self.fd, selectors.EVENT_READ, ("call", self.readable))
+        try:
+            while self.open and not sup.stop_reason:
+                sup.pump(None)
+        finally:
+            sup.sel.unregister(self.fd)
+        if self.open:  # stopped meanwhile (owner gone, stop, delete): end it, keep nothing
+            self._abort(proc, made)
+            return None, self.last
+        proc.stdout.close()
+        return proc.wait(), self.last
+
+    def readable(self) -> None:
+        """Read what the child wrote: progress lines become the cluster's reason."""
+        try:
+            data = os.read(self.fd, 65536)
+        except BlockingIOError:
+            return
+        if not data:
+            self.open, data = False, b"\n"
+        self.buffer += data
+        *lines, self.buffer = self.buffer.split(b"\n")
+        for raw in lines:
+            line = raw.decode("utf-8", "replace").strip().removeprefix("tfk8s-storage: ")
+            if line:
+                self.last = line
+            if line.startswith("fetched "):
+                self.owner._say(f"sync: fetching {self.url}: {line.removeprefix('fetched ')}")
+
+    def _abort(self, proc: subprocess.Popen, made: bool) -> None:
+        """Kill the copy's whole group, then remove what it wrote (its hidden temporary dir; the
+        data dir itself when the copy made it)."""
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        proc.stdout.close()
+        if made:
+            shutil.rmtree(self.dest, ignore_errors=True)
+        else:
+            for tmp in self.dest.glob(".tfk8s-sync-*"):
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 def credential_env(environ) -> dict[str, str]:

@@ -106,6 +106,8 @@ class Supervisor:
         self.policy = lifecycle.LifecyclePolicy.of(self.spec)
         self.cluster = self.record["cluster"]
         self.sel = selectors.DefaultSelector()
+        #: Signals received, not acted on yet (SIGTERM/SIGINT/SIGHUP: a stop).
+        self.pending: list[int] = []
         self.tasks: dict[str, _Task] = {}
         for t in self.spec.tasks():
             st = LocalTaskStatus(name=t.name, host=self.record["addresses"][t.name])
@@ -806,15 +808,26 @@ class Supervisor:
             self.request_stop(f"its owner (pid {obj}) exited; launch with --detach to keep a cluster")
         elif kind == "signal":
             os.read(key.fd, 64)
+        elif kind == "call":  # a helper's own fd (the --data-sync copy's output)
+            obj()
+
+    def pump(self, timeout: float | None) -> None:
+        """Wait up to ``timeout`` for what the supervisor watches (tasks, the owner, signals,
+        helpers) and act on it: a signal asks for a stop.  The main loop and the --data-sync
+        copy before the tasks both wait here, so an owner's exit or a stop is seen at once."""
+        for key, _ in self.sel.select(timeout):
+            self._dispatch(key)
+        while self.pending:
+            self.pending.pop()
+            self.request_stop("stopped by the user")
 
     def run(self) -> int:
         """Start the tasks and supervise them until the cluster ends; return the exit code."""
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
-        pending: list[int] = []
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, lambda s, _f: pending.append(s))
+            signal.signal(sig, lambda s, _f: self.pending.append(s))
         self.sel.register(wake_r, selectors.EVENT_READ, ("signal", None))
         self._guard()
         self.write_status()
@@ -829,11 +842,7 @@ class Supervisor:
                 self.write_status()
             if not self.alive() and (self.phase in Phase.TERMINAL) and self.grace_deadline is None:
                 break
-            for key, _ in self.sel.select(self.next_timeout()):
-                self._dispatch(key)
-            while pending:
-                pending.pop()
-                self.request_stop("stopped by the user")
+            self.pump(self.next_timeout())
             self.tick()
         self.storage.after_tasks()  # the backup, before what is left of the cluster is killed
         self.reap_orphans()
