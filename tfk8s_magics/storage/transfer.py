@@ -158,12 +158,15 @@ def _listing(fs, path: str) -> tuple[dict[str, int], bool]:
     for name, info in fs.find(path, detail=True).items():
         if info.get("type") != "file":
             continue
+        size = info.get("size")
+        if size is None:  # an HTTP index page lists names only: ask each object (a HEAD)
+            size = fs.info(name).get("size")
         if name.rstrip("/") == path.rstrip("/"):
             single = True
-            out = {path.rstrip("/").rpartition("/")[2]: int(info.get("size") or 0)}
+            out = {path.rstrip("/").rpartition("/")[2]: int(size or 0)}
             break
         if name.startswith(base) and len(name) > len(base):
-            out[name[len(base):]] = int(info.get("size") or 0)
+            out[name[len(base):]] = int(size or 0)
     if not out and not fs.exists(path):
         raise FileNotFoundError(path)
     return out, single
