@@ -229,3 +229,36 @@ def test_local_serve_refuses_a_kubernetes_secret_in_one_sentence(local):
     assert str(err.value) == ("--credentials-secret 's3-creds' names a Kubernetes Secret; the local backend "
                               "reads storage credentials from your environment or fsspec's config: drop it.")
     assert not list(local.state_dir.iterdir())
+
+
+@pytest.mark.parametrize("url, package, extra", [
+    ("gs://bucket/x", "gcsfs", "gcs"), ("gcs://bucket/x", "gcsfs", "gcs"),
+    ("abfs://container/x", "adlfs", "azure"), ("abfss://container/x", "adlfs", "azure"),
+    ("az://container/x", "adlfs", "azure"), ("hdfs://namenode:8020/x", "pyarrow", "hdfs"),
+])
+def test_each_missing_filesystem_package_is_one_sentence_naming_its_extra(url, package, extra, tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec(package) is not None:
+        pytest.skip(f"{package} is installed here")
+    kind = url.partition(":")[0]
+    want = (f"{kind}:// URLs need the {package} package, which is not installed: "
+            f"pip install 'tfk8s-magics[{extra}]' (or pip install {package}).")
+    with pytest.raises(StorageError) as err:
+        storage.sync_down(url, tmp_path / "data")
+    assert str(err.value) == want
+    assert not (tmp_path / "data").exists()
+    with pytest.raises(StorageError) as err:
+        api.make_spec("p", script_path=url)
+    assert str(err.value) == want
+
+
+def test_the_extras_named_exist_in_pyproject():
+    import tomllib
+    from pathlib import Path
+
+    extras = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())[
+        "project"]["optional-dependencies"]
+    for package, extra in storage.urls.EXTRAS.items():
+        via_s3fs = package == "aiohttp" and any(r.startswith("s3fs") for r in extras[extra])
+        assert any(r.startswith(package) for r in extras[extra]) or via_s3fs, (package, extra)

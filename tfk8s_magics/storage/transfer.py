@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StorageError
-from .urls import SCHEMES, check_url, join, scheme
+from .urls import EXTRAS, SCHEMES, check_url, join, scheme
 
 #: ``progress(done_bytes, total_bytes)``, called from the transferring thread.
 Progress = Callable[[int, int], None]
@@ -40,20 +41,25 @@ def _need_fsspec():
         ) from None
 
 
+def missing_package(kind: str, package: str) -> StorageError:
+    """The sentence for a URL whose filesystem package is not installed: the extra that brings it."""
+    extra = EXTRAS.get(package, "storage")
+    return StorageError(f"{kind}:// URLs need the {package} package, which is not installed: "
+                        f"pip install 'tfk8s-magics[{extra}]' (or pip install {package}).")
+
+
 def open_fs(url: str):
     """``(filesystem, path)`` for ``url``; a missing package is one sentence naming what to install."""
     fsspec = _need_fsspec()
     kind = scheme(url)
     need = SCHEMES.get(kind)
+    if need and importlib.util.find_spec(need[0]) is None:  # before fsspec's own, vaguer error
+        raise missing_package(kind, need[1])
     try:
         # Not fsspec's cached instance: credentials fixed in the environment take effect at once.
         fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True)
     except ImportError:
-        package = need[1] if need else "fsspec"
-        raise StorageError(
-            f"{kind}:// URLs need the {package} package, which is not installed: pip install {package} "
-            f"(or pip install 'tfk8s-magics[storage]' for s3://)."
-        ) from None
+        raise missing_package(kind, need[1] if need else "fsspec") from None
     except ValueError as e:
         raise StorageError(f"{url!r} cannot be opened: {e}.") from None
     return fs, path

@@ -29,6 +29,9 @@ SCHEMES: dict[str, tuple[str, str] | None] = {
     "https": ("aiohttp", "aiohttp"),
     "memory": None,
 }
+#: The tfk8s-magics extra that brings each package (pyproject.toml's optional dependencies).
+EXTRAS: dict[str, str] = {"s3fs": "storage", "aiohttp": "storage", "gcsfs": "gcs", "adlfs": "azure",
+                          "pyarrow": "hdfs"}
 #: Schemes that can only be read (a plain web server takes no uploads).
 READ_ONLY = frozenset({"http", "https"})
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
