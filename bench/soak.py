@@ -8,8 +8,9 @@ task is ready (TensorFlow imported, servers listening) and a line of output
 reached the dashboard; the other cycles delete while the tasks are still
 starting (the delete-during-launch path).  Before and after, it prints this
 process's fds, threads and RSS, the processes of the run (marked) and of any
-cluster (``TFK8S_CLUSTER_ID``), the files under the state dir and the host's
-listening TCP sockets, then the growth of each.
+cluster (``TFK8S_CLUSTER_ID``), the files under the state dir, the listening TCP
+sockets held by the run's processes (judged) and the host's (shown only: other
+users' servers come and go), then the growth of each.
 
 The warm-up cycle waits until ready too, so modules first imported on that path
 (the dashboard's metric/plot path, the log pacer) are in the "before" numbers.
@@ -40,16 +41,43 @@ from _common import leftovers, machine, sweep  # noqa: E402
 SCRIPT = "import time\nprint('soak up', flush=True)\ntime.sleep(600)\n"
 
 
-def listening_sockets() -> int:
-    """Listening TCP sockets in this network namespace (``/proc/net/tcp{,6}``, state 0A)."""
-    count = 0
+def listening_inodes() -> list[int]:
+    """Socket inodes of the listening TCP sockets in this network namespace
+    (``/proc/net/tcp{,6}``, state 0A): the whole host's, other users' servers included."""
+    inodes = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table, encoding="ascii") as f:
-                count += sum(1 for line in f.readlines()[1:] if line.split()[3] == "0A")
+                rows = [line.split() for line in f.readlines()[1:]]
         except FileNotFoundError:
             continue
-    return count
+        inodes += [int(row[9]) for row in rows if row[3] == "0A"]
+    return inodes
+
+
+def socket_inodes(pids: list[int]) -> set[int]:
+    """The socket inodes the processes ``pids`` hold open (``/proc/PID/fd`` → ``socket:[N]``)."""
+    out = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue  # gone meanwhile
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                out.add(int(link[8:-1]))
+    return out
+
+
+def run_listening_sockets() -> int:
+    """Listening TCP sockets held by this process or any process of the run (the host's network
+    namespace; the clusters' own servers live in their private ones, gone with them)."""
+    held = socket_inodes([os.getpid(), *(pid for pid, _ in leftovers())])
+    return sum(1 for inode in listening_inodes() if inode in held)
 
 
 def cluster_processes(state_dir: Path) -> int:
@@ -101,7 +129,8 @@ def measure(state_dir: Path) -> dict[str, int]:
         "fds": len(os.listdir("/proc/self/fd")),
         "threads": len(os.listdir("/proc/self/task")),
         "files under state dir": sum(1 for _ in state_dir.rglob("*")),
-        "listening sockets": listening_sockets(),
+        "listening sockets": run_listening_sockets(),
+        "host listening sockets": len(listening_inodes()),
         "RSS KiB": rss_kib(),
     }
 
@@ -173,7 +202,8 @@ def main() -> int:
     for key in before:
         delta = after[key] - before[key]
         print(f"{key:24}{before[key]:>10}{after[key]:>10}{delta:>+10}")
-        if delta > 0 and not key.startswith("RSS") and key != "gc objects":
+        # The host's count is shown, not judged: other users' servers come and go meanwhile.
+        if delta > 0 and not key.startswith(("RSS", "host")) and key != "gc objects":
             grew.append(key)
     rss_growth = (after["RSS KiB"] - before["RSS KiB"]) / max(1, before["RSS KiB"])
     print(f"RSS growth {rss_growth:+.1%}")

@@ -554,6 +554,31 @@ def test_a_destroyed_dashboard_leaves_no_widget_behind(scripted):
     assert left == []
 
 
+def test_a_draw_that_comes_after_destroy_makes_no_widget(scripted):
+    """bench/soak.py (session 20, 30 cycles that delete at once): +2 live widgets per cycle. A
+    draw already under way when the cell is re-run finished after close(destroy=True) and made
+    the new task's log page, outside the tree that was closed. A draw after destroy must draw
+    nothing (here on the calling thread, deterministically)."""
+    import warnings
+
+    import ipywidgets
+
+    def live_widgets() -> set:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # Widget.widgets: the registry
+            return set(ipywidgets.Widget.widgets)
+
+    cluster = scripted.add(make_status())
+    before = live_widgets()
+    d = Dashboard(cluster, widgets=True)  # not started: no thread draws behind the test's back
+    d.close(destroy=True)
+    d.status, d._status_dirty = make_status(), True  # what the feed delivered meanwhile
+    d.refresh()
+    left = [type(ipywidgets.Widget.widgets[k]).__name__ for k in live_widgets() - before]
+    assert left == []
+    assert "worker-0" not in d._task_pages
+
+
 def test_fallback_repr_without_widgets(scripted):
     cluster = scripted.add(make_status(name="demo", reason=EVIL, progress=Progress(step=5, total=10)))
     d = Dashboard(cluster, widgets=False)

@@ -142,6 +142,8 @@ class Dashboard:
         self._throttle: live.Throttle | None = None
         self._display_handle = None
         self.widget = None
+        #: Set (under the draw lock) when the widgets are freed: no draw may make new ones then.
+        self._destroyed = False
         if self.use_widgets:
             self._build()
         else:
@@ -259,7 +261,11 @@ class Dashboard:
             self._throttle.close()
         self.finished.set()
         if destroy and self.widget is not None:
-            live.close_tree(self.widget)
+            # Under the draw lock: a draw under way ends first, and any later one sees the flag
+            # (it would make a new task's page outside the freed tree, alive for good).
+            with self._draw_lock:
+                self._destroyed = True
+                live.close_tree(self.widget)
 
     def wait(self, timeout: float) -> bool:
         """Wait until the dashboard has drawn its final state; whether it did in time."""
@@ -383,6 +389,8 @@ class Dashboard:
         st, dirty, pending, counts = self._take()
         events_changed = self._refresh_events(st, dirty, ended)
         with self._draw_lock:
+            if self._destroyed:
+                return
             if st is not None:
                 for t in st.tasks:
                     self.log_tabs.page(t.name)
@@ -460,7 +468,8 @@ class Dashboard:
         self.outcome = text
         if self.use_widgets:
             with self._draw_lock:
-                self._draw_actions(self.status)
+                if not self._destroyed:
+                    self._draw_actions(self.status)
         if self._throttle:
             self._throttle.poke()
 
