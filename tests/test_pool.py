@@ -152,6 +152,48 @@ def test_an_expired_claim_is_answered_at_once_and_the_daemon_does_not_spin(tmp_p
         os.close(ready_r)
 
 
+@pytest.mark.parametrize("uid", [0, 65534])
+def test_a_spare_namespace_is_joined_before_import_by_root_and_by_another_user(uid):
+    # The pool's hooks (isolation.make_namespace / join_namespace) for both kinds of owner:
+    # root gets a network namespace, another user a user+network one (identity maps).  A forked
+    # single-threaded child joins it (as a pooled process does before exec), keeps its uid,
+    # listens on its own loopback, and that port is not the host's.
+    from tests import test_local_isolation as iso
+
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not Path(iso.SYSTEM_PYTHON).exists():
+        pytest.skip("needs root, setpriv and /usr/bin/python3 to run as another uid")
+    script = textwrap.dedent(f"""
+        import importlib.util, json, os, socket
+        spec = importlib.util.spec_from_file_location("iso", {str(iso.ISOLATION_PY)!r})
+        iso = importlib.util.module_from_spec(spec); spec.loader.exec_module(iso)
+        host = os.readlink("/proc/self/ns/net")
+        mode, fds = iso.make_namespace()
+        r, w = os.pipe()  # child -> parent
+        r2, w2 = os.pipe()  # parent -> child: it may end
+        pid = os.fork()
+        if pid == 0:
+            joined = iso.join_namespace(fds)
+            s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+            os.write(w, json.dumps([joined, os.getuid(), os.readlink("/proc/self/ns/net") != host,
+                                    s.getsockname()[1]]).encode())
+            os.read(r2, 1); os._exit(0)
+        joined, uid, moved, port = json.loads(os.read(r, 4096))
+        with socket.socket() as c:
+            reached = c.connect_ex(("127.0.0.1", port)) == 0
+        os.write(w2, b"x"); os.waitpid(pid, 0)
+        print(json.dumps({{"mode": mode, "fds": len(fds), "joined": joined, "uid": uid, "moved": moved,
+                          "host_reaches_it": reached}}))
+    """)
+    cmd = [iso.SYSTEM_PYTHON, "-c", script]
+    if uid:
+        cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *cmd]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd="/")
+    assert done.returncode == 0, done.stderr
+    mode = "netns" if uid == 0 else "userns+netns"
+    assert json.loads(done.stdout) == {"mode": mode, "fds": 1 if uid == 0 else 2, "joined": mode, "uid": uid,
+                                       "moved": True, "host_reaches_it": False}
+
+
 # -- real tasks ------------------------------------------------------------------------
 # What a task can observe about itself before and while running user code.
 PROBE = textwrap.dedent('''
