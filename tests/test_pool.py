@@ -152,6 +152,38 @@ def test_an_expired_claim_is_answered_at_once_and_the_daemon_does_not_spin(tmp_p
         os.close(ready_r)
 
 
+def test_a_claim_that_waits_for_a_refill_raises_its_priority(tmp_path):
+    # A refill imports at autogroup nice REFILL_NICE; a launch that then waits for it (a claim
+    # with wait) would wait longer than a cold start (stop and delete of that cluster too), so
+    # the pool sets the importing processes that may serve the claim back to 0 at once.
+    if pool.autogroup_nice() is None:
+        pytest.skip("no autogroup on this kernel")
+    pool_dir = tmp_path / "pool"
+    pool_dir.mkdir()
+    (pool_dir / "config.json").write_text(json.dumps(
+        {"env": {}, "cwd": str(tmp_path), "size": 0, "owner": os.getpid()}))
+    daemon = pool.Daemon(pool_dir)
+    sleeper = subprocess.Popen(["sleep", "120"], start_new_session=True)  # "still importing"
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(3)]
+    try:
+        assert pool._autogroup_nice(pool.REFILL_NICE, sleeper.pid)
+        assert pool.autogroup_nice(sleeper.pid) == pool.REFILL_NICE
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        daemon.workers[sleeper.pid] = pool._Worker(sleeper, sock, os.pidfd_open(sleeper.pid))
+        claim = {"ns": None, "peer": os.getpid(), "wait": True, "env": {}}
+        daemon.claim(pool._Claim(theirs, claim, fds, time.monotonic() + 60))
+        assert len(daemon.pending) == 1  # it waits for the importing process ...
+        assert pool.autogroup_nice(sleeper.pid) == 0  # ... which now imports at normal priority
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        mine.close()
+        theirs.close()
+        for fd in fds:
+            os.close(fd)
+
+
 @pytest.mark.parametrize("uid", [0, 65534])
 def test_a_spare_namespace_is_joined_before_import_by_root_and_by_another_user(uid):
     # The pool's hooks (isolation.make_namespace / join_namespace) for both kinds of owner:

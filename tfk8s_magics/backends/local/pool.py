@@ -868,8 +868,16 @@ class Daemon:
         elif c.message.get("wait") and self.count("starting", key) > sum(
                 self.key(p) == key for p in self.pending):
             self.pending.append(c)
+            self.hurry(key)
         else:
             self.answer(c.conn, {"cold": "no warm process is free"}, c.fds)
+
+    def hurry(self, key: str | None) -> None:
+        """A launch now waits for the processes still importing that may serve it: a refill's low
+        priority would make that wait longer than a cold start, so they import at normal priority."""
+        for w in self.workers.values():
+            if w.state == "starting" and self.serves(w, key) and autogroup_nice(w.proc.pid) not in (None, 0):
+                _autogroup_nice(0, w.proc.pid)
 
     def serve_pending(self) -> None:
         """Give idle processes to waiting claims; release every claim nothing can serve any more:
