@@ -157,6 +157,29 @@ REACH = textwrap.dedent("""
 """)
 
 
+
+#: Run in a kernel: export a one-weight model into the cluster NAME's models dir, serve it,
+#: predict through the REST address the kernel is given, print the ports and the server's pid.
+SERVE_FROM_KERNEL = """
+import json, os, urllib.request
+import tensorflow as tf
+import tfk8s_magics as tk
+c = tk.get("NAME")
+class M(tf.Module):
+    @tf.function(input_signature=[tf.TensorSpec([None, 1], tf.float32, name="x")])
+    def serve(self, x):
+        return {"y": 2.0 * x}
+m = M()
+tf.saved_model.save(m, os.path.join(c.status().log_dir.path, "models", "NAME", "1"),
+                    signatures={"serving_default": m.serve})
+info = c.serve()
+req = urllib.request.Request(info.predict_url(local=True), data=json.dumps({"instances": [[1.0]]}).encode())
+with urllib.request.urlopen(req, timeout=30) as r:
+    inside = json.loads(r.read())["predictions"]
+print(json.dumps({"rest": int(info.rest_local.rsplit(":", 1)[1].strip("/")),
+                  "grpc": int(info.grpc_address.rsplit(":", 1)[1]), "pid": info.pid, "inside": inside}))
+"""
+
 def nameserver() -> str | None:
     for line in Path("/etc/resolv.conf").read_text().splitlines():
         parts = line.split()
@@ -298,6 +321,19 @@ def test_an_in_graph_cluster_of_a_sandboxed_kernel_is_out_of_other_users_reach(r
             with urllib.request.urlopen(f"http://127.0.0.1:{tb}/data/logdir", timeout=20) as r:
                 assert r.status == 200 and b"logdir" in r.read()  # the owner, on the host
             assert probe([tb], NOBODY) == {tb: 0}  # closed unread
+
+            # The model server started from the kernel: the notebook's code reaches it inside,
+            # the owner (as jupyter-server-proxy) on the host, uid 65534 nothing on either port.
+            served = last_json(run_code(kc, SERVE_FROM_KERNEL.replace("NAME", "sbx")))
+            assert served["inside"] == [[2.0]], served
+            rest, grpc_port = served["rest"], served["grpc"]
+            with urllib.request.urlopen(f"http://127.0.0.1:{rest}/v1/models/sbx", timeout=20) as r:
+                assert r.status == 200 and b"AVAILABLE" in r.read()  # the owner, on the host
+            assert probe([rest, grpc_port], NOBODY) == {rest: 0, grpc_port: 0}
+            assert os.readlink(f"/proc/{served['pid']}/ns/net") not in (net["netns"],
+                                                                        os.readlink("/proc/self/ns/net"))
+            procs += [psutil.Process(launcher), *psutil.Process(launcher).children(recursive=True)]
+            assert served["pid"] in {p.pid for p in procs}
         finally:
             kc.stop_channels()
             km.shutdown_kernel()

@@ -208,6 +208,45 @@ def test_tensorboard_answers_its_owner_only(local, workdir):
 
 
 @pytest.mark.slow
+def test_the_model_server_answers_its_owner_only(local, workdir):
+    """The local model server (REST + gRPC) runs behind the same guard as TensorBoard: as uid
+    65534 both ports give nothing back, the owner predicts; stopping it leaves no process."""
+    import urllib.request
+
+    import psutil
+    import tensorflow as tf
+
+    import tfk8s_magics as tk
+
+    cluster = tk.launch("srviso", workers=1, script="print(1)\n", backend=local)
+
+    class M(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 1], tf.float32, name="x")])
+        def serve(self, x):
+            return {"y": 2.0 * x}
+
+    m = M()
+    tf.saved_model.save(m, str(Path(cluster.status().log_dir.path) / "models" / "srviso" / "1"),
+                        signatures={"serving_default": m.serve})
+    info = cluster.serve()
+    rest, grpc_port = int(info.rest_local.rstrip("/").rsplit(":", 1)[1]), int(info.grpc_address.rsplit(":", 1)[1])
+    assert probe([rest, grpc_port], NOBODY) == {rest: 0, grpc_port: 0}
+    answered = probe([grpc_port], None)[grpc_port]  # the control: gRPC's SETTINGS to the owner
+    assert isinstance(answered, int) and answered > 0
+    req = urllib.request.Request(info.predict_url(), data=b'{"instances": [[1.5]]}')
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert json.loads(r.read())["predictions"] == [[3.0]]
+    server = psutil.Process(info.pid)
+    assert os.readlink(f"/proc/{info.pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    relay = [p for p in server.children() if "tfk8s_magics.backends.local.relay" in " ".join(p.cmdline())]
+    assert len(relay) == 1, server.children()
+    assert cluster.serve(stop=True) is True
+    psutil.wait_procs([server, *relay], timeout=10)
+    assert not server.is_running() and not relay[0].is_running()
+    cluster.delete()
+
+
+@pytest.mark.slow
 def test_tasks_run_in_the_namespace_and_the_shim_is_the_fallback(local, workdir, monkeypatch):
     """Between-graph tasks are in the supervisor's namespace (nothing of theirs on the host); with
     ``TFK8S_ISOLATION=loopback`` they run on the host's loopback with the shim, said in the status."""

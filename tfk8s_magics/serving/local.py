@@ -1,10 +1,12 @@
 """Serving on the local backend: the compatible server (:mod:`.server`) as a process.
 
 One serving process per cluster, recorded in ``<cluster dir>/serving.json``
-(pid, ports, model), its output in ``serving.log``.  It binds 127.0.0.1,
-is reached through jupyter-server-proxy like TensorBoard, and exits with the
-process that asked for it (the kernel).  A start that fails kills it and
-removes its record: nothing is left behind.
+(pid and start time, ports, model), its output in ``serving.log``.  It binds
+127.0.0.1, is reached through jupyter-server-proxy like TensorBoard, and exits
+with the process that asked for it (the kernel).  The caller may wrap its
+command (``wrap``): the local backend runs it behind the owner-only guard, as
+TensorBoard.  A start that fails kills it and removes its record: nothing is
+left behind.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import BackendError, SpecError
-from ..lifeline import pid_alive
+from ..lifeline import same_process, start_time
 from ..ports import free_ports
 from . import MODELS_SUBDIR, ServingInfo
 from .models import version_dirs
@@ -99,33 +102,41 @@ def _info(cluster: str, rec: dict, reused: bool, version: int | None) -> Serving
 def current(cluster: str, root: Path) -> ServingInfo | None:
     """The serving process of the cluster whose dir is ``root``, if one runs."""
     rec = _read(root / "serving.json")
-    if not rec or not pid_alive(rec.get("pid")):
+    if not rec or not same_process(rec.get("pid"), rec.get("start")):
         return None
     return _info(cluster, rec, True, _available(_status(rec["rest_port"], rec["model"])))
 
 
 def start(cluster: str, root: Path, log_dir: str, model: str | None = None,
-          poll_seconds: float = 1.0, timeout: float = START_TIMEOUT) -> ServingInfo:
-    """Serve the cluster's newest exported version (reuse a server already serving that model)."""
+          poll_seconds: float = 1.0, timeout: float = START_TIMEOUT,
+          ports: tuple[int, int] | None = None,
+          wrap: Callable[[list[int], list[str]], list[str]] | None = None) -> ServingInfo:
+    """Serve the cluster's newest exported version (reuse a server already serving that model).
+
+    ``ports``: (REST, gRPC), free ones by default; ``wrap(ports, python_args)`` → the command
+    that runs ``python PYTHON_ARGS`` (default: this interpreter, as is).
+    """
     name = pick_model(log_dir, cluster, model)
     running = current(cluster, root)
     if running is not None and running.model == name:
         return running
     if running is not None:
         stop(root)
-    rest, grpc_port = free_ports(2)
+    rest, grpc_port = ports or free_ports(2)
     base = str(models_dir(log_dir) / name)
     log_path = root / "serving.log"
+    args = ["-m", "tfk8s_magics.serving.server", "--owner", str(os.getpid()),
+            "--model-name", name, "--model-base-path", base, "--rest-port", str(rest),
+            "--grpc-port", str(grpc_port), "--poll-seconds", str(poll_seconds)]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tfk8s_magics.serving.server", "--owner", str(os.getpid()),
-             "--model-name", name, "--model-base-path", base, "--rest-port", str(rest),
-             "--grpc-port", str(grpc_port), "--poll-seconds", str(poll_seconds)],
+            wrap([rest, grpc_port], args) if wrap else [sys.executable, *args],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,  # a kernel interrupt must not reach it
             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
         )
-    rec = {"pid": proc.pid, "rest_port": rest, "grpc_port": grpc_port, "model": name, "base_path": base}
+    rec = {"pid": proc.pid, "start": start_time(proc.pid), "rest_port": rest, "grpc_port": grpc_port,
+           "model": name, "base_path": base}
     deadline = time.monotonic() + timeout
     version = None
     while version is None:
@@ -156,16 +167,16 @@ def stop(root: Path) -> bool:
         (root / "serving.json").unlink()
     except FileNotFoundError:
         pass
-    pid = (rec or {}).get("pid")
-    if not pid_alive(pid):
+    pid, started = (rec or {}).get("pid"), (rec or {}).get("start")
+    if not same_process(pid, started):  # a stale pid is someone else's now: never signalled
         return False
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return False
     deadline = time.monotonic() + 5
-    while pid_alive(pid) and time.monotonic() < deadline:
+    while same_process(pid, started) and time.monotonic() < deadline:
         time.sleep(0.02)
-    if pid_alive(pid):
+    if same_process(pid, started):
         os.kill(pid, signal.SIGKILL)
     return True

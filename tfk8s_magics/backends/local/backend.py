@@ -50,7 +50,7 @@ from ..base import (
     Progress,
     TensorBoardInfo,
 )
-from . import hostside, isolation, logtail, pool
+from . import guard, hostside, isolation, logtail, pool
 from .inotify import DirWatcher
 from .layout import (
     ClusterDir,
@@ -595,12 +595,11 @@ class LocalBackend(Backend):
             return TensorBoardInfo(info["port"], _tb_url(info["port"]), record["log_dir"], True, info["pid"])
         port = hostside.free_port()  # in a sandboxed kernel: free on the host too
         proc = subprocess.Popen(
-            [
-                # The guard makes it answer the owner only (its own namespace + the relay).
-                sys.executable, "-m", "tfk8s_magics.backends.local.guard", str(port), str(cdir.root), "--",
+            # The guard makes it answer the owner only (its own namespace + the relay).
+            guard.command([port], str(cdir.root), [
                 "-m", "tfk8s_magics.runtime.tensorboard", str(os.getpid()),
                 "--logdir", record["log_dir"], "--host", "127.0.0.1", "--port", str(port),
-            ],
+            ]),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=open(cdir.root / "tensorboard.log", "ab"),  # noqa: SIM115 - the child owns it
@@ -646,14 +645,15 @@ class LocalBackend(Backend):
             base = _fetch_models(cdir, source_url)
             serving.stop(cdir.root)
             kwargs = {k: v for k, v in options.items() if k in ("poll_seconds", "timeout")}
-            return serving.start(name, cdir.root, str(base), model, **kwargs)
+            return serving.start(name, cdir.root, str(base), model, **kwargs, **_guarded(cdir))
         allowed = {"poll_seconds", "timeout"}
         for key, value in options.items():
             if key not in allowed and value not in (None, 1):
                 raise SpecError(f"--{key.replace('_', '-')} applies to Kubernetes serving; "
                                 "the local backend runs one server process.")
         kwargs = {k: v for k, v in options.items() if k in allowed}
-        return serving.start(name, cdir.root, read_json(cdir.record)["log_dir"], model, **kwargs)
+        return serving.start(name, cdir.root, read_json(cdir.record)["log_dir"], model, **kwargs,
+                             **_guarded(cdir))
 
     def serving(self, name: str):
         """The model this cluster serves, or None."""
@@ -662,6 +662,18 @@ class LocalBackend(Backend):
     def stop_serving(self, name: str) -> bool:
         """Stop serving the cluster's model; return whether a server was running."""
         return serving.stop(self._dir(name).root)
+
+
+def _guarded(cdir: ClusterDir) -> dict:
+    """How a model server starts here: behind the owner-only guard, as TensorBoard (its own
+    network namespace + the relay; in a sandboxed kernel also on the host's loopback, for
+    jupyter-server-proxy), on two ports free on both sides."""
+    rest = hostside.free_port()
+    grpc_port = hostside.free_port()
+    while grpc_port == rest:
+        grpc_port = hostside.free_port()
+    return {"ports": (rest, grpc_port),
+            "wrap": lambda ports, args: guard.command(ports, str(cdir.root), args)}
 
 
 def _coordinator_lost(cdir: ClusterDir, status: ClusterStatus) -> str:

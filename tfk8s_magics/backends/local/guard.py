@@ -1,9 +1,10 @@
 """Run one server in a private network namespace that only its owner can reach.
 
-``python -m tfk8s_magics.backends.local.guard PORT TAG -- PYTHON_ARGS...``
+``python -m tfk8s_magics.backends.local.guard PORT[,PORT...] TAG -- PYTHON_ARGS...``
+(:func:`command` builds it).
 
-Used for a cluster's TensorBoard: it serves plain HTTP to whoever connects, and on a shared
-machine ``127.0.0.1:PORT`` is every local user's.  This process binds ``127.0.0.1:PORT`` on
+Used for a cluster's TensorBoard and its model server (REST + gRPC): they serve whoever
+connects, and on a shared machine ``127.0.0.1:PORT`` is every local user's.  This process binds ``127.0.0.1:PORT`` on
 the host (where jupyter-server-proxy, running as the owner, dials it), leaves for a network
 namespace of its own (:func:`.isolation.enter_private_network`), starts the owner-only
 :mod:`.relay` on that listener, and then becomes the server (``exec``: same pid), which
@@ -22,23 +23,31 @@ from ... import options
 from . import hostside, isolation, relay
 
 
-def _host_group(port: int) -> list[tuple[list, list[int]]]:
-    """In a sandboxed kernel: the host's ``127.0.0.1:PORT`` and tables from its parent (for the
+def command(ports: list[int], tag: str, python_args: list[str]) -> list[str]:
+    """The command that runs ``python PYTHON_ARGS`` behind this guard on ``ports``; ``tag`` (a
+    path) names whose relay it is in ``ps``.  The guard execs the server: same pid."""
+    return [sys.executable, "-m", __spec__.name if __spec__ else "tfk8s_magics.backends.local.guard",
+            ",".join(map(str, ports)), tag, "--", *python_args]
+
+
+def _host_group(ports: list[int]) -> list[tuple[list, list[int]]]:
+    """In a sandboxed kernel: the host's ``127.0.0.1:PORT``s and tables from its parent (for the
     Jupyter server on the host); elsewhere nothing (this namespace is the host's)."""
     if not hostside.available():
         return []
-    return [hostside.listen([port])]
+    return [hostside.listen(ports)]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Guard ``127.0.0.1:PORT``, then exec the server; see the module docstring."""
+    """Guard ``127.0.0.1:PORT`` for each port, then exec the server; see the module docstring."""
     argv = sys.argv[1:] if argv is None else argv
-    port, tag, command = int(argv[0]), argv[1], argv[argv.index("--") + 1:]
+    ports, tag, command = [int(p) for p in argv[0].split(",")], argv[1], argv[argv.index("--") + 1:]
     if isolation.wanted(options.get("isolation")) == "netns":
         try:
-            groups = [relay.host_side([("127.0.0.1", port)]), *_host_group(port)]
-        except OSError as e:
-            print(f"tfk8s: cannot listen on 127.0.0.1:{port}: {e.strerror or e}", file=sys.stderr, flush=True)
+            groups = [relay.host_side([("127.0.0.1", port) for port in ports]), *_host_group(ports)]
+        except OSError as e:  # HostSocketsError too
+            print(f"tfk8s: cannot listen on 127.0.0.1:{','.join(map(str, ports))}: "
+                  f"{getattr(e, 'strerror', None) or e}", file=sys.stderr, flush=True)
             return 1
         try:
             isolation.enter_private_network()
