@@ -17,6 +17,7 @@ import importlib
 import importlib.util
 import os
 import shutil
+import ssl
 import tempfile
 import threading
 from collections.abc import Callable
@@ -65,10 +66,49 @@ def open_fs(url: str):
     return fs, path
 
 
+def _causes(e: BaseException) -> list[BaseException]:
+    """``e`` and what it was raised from or during, first to last (no loops)."""
+    chain: list[BaseException] = []
+    while e is not None and e not in chain and len(chain) < 16:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    return chain
+
+
+def _unreachable(e: BaseException, url: str, what: str) -> StorageError | None:
+    """The sentence for a server that could not be reached or not be trusted, or None.
+
+    fsspec's HTTP filesystem reports every failed lookup as ``FileNotFoundError`` raised from
+    the real cause: an untrusted certificate or a refused connection is not a missing object.
+    """
+    for cause in _causes(e):
+        if isinstance(cause, ssl.SSLCertVerificationError):  # aiohttp's own subclasses it
+            verified = next((c for c in _causes(cause) if getattr(c, "verify_message", None)), cause)
+            why = (getattr(verified, "verify_message", None) or str(verified)).strip().rstrip(".")
+            return StorageError(
+                f"{what} {url!r}: the server's TLS certificate was not accepted ({why}); if it is signed "
+                "by your own CA, set SSL_CERT_FILE to that CA's certificate (PEM) where the lab runs."
+            )
+        if isinstance(cause, ssl.SSLError):
+            return StorageError(f"{what} {url!r}: the TLS handshake failed ({getattr(cause, 'reason', None) or cause}); "
+                                "check that the URL's scheme and port are the server's.")
+        if isinstance(cause, ConnectionError | TimeoutError) or type(cause).__name__ in (
+            "ClientConnectorError", "ClientOSError", "ServerDisconnectedError", "EndpointConnectionError"
+        ):
+            why = (getattr(cause, "strerror", None) or str(cause) or type(cause).__name__).strip().rstrip(".")
+            return StorageError(f"{what} {url!r}: the server cannot be reached ({why}); check the host and "
+                                "port, and that the server is running.")
+    return None
+
+
 def explain(e: BaseException, url: str, what: str) -> StorageError:
-    """One sentence for a failed storage call: missing object, refused credentials, or the cause."""
+    """One sentence for a failed storage call: missing object, refused credentials, an unreachable
+    or untrusted server, or the cause."""
     name = type(e).__name__
     text = str(e).strip().rstrip(".")
+    unreachable = _unreachable(e, url, what)
+    if unreachable is not None:
+        return unreachable
     if isinstance(e, FileNotFoundError):
         return StorageError(f"{what} {url!r} does not exist: check the bucket and path.")
     if isinstance(e, PermissionError) or name in ("NoCredentialsError", "PartialCredentialsError"):
@@ -173,8 +213,8 @@ def _listing(fs, path: str) -> tuple[dict[str, int], bool]:
             break
         if name.startswith(base) and len(name) > len(base):
             out[name[len(base):]] = int(size or 0)
-    if not out and not fs.exists(path):
-        raise FileNotFoundError(path)
+    if not out:
+        fs.info(path)  # nothing listed: raises if missing, from the cause (an unreachable server too)
     return out, single
 
 
