@@ -121,8 +121,7 @@ def test_an_expired_claim_is_answered_at_once_and_the_daemon_does_not_spin(tmp_p
     for deadline in (now - 1, now + 60):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(3)]  # log, ready and status pipes
-        daemon.pending.append(pool._Claim(theirs, {"ns": None, "peer": os.getpid(), "wait": True}, fds,
-                                          deadline))
+        daemon.wait_for(pool._Claim(theirs, {"ns": None, "peer": os.getpid(), "wait": True}, fds, deadline))
         claimers.append(mine)
     calls = []
     select = daemon.sel.select
@@ -182,6 +181,104 @@ def test_a_claim_that_waits_for_a_refill_raises_its_priority(tmp_path):
         theirs.close()
         for fd in fds:
             os.close(fd)
+
+
+def test_a_claimer_that_hangs_up_while_waiting_is_dropped_not_served(tmp_path):
+    # A stop while the supervisor waits for a refill closes its claim's connection: the daemon
+    # must drop that claim (its descriptors closed, its watch removed), not hand it a process.
+    pool_dir = tmp_path / "pool"
+    pool_dir.mkdir()
+    (pool_dir / "config.json").write_text(json.dumps(
+        {"env": {}, "cwd": str(tmp_path), "size": 0, "owner": os.getpid()}))
+    daemon = pool.Daemon(pool_dir)
+    sleeper = subprocess.Popen(["sleep", "120"], start_new_session=True)  # "still importing"
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(3)]
+    try:
+        daemon.workers[sleeper.pid] = pool._Worker(sleeper, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET),
+                                                   os.pidfd_open(sleeper.pid))
+        claim = pool._Claim(theirs, {"ns": None, "peer": os.getpid(), "wait": True, "env": {}}, fds,
+                            time.monotonic() + 60)
+        daemon.claim(claim)
+        assert daemon.pending == [claim] and daemon.describe(False)["waiting"] == 1
+        assert any(k.fileobj is theirs for k in daemon.sel.get_map().values())  # its hang-up wakes the loop
+        daemon.serve_pending()
+        assert daemon.pending == [claim]  # still waiting: nothing happened to it
+        mine.close()  # the claimer gives up
+        assert [k.data[0] for k, _ in daemon.sel.select(5)] == ["claim"]
+        daemon.serve_pending()
+        assert daemon.pending == [] and daemon.describe(False)["waiting"] == 0
+        assert not any(k.fileobj is theirs for k in daemon.sel.get_map().values())
+        for fd in fds:
+            with pytest.raises(OSError):
+                os.fstat(fd)  # the claim's log, ready and status descriptors are closed
+        assert theirs.fileno() == -1
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        mine.close()
+        theirs.close()
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def test_a_claim_that_waits_ends_when_an_interrupt_descriptor_becomes_readable(tmp_path):
+    # The supervisor passes its signal wakeup pipe and its owner's pidfd: a stop ends the wait.
+    path = str(tmp_path / "sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(1)  # a pool that never answers (its process is still importing)
+    stop_r, stop_w = os.pipe()
+    log_fd, ready_fd = os.open(os.devnull, os.O_WRONLY), os.open(os.devnull, os.O_WRONLY)
+    try:
+        threading.Timer(0.2, os.write, (stop_w, b"\x0f")).start()  # SIGTERM's byte, as set_wakeup_fd writes it
+        proc, why = pool.claim(path, {}, str(tmp_path), log_fd, ready_fd, wait=True, interrupt=[stop_r])
+        assert (proc, why) == (None, pool.INTERRUPTED)
+        assert os.read(stop_r, 8) == b"\x0f"  # not consumed: the supervisor's loop reads it
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        assert conn.recv(65536) == b""  # the claim's connection is closed: the daemon drops it
+        conn.close()
+    finally:
+        listener.close()
+        for fd in (stop_r, stop_w, log_fd, ready_fd):
+            os.close(fd)
+
+
+@pytest.mark.slow
+def test_a_stop_while_tasks_wait_for_importing_pooled_processes_starts_nothing(local, workdir, warm):
+    # The pool's processes held mid-import (SIGSTOP): the launch's claims wait for them.  A stop
+    # then ends the wait at once: no task was started (warm or cold), the pool handed out
+    # nothing, and it serves the next launch (the adopted namespace's processes are retired with
+    # it on release: a namespace never serves two clusters; the refill takes their place).
+    sock = pool.ensure(pool.NS)
+    found = pool.info(sock)
+    starting = [p["pid"] for p in found["processes"] if p["state"] == "starting"]
+    if not starting:
+        pytest.skip("the pool's processes finished importing before they could be held")
+    for pid in starting:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        cluster = tk.launch("held", workers=2, ps=0, script="print('ran', flush=True)\n", backend=local)
+        wait_for(lambda: pool.info(sock)["waiting"] >= 1, 60, "the launch to wait for the pool")
+        st = cluster.stop()
+        assert st.phase == Phase.STOPPED
+        assert [(t.phase, t.pid) for t in st.tasks] == [(Phase.STOPPED, None)] * 2
+        assert not [e for e in cluster.events() if e.reason == "StartedCold"]
+        assert "ran" not in cluster.logs()
+        after = pool.info(sock)
+        assert (after["claimed"], after["waiting"]) == (0, 0)
+    finally:
+        for pid in starting:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    _wait_idle(2)
+    again = tk.launch("after", workers=1, ps=0, script="print('ran', flush=True)\n", backend=local)
+    assert again.wait(timeout=180).phase == Phase.SUCCEEDED
+    assert pool.info(sock)["claimed"] == 1
+    cluster.delete()
+    again.delete()
 
 
 @pytest.mark.parametrize("uid", [0, 65534])

@@ -69,6 +69,7 @@ import ctypes
 import json
 import os
 import re
+import select
 import selectors
 import shutil
 import signal
@@ -77,7 +78,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -204,12 +205,30 @@ def runtime_dir() -> Path:
     return path
 
 
-def _request(sock_path: str, message: dict, fds: list[int] = (), timeout: float = REQUEST_TIMEOUT) -> dict:
-    """Send one request to a pool daemon and return its answer."""
+class Interrupted(Exception):
+    """One of the caller's interrupt descriptors became readable before the pool answered."""
+
+
+def _request(sock_path: str, message: dict, fds: list[int] = (), timeout: float = REQUEST_TIMEOUT,
+             interrupt: Sequence[int] = ()) -> dict:
+    """Send one request to a pool daemon and return its answer; raise :class:`Interrupted` (the
+    connection closed: the daemon drops the request) if a descriptor of ``interrupt`` becomes
+    readable first (it is not read: its owner reads it)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
         s.settimeout(timeout)
         s.connect(sock_path)
         socket.send_fds(s, [json.dumps(message).encode()], list(fds))
+        if interrupt:
+            deadline = time.monotonic() + timeout
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("timed out")
+                readable, _, _ = select.select([s, *interrupt], [], [], left)
+                if s in readable:
+                    break
+                if readable:
+                    raise Interrupted()
         data = s.recv(MAX_MESSAGE)
     if not data:
         raise ConnectionError("the pool closed the connection without answering")
@@ -464,20 +483,31 @@ def release(sock_path: str, ns: str) -> None:
         _request(sock_path, {"op": "release", "ns": ns, "memory": False})
 
 
+#: What :func:`claim` says when its wait was interrupted (the caller is stopping: start nothing).
+INTERRUPTED = "interrupted while waiting for a warm process"
+
+
 def claim(sock_path: str, env: Mapping[str, str], cwd: str, log_fd: int, ready_fd: int,
-          wait: bool = True, ns: str | None = None) -> tuple[PooledProcess | None, str]:
+          wait: bool = True, ns: str | None = None,
+          interrupt: Sequence[int] = ()) -> tuple[PooledProcess | None, str]:
     """Hand a task to a pooled process: (the process, "") or (None, why it must start cold).
 
     With ``wait``, a pooled process still importing TensorFlow is waited
     for (it started earlier than a cold one would); without, only an idle one is taken.
     ``ns``: the namespace the caller adopted (:func:`adopt`); None: a process on the host's network.
+    ``interrupt``: descriptors that end the wait when readable (a stop signal's wakeup pipe, the
+    owner's pidfd): then (None, :data:`INTERRUPTED`), and the pool keeps its process.
     """
     status_r, status_w = os.pipe()
     try:
         mask = os.umask(0o077)
         os.umask(mask)  # the claimer's (the supervisor's): a cold task would inherit it
         message = {"op": "claim", "env": dict(env), "cwd": cwd, "wait": wait, "ns": ns, "umask": mask}
-        answer = _request(sock_path, message, [log_fd, ready_fd, status_w], CLAIM_TIMEOUT + REQUEST_TIMEOUT)
+        answer = _request(sock_path, message, [log_fd, ready_fd, status_w], CLAIM_TIMEOUT + REQUEST_TIMEOUT,
+                          interrupt)
+    except Interrupted:
+        os.close(status_r)
+        return None, INTERRUPTED
     except (OSError, ValueError) as e:
         os.close(status_r)
         return None, f"the pool did not answer ({e})"
@@ -837,7 +867,8 @@ class Daemon:
                   "reserved": w.reserved, **(memory(pid) if with_memory else {})}
                  for pid, w in sorted(self.workers.items())]
         return {"pid": os.getpid(), "owner": self.owner, "size": self.size, "closing": self.closing,
-                "socket": str(self.dir / "sock"), "claimed": self.claimed, "processes": procs,
+                "socket": str(self.dir / "sock"), "claimed": self.claimed, "waiting": len(self.pending),
+                "processes": procs,
                 "kind": self.kind, "no_namespace": self.no_ns}
 
     @staticmethod
@@ -867,7 +898,7 @@ class Daemon:
             self.assign(idle, c)
         elif c.message.get("wait") and self.count("starting", key) > sum(
                 self.key(p) == key for p in self.pending):
-            self.pending.append(c)
+            self.wait_for(c)
             self.hurry(key)
         else:
             self.answer(c.conn, {"cold": "no warm process is free"}, c.fds)
@@ -879,12 +910,27 @@ class Daemon:
             if w.state == "starting" and self.serves(w, key) and autogroup_nice(w.proc.pid) not in (None, 0):
                 _autogroup_nice(0, w.proc.pid)
 
+    def wait_for(self, c: _Claim) -> None:
+        """Queue claim ``c`` and watch its connection: a claimer that gives up (a stop while it
+        waits) hangs up, and its claim is dropped rather than handed a process."""
+        self.pending.append(c)
+        self.sel.register(c.conn, selectors.EVENT_READ, ("claim", c))
+
     def serve_pending(self) -> None:
         """Give idle processes to waiting claims; release every claim nothing can serve any more:
-        past its deadline (wherever it is in the queue), or more claims than processes importing."""
+        past its deadline (wherever it is in the queue), or more claims than processes importing;
+        drop the claims whose claimer hung up."""
         now = time.monotonic()
         waiting, self.pending = self.pending, []
         for c in waiting:
+            with contextlib.suppress(KeyError, ValueError):
+                self.sel.unregister(c.conn)
+        for c in waiting:
+            if select.select([c.conn], [], [], 0)[0]:  # a claimer sends nothing more: it hung up
+                for fd in c.fds:
+                    os.close(fd)
+                c.conn.close()
+                continue
             idle = self.idle_for(c)
             if idle is not None:
                 self.assign(idle, c)
@@ -894,7 +940,7 @@ class Daemon:
             if self.closing or c.deadline <= now or ahead >= self.count("starting", key):
                 self.answer(c.conn, {"cold": "no warm process became free in time"}, c.fds)
             else:
-                self.pending.append(c)
+                self.wait_for(c)
 
     def next_timeout(self, due: float | None) -> float | None:
         """Seconds the loop may sleep: until the first pending claim's deadline or ``due``."""
@@ -965,6 +1011,7 @@ class Daemon:
             self.on_supervisor_exit(obj)
         elif kind == "adopter":
             self.retire_reserved(obj)  # its supervisor died before it released them
+        # "claim": a waiting claimer hung up; serve_pending, after every wake-up, drops it
 
     def run(self, ready_fd: int) -> int:
         """Fill the pool, tell the owner we listen, serve until the owner is gone and tasks ended."""

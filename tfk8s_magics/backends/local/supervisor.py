@@ -108,6 +108,8 @@ class Supervisor:
         self.sel = selectors.DefaultSelector()
         #: Signals received, not acted on yet (SIGTERM/SIGINT/SIGHUP: a stop).
         self.pending: list[int] = []
+        #: A wait for a warm process ended early (a stop, the owner's exit): start nothing more.
+        self.claim_interrupted = False
         self.tasks: dict[str, _Task] = {}
         for t in self.spec.tasks():
             st = LocalTaskStatus(name=t.name, host=self.record["addresses"][t.name])
@@ -271,9 +273,15 @@ class Supervisor:
             # A pooled process never changes namespace after its import (its threads would not follow).
             proc, why = None, self.pool_why
         else:
+            # A stop or the owner's exit ends a wait (the refill may still be importing); only
+            # start_all waits, and it turns such an end into the stop.
+            stops = [key.fd for key in self.sel.get_map().values()
+                     if key.data[0] in ("signal", "owner")] if wait else []
             proc, why = pool.claim(sock, {k: v for k, v in env.items() if k != "TFK8S_READY_FD"},
-                                   self.record["workdir"], log_fd, ready_fd, wait, self.pool_ns)
-        if proc is None:
+                                   self.record["workdir"], log_fd, ready_fd, wait, self.pool_ns, stops)
+        if why == pool.INTERRUPTED:
+            self.claim_interrupted = True
+        elif proc is None:
             self.event(t.task.name, "StartedCold", f"not from the warm pool: {why}")
         return proc
 
@@ -299,6 +307,10 @@ class Supervisor:
         me = os.getpid()
         with log:
             warm = self._claim_warm(t, env, log.fileno(), write_fd, wait_warm) if use_pool else None
+            if self.claim_interrupted:  # stopping: this task is not started at all
+                os.close(read_fd)
+                os.close(write_fd)
+                return
             t.proc = warm or subprocess.Popen(
                 [sys.executable, "-m", "tfk8s_magics.runtime.task"],
                 env=env,
@@ -340,10 +352,17 @@ class Supervisor:
         order = [(t, {"use_pool": False}) for t in tasks[warm:]]
         order += [(t, {"wait_warm": True}) for t in tasks[:warm]]
         for t, how in order:
-            if self.stop_reason:  # a task could not start (e.g. its log cannot be written)
+            if self.stop_reason:  # a task could not start (e.g. its log cannot be written), or a stop
                 self.end_task(t, "stop")
-            else:
-                self.start(t, **how)
+                continue
+            self.start(t, **how)
+            if self.claim_interrupted:  # a stop or the owner's exit came while its claim waited
+                self.claim_interrupted = False
+                self.pump(0)  # turns it into request_stop
+                if self.stop_reason:
+                    self.end_task(t, "stop")  # never started
+                else:
+                    self.start(t, use_pool=False)  # woken by nothing that stops us: start it cold
 
     def _close_fds(self, t: _Task) -> None:
         for fd in (t.ready_fd, t.pidfd):
