@@ -14,9 +14,13 @@ users' servers come and go), then the growth of each.
 
 The warm-up cycle waits until ready too, so modules first imported on that path
 (the dashboard's metric/plot path, the log pacer) are in the "before" numbers.
-RSS is printed every 10 cycles (a leak grows with the cycles; an import is a
-step) and measured twice at the end: as is, and after glibc's ``malloc_trim(0)``
-(what the allocator keeps but Python no longer uses); ``--tracemalloc`` also
+Memory is sampled every 10 cycles (a leak grows with the cycles; an import is a
+step): RSS, and what is in use inside it — glibc malloc's bytes handed out
+(``mallinfo2``: C libraries, Python's objects over 512 bytes) and pymalloc's
+(Python's small objects) — and judged on the second half of the run: memory in
+use must grow by at most ``IN_USE_LIMIT`` KiB per cycle (RSS is shown: it also
+counts what the allocators keep after a free). RSS is measured at the end also
+after glibc's ``malloc_trim(0)``; ``--tracemalloc`` also
 prints the Python allocations that grew most, by line, and the module count.
 
     .venv/bin/python bench/soak.py [--cycles 100] [--ready-every 10] [--tracemalloc]
@@ -105,6 +109,42 @@ def rss_kib() -> int:
     return 0
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def malloc_in_use_kib() -> int:
+    """Bytes glibc's malloc has handed out and not had back (``mallinfo2``: ``uordblks`` + ``hblkhd``,
+    every arena, mmapped chunks too), in KiB: what C code and Python's large objects hold; -1 if
+    not glibc."""
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return -1
+    fn.restype = _MallInfo2
+    info = fn()
+    return (info.uordblks + info.hblkhd) // 1024
+
+
+def pymalloc_in_use_kib() -> int:
+    """Bytes in the blocks Python's small-object allocator has handed out (``sys._debugmallocstats``,
+    "bytes in allocated blocks"), in KiB; -1 where that is not printed."""
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        os.dup2(out.fileno(), 2)  # it writes to the C stderr
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        for line in out.read().decode(errors="replace").splitlines():
+            if line.startswith("# bytes in allocated blocks"):
+                return int(line.split("=")[1].replace(",", "").strip()) // 1024
+    return -1
+
+
 def trimmed_rss_kib() -> int:
     """RSS after glibc hands back the free memory it keeps (``malloc_trim(0)``); RSS if no glibc."""
     try:
@@ -112,6 +152,18 @@ def trimmed_rss_kib() -> int:
     except (OSError, AttributeError):
         pass
     return rss_kib()
+
+
+#: Memory in use (malloc's, pymalloc's) may grow at most this many KiB per cycle over the second
+#: half of the run: a leak of one small object per cycle is ~0.1-1 KiB, a leaked widget tree ~100.
+IN_USE_LIMIT = 2.0
+
+
+def memory() -> dict[str, int]:
+    """This process's memory, after a full collection: RSS, malloc's and pymalloc's bytes in use."""
+    gc.collect()
+    return {"RSS KiB": rss_kib(), "malloc in use KiB": malloc_in_use_kib(),
+            "pymalloc in use KiB": pymalloc_in_use_kib()}
 
 
 def measure(state_dir: Path) -> dict[str, int]:
@@ -131,7 +183,7 @@ def measure(state_dir: Path) -> dict[str, int]:
         "files under state dir": sum(1 for _ in state_dir.rglob("*")),
         "listening sockets": run_listening_sockets(),
         "host listening sockets": len(listening_inodes()),
-        "RSS KiB": rss_kib(),
+        **memory(),
     }
 
 
@@ -178,13 +230,16 @@ def main() -> int:
     before["RSS KiB after malloc_trim"] = trimmed_rss_kib()
     snap = tracemalloc.take_snapshot() if args.tracemalloc else None
     times, ready_times = [], []
+    samples = [(0, memory())]
     try:
         for i in range(1, args.cycles + 1):
             ready = bool(args.ready_every) and i % args.ready_every == 0
             took = cycle(tk, dashboard_mod, backend, i, ready)
             (ready_times if ready else times).append(took)
-            if i % 10 == 0:
-                print(f"cycle {i}: {took:.2f} s, RSS {rss_kib()} KiB", flush=True)
+            if i % 10 == 0 or i == args.cycles:
+                samples.append((i, memory()))
+                print(f"cycle {i}: {took:.2f} s, " + ", ".join(f"{k} {v}" for k, v in samples[-1][1].items()),
+                      flush=True)
         time.sleep(1.0)  # let exiting processes be reaped before counting
         after = measure(state_dir)
         after["RSS KiB after malloc_trim"] = trimmed_rss_kib()
@@ -203,10 +258,22 @@ def main() -> int:
         delta = after[key] - before[key]
         print(f"{key:24}{before[key]:>10}{after[key]:>10}{delta:>+10}")
         # The host's count is shown, not judged: other users' servers come and go meanwhile.
-        if delta > 0 and not key.startswith(("RSS", "host")) and key != "gc objects":
+        if delta > 0 and not key.startswith(("RSS", "host")) and key != "gc objects" and "in use" not in key:
             grew.append(key)
     rss_growth = (after["RSS KiB"] - before["RSS KiB"]) / max(1, before["RSS KiB"])
     print(f"RSS growth {rss_growth:+.1%}")
+    # Memory: judged on the second half of the run (the first cycles fill the allocators' caches:
+    # thread stacks, free lists), as KiB per cycle between the samples there.
+    half = [(i, m) for i, m in samples if i >= args.cycles // 2]
+    if len(half) >= 2 and half[-1][0] > half[0][0]:
+        (i0, m0), (i1, m1) = half[0], half[-1]
+        for key in m0:
+            slope = (m1[key] - m0[key]) / (i1 - i0)
+            limit = IN_USE_LIMIT if "in use" in key else None
+            verdict = "" if limit is None else (" (flat)" if slope <= limit else f" (> {limit} KiB/cycle: GROWS)")
+            print(f"{key} over cycles {i0}-{i1}: {slope:+.1f} KiB/cycle{verdict}")
+            if limit is not None and slope > limit:
+                grew.append(key)
     if grew:
         print(f"GREW: {', '.join(grew)}")
         return 1
