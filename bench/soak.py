@@ -111,7 +111,8 @@ def rss_kib() -> int:
 
 class _MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+        "keepcost")]
 
 
 def malloc_in_use_kib() -> int:
@@ -270,7 +271,8 @@ def main() -> int:
         for key in m0:
             slope = (m1[key] - m0[key]) / (i1 - i0)
             limit = IN_USE_LIMIT if "in use" in key else None
-            verdict = "" if limit is None else (" (flat)" if slope <= limit else f" (> {limit} KiB/cycle: GROWS)")
+            verdict = "" if limit is None else (
+                " (flat)" if slope <= limit else f" (> {limit} KiB/cycle: GROWS)")
             print(f"{key} over cycles {i0}-{i1}: {slope:+.1f} KiB/cycle{verdict}")
             if limit is not None and slope > limit:
                 grew.append(key)

@@ -229,7 +229,8 @@ def test_the_model_server_answers_its_owner_only(local, workdir):
     tf.saved_model.save(m, str(Path(cluster.status().log_dir.path) / "models" / "srviso" / "1"),
                         signatures={"serving_default": m.serve})
     info = cluster.serve()
-    rest, grpc_port = int(info.rest_local.rstrip("/").rsplit(":", 1)[1]), int(info.grpc_address.rsplit(":", 1)[1])
+    rest = int(info.rest_local.rstrip("/").rsplit(":", 1)[1])
+    grpc_port = int(info.grpc_address.rsplit(":", 1)[1])
     assert probe([rest, grpc_port], NOBODY) == {rest: 0, grpc_port: 0}
     answered = probe([grpc_port], None)[grpc_port]  # the control: gRPC's SETTINGS to the owner
     assert isinstance(answered, int) and answered > 0

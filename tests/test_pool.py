@@ -195,8 +195,8 @@ def test_a_claimer_that_hangs_up_while_waiting_is_dropped_not_served(tmp_path):
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(3)]
     try:
-        daemon.workers[sleeper.pid] = pool._Worker(sleeper, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET),
-                                                   os.pidfd_open(sleeper.pid))
+        worker_sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        daemon.workers[sleeper.pid] = pool._Worker(sleeper, worker_sock, os.pidfd_open(sleeper.pid))
         claim = pool._Claim(theirs, {"ns": None, "peer": os.getpid(), "wait": True, "env": {}}, fds,
                             time.monotonic() + 60)
         daemon.claim(claim)
@@ -232,7 +232,8 @@ def test_a_claim_that_waits_ends_when_an_interrupt_descriptor_becomes_readable(t
     stop_r, stop_w = os.pipe()
     log_fd, ready_fd = os.open(os.devnull, os.O_WRONLY), os.open(os.devnull, os.O_WRONLY)
     try:
-        threading.Timer(0.2, os.write, (stop_w, b"\x0f")).start()  # SIGTERM's byte, as set_wakeup_fd writes it
+        # SIGTERM's number, the byte set_wakeup_fd writes
+        threading.Timer(0.2, os.write, (stop_w, b"\x0f")).start()
         proc, why = pool.claim(path, {}, str(tmp_path), log_fd, ready_fd, wait=True, interrupt=[stop_r])
         assert (proc, why) == (None, pool.INTERRUPTED)
         assert os.read(stop_r, 8) == b"\x0f"  # not consumed: the supervisor's loop reads it

@@ -46,17 +46,18 @@ def _self_signed(dest) -> tuple[str, str]:
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tfk8s test CA")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(hours=2))
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=2))
             .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
                            critical=False)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .sign(key, hashes.SHA256()))
     (dest / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (dest / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                     serialization.NoEncryption()))
+    (dest / "key.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     return str(dest / "cert.pem"), str(dest / "key.pem")
 
 
@@ -189,8 +190,8 @@ def test_https_with_the_servers_ca_in_ssl_cert_file_fetches_script_and_data(web,
     assert (tmp_path / "data" / "sub" / "b.txt").read_bytes() == b"hello\n"
     code = ("import sys; from tfk8s_magics import storage; "
             "f = storage.fetch_text(sys.argv[1], 1000); print(f.size, f.sha256)")
-    got = subprocess.run([sys.executable, "-c", code, f"{base}/code/train.py"], capture_output=True, text=True,
-                         timeout=120, env=env, check=True)
+    got = subprocess.run([sys.executable, "-c", code, f"{base}/code/train.py"], capture_output=True,
+                         text=True, timeout=120, env=env, check=True)
     assert got.stdout.split() == [str(len(TRAIN)), hashlib.sha256(TRAIN).hexdigest()]
     assert ("GET", "/code/train.py") in seen
 

@@ -90,7 +90,8 @@ def _unreachable(e: BaseException, url: str, what: str) -> StorageError | None:
                 "by your own CA, set SSL_CERT_FILE to that CA's certificate (PEM) where the lab runs."
             )
         if isinstance(cause, ssl.SSLError):
-            return StorageError(f"{what} {url!r}: the TLS handshake failed ({getattr(cause, 'reason', None) or cause}); "
+            why = getattr(cause, "reason", None) or cause
+            return StorageError(f"{what} {url!r}: the TLS handshake failed ({why}); "
                                 "check that the URL's scheme and port are the server's.")
         if isinstance(cause, ConnectionError | TimeoutError) or type(cause).__name__ in (
             "ClientConnectorError", "ClientOSError", "ServerDisconnectedError", "EndpointConnectionError"

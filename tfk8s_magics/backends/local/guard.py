@@ -4,9 +4,10 @@
 (:func:`command` builds it).
 
 Used for a cluster's TensorBoard and its model server (REST + gRPC): they serve whoever
-connects, and on a shared machine ``127.0.0.1:PORT`` is every local user's.  This process binds ``127.0.0.1:PORT`` on
-the host (where jupyter-server-proxy, running as the owner, dials it), leaves for a network
-namespace of its own (:func:`.isolation.enter_private_network`), starts the owner-only
+connects, and on a shared machine ``127.0.0.1:PORT`` is every local user's.  This process
+binds ``127.0.0.1:PORT`` on the host (where jupyter-server-proxy, running as the owner, dials
+it), leaves for a network namespace of its own (:func:`.isolation.enter_private_network`),
+starts the owner-only
 :mod:`.relay` on that listener, and then becomes the server (``exec``: same pid), which
 listens on the same port inside.  In a sandboxed kernel (whose namespace the Jupyter server
 cannot enter) the relay also gets a listener on the host's ``127.0.0.1:PORT`` from the kernel's
