@@ -117,6 +117,26 @@ def test_which_roles_decide_success(mode, roles, success, recycled):
     assert sorted(t.name for t in policy.recycled_when_done(spec)) == sorted(recycled)
 
 
+@pytest.mark.parametrize(
+    ("mode", "ended", "restarted"),
+    [
+        ("between", "worker-1", ["chief-0", "worker-0"]),
+        ("between", "chief-0", ["worker-0", "worker-1"]),
+        # The group's variables live on the parameter server: all of it loses them at once.
+        ("between", "ps-0", ["chief-0", "worker-0", "worker-1"]),
+        ("between", "evaluator-0", []),  # it only reads checkpoints
+        ("in-graph", "ps-0", []),  # the kernel's coordinator reconnects (no group restarts)
+        ("in-graph", "worker-0", []),
+    ],
+)
+def test_which_tasks_restart_with_a_retried_end(mode, ended, restarted):
+    roles = dict(chief=1, workers=2, ps=1, evaluator=1) if mode == "between" else dict(workers=2, ps=1)
+    spec = ClusterSpec(name="c", mode=mode, script="pass" if mode == "between" else None, **roles)
+    policy = LifecyclePolicy.of(spec)
+    task = next(t for t in spec.tasks() if t.name == ended)
+    assert sorted(t.name for t in policy.restarts_with(spec, task)) == restarted
+
+
 def test_the_policy_is_built_from_the_spec():
     spec = ClusterSpec(name="c", workers=1, script="pass", restart_budget=4, ps_grace_period=7,
                        ttl_after_finished=60)

@@ -101,7 +101,9 @@ print("done", flush=True)
 
 def test_a_killed_parameter_server_is_named_not_the_worker_that_lost_it(local, workdir):
     """TF1 replica_device_setter: the PS is SIGKILLed; the workers lose it (a consequence).
-    The restart that paid names ps-0; the workers' restarts say they belong to its incident."""
+    The restart that paid names ps-0; the workers restart with it, once each, naming its
+    incident (they noticed the loss 0.2 s and 7 s apart: the first, restarted alone, lost the
+    second and cost a second restart in 1 run of 4)."""
     cluster = tk.launch("tf1kill", workers=2, ps=1, ps_grace_period=0, script=TF1_PS_STEPS, backend=local)
     wait_for(_progress_at_least(cluster, 5), 240, "training to start")
     os.kill(cluster.status().task("ps-0").pid, signal.SIGKILL)
@@ -113,6 +115,7 @@ def test_a_killed_parameter_server_is_named_not_the_worker_that_lost_it(local, w
     assert first.task == "ps-0" and "killed by SIGKILL; restart 1 of 2" in first.message, restarted
     assert all("ps-0: killed by SIGKILL" in e.message for e in restarted[1:]), restarted
     assert {e.task for e in restarted} == {"ps-0", "worker-0", "worker-1"}
+    assert [st.task(t).restarts for t in ("ps-0", "worker-0", "worker-1")] == [1, 1, 1], restarted
 
 
 #: Two workers in lock step, printing every step: a stopped peer freezes the other at the collective.

@@ -33,7 +33,10 @@ The rules:
   spending the budget again,
   and for a between-graph cluster the other success-role tasks (the
   synchronous group) are restarted with the first, as JobSet restarts all
-  its Jobs.  (Local supervisor.  On Kubernetes JobSet does it: the first
+  its Jobs — also when the first is a parameter server, whose variables the
+  whole group loses (measured: TF1 workers noticed a killed parameter server
+  0.2 s and 7 s after it died; the first, already restarted, then lost the
+  second and cost another restart).  (Local supervisor.  On Kubernetes JobSet does it: the first
   failed Job restarts every Job of the JobSet, one ``failurePolicy`` restart,
   and exit 75 is left out of the ``podFailurePolicy`` codes that fail at once.)
 * **Not retried** — the user's outcome: any other exit code from 1 to 127
@@ -195,6 +198,14 @@ class LifecyclePolicy:
     def success_tasks(self, spec: ClusterSpec) -> list[Task]:
         """The tasks whose exit 0 makes the cluster succeed (none: it runs until stopped)."""
         return [t for t in spec.tasks() if t.role in self.success_roles]
+
+    def restarts_with(self, spec: ClusterSpec, task: Task) -> list[Task]:
+        """The tasks restarted together with ``task`` when its end is retried: in a between-graph
+        cluster, the synchronous group (chief and workers) when ``task`` is one of them or a
+        parameter server; nothing else (an evaluator only reads checkpoints)."""
+        if task.role not in self.success_roles and task.role != "ps":
+            return []
+        return [t for t in self.success_tasks(spec) if t.name != task.name]
 
     def recycled_when_done(self, spec: ClusterSpec) -> list[Task]:
         """The tasks stopped a grace period after the cluster succeeded."""

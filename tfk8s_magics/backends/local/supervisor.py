@@ -576,10 +576,9 @@ class Supervisor:
                 self.start(t)
 
     def _restart_group(self, first: _Task) -> None:
-        """A between-graph chief/worker ended: its synchronous peers restart with it (one incident)."""
-        group = {t.name for t in self.policy.success_tasks(self.spec)}
-        if first.task.name not in group:
-            return
+        """A between-graph chief, worker or parameter server ended: the synchronous group
+        restarts with it (one incident; see :meth:`.LifecyclePolicy.restarts_with`)."""
+        group = {t.name for t in self.policy.restarts_with(self.spec, first.task)}
         for t in self.tasks.values():
             running = t.proc is not None and t.proc.returncode is None
             if t is not first and t.task.name in group and running and not t.stopping:
