@@ -151,54 +151,53 @@ def test_an_expired_claim_is_answered_at_once_and_the_daemon_does_not_spin(tmp_p
         os.close(ready_r)
 
 
+@contextlib.contextmanager
+def _daemon_with_an_importing_process(tmp_path):
+    """A pool daemon (size 0) whose one process is "still importing" (a ``sleep``), and a waiting
+    claim for it: (daemon, that process, the claimer's end of the connection, the claim)."""
+    pool_dir = tmp_path / "pool"
+    pool_dir.mkdir()
+    (pool_dir / "config.json").write_text(json.dumps(
+        {"env": {}, "cwd": str(tmp_path), "size": 0, "owner": os.getpid()}))
+    daemon = pool.Daemon(pool_dir)
+    sleeper = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    worker_sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(3)]  # log, ready and status pipes
+    try:
+        daemon.workers[sleeper.pid] = pool._Worker(sleeper, worker_sock, os.pidfd_open(sleeper.pid))
+        claim = pool._Claim(theirs, {"ns": None, "peer": os.getpid(), "wait": True, "env": {}}, fds,
+                            time.monotonic() + 60)
+        yield daemon, sleeper, mine, claim
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        for s in (mine, theirs, worker_sock):
+            s.close()
+        for fd in fds:
+            with contextlib.suppress(OSError):  # the daemon may have closed them
+                os.close(fd)
+
+
 def test_a_claim_that_waits_for_a_refill_raises_its_priority(tmp_path):
     # A refill imports at autogroup nice REFILL_NICE; a launch that then waits for it (a claim
     # with wait) would wait longer than a cold start (stop and delete of that cluster too), so
     # the pool sets the importing processes that may serve the claim back to 0 at once.
     if pool.autogroup_nice() is None:
         pytest.skip("no autogroup on this kernel")
-    pool_dir = tmp_path / "pool"
-    pool_dir.mkdir()
-    (pool_dir / "config.json").write_text(json.dumps(
-        {"env": {}, "cwd": str(tmp_path), "size": 0, "owner": os.getpid()}))
-    daemon = pool.Daemon(pool_dir)
-    sleeper = subprocess.Popen(["sleep", "120"], start_new_session=True)  # "still importing"
-    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(3)]
-    try:
+    with _daemon_with_an_importing_process(tmp_path) as (daemon, sleeper, _, claim):
         assert pool._autogroup_nice(pool.REFILL_NICE, sleeper.pid)
         assert pool.autogroup_nice(sleeper.pid) == pool.REFILL_NICE
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        daemon.workers[sleeper.pid] = pool._Worker(sleeper, sock, os.pidfd_open(sleeper.pid))
-        claim = {"ns": None, "peer": os.getpid(), "wait": True, "env": {}}
-        daemon.claim(pool._Claim(theirs, claim, fds, time.monotonic() + 60))
+        daemon.claim(claim)
         assert len(daemon.pending) == 1  # it waits for the importing process ...
         assert pool.autogroup_nice(sleeper.pid) == 0  # ... which now imports at normal priority
-    finally:
-        sleeper.kill()
-        sleeper.wait()
-        mine.close()
-        theirs.close()
-        for fd in fds:
-            os.close(fd)
 
 
 def test_a_claimer_that_hangs_up_while_waiting_is_dropped_not_served(tmp_path):
     # A stop while the supervisor waits for a refill closes its claim's connection: the daemon
     # must drop that claim (its descriptors closed, its watch removed), not hand it a process.
-    pool_dir = tmp_path / "pool"
-    pool_dir.mkdir()
-    (pool_dir / "config.json").write_text(json.dumps(
-        {"env": {}, "cwd": str(tmp_path), "size": 0, "owner": os.getpid()}))
-    daemon = pool.Daemon(pool_dir)
-    sleeper = subprocess.Popen(["sleep", "120"], start_new_session=True)  # "still importing"
-    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(3)]
-    try:
-        worker_sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        daemon.workers[sleeper.pid] = pool._Worker(sleeper, worker_sock, os.pidfd_open(sleeper.pid))
-        claim = pool._Claim(theirs, {"ns": None, "peer": os.getpid(), "wait": True, "env": {}}, fds,
-                            time.monotonic() + 60)
+    with _daemon_with_an_importing_process(tmp_path) as (daemon, _, mine, claim):
+        theirs, fds = claim.conn, claim.fds
         daemon.claim(claim)
         assert daemon.pending == [claim] and daemon.describe(False)["waiting"] == 1
         assert any(k.fileobj is theirs for k in daemon.sel.get_map().values())  # its hang-up wakes the loop
@@ -213,14 +212,6 @@ def test_a_claimer_that_hangs_up_while_waiting_is_dropped_not_served(tmp_path):
             with pytest.raises(OSError):
                 os.fstat(fd)  # the claim's log, ready and status descriptors are closed
         assert theirs.fileno() == -1
-    finally:
-        sleeper.kill()
-        sleeper.wait()
-        mine.close()
-        theirs.close()
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
 
 
 def test_a_claim_that_waits_ends_when_an_interrupt_descriptor_becomes_readable(tmp_path):

@@ -36,9 +36,10 @@ The rules:
   its Jobs — also when the first is a parameter server, whose variables the
   whole group loses (measured: TF1 workers noticed a killed parameter server
   0.2 s and 7 s after it died; the first, already restarted, then lost the
-  second and cost another restart).  (Local supervisor.  On Kubernetes JobSet does it: the first
-  failed Job restarts every Job of the JobSet, one ``failurePolicy`` restart,
-  and exit 75 is left out of the ``podFailurePolicy`` codes that fail at once.)
+  second and cost another restart).  (Local supervisor.  On Kubernetes
+  JobSet does it: the first failed Job restarts every Job of the JobSet,
+  one ``failurePolicy`` restart, and exit 75 is left out of the
+  ``podFailurePolicy`` codes that fail at once.)
 * **Not retried** — the user's outcome: any other exit code from 1 to 127
   the script (or server) chose: :data:`EXIT_SCRIPT_RAISED` (the script raised:
   rerunning the same code on the same data raises again, and the traceback

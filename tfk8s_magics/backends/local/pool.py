@@ -924,8 +924,7 @@ class Daemon:
         waiting, self.pending = self.pending, []
         for c in waiting:
             with contextlib.suppress(KeyError, ValueError):
-                self.sel.unregister(c.conn)
-        for c in waiting:
+                self.sel.unregister(c.conn)  # watched again (wait_for) only if it still waits
             if select.select([c.conn], [], [], 0)[0]:  # a claimer sends nothing more: it hung up
                 for fd in c.fds:
                     os.close(fd)

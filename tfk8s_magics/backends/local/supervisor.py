@@ -581,7 +581,7 @@ class Supervisor:
         group = {t.name for t in self.policy.restarts_with(self.spec, first.task)}
         for t in self.tasks.values():
             running = t.proc is not None and t.proc.returncode is None
-            if t is not first and t.task.name in group and running and not t.stopping:
+            if t.task.name in group and running and not t.stopping:
                 self.end_task(t, "restart")
 
     # -- isolation (the rules are in .isolation) --------------------------------
