@@ -14,6 +14,7 @@ from pathlib import Path
 DOCS = Path(__file__).resolve().parent
 REPO = DOCS.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "hub_config"))  # tfk8s_hub, whose docstrings some admin pages include
 sys.path.insert(0, str(DOCS / "_ext"))
 
 project = "tfk8s-lab"

@@ -1,10 +1,10 @@
 """Every example in the README and the docs that launches a cluster runs, as written, to success.
 
-A page's ```python blocks that launch a cluster run in order in one IPython session (real
-TensorFlow), as a reader pastes them into notebook cells. ```ipython blocks are fragments shown,
-not run (Kubernetes-only flags, object storage URLs, a placeholder NAME): every ``%tfcluster``
-line in them must still parse with the options registry's parser, so no example shows a flag
-that does not exist.
+On a page with a ```python block that launches a cluster, every ```python block runs, in order,
+in one IPython session (real TensorFlow), as a reader pastes them into notebook cells.
+```ipython blocks are fragments shown, not run (Kubernetes-only flags, object storage URLs, a
+placeholder NAME): every ``%tfcluster`` line in them must still parse with the options
+registry's parser, so no example shows a flag that does not exist.
 """
 
 import re
@@ -78,7 +78,7 @@ def test_every_python_example_that_launches_runs_as_written(page, ip, state_dir)
     import tensorflow as tf
 
     ip.run_cell("%load_ext tfk8s_magics")
-    for block in python_blocks_that_launch(page.read_text(encoding="utf-8")):
+    for block in blocks(page.read_text(encoding="utf-8"), "python"):
         for cell in cells(block):
             result = ip.run_cell(cell)
             assert result.success, f"{page.name} cell failed:\n{cell}\n{result.error_in_exec!r}"
@@ -91,7 +91,7 @@ def test_every_python_example_that_launches_runs_as_written(page, ip, state_dir)
             continue
         final = cluster.wait(timeout=600)
         assert final.phase == Phase.SUCCEEDED, cluster.logs()[-3000:]
-        if "progress_callback" in (cluster.spec().script or ""):
+        if "progress_callback" in (cluster.spec.script or ""):
             assert final.progress is not None and final.progress.step == 8  # 2 epochs x 4 steps
         cluster.delete()
 

@@ -308,7 +308,7 @@ def private_reference(app, env, node, contnode):
     such a reference is shown as its text. References from the public API stay nitpicky.
     """
     module = node.get("py:module") or ""
-    if node.get("refdomain") == "py" and module.startswith("tfk8s_magics.") and (
+    if node.get("refdomain") == "py" and module.startswith(("tfk8s_magics.", "tfk8s_hub.")) and (
             node.get("refdoc", "").startswith(("contributors/", "admins/"))):
         return contnode
     return None
