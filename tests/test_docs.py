@@ -198,3 +198,48 @@ def test_the_readme_is_a_front_door_whose_links_resolve():
     assert local, "the README links into the docs"
     missing = [link for link in local if not (REPO / link).exists()]
     assert not missing, f"README links to files that do not exist: {missing}"
+
+
+def test_the_error_catalogue_lists_each_raised_sentence_under_its_cause(tmp_path):
+    sys.path.insert(0, str(DOCS / "_ext"))
+    import tfk8s_docs
+
+    pkg = tmp_path / "pkg"
+    (pkg / "storage").mkdir(parents=True)
+    (pkg / "spec.py").write_text(
+        "def f(name, n):\n"
+        "    if n:\n"
+        "        raise SpecError(f'--workers {n} is out of range: ' 'give a count from 0 to 256.')\n"
+        "    raise ValueError('a builtin error is not a user-facing sentence')\n")
+    (pkg / "storage" / "urls.py").write_text(
+        "def g(url):\n    raise StorageError(f'unknown scheme in {url!r}: use s3:// or gs://.')\n")
+    found = tfk8s_docs.error_sentences(pkg)
+    assert found == {
+        "Object storage (URLs, credentials, transfers)": [
+            ("unknown scheme in ‹url›: use s3:// or gs://.", "StorageError", "storage/urls.py")],
+        "What you asked for: names, flags, values, shapes": [
+            ("--workers ‹n› is out of range: give a count from 0 to 256.", "SpecError", "spec.py")],
+    }
+
+
+def test_the_troubleshooting_page_shows_the_real_error_sentences(html):
+    import html as html_
+
+    page = (html / "users" / "troubleshooting.html").read_text(encoding="utf-8")
+    text = " ".join(html_.unescape(re.sub(r"<[^>]+>", "", page)).split())
+    assert "a cluster needs a name: give one such as 'mnist'." in text
+    assert text.count("SpecError") > 50
+
+
+def test_the_api_reference_documents_exactly_the_public_api(html):
+    import tfk8s_magics
+
+    ids = set()
+    for page in html.rglob("*.html"):
+        ids |= {i for i in _parse(page).ids if i.startswith("tfk8s_magics.")}
+    top_level = {i.removeprefix("tfk8s_magics.") for i in ids if i.count(".") == 1}
+    assert top_level == set(tfk8s_magics.__all__), (
+        f"documented but not exported: {sorted(top_level - set(tfk8s_magics.__all__))}; "
+        f"exported but not documented: {sorted(set(tfk8s_magics.__all__) - top_level)}")
+    members = {i for i in ids if i.count(".") > 1}
+    assert all(m.split(".")[1] in tfk8s_magics.__all__ for m in members), sorted(members)

@@ -227,11 +227,10 @@ def _sentence(node) -> str | None:
     return None
 
 
-def error_sentences() -> dict[str, list[tuple[str, str, str]]]:
-    """cause → [(sentence, exception, module)] for every ``raise X("...")`` in tfk8s_magics."""
+def error_sentences(package: Path = REPO / "tfk8s_magics") -> dict[str, list[tuple[str, str, str]]]:
+    """cause → [(sentence, exception, module)] for every ``raise X("...")`` in ``package``."""
     import ast
 
-    package = REPO / "tfk8s_magics"
     found: dict[str, set[tuple[str, str, str]]] = {}
     for path in sorted(package.rglob("*.py")):
         rel = path.relative_to(package).as_posix()
