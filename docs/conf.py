@@ -73,5 +73,6 @@ html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
 }
-html_static_path = []
+html_static_path = ["_static"]
+html_css_files = ["tfk8s.css"]
 html_show_sourcelink = False
