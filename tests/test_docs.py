@@ -122,7 +122,7 @@ def test_a_link_to_a_missing_heading_fails_the_build(tmp_path):
     src.mkdir()
     (src / "conf.py").write_text(
         f"exec(compile(open({str(DOCS / 'conf.py')!r}).read(), 'conf.py', 'exec'))\n"
-        "extensions = ['myst_nb']\n", encoding="utf-8")
+        "extensions = ['myst_nb']\nhtml_static_path = []\n", encoding="utf-8")
     (src / "index.md").write_text("# Home\n\n```{toctree}\npage\n```\n", encoding="utf-8")
     (src / "page.md").write_text("# Page\n\n## A heading\n\n[ok](index.md#home) "
                                  "[ok](#a-heading) [nothing](index.md#no-such-heading)\n",
@@ -212,11 +212,20 @@ def test_the_error_catalogue_lists_each_raised_sentence_under_its_cause(tmp_path
         "        raise SpecError(f'--workers {n} is out of range: ' 'give a count from 0 to 256.')\n"
         "    raise ValueError('a builtin error is not a user-facing sentence')\n")
     (pkg / "storage" / "urls.py").write_text(
-        "def g(url):\n    raise StorageError(f'unknown scheme in {url!r}: use s3:// or gs://.')\n")
+        "MISSING = 'the {kind} package is not installed: pip install {kind}.'\n"
+        "def g(url):\n    raise StorageError(f'unknown scheme in {url!r}: use s3:// or gs://.')\n"
+        "def h(kind):\n    raise StorageError(MISSING.format(kind=kind))\n"
+        "def explain(url, e):\n"
+        "    if e:\n        return StorageError(f'{url} was refused: check the credentials.')\n"
+        "    return StorageError(f'{url} does not exist: check the path.')\n"
+        "def i(url, e):\n    raise explain(url, e)\n")
     found = tfk8s_docs.error_sentences(pkg)
     assert found == {
         "Object storage (URLs, credentials, transfers)": [
-            ("unknown scheme in ‹url›: use s3:// or gs://.", "StorageError", "storage/urls.py")],
+            ("the ‹kind› package is not installed: pip install ‹kind›.", "StorageError", "storage/urls.py"),
+            ("unknown scheme in ‹url›: use s3:// or gs://.", "StorageError", "storage/urls.py"),
+            ("‹url› does not exist: check the path.", "explain()", "storage/urls.py"),
+            ("‹url› was refused: check the credentials.", "explain()", "storage/urls.py")],
         "What you asked for: names, flags, values, shapes": [
             ("--workers ‹n› is out of range: give a count from 0 to 256.", "SpecError", "spec.py")],
     }

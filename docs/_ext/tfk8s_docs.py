@@ -9,8 +9,9 @@ are derived from their one source so they cannot drift from it:
   and traitlet);
 * ``values.md`` from the chart's ``helm/tfk8s-lab/values.schema.json`` (every
   key, its type and description) and ``values.yaml`` (its default);
-* ``errors.md`` from the ``raise`` statements of ``tfk8s_magics/`` (every error
-  sentence with a literal message, grouped by where it comes from);
+* ``errors.md`` from the ``raise`` statements of ``tfk8s_magics/`` and
+  ``hub_config/tfk8s_hub/`` (every error sentence: a literal, a module constant, or what a
+  helper that builds the message returns; grouped by where it comes from);
 * ``users/notebooks/*.ipynb``: the example notebooks as ``tests/test_notebooks.py``
   executed them (``build/notebooks/``, with their outputs) when a test run left
   them there, else the committed notebooks (without outputs). With
@@ -227,27 +228,89 @@ def _sentence(node) -> str | None:
     return None
 
 
-def error_sentences(package: Path = REPO / "tfk8s_magics") -> dict[str, list[tuple[str, str, str]]]:
-    """cause → [(sentence, exception, module)] for every ``raise X("...")`` in ``package``."""
+def _messages(node, constants: dict, helpers: dict, depth: int = 0) -> list[str]:
+    """Every sentence an error's message expression can be.
+
+    A literal or f-string; a module constant (``INSTALL_JOBSET``) or its ``.format(...)``
+    (fields shown as ‹field›); a call of a helper that builds the message (``failure_sentence``,
+    ``explain``): every string it returns, or every sentence of the error it returns.
+    """
+    import ast
+    import re
+
+    text = _sentence(node)
+    if text is not None:
+        return [text]
+    if isinstance(node, ast.Name) and node.id in constants:
+        return [constants[node.id]]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format":
+        base = _messages(node.func.value, constants, helpers, depth)
+        return [re.sub(r"\{(\w*)[^}]*\}", lambda m: f"‹{m[1] or '…'}›", b) for b in base]
+    if isinstance(node, ast.Call) and depth < 2:
+        name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+        found = []
+        for ret in helpers.get(name, ()):
+            if isinstance(ret, ast.Call) and ret.args and not isinstance(ret.func, ast.Attribute):
+                found += _messages(ret.args[0], constants, helpers, depth + 1)  # returns an error
+            else:
+                found += _messages(ret, constants, helpers, depth + 1)
+        return found
+    return []
+
+
+def _module_tables(tree) -> tuple[dict, dict]:
+    """A module's string constants, and its functions' returned expressions, by name."""
     import ast
 
+    constants, helpers = {}, {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            text = _sentence(node.value)
+            if text is not None:
+                constants[node.targets[0].id] = text
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            helpers[node.name] = [r.value for r in ast.walk(node) if isinstance(r, ast.Return) and r.value]
+    return constants, helpers
+
+
+def error_sentences(package: Path = REPO / "tfk8s_magics",
+                    cause: str | None = None) -> dict[str, list[tuple[str, str, str]]]:
+    """cause → [(sentence, exception, module)] for every ``raise X(...)`` in ``package``.
+
+    The cause is looked up in :data:`CAUSES` by the module's path, unless ``cause`` is given.
+    """
+    import ast
+
+    trees = {path: ast.parse(path.read_text(encoding="utf-8")) for path in sorted(package.rglob("*.py"))}
+    constants, helpers = {}, {}
+    for tree in trees.values():  # names are unique enough across the package; a module's own win
+        c, h = _module_tables(tree)
+        constants.update(c)
+        helpers.update(h)
     found: dict[str, set[tuple[str, str, str]]] = {}
-    for path in sorted(package.rglob("*.py")):
+    for path, tree in trees.items():
         rel = path.relative_to(package).as_posix()
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        own_constants, own_helpers = _module_tables(tree)
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args):
+            if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)):
                 continue
             func = node.exc.func
             name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
             if not name or name in _BUILTIN:
                 continue
-            text = _sentence(node.exc.args[0])
-            if text is None or " " not in text.strip():
+            tables = ({**constants, **own_constants}, {**helpers, **own_helpers})
+            if name in tables[1]:  # raise explain(e): a helper builds the error
+                texts, name = _messages(node.exc, *tables), f"{name}()"
+            elif node.exc.args:
+                texts = _messages(node.exc.args[0], *tables)
+            else:
                 continue
-            cause = next(c for prefix, c in CAUSES if rel.startswith(prefix) or prefix in rel)
-            found.setdefault(cause, set()).add((" ".join(text.split()), name, rel))
-    order = list(dict.fromkeys(c for _, c in CAUSES))
+            where = cause or next(c for prefix, c in CAUSES if rel.startswith(prefix) or prefix in rel)
+            for text in texts:
+                if " " in text.strip():
+                    found.setdefault(where, set()).add((" ".join(text.split()), name, rel))
+    order = [*dict.fromkeys(c for _, c in CAUSES), *([cause] if cause else [])]
     return {c: sorted(found[c]) for c in order if c in found}
 
 
@@ -255,7 +318,8 @@ def errors_page() -> str:
     """Every error sentence the package raises, grouped by cause."""
     out = ["<!-- generated by docs/_ext/tfk8s_docs.py from the raise statements of tfk8s_magics/: "
            "do not edit -->", ""]
-    for cause, rows in error_sentences().items():
+    hub = error_sentences(REPO / "hub_config" / "tfk8s_hub", "The lab: scripts/lab and the hub's settings")
+    for cause, rows in {**error_sentences(), **hub}.items():
         out += [f"### {cause}", "", "| the message (‹…›: filled in) | raised as | in |", "|---|---|---|"]
         out += [f"| {_cell(_code(text))} | `{exc}` | `{rel}` |" for text, exc, rel in rows]
         out.append("")
