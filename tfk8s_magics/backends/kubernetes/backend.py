@@ -39,6 +39,7 @@ from . import logs as logs_mod
 from . import state
 from .apply import apply, failure_sentence, preflight
 from .client import Api, api_reason
+from .feed import NamespaceFeed
 from .jobset import API_VERSION, KIND, cluster_addresses, cluster_manifests, render_yaml
 from .manifests import (
     CLUSTER_LABEL,
@@ -125,6 +126,7 @@ class KubernetesBackend(Backend):
         self.check_nodes = check_nodes
         self.request_timeout = request_timeout
         self._watches: dict[str, ClusterWatch] = {}  # cluster → its read-only watch
+        self._feed: NamespaceFeed | None = None  # the namespace's shared watches (see .feed)
         self._lock = threading.RLock()  # guards _watches and _stop_at_exit; no request under it
         self._stop_at_exit: set[str] = set()  # clusters launched here, not detached
         self._exit_hook = False
@@ -311,12 +313,20 @@ class KubernetesBackend(Backend):
             current = self._watches.get(spec.name)
         if current is not None and current.alive and current.root["metadata"]["uid"] == uid:
             return current
-        new = ClusterWatch(self.api, spec, root).start()  # waits for the first listings
+        # waits for the first listings
+        new = ClusterWatch(self.api, spec, root, feed=self._namespace_feed()).start()
         with self._lock:
             current, self._watches[spec.name] = self._watches.get(spec.name), new
         if current is not None and current is not new:
             current.close()
         return new
+
+    def _namespace_feed(self) -> NamespaceFeed:
+        """The namespace's two shared watches (one pair per backend, started on first use)."""
+        with self._lock:
+            if self._feed is None or not self._feed.alive:
+                self._feed = NamespaceFeed(self.api).start()
+            return self._feed
 
     def _forget(self, name: str) -> None:
         with self._lock:
@@ -599,8 +609,11 @@ class KubernetesBackend(Backend):
         with self._lock:
             watches = list(self._watches.values())
             self._watches.clear()
+            feed, self._feed = self._feed, None
         for w in watches:
             w.close()
+        if feed is not None:
+            feed.close()
 
 
 def _own_ip() -> str:
