@@ -111,19 +111,39 @@ def make_modify_pod_hook(
     return bootstrap_user_namespace
 
 
+#: The label a ``--detach``'ed cluster's JobSet carries (the backend's ``DETACHED_ANNOTATION``).
+DETACHED_LABEL = "tfk8s.io/detached"
+#: The component label of TF Serving Deployments (the backend's ``serving.COMPONENT``).
+SERVING_COMPONENT = "serving"
+
+
+def stop_selectors(selector: str) -> tuple[str, str]:
+    """The label selectors of what a server's stop ends: (Deployments, JobSets).
+
+    Detached clusters and served models are meant to outlive the notebook (the
+    "close the laptop" workflow): the JobSets labelled detached and the
+    serving Deployments are left alone; a detached run ends by its TTL.
+    ``!=`` also selects objects without the label (clusters launched before it).
+    """
+    return (f"{selector},tfk8s.io/component!={SERVING_COMPONENT}",
+            f"{selector},{DETACHED_LABEL}!=true")
+
+
 async def stop_clusters(api: Callable[[str], Any], namespace: str, selector: str) -> None:
-    """Stop every TensorFlow cluster in ``namespace``: TensorBoards, then the JobSets.
+    """Stop the user's attached TensorFlow clusters in ``namespace``: TensorBoards, then JobSets.
 
     Deleting a cluster's JobSet ends its Jobs and pods (deleting the pods
     alone would have JobSet replace them).  ConfigMaps and volumes are kept:
     the user's logs and records survive; in-graph clusters are owned by the
-    notebook pod and go with it.
+    notebook pod and go with it.  Detached clusters and served models stay
+    (:func:`stop_selectors`).
     """
     apps, custom = api("AppsV1Api"), api("CustomObjectsApi")
+    deployments, jobsets = stop_selectors(selector)
     await _call(
         apps.delete_collection_namespaced_deployment,
         namespace,
-        label_selector=selector,
+        label_selector=deployments,
         propagation_policy="Background",
     )
     await _call(
@@ -132,7 +152,7 @@ async def stop_clusters(api: Callable[[str], Any], namespace: str, selector: str
         "v1alpha2",
         namespace,
         "jobsets",
-        label_selector=selector,
+        label_selector=jobsets,
         propagation_policy="Foreground",
     )
 

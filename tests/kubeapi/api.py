@@ -10,6 +10,7 @@ plus ``pods/log``. The HTTP layer is ``server.py``.
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
 import threading
 import time
@@ -149,6 +150,7 @@ class KubeAPI:
         self.requests: list[RecordedRequest] = []
         self._requests_lock = threading.Lock()
         self.stopping = threading.Event()
+        self.log_epoch = 0  # bumped by drop_log_streams(): followed logs end
         #: API groups this cluster does not serve (e.g. ``jobset.x-k8s.io``: no JobSet installed).
         self.disabled_groups: set[str] = set()
 
@@ -515,6 +517,17 @@ class KubeAPI:
         tail = query.get("tailLines")
         shown = lines[-int(tail):] if tail is not None and int(tail) > 0 else (
             [] if tail is not None else lines)
+        since = query.get("sinceTime")
+        if since:
+            # The API server hands sinceTime on to the kubelet as RFC 3339 to the second
+            # (registry/core/pod/strategy.go LogLocation), and the kubelet shows the lines
+            # stamped at or after it: a re-opened stream repeats the rest of that second.
+            try:
+                floor = dt.datetime.fromisoformat(since.replace("Z", "+00:00")[:19] + "+00:00")
+            except ValueError:
+                raise errors.bad_request(f"invalid sinceTime {since!r}") from None
+            shown = [e for e in shown
+                     if dt.datetime.fromisoformat(e[0][:19] + "+00:00") >= floor]
         stamps = query.get("timestamps") in ("true", "1")
         limit = int(query["limitBytes"]) if query.get("limitBytes") else None
 
@@ -538,11 +551,16 @@ class KubeAPI:
                 return cs.get("state") or {}
         return None
 
+    def drop_log_streams(self) -> None:
+        """End every followed log stream now (a connection the network or a restart cut)."""
+        self.log_epoch += 1
+
     def _follow(self, route: Route, uid: str, container: str, segment: int, seen: int,
                 first: bytes, render) -> Iterator[bytes]:
+        epoch = self.log_epoch
         if first:
             yield first
-        while not self.stopping.is_set():
+        while not self.stopping.is_set() and self.log_epoch == epoch:
             found = self.kubelet.log_lines(uid, container)
             lines, current = found if found else ([], segment)
             if current != segment:

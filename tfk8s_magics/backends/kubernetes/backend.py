@@ -29,6 +29,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from ... import options
 from ...errors import BackendError, ClusterExists, ClusterNotFound, LaunchFailed, SpecError
 from ...ports import free_port
 from ...runtime.progress import parse_record
@@ -169,11 +170,16 @@ class KubernetesBackend(Backend):
         pod, so stopping or culling the server deletes it server-side.
         """
         spec = self._owned(spec)
+        spec = with_detached_ttl(spec, detach)
         if spec.script is not None:
             # Its folder is importable in the pods only through the files that travel with it.
             check_files_travel(spec.script, script_dir(spec), list(spec.files))
         manifests = cluster_manifests(spec, self.settings)
         manifests[0]["metadata"]["annotations"][DETACHED_ANNOTATION] = str(detach).lower()
+        if detach:  # a label too: the hub's stop hook selects the JobSets it may stop by it
+            for m in manifests:
+                if m["kind"] == KIND:
+                    m["metadata"]["labels"][DETACHED_ANNOTATION] = "true"
         self._check_free(spec.name)
         self._check_jobset_api()
         self._check_secret(spec)
@@ -609,6 +615,18 @@ def _own_ip() -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+def with_detached_ttl(spec: ClusterSpec, detach: bool) -> ClusterSpec:
+    """``spec`` with the administrator's TTL of detached runs (``$TFK8S_DETACHED_TTL``,
+    the hub's ``detached_ttl``) when it is launched detached without a ``--ttl`` of its own:
+    no notebook stops a detached run, and finished ones would pile up."""
+    if not detach or spec.ttl_after_finished is not None:
+        return spec
+    ttl = options.get("detached_ttl")
+    if ttl is None:
+        return spec
+    return ClusterSpec.from_dict({**spec.to_dict(), "ttl_after_finished": float(ttl)})
 
 
 def _stop_all(ref: weakref.ref) -> None:
