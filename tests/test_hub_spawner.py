@@ -225,12 +225,12 @@ def test_post_stop_hook_stops_the_users_clusters(enabled):
         (
             "delete_collection_namespaced_deployment",
             ("jhub-bob",),
-            "app.kubernetes.io/managed-by=tfk8s",
+            "app.kubernetes.io/managed-by=tfk8s,tfk8s.io/component!=serving",
         ),
         (
             "delete_collection_namespaced_custom_object",
             ("jobset.x-k8s.io", "v1alpha2", "jhub-bob", "jobsets"),
-            "app.kubernetes.io/managed-by=tfk8s",
+            "app.kubernetes.io/managed-by=tfk8s,tfk8s.io/detached!=true",
         ),
     ]
     assert calls[1][2]["propagation_policy"] == "Foreground"

@@ -118,3 +118,85 @@ def test_a_dropped_stream_is_reopened_where_it_stopped_no_line_twice_none_lost(m
     assert [ln.text for ln in lines] == [f"line {i}" for i in range(8)]
     assert all(r.allowed for r in kube.requests)
     backend.close()
+
+
+# -- 3. detached clusters and served models survive the hub's stop hook ---------------------
+
+def _deployment(name: str, component: str) -> dict:
+    labels = {"app.kubernetes.io/managed-by": "tfk8s", "tfk8s.io/component": component,
+              "app": name}
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": NS, "labels": labels},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"containers": [{"name": "c", "image": "x:1"}]}}}}
+
+
+def test_the_hub_stop_hook_keeps_detached_clusters_and_served_models(make_kube):
+    import asyncio
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import kubernetes.client
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hub_config"))
+    from tfk8s_hub.settings import LabSettings
+    from tfk8s_hub.spawner import make_post_stop_hook
+
+    kube = make_kube()
+    backend = env(kube)
+    backend.launch(spec("attached"), detach=True)
+    backend.launch(spec("away"), detach=True)
+    # "attached" stands for a run whose notebook stops it: relabel it as launched attached
+    js = kube.get_object("jobsets", "attached", NS)
+    assert js["metadata"]["labels"]["tfk8s.io/detached"] == "true"
+    custom = kubernetes.client.CustomObjectsApi(kube.admin_api_client)
+    custom.patch_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NS, "jobsets",
+                                          "attached", {"metadata": {"labels": {
+                                              "tfk8s.io/detached": None}}})
+    kube.create_object(_deployment("away-serving", "serving"))
+    kube.create_object(_deployment("attached-tensorboard", "tensorboard"))
+    apis = {"AppsV1Api": kubernetes.client.AppsV1Api(kube.admin_api_client),
+            "CustomObjectsApi": custom}
+    hook = make_post_stop_hook(LabSettings(), api=apis.__getitem__)
+    asyncio.run(hook(SimpleNamespace(namespace=NS, log=SimpleNamespace(info=lambda *a: None))))
+    wait_for(lambda: kube.get_object("jobsets", "attached", NS) is None, "the attached JobSet gone")
+    assert kube.get_object("jobsets", "away", NS) is not None  # detached: left running
+    assert kube.get_object("deployments", "away-serving", NS) is not None  # a served model
+    assert kube.get_object("deployments", "attached-tensorboard", NS) is None
+    backend.close()
+
+
+def test_ttl_is_an_option_of_the_magic_cli_api_and_hub_and_detached_runs_get_the_admin_default(
+        make_kube, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    from tfk8s_magics import api, options
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hub_config"))
+    from tfk8s_hub.settings import LabSettings
+
+    from tfk8s_magics import cli
+
+    for parser in (cli._parser(), options.build_parser("%tfcluster", options.defaults())):
+        for command in ("launch", "render"):
+            assert parser.parse_args([command, "x", "--ttl", "600"]).ttl == 600.0
+    assert api.make_spec("x", script=SCRIPT, ttl=600).ttl_after_finished == 600.0
+    monkeypatch.setenv("TFK8S_TTL", "120")  # the hub's default reaches the spec
+    assert api.make_spec("x", script=SCRIPT).ttl_after_finished == 120.0
+    monkeypatch.delenv("TFK8S_TTL")
+    assert LabSettings(default_ttl=300, detached_ttl=3600).extension_environment()[
+        "TFK8S_DETACHED_TTL"] == "3600"
+    assert "TFK8S_TTL" not in LabSettings().extension_environment()  # unset: no variable
+    kube = make_kube()
+    backend = env(kube)
+    rendered = backend.render(api.make_spec("x", script=SCRIPT, ttl=60))
+    assert [m["spec"]["ttlSecondsAfterFinished"] for m in rendered if m["kind"] == "JobSet"] == [60]
+    monkeypatch.setenv("TFK8S_DETACHED_TTL", "86400")
+    backend.launch(spec("away"), detach=True)
+    backend.launch(spec("mine", ttl_after_finished=30), detach=True)
+    assert kube.get_object("jobsets", "away", NS)["spec"]["ttlSecondsAfterFinished"] == 86400
+    assert kube.get_object("jobsets", "mine", NS)["spec"]["ttlSecondsAfterFinished"] == 30
+    backend.close()

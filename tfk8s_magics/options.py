@@ -418,10 +418,10 @@ _OPTIONS = (
            "deleting them (ttlSecondsAfterFinished; the record and volumes stay; kubernetes)",
            env="TFK8S_TTL", hub_trait="default_ttl", check=_optional(seconds(
                365 * 86400, "delete at once")), commands=SPEC_COMMANDS, metavar="S"),
-    Option("detached_ttl", _seconds, None, "the --ttl of a --detach'ed launch that gives none, so "
+    Option("detached_ttl", _seconds, 86400.0, "the --ttl of a --detach'ed launch that gives none, so "
            "finished detached runs do not pile up (an administrator's default; kubernetes)",
-           env="TFK8S_DETACHED_TTL", hub_trait="detached_ttl", check=_optional(seconds(
-               365 * 86400, "delete at once"))),
+           env="TFK8S_DETACHED_TTL", hub_trait="detached_ttl", check=seconds(
+               365 * 86400, "delete at once")),
     Option("spread", str, None, "spread this role's pods across nodes (repeatable; kubernetes)",
            commands=SPEC_COMMANDS, action="append", metavar="ROLE"),
     Option("node_affinity", _placement, None, "a node label this role needs: ROLE:key=value, "
