@@ -203,7 +203,6 @@ def test_modify_pod_hook_bootstraps_the_namespace_and_returns_the_pod():
     assert asyncio.run(hook(spawner, pod)) is pod
     assert [c[0] for c in calls] == [
         "create_namespaced_service_account",
-        "create_namespaced_role",
         "create_namespaced_role_binding",
         "create_namespaced_limit_range",
         "create_namespaced_resource_quota",

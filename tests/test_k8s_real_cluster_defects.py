@@ -9,9 +9,6 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
-
-from tfk8s_magics.backends.base import Phase
 from tfk8s_magics.backends.kubernetes import KubernetesBackend
 from tfk8s_magics.backends.kubernetes.logs import LogCursor, container_terminated, stamp_key
 from tfk8s_magics.backends.kubernetes.rbac import backend_role

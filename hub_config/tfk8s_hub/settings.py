@@ -96,7 +96,9 @@ class LabSettings(ExtensionDefaults):
 
     role_name = Unicode(
         "tfk8s-backend",
-        help="Name of the Role (and RoleBinding) the Kubernetes backend needs in a user namespace.",
+        help="""Name of the ClusterRole holding the Kubernetes backend's rules (the chart's,
+        which names it <role_name>-<release namespace>), and of the RoleBinding that grants it in
+        each user namespace.""",
     ).tag(config=True)
 
     # --- storage ------------------------------------------------------------
