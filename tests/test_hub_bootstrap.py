@@ -179,7 +179,6 @@ def test_order_service_account_first_and_nothing_cluster_scoped(spec):
     objs = b.bootstrap_objects(spec, NS)
     assert [o["kind"] for o in objs] == [
         "ServiceAccount",
-        "Role",
         "RoleBinding",
         "LimitRange",
         "ResourceQuota",
