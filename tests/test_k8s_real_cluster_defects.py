@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from tfk8s_magics.backends.kubernetes import KubernetesBackend
 from tfk8s_magics.backends.kubernetes.logs import LogCursor, container_terminated, stamp_key
 from tfk8s_magics.backends.kubernetes.rbac import backend_role
@@ -197,3 +199,71 @@ def test_ttl_is_an_option_of_the_magic_cli_api_and_hub_and_detached_runs_get_the
     assert kube.get_object("jobsets", "away", NS)["spec"]["ttlSecondsAfterFinished"] == 86400
     assert kube.get_object("jobsets", "mine", NS)["spec"]["ttlSecondsAfterFinished"] == 30
     backend.close()
+
+
+# -- 6. a cluster name equal to an existing Service -----------------------------------------
+
+def test_a_name_another_service_has_is_refused_before_anything_is_created(make_kube):
+    from tfk8s_magics.errors import LaunchFailed
+
+    kube = make_kube()
+    backend = env(kube)
+    kube.create_object({"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": "mnist", "namespace": NS,
+        "labels": {"tfk8s.io/cluster": "other", "tfk8s.io/component": "tensorboard"}},
+        "spec": {"ports": [{"port": 6006}], "selector": {"app": "tb"}}})
+    with pytest.raises(LaunchFailed, match=r"cluster name 'mnist' is taken by the tensorboard "
+                       r"Service of cluster 'other' .* choose another name"):
+        backend.launch(spec("mnist"), detach=True)
+    for kind in ("configmaps", "jobsets", "persistentvolumeclaims"):
+        assert kube.list_objects(kind, NS, "tfk8s.io/cluster=mnist") == []
+    backend.close()
+
+
+# -- 7. the smaller sentences ----------------------------------------------------------------
+
+def _refusal(status: int, message: str):
+    import json
+
+    from kubernetes.client.rest import ApiException
+
+    e = ApiException(status=status, reason="Forbidden")
+    e.body = json.dumps({"kind": "Status", "message": message, "code": status})
+    return e
+
+
+def test_a_webhook_denial_is_not_reported_as_missing_rbac():
+    from tfk8s_magics.backends.kubernetes.apply import failure_sentence
+
+    manifest = {"kind": "JobSet", "metadata": {"name": "mnist"}}
+    for message in ('admission webhook "vjobset.kb.io" denied the request: spec.replicatedJobs[0]'
+                    ': Invalid value', 'admission webhook "vjobset.kueue.x-k8s.io" denied the '
+                    'request: the queue does not exist'):
+        sentence = failure_sentence(_refusal(403, message), manifest, NS)
+        assert sentence.startswith(f"the {message.split(chr(34))[1]} admission webhook refused "
+                                   "JobSet mnist (")
+        assert "Role" not in sentence and "service account" not in sentence
+    rbac = failure_sentence(_refusal(403, 'jobsets.jobset.x-k8s.io is forbidden: User "x" '
+                                          'cannot create resource'), manifest, NS)
+    assert "bind the tfk8s-backend" in rbac
+
+
+def test_a_node_listing_refusal_says_nodes_not_quota(make_kube):
+    from tfk8s_magics.backends.kubernetes.apply import preflight
+    from tfk8s_magics.errors import LaunchFailed
+
+    kube = make_kube()
+    backend = env(kube)
+    with pytest.raises(LaunchFailed, match=r"the node check \(check_nodes\) needs to list the "
+                       r"cluster's nodes, which the notebook's service account may not") as e:
+        preflight(backend.api, backend.render(spec()), check_nodes=True)
+    assert "quota" not in str(e.value)
+    backend.close()
+
+
+def test_delete_waits_longer_than_a_backup_step_may_drain():
+    from tfk8s_magics.backends.kubernetes.backend import delete_wait
+    from tfk8s_magics.backends.kubernetes.storage_pods import BACKUP_GRACE
+
+    assert delete_wait(spec(backup_url="s3://bucket/run")) > BACKUP_GRACE
+    assert delete_wait(spec(ps=1, ps_grace_period=600)) > 600

@@ -48,6 +48,14 @@ def failure_sentence(e: ApiException, manifest: Manifest, namespace: str) -> str
 
 def _admission_sentence(status: int | None, reason: str, what: str) -> str | None:
     """The sentence for a refusal by an admission plugin (quota, LimitRange, Pod Security)."""
+    if "admission webhook" in reason:  # JobSet's or Kueue's webhook, not RBAC
+        webhook = reason.split('"')[1] if reason.count('"') >= 2 else "an"
+        return (f"the {webhook} admission webhook refused {what} ({reason}): the object is not "
+                "valid for that controller; check the launch options it names, or ask your "
+                "administrator whether the controller's version matches (docs/admins).")
+    if "ValidatingAdmissionPolicy" in reason:
+        return (f"the namespace's admission policy refused {what} ({reason}); "
+                "ask your administrator (docs/admins).")
     if status == 403 and "must specify" in reason:
         return (f"the namespace's ResourceQuota needs every pod to state its resources and "
                 f"{what} does not ({reason}): give --cpu and --memory for every role, or ask "
@@ -87,15 +95,25 @@ def preflight(api: Api, manifests: list[Manifest], check_nodes: bool = False) ->
         quotas = api.list_objects("v1", "ResourceQuota").get("items", [])
         problems = limit_problems(manifests, ranges)
         problems += quota_problems(admitted(manifests, ranges), quotas)
-        if check_nodes:
-            nodes = api.core.list_node(_preload_content=False, _request_timeout=api.timeout)
-            problems += node_problems(manifests, api._json(nodes).get("items", []))
     except ApiException as e:
         raise LaunchFailed(
             f"could not read the quota and limit ranges of namespace {api.namespace!r} "
             "before launching: "
             f"{api_reason(e)}."
         ) from e
+    if check_nodes:
+        try:
+            nodes = api.core.list_node(_preload_content=False, _request_timeout=api.timeout)
+        except ApiException as e:
+            if e.status == 403:
+                raise LaunchFailed(
+                    "the node check (check_nodes) needs to list the cluster's nodes, which the "
+                    f"notebook's service account may not ({api_reason(e)}): ask your "
+                    "administrator for a ClusterRole with list on nodes, or launch without "
+                    "the node check; nothing was created.") from e
+            raise LaunchFailed(f"could not list the cluster's nodes before launching: "
+                               f"{api_reason(e)}.") from e
+        problems += node_problems(manifests, api._json(nodes).get("items", []))
     if problems:
         raise LaunchFailed(
             "the cluster would not fit, so nothing was created: " + " ".join(problems)

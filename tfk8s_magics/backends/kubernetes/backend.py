@@ -31,6 +31,7 @@ from kubernetes.client.rest import ApiException
 
 from ... import options
 from ...errors import BackendError, ClusterExists, ClusterNotFound, LaunchFailed, SpecError
+from ...lifecycle import LifecyclePolicy
 from ...ports import free_port
 from ...runtime.progress import parse_record
 from ...scriptcheck import check_files_travel, script_dir
@@ -65,6 +66,7 @@ from .serving import (
     serving_options,
 )
 from .settings import K8sSettings, label_value, settings_from_env
+from .storage_pods import BACKUP_GRACE
 from .watch import ClusterWatch
 from .watch import events as watch_events
 
@@ -74,8 +76,19 @@ INSTALL_JOBSET = (
     "tfk8s clusters: ask your administrator to install JobSet v0.6 or newer (its release "
     "manifest or Helm chart; see helm/README.md), then launch again."
 )
-#: Seconds ``delete`` waits for a cluster's objects to be gone.
+#: Least seconds ``delete`` waits for a cluster's objects to be gone.
 DELETE_TIMEOUT = 120.0
+#: Seconds ``delete`` waits beyond the longest termination grace of the cluster's pods.
+DELETE_MARGIN = 60.0
+
+
+def delete_wait(spec: ClusterSpec) -> float:
+    """How long ``delete`` waits: past the longest grace any of the cluster's pods may take
+    to end (a backup step drains for up to :data:`~.storage_pods.BACKUP_GRACE` seconds)."""
+    graces = [LifecyclePolicy.of(spec).grace_period]
+    if spec.backup_url:
+        graces.append(BACKUP_GRACE)
+    return max(DELETE_TIMEOUT, max(graces) + DELETE_MARGIN)
 
 
 class KubernetesBackend(Backend):
@@ -181,6 +194,7 @@ class KubernetesBackend(Backend):
                 if m["kind"] == KIND:
                     m["metadata"]["labels"][DETACHED_ANNOTATION] = "true"
         self._check_free(spec.name)
+        self._check_service_name(spec.name)
         self._check_jobset_api()
         self._check_secret(spec)
         if spec.mode == IN_GRAPH:
@@ -209,6 +223,26 @@ class KubernetesBackend(Backend):
             f"a cluster named {name!r} already exists in namespace "
             f"{self.settings.namespace!r}: launch with --replace to delete it and launch "
             f"again, choose another name, or `%tfcluster delete {name}` first."
+        )
+
+    def _check_service_name(self, name: str) -> None:
+        """Refuse a name another Service has: JobSet would take that Service as the cluster's
+        headless one (it adopts any Service named like the JobSet, whoever owns it), and the
+        tasks' host names would never resolve."""
+        try:
+            service = self.api.get("v1", "Service", name)
+        except ApiException as e:
+            raise LaunchFailed(f"could not check the cluster name {name!r} against the "
+                               f"namespace's Services: {api_reason(e)}.") from e
+        if service is None:
+            return
+        labels = service["metadata"].get("labels") or {}
+        what = (f"the {labels[COMPONENT_LABEL]} Service of cluster {labels[CLUSTER_LABEL]!r}"
+                if labels.get(CLUSTER_LABEL) and labels.get(COMPONENT_LABEL) else "a Service")
+        raise LaunchFailed(
+            f"cluster name {name!r} is taken by {what} in namespace {self.settings.namespace!r}: "
+            "JobSet would use that Service for the cluster's host names, which would never "
+            "resolve; choose another name, so nothing was created."
         )
 
     def _check_jobset_api(self) -> None:
@@ -471,7 +505,7 @@ class KubernetesBackend(Backend):
                                {"metadata": {"ownerReferences": None}})
             self.api.delete("v1", "ConfigMap", name, propagation="Foreground")
             if wait:
-                self._wait_gone(name, root["metadata"]["uid"])
+                self._wait_gone(name, root["metadata"]["uid"], delete_wait(spec))
         except ApiException as e:
             raise BackendError(f"could not delete cluster {name!r}: {api_reason(e)}.") from e
         return LogLocation(LOG_MOUNT, log_claim_name(spec)) if keep_logs else None
