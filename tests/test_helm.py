@@ -176,6 +176,8 @@ def test_default_objects(helm):
             "ConfigMap",
             "ClusterRole",
             "ClusterRole",
+            "ClusterRole",
+            "ClusterRoleBinding",
             "ClusterRoleBinding",
             "Service",
             "Service",
@@ -367,6 +369,9 @@ def _grants(rules, group, resource, verb):
 def _roles(helm):
     roles = {r["metadata"]["labels"]["app.kubernetes.io/component"]: r
              for r in by_kind(render(helm), "ClusterRole")}
+    # and a reader of PriorityClasses (get only) for every service account: --priority is checked
+    assert roles["priorityclass-reader"]["rules"] == [{
+        "apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": ["get"]}]
     return roles["hub"], roles["backend-rbac"]
 
 

@@ -11,10 +11,11 @@ import time
 
 import pytest
 
+from tfk8s_magics.backends.base import Phase
 from tfk8s_magics.backends.kubernetes import KubernetesBackend
 from tfk8s_magics.backends.kubernetes.logs import LogCursor, container_terminated, stamp_key
 from tfk8s_magics.backends.kubernetes.rbac import backend_role
-from tfk8s_magics.spec import ClusterSpec
+from tfk8s_magics.spec import ClusterSpec, Resources
 
 NS = "alice"
 SCRIPT = "print('training')\n"
@@ -267,3 +268,91 @@ def test_delete_waits_longer_than_a_backup_step_may_drain():
 
     assert delete_wait(spec(backup_url="s3://bucket/run")) > BACKUP_GRACE
     assert delete_wait(spec(ps=1, ps_grace_period=600)) > 600
+
+
+# -- 2. pods the Job controller cannot create -------------------------------------------------
+
+def _quota(kube, hard: dict) -> None:
+    kube.create_object({"apiVersion": "v1", "kind": "ResourceQuota",
+                        "metadata": {"name": "tfk8s-quota", "namespace": NS},
+                        "spec": {"hard": hard}})
+
+
+def test_a_task_whose_pod_cannot_be_created_shows_the_jobs_failed_create_everywhere(
+        make_kube, monkeypatch):
+    from tfk8s_magics.backends.kubernetes import state
+
+    kube = make_kube(jobset_in_order=True)
+    backend = env(kube)
+    # InOrder: the worker's pod is created once the parameter server's is ready
+    backend.launch(spec("late", ps=1, workers=1), detach=True)
+    (ps,) = kube.jobsets.pods(NS, "late")
+    # meanwhile the quota shrank (another launch took the room): the worker's pod is refused
+    # (the double creates a pod once; the Job controller would retry for ever)
+    _quota(kube, {"pods": "1"})
+    kube.kubelet.run(NS, ps["metadata"]["name"])
+    want = r"FailedCreate: Error creating: pods \"late-worker-0-0-.*\" is forbidden: exceeded quota"
+    import re
+    # (Events are listed at most every EVENT_PERIOD seconds while a task waits unexplained)
+    wait_for(lambda: re.match(want, backend.status("late").task("worker-0").reason), "the reason",
+             timeout=40)
+    listed = {c.name: c for c in backend.list_clusters()}
+    assert re.match(want, listed["late"].task("worker-0").reason)
+    # after the grace, the cluster says it (like a stall), and records it once
+    monkeypatch.setattr(state, "CREATE_GRACE", 0.0)
+    snap = backend.status("late")
+    assert snap.phase == Phase.PENDING
+    assert snap.reason.startswith("pods cannot be created for ") and "exceeded quota" in snap.reason
+    assert [e.reason for e in backend.events("late") if e.reason == "FailedCreate" and not e.task]
+    backend.close()
+
+
+def test_the_preflight_counts_the_pods_other_clusters_are_still_to_create(make_kube):
+    from tfk8s_magics.errors import LaunchFailed
+
+    kube = make_kube(jobset_in_order=True)
+    backend = env(kube)
+    _quota(kube, {"requests.cpu": "4"})
+    # InOrder: the workers' pods wait for the parameter server's to be ready; used = 1 CPU
+    one = {r: Resources(cpu="1") for r in ("ps", "worker")}
+    first = spec("first", ps=1, workers=2, resources=one)
+    js = backend.render(first)
+    assert [m for m in js if m["kind"] == "JobSet"][0]["spec"]["startupPolicy"][
+        "startupPolicyOrder"] == "InOrder"
+    backend.launch(first, detach=True)
+    assert len(kube.jobsets.pods(NS, "first")) == 1
+    # 2 CPUs are free by status.used, but "first" is still to create 2 pods of 1 CPU
+    with pytest.raises(LaunchFailed, match=r"needs requests.cpu 2 .* leaves 1 .*2 for pods other "
+                       r"clusters are still to create.*--queue"):
+        backend.launch(spec("second", workers=2, resources=one), detach=True)
+    assert kube.get_object("configmaps", "second", NS) is None
+    backend.close()
+
+
+def test_a_priority_class_that_does_not_exist_is_refused_before_anything_is_created(make_kube):
+    from tfk8s_magics.errors import LaunchFailed
+
+    kube = make_kube()
+    backend = env(kube)
+    # the chart's rbac.readPriorityClasses: get on priorityclasses, cluster-wide
+    kube.set_role(backend_role(NS), NS, service_account="jupyter", cluster_rules=[{
+        "apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": ["get"]}])
+    with pytest.raises(LaunchFailed, match=r"--priority 'hihg': the cluster has no PriorityClass"):
+        backend.launch(spec("mnist", priority="hihg"), detach=True)
+    assert kube.get_object("configmaps", "mnist", NS) is None
+    kube.create_object({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                        "metadata": {"name": "high"}, "value": 1000})
+    backend.launch(spec("mnist", priority="high"), detach=True)
+    assert kube.jobsets.pods(NS, "mnist")[0]["spec"]["priority"] == 1000
+    backend.close()
+
+
+def test_without_the_right_to_read_priority_classes_the_status_explains_the_refusal(make_kube):
+    import re
+
+    kube = make_kube()
+    backend = env(kube)  # the namespace Role only: cannot get PriorityClasses (403)
+    backend.launch(spec("mnist", priority="hihg"), detach=True)
+    wait_for(lambda: re.search(r"FailedCreate: .*no PriorityClass with name hihg was found",
+                               backend.status("mnist").task("worker-0").reason), "the reason")
+    backend.close()

@@ -18,9 +18,11 @@ from kubernetes.client.rest import ApiException
 from ...errors import LaunchFailed
 from .client import Api, api_reason
 from .manifests import owner_reference, with_owner
-from .quota import admitted, limit_problems, node_problems, quota_problems
+from .quota import admitted, limit_problems, node_problems, pending_pods, quota_problems
 
 Manifest = dict[str, Any]
+#: The JobSet API (the same as :data:`.jobset.API_VERSION`).
+JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 
 
 def _what(m: Manifest) -> str:
@@ -94,7 +96,12 @@ def preflight(api: Api, manifests: list[Manifest], check_nodes: bool = False) ->
         ranges = api.list_objects("v1", "LimitRange").get("items", [])
         quotas = api.list_objects("v1", "ResourceQuota").get("items", [])
         problems = limit_problems(manifests, ranges)
-        problems += quota_problems(admitted(manifests, ranges), quotas)
+        pending: list[Manifest] = []
+        if quotas:  # the pods other clusters are still to create count as used
+            jobsets = api.list_objects(JOBSET_API, "JobSet").get("items", [])
+            pods = api.list_objects("v1", "Pod", "jobset.sigs.k8s.io/jobset-name").get("items", [])
+            pending = admitted(pending_pods(jobsets, pods), ranges)
+        problems += quota_problems(admitted(manifests, ranges), quotas, pending)
     except ApiException as e:
         raise LaunchFailed(
             f"could not read the quota and limit ranges of namespace {api.namespace!r} "

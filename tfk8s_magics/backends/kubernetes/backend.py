@@ -27,6 +27,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from ... import options
@@ -36,7 +37,7 @@ from ...ports import free_port
 from ...runtime.progress import parse_record
 from ...scriptcheck import check_files_travel, script_dir
 from ...spec import IN_GRAPH, ClusterSpec
-from ..base import Backend, ClusterStatus, Coordinator, Event, LogLine, LogLocation, TensorBoardInfo
+from ..base import Backend, ClusterStatus, Coordinator, Event, LogLine, LogLocation, Phase, TensorBoardInfo
 from . import logs as logs_mod
 from . import state
 from .apply import apply, failure_sentence, preflight
@@ -76,6 +77,8 @@ INSTALL_JOBSET = (
     "tfk8s clusters: ask your administrator to install JobSet v0.6 or newer (its release "
     "manifest or Helm chart; see helm/README.md), then launch again."
 )
+#: The PriorityClasses every cluster has (the Priority admission plugin's own).
+SYSTEM_PRIORITY_CLASSES = ("system-cluster-critical", "system-node-critical")
 #: Least seconds ``delete`` waits for a cluster's objects to be gone.
 DELETE_TIMEOUT = 120.0
 #: Seconds ``delete`` waits beyond the longest termination grace of the cluster's pods.
@@ -197,6 +200,7 @@ class KubernetesBackend(Backend):
         self._check_service_name(spec.name)
         self._check_jobset_api()
         self._check_secret(spec)
+        self._check_priority(spec)
         if spec.mode == IN_GRAPH:
             owner = self._notebook_pod_owner()
             if owner is not None:
@@ -244,6 +248,28 @@ class KubernetesBackend(Backend):
             "JobSet would use that Service for the cluster's host names, which would never "
             "resolve; choose another name, so nothing was created."
         )
+
+    def _check_priority(self, spec: ClusterSpec) -> None:
+        """Refuse a ``--priority`` no PriorityClass has: the Priority admission plugin would
+        refuse every task pod, and the Job controller would retry for ever with no pod shown.
+        Where the service account may not read PriorityClasses (the chart grants it:
+        ``rbac.readPriorityClasses``), the tasks' status says it instead (``FailedCreate``)."""
+        if not spec.priority or spec.priority in SYSTEM_PRIORITY_CLASSES:
+            return
+        try:
+            k8s.SchedulingV1Api(self.api.api_client).read_priority_class(
+                spec.priority, _preload_content=False, _request_timeout=self.api.timeout)
+        except ApiException as e:
+            if e.status == 403:
+                return
+            if e.status == 404:
+                raise LaunchFailed(
+                    f"--priority {spec.priority!r}: the cluster has no PriorityClass of that "
+                    "name, so no task pod could be created; `kubectl get priorityclasses` lists "
+                    "them (ask your administrator), or launch without --priority. Nothing was "
+                    "created.") from e
+            raise LaunchFailed(f"could not check --priority {spec.priority!r}: "
+                               f"{api_reason(e)}.") from e
 
     def _check_jobset_api(self) -> None:
         try:
@@ -407,8 +433,26 @@ class KubernetesBackend(Backend):
                               stopped=bool(annotations.get(STOPPED_ANNOTATION)),
                               steps=state.latest_steps(mine))
             out.append(state.cluster_status(view, root))
+        self._explain_no_pod(out, jobsets)
         out.sort(key=lambda s: s.created, reverse=True)
         return out
+
+    def _explain_no_pod(self, clusters: list[ClusterStatus], jobsets: dict[str, Any]) -> None:
+        """Tasks without a pod: the Job controller's FailedCreate, from one Event listing made
+        only when some task has no pod."""
+        if not any(t.reason == "no pod" for c in clusters for t in c.tasks):
+            return
+        try:
+            events = self.api.list_objects("v1", "Event").get("items", [])
+        except ApiException:
+            return  # the reason stays "no pod": listing must not fail for it
+        for c in clusters:
+            born = state.parse_time((jobsets.get(c.name) or {}).get("metadata", {}).get(
+                "creationTimestamp")) or 0.0
+            state.explain_no_pod(c.tasks, events, c.name, born)
+            if c.phase == Phase.PENDING and c.reason.endswith(": no pod"):
+                waiting = next(t for t in c.tasks if t.phase == Phase.PENDING)
+                c.reason = f"{waiting.name}: {waiting.reason}"
 
     def spec(self, name: str) -> ClusterSpec:
         return self._spec_of(self._require_root(name))
