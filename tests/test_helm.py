@@ -149,7 +149,7 @@ def test_install_is_refused_where_jobset_is_missing(helm):
     r = run_helm(helm, "template", "lab", str(CHART), check=False, jobset=False)
     assert r.returncode != 0
     assert "does not serve the JobSet API (jobset.x-k8s.io/v1alpha2)" in r.stderr
-    assert "install JobSet v0.6 or newer first" in r.stderr
+    assert "install JobSet v0.7 or newer first" in r.stderr
     docs = [d for d in yaml.safe_load_all(run_helm(
         helm, "template", "lab", str(CHART), "--set", "jobset.requireApi=false",
         jobset=False).stdout) if d]

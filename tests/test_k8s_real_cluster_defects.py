@@ -356,3 +356,32 @@ def test_without_the_right_to_read_priority_classes_the_status_explains_the_refu
     wait_for(lambda: re.search(r"FailedCreate: .*no PriorityClass with name hihg was found",
                                backend.status("mnist").task("worker-0").reason), "the reason")
     backend.close()
+
+
+# -- 8. JobSet v0.7 at least ---------------------------------------------------------------
+
+def test_a_jobset_older_than_v0_7_is_refused_at_launch_and_rolled_back(make_kube, monkeypatch):
+    import copy
+    import functools
+
+    import jsonschema
+
+    from tests.kubeapi import crd
+    from tfk8s_magics.errors import LaunchFailed
+
+    # JobSet v0.6's CRD: failurePolicy has no restartStrategy (added in v0.7.0)
+    v06 = copy.deepcopy(crd.schema("jobset.x-k8s.io/v1alpha2", "JobSet"))
+    del v06["properties"]["spec"]["properties"]["failurePolicy"]["properties"]["restartStrategy"]
+    monkeypatch.setattr(crd, "schema", lambda *a: v06)
+    monkeypatch.setattr(crd, "_validator", functools.cache(
+        lambda *a: jsonschema.Draft7Validator(v06)))
+    kube = make_kube()
+    backend = env(kube)
+    with pytest.raises(LaunchFailed, match=r"this cluster runs JobSet older than v0.7, which tfk8s "
+                       r"needs .* upgrade JobSet to v0.7 or newer"):
+        backend.launch(spec("mnist"), detach=True)
+    for kind in ("configmaps", "jobsets", "persistentvolumeclaims"):
+        assert kube.list_objects(kind, NS, "tfk8s.io/cluster=mnist") == []
+    (create,) = [r for r in kube.requests if r.resource == "jobsets" and r.verb == "create"]
+    assert create.query.get("fieldValidation") == "Strict"
+    backend.close()

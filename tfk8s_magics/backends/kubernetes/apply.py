@@ -21,6 +21,12 @@ from .manifests import owner_reference, with_owner
 from .quota import admitted, limit_problems, node_problems, pending_pods, quota_problems
 
 Manifest = dict[str, Any]
+#: What a JobSet CRD older than v0.7 (no ``failurePolicy.restartStrategy``) makes a launch say.
+JOBSET_TOO_OLD = (
+    "this cluster runs JobSet older than v0.7, which tfk8s needs (v0.6 keeps parameter "
+    "servers and a failed cluster's survivors running until its TTL expires): ask your "
+    "administrator to upgrade JobSet to v0.7 or newer (docs/admins); nothing was created"
+)
 #: The JobSet API (the same as :data:`.jobset.API_VERSION`).
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 
@@ -33,6 +39,9 @@ def failure_sentence(e: ApiException, manifest: Manifest, namespace: str) -> str
     """One sentence saying why the API refused ``manifest``, and what to do."""
     reason = api_reason(e)
     what = _what(manifest)
+    if manifest["kind"] == "JobSet" and "restartStrategy" in reason and (
+            "unknown field" in reason or "not declared" in reason):
+        return JOBSET_TOO_OLD + f" ({reason})"
     admission = _admission_sentence(e.status, reason, what)
     if admission:
         return admission

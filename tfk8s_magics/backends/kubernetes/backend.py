@@ -74,7 +74,7 @@ from .watch import events as watch_events
 #: What to install when the cluster has no JobSet API (one sentence, at launch).
 INSTALL_JOBSET = (
     "this cluster does not serve the JobSet API (jobset.x-k8s.io/v1alpha2), which runs "
-    "tfk8s clusters: ask your administrator to install JobSet v0.6 or newer (its release "
+    "tfk8s clusters: ask your administrator to install JobSet v0.7 or newer (its release "
     "manifest or Helm chart; see helm/README.md), then launch again."
 )
 #: The PriorityClasses every cluster has (the Priority admission plugin's own).

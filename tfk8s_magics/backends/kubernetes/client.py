@@ -72,10 +72,12 @@ class Api:
     def create(self, manifest: Manifest) -> Manifest:
         """Create ``manifest`` in the namespace; return the created object."""
         if manifest["apiVersion"] in _CUSTOM:
+            # Strict: a field the cluster's CRD does not know is an error, not silently
+            # dropped (an older JobSet would run without the policy it was given).
             return self._json(self.custom.create_namespaced_custom_object(
                 *self._gvp(manifest["apiVersion"])[:2], self.namespace,
-                _CUSTOM[manifest["apiVersion"]], manifest, _preload_content=False,
-                _request_timeout=self.timeout))
+                _CUSTOM[manifest["apiVersion"]], manifest, field_validation="Strict",
+                _preload_content=False, _request_timeout=self.timeout))
         api = self._typed(manifest["apiVersion"])
         method = getattr(api, f"create_namespaced_{_snake(manifest['kind'])}")
         return self._json(
