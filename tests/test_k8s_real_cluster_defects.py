@@ -385,3 +385,52 @@ def test_a_jobset_older_than_v0_7_is_refused_at_launch_and_rolled_back(make_kube
     (create,) = [r for r in kube.requests if r.resource == "jobsets" and r.verb == "create"]
     assert create.query.get("fieldValidation") == "Strict"
     backend.close()
+
+
+# -- 8. storage the tasks cannot write to ---------------------------------------------------------
+
+def test_a_task_on_storage_it_cannot_write_ends_in_one_sentence_and_is_not_retried(
+        tmp_path, monkeypatch):
+    import json
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from tfk8s_magics import lifecycle
+    from tfk8s_magics.runtime import task
+
+    base = Path(tempfile.mkdtemp(prefix="tfk8s-fsgroup-", dir="/tmp"))  # reachable by nobody
+    base.chmod(0o755)
+    request_cleanup = shutil.rmtree
+    log = base / "log"
+    log.mkdir()
+    log.chmod(0o555)  # what a volume without fsGroup support looks like to the pod's uid
+    term = base / "term"
+    term.touch()
+    term.chmod(0o666)
+    for key, value in {"TFK8S_LOG_DIR": str(log), "TFK8S_TERMINATION_FILE": str(term),
+                       "TF_CONFIG": json.dumps({"cluster": {"worker": ["localhost:1"]},
+                                                "task": {"type": "worker", "index": 0}}),
+                       "TFK8S_TASK": "worker-0", "TFK8S_SCRIPT": str(tmp_path / "never.py")}.items():
+        monkeypatch.setenv(key, value)
+    # as root every directory is writable: the task runs as nobody in a child, as a pod runs
+    # as non-root (the runtime's main, in-process: no interpreter start under load)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 99
+        try:
+            if os.getuid() == 0:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+            code = task.main()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == lifecycle.EXIT_SCRIPT_BROKEN
+    sentence = term.read_text()
+    assert sentence.startswith(f"{lifecycle.SCRIPT_BROKEN}: the log directory {log} is not "
+                               "writable by this task (uid ")
+    assert "Permission denied" in sentence and "fsGroup" in sentence
+    request_cleanup(base)
