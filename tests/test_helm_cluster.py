@@ -299,3 +299,14 @@ def test_lab_namespaces_admit_only_cluster_ip_services_without_external_ips(helm
     assert not allowed and "externalIPs" in message
     assert _fence(helm, "1.29.0", "lab-policy") == ([], [])
     assert _fence(helm, "1.33.0", "lab-policy", "--set", "rbac.restrictServices=false") == ([], [])
+
+
+def test_cilium_gets_a_policy_for_the_in_cluster_api_server_when_asked(helm):
+    assert not by_kind(render(helm, "--kube-version", "1.33.0"), "CiliumClusterwideNetworkPolicy")
+    docs = render(helm, "--kube-version", "1.33.0", "--set", "networkPolicy.ciliumApiServer=true")
+    (policy,) = by_kind(docs, "CiliumClusterwideNetworkPolicy")
+    assert policy["apiVersion"] == "cilium.io/v2"
+    assert policy["spec"]["endpointSelector"] == {"matchLabels": {
+        f"k8s:io.cilium.k8s.namespace.labels.{USER_NAMESPACE_LABEL}": "jhub"}}
+    assert policy["spec"]["egress"] == [{"toEntities": ["kube-apiserver"], "toPorts": [{"ports": [
+        {"port": "443", "protocol": "TCP"}, {"port": "6443", "protocol": "TCP"}]}]}]

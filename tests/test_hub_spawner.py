@@ -240,3 +240,24 @@ def test_cluster_selector_matches_the_backends_labels():
 
     key, value = next(iter(MANAGED_BY.items()))
     assert LabSettings().cluster_label_selector == f"{key}={value}"
+
+
+def test_applier_recreates_a_role_binding_whose_role_ref_changed():
+    """An older hub bound a per-namespace Role; the binding now names the chart's ClusterRole,
+    and the API server refuses to change a roleRef (422): delete it and create it again."""
+    calls: list = []
+
+    class Rbac:
+        def __getattr__(self, name):
+            def call(*args, **kwargs):
+                calls.append(name)
+                if name == "create_namespaced_role_binding" and calls.count(name) == 1:
+                    raise kubernetes.client.ApiException(status=409)
+                if name == "replace_namespaced_role_binding":
+                    raise kubernetes.client.ApiException(status=422, reason="Invalid")
+            return call
+
+    binding = next(o for o in bootstrap_objects(BootstrapSpec(), "ns") if o["kind"] == "RoleBinding")
+    assert asyncio.run(Applier(lambda name: Rbac()).apply(binding)) == "recreated"
+    assert calls == ["create_namespaced_role_binding", "replace_namespaced_role_binding",
+                     "delete_namespaced_role_binding", "create_namespaced_role_binding"]

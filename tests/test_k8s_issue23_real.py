@@ -258,3 +258,22 @@ def test_the_stop_hook_keeps_detached_clusters_on_the_real_api_server(realkube, 
     wait_for(lambda: names() == ["away"], 60, message="only the detached JobSet left")
     st = backend.status("away")
     assert st.detached and st.phase != Phase.STOPPED
+
+
+def test_a_binding_an_older_hub_made_to_a_role_is_recreated_to_the_cluster_role(realkube, user):
+    from tfk8s_hub.bootstrap import BootstrapSpec, bootstrap_objects
+    from tfk8s_hub.spawner import Applier
+
+    ns, _ = user
+    rbac = kubernetes.client.RbacAuthorizationV1Api(realkube.admin)
+    rbac.delete_namespaced_role_binding("tfk8s-backend", ns.name)
+    old = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+           "metadata": {"name": "tfk8s-backend", "namespace": ns.name},
+           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "gone"},
+           "subjects": [{"kind": "ServiceAccount", "name": "tfk8s-user", "namespace": ns.name}]}
+    rbac.create_namespaced_role_binding(ns.name, old)
+    binding = next(o for o in bootstrap_objects(BootstrapSpec(), ns.name)
+                   if o["kind"] == "RoleBinding")
+    apis = {"RbacAuthorizationV1Api": rbac}
+    assert asyncio.run(Applier(apis.__getitem__).apply(binding)) == "recreated"
+    assert rbac.read_namespaced_role_binding("tfk8s-backend", ns.name).role_ref.kind == "ClusterRole"

@@ -60,7 +60,8 @@ class Applier:
         self.api = api
 
     async def apply(self, obj: Manifest) -> str:
-        """Create or replace ``obj``; return ``"created"`` or ``"replaced"``."""
+        """Create or replace ``obj``; return ``"created"``, ``"replaced"`` or ``"recreated"``
+        (a RoleBinding whose roleRef changed: it cannot be replaced)."""
         kind = obj["kind"]
         if kind not in KINDS:
             raise ValueError(f"cannot apply a {kind}: the bootstrap applies {', '.join(KINDS)}.")
@@ -73,7 +74,16 @@ class Applier:
         except Exception as e:
             if _status(e) != 409:
                 raise
-        await _call(getattr(api, f"replace_namespaced_{noun}"), name, namespace, obj)
+        try:
+            await _call(getattr(api, f"replace_namespaced_{noun}"), name, namespace, obj)
+        except Exception as e:
+            # A RoleBinding's roleRef cannot change (422): one made by an older hub binds the
+            # per-namespace Role it then made; delete it and bind the chart's ClusterRole.
+            if kind != "RoleBinding" or _status(e) != 422:
+                raise
+            await _call(getattr(api, f"delete_namespaced_{noun}"), name, namespace)
+            await _call(getattr(api, f"create_namespaced_{noun}"), namespace, obj)
+            return "recreated"
         return "replaced"
 
     async def apply_all(self, objs: Iterable[Manifest]) -> list[tuple[str, str, str]]:
