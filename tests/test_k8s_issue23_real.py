@@ -28,7 +28,7 @@ pytestmark = pytest.mark.k8s
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = "print('training')\n"
-HUB_NS = "jhub"
+HUB_NS = "i23hub"  # a release of its own: tests/test_kube_chart.py installs one in jhub
 HUB_SA = "lab-tfk8s-lab-hub"
 
 
@@ -67,8 +67,14 @@ def chart(realkube, request, tmp_path_factory):
     sa = {"apiVersion": "v1", "kind": "ServiceAccount",
           "metadata": {"name": HUB_SA, "namespace": HUB_NS}}
     realkube.apply([sa, *objs])
-    return {d["metadata"]["labels"]["app.kubernetes.io/component"] + "/" + d["kind"]: d
-            for d in objs}
+    yield {d["metadata"]["labels"]["app.kubernetes.io/component"] + "/" + d["kind"]: d
+           for d in objs}
+    from devcluster.cluster import Cluster
+
+    for d in objs:
+        Cluster().kubectl("delete", d["kind"].lower(), d["metadata"]["name"],
+                          "--ignore-not-found", "--wait=false", check=False)
+    realkube.core.delete_namespace(HUB_NS)
 
 
 def can_i(realkube, user: str, *args: str) -> bool:
@@ -81,8 +87,11 @@ def can_i(realkube, user: str, *args: str) -> bool:
 
 # -- 5. the hub's ClusterRole ---------------------------------------------------------------
 
-def test_the_hub_reads_no_configmap_and_binds_only_the_backend_role(realkube, chart, user):
-    ns, backend = user
+def test_the_hub_reads_no_configmap_and_binds_only_the_backend_role(realkube, chart):
+    from tfk8s_hub.bootstrap import BootstrapSpec
+
+    # a user namespace of this release (the hub's fence admits its writes only there)
+    ns = realkube.user_namespace("i23rbac", bootstrap=BootstrapSpec(hub_namespace=HUB_NS))
     hub = f"system:serviceaccount:{HUB_NS}:{HUB_SA}"
     backend_role = chart["backend-rbac/ClusterRole"]["metadata"]["name"]
     assert not can_i(realkube, hub, "get", "configmaps", "-n", "kube-system")
