@@ -37,8 +37,9 @@ KINDS: dict[str, tuple[str, str]] = {
 
 def _status(exc: BaseException) -> int | None:
     # kubernetes and kubernetes_asyncio raise distinct ApiException classes
-    # with the same shape; both carry the HTTP status.
-    return getattr(exc, "status", None) if type(exc).__name__ == "ApiException" else None
+    # with the same shape (and the newer client raises subclasses: ConflictException, ...).
+    is_api = any(c.__name__ == "ApiException" for c in type(exc).__mro__)
+    return getattr(exc, "status", None) if is_api else None
 
 
 async def _call(method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
