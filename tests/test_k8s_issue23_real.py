@@ -9,6 +9,7 @@ strict JobSet creation by JobSet's real CRD, and the stop hook's selectors by th
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import sys
 from pathlib import Path
@@ -244,7 +245,14 @@ def test_the_jobset_is_created_with_strict_field_validation_and_accepted(realkub
     with pytest.raises(ApiException) as e:
         kubernetes.client.CustomObjectsApi(ns.api_client).create_namespaced_custom_object(
             "jobset.x-k8s.io", "v1alpha2", ns.name, "jobsets", body, field_validation="Strict")
-    assert 'unknown field "spec.failurePolicy.nope"' in e.value.body
+    message = json.loads(e.value.body)["message"]
+    assert e.value.status == 400 and 'strict decoding error: unknown field ' \
+        '"spec.failurePolicy.nope"' in message
+    # the sentence a launch on JobSet v0.6 gets from the same refusal of restartStrategy
+    from tfk8s_magics.backends.kubernetes.apply import JOBSET_TOO_OLD, failure_sentence
+
+    e.value.body = e.value.body.replace("nope", "restartStrategy")
+    assert failure_sentence(e.value, body, ns.name).startswith(JOBSET_TOO_OLD)
 
 
 # -- 3. the hub's stop hook ----------------------------------------------------------------------
