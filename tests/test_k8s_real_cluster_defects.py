@@ -355,6 +355,7 @@ def test_without_the_right_to_read_priority_classes_the_status_explains_the_refu
     backend.launch(spec("mnist", priority="hihg"), detach=True)
     wait_for(lambda: re.search(r"FailedCreate: .*no PriorityClass with name hihg was found",
                                backend.status("mnist").task("worker-0").reason), "the reason")
+    assert all(r.allowed for r in kube.requests)  # it asked (SelfSubjectAccessReview) first
     backend.close()
 
 

@@ -139,6 +139,10 @@ def _list_item(obj: dict) -> dict:
     return {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
 
 
+#: Where SelfSubjectAccessReviews are created.
+SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+
+
 class KubeAPI:
     """The API server's brain: routing, authorization, admission, verbs."""
 
@@ -170,6 +174,8 @@ class KubeAPI:
             listing = self._discovery(req)
             if listing is not None:
                 return listing
+            if req.method == "POST" and req.path.rstrip("/") == SSAR_PATH:
+                return self._self_review(req)
             if len(req.body) > MAX_REQUEST_BODY:
                 raise errors.ApiError(413, "RequestEntityTooLarge",
                                       f"Request entity too large: limit is {MAX_REQUEST_BODY}")
@@ -187,6 +193,21 @@ class KubeAPI:
         if record is not None:
             record.code = response.code
         return response
+
+    def _self_review(self, req: Request) -> Response:
+        """A SelfSubjectAccessReview: "may I?" answered by the authorizer, for the asker.
+
+        Every authenticated user may create one (``system:basic-user``); it is not a
+        resource request, so it is neither authorized nor recorded.
+        """
+        review = json.loads(req.body or b"{}")
+        ra = (review.get("spec") or {}).get("resourceAttributes") or {}
+        attrs = RequestAttributes(ra.get("verb", ""), ra.get("group", ""), ra.get("resource", ""),
+                                  ra.get("subresource") or None, ra.get("namespace") or None,
+                                  ra.get("name") or None)
+        admin = req.token == ADMIN_TOKEN or self.authorizer is None
+        allowed = admin or self.authorizer.allows(attrs)
+        return Response(201, {**review, "status": {"allowed": allowed}})
 
     def _discovery(self, req: Request) -> Response | None:
         """``GET /apis`` (APIGroupList) and ``GET /apis/G/V`` (APIResourceList), or None.

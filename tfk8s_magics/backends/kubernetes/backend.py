@@ -256,6 +256,8 @@ class KubernetesBackend(Backend):
         ``rbac.readPriorityClasses``), the tasks' status says it instead (``FailedCreate``)."""
         if not spec.priority or spec.priority in SYSTEM_PRIORITY_CLASSES:
             return
+        if not self._may("get", "scheduling.k8s.io", "priorityclasses", spec.priority):
+            return  # asked first: no denied request in the API server's audit log
         try:
             k8s.SchedulingV1Api(self.api.api_client).read_priority_class(
                 spec.priority, _preload_content=False, _request_timeout=self.api.timeout)
@@ -270,6 +272,19 @@ class KubernetesBackend(Backend):
                     "created.") from e
             raise LaunchFailed(f"could not check --priority {spec.priority!r}: "
                                f"{api_reason(e)}.") from e
+
+    def _may(self, verb: str, group: str, resource: str, name: str) -> bool:
+        """Whether this service account may ``verb`` the cluster-scoped object (one
+        SelfSubjectAccessReview, which every user may make); False when it cannot tell."""
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                  "spec": {"resourceAttributes": {"verb": verb, "group": group,
+                                                  "resource": resource, "name": name}}}
+        try:
+            answer = k8s.AuthorizationV1Api(self.api.api_client).create_self_subject_access_review(
+                review, _preload_content=False, _request_timeout=self.api.timeout)
+        except ApiException:
+            return False
+        return bool((Api._json(answer).get("status") or {}).get("allowed"))
 
     def _check_jobset_api(self) -> None:
         try:
