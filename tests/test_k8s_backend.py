@@ -108,7 +108,7 @@ def test_launch_without_the_jobset_api_says_what_to_install(make_kube):
     kube = make_kube(jobset=False)
     kube.create_namespace(NS)
     backend = KubernetesBackend(namespace=NS, api_client=kube.api_client, user="alice")
-    with pytest.raises(LaunchFailed, match=r"does not serve the JobSet API .* install JobSet v0.6"):
+    with pytest.raises(LaunchFailed, match=r"does not serve the JobSet API .* install JobSet v0.7"):
         backend.launch(spec(), detach=True)
     assert kinds(kube, "mnist") == []
     backend.close()

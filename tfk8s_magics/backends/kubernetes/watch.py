@@ -83,6 +83,7 @@ class ClusterWatch:
                              name=f"tfk8s-watch-{spec.name}-jobset"),
         ]
         self.stalls = StallCheck(timeout_from_env())
+        self.blocked = ""  # the condition of pods that cannot be created (see _check_blocked)
 
     # -- the watches --------------------------------------------------------------
     def start(self, sync_timeout: float = 30.0) -> ClusterWatch:
@@ -344,7 +345,29 @@ class ClusterWatch:
         self._explain_pending(tasks)
         snap = state.cluster_status(view, self.root, tasks, self.progress)
         self._check_stall(snap)
+        self._check_blocked(snap, view)
         return snap
+
+    def _born(self, view: state.View) -> float:
+        """When this incarnation of the cluster was made (older Events are of a deleted one)."""
+        meta = (view.jobset or {}).get("metadata") or self.root["metadata"]
+        return state.parse_time(meta.get("creationTimestamp")) or 0.0
+
+    def _check_blocked(self, snap: ClusterStatus, view: state.View) -> None:
+        """Say when the Job controller cannot create pods past the grace, and record it once."""
+        if snap.phase != Phase.PENDING:
+            self.blocked = ""
+            return
+        with self._cond:
+            events = list(self.api_events)
+        # Event times are the API server's, to the second: compare with the wall clock.
+        blocked = state.create_blocked(snap.tasks, events, self.spec.name, self._born(view),
+                                       time.time()) or ""
+        if blocked:
+            snap.reason = blocked
+            if not self.blocked:
+                self.record_event("", "FailedCreate", blocked, "Warning")
+        self.blocked = blocked
 
     def _working_step_line(self, view: state.View) -> str:
         """The newest log line of the step at work (the fetch's or upload's progress), read at
@@ -383,6 +406,7 @@ class ClusterWatch:
             return
         latest = self.latest_pods()
         queued = state.admission_message(events, self.spec.name)
+        state.explain_no_pod(tasks, events, self.spec.name, self._born(self.view()))
         for t in tasks:
             pod = latest.get(t.name)
             if t.phase == Phase.PENDING and pod is None and queued and \
