@@ -436,7 +436,8 @@ def test_watch_requests_do_not_grow_with_tasks_or_clusters(cluster_env):
         for status in backend.watch(name, stop):
             if status.phase == Phase.RUNNING:
                 break
-        kube.wait_for(lambda: len([r for r in reads() if r.verb == "watch"]) >= 2, message="both watches open")
+        kube.wait_for(lambda: len([r for r in reads() if r.verb == "watch"]) >= 2,
+                      message="both watches open")
         time.sleep(0.5)
         assert sorted((r.resource, r.verb) for r in reads()) == [
             ("jobsets", "list"), ("jobsets", "watch"), ("pods", "list"), ("pods", "watch")], n
