@@ -491,7 +491,8 @@ def test_a_stopped_peer_is_named_as_the_cause_not_the_task_that_lost_it(local, w
             st = cluster.wait(timeout=30)
             took = time.monotonic() - began
             assert st.phase == Phase.FAILED
-            assert st.reason.startswith("worker-1 failed: worker-1 was stopped (SIGSTOP or SIGTSTP)"), st.reason
+            assert st.reason.startswith(
+                "worker-1 failed: worker-1 was stopped (SIGSTOP or SIGTSTP)"), st.reason
             assert st.reason.endswith(
                 "worker-0 lost it (lost a peer (exit code 75) (restart budget 0 used up))"), st.reason
             assert st.task("worker-1").phase == Phase.FAILED

@@ -762,13 +762,13 @@ def _progress_from(record: dict | None) -> Progress | None:
     if not isinstance(step, int) or isinstance(step, bool):
         return None
     total = record.get("total")
-    metrics = record.get("metrics")
+    metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
     return Progress(
         step=step,
         total=total if isinstance(total, int) and not isinstance(total, bool) else None,
         rate=records.number(record.get("rate")),
         metrics={k: float(v) for k, v in metrics.items()
-                 if isinstance(k, str) and records.number(v) is not None} if isinstance(metrics, dict) else {},
+                 if isinstance(k, str) and records.number(v) is not None},
         task=record.get("task") if isinstance(record.get("task"), str) else "",
         time=records.number(record.get("time")) or 0.0,
     )
