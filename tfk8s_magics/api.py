@@ -22,7 +22,7 @@ from typing import Any
 from . import ingraph, options, storage
 from .backends import Backend, ClusterStatus, Event, LogLine, Phase, TensorBoardInfo, get_backend
 from .backends.kubernetes.manifests import dump_yaml
-from .errors import ClusterExists, ClusterNotFound, ClusterTimeout, LaunchFailed, SpecError
+from .errors import BackendError, ClusterExists, ClusterNotFound, ClusterTimeout, LaunchFailed, SpecError
 from .runtime.progress import end_redirect, redirect_progress
 from .spec import IN_GRAPH, MAX_FILES_BYTES, ROLES, ClusterSpec, Resources
 from .trainer import TrainerOptions
@@ -487,7 +487,11 @@ class Cluster:
         one; after a relaunch of the cluster it connects to the new servers.
         """
         addresses = self._in_graph_addresses(timeout)
-        strategy = ingraph.strategy(self, addresses, strategy_kwargs)
+        try:
+            strategy = ingraph.strategy(self, addresses, strategy_kwargs,
+                                        ready=lambda left: self.wait_ready(max(left, 1.0)))
+        except ingraph.ConnectFailed as e:
+            raise BackendError(f"connect: {e}.") from e
         coordinator = ingraph.coordinator(self, addresses)
         # report_progress() in this kernel now shows in the cluster's status.
         redirect_progress(coordinator.progress, coordinator.task, key=(self.backend.name, self.name))
