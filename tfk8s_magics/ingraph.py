@@ -56,6 +56,10 @@ class _Client:
     built: float = 0.0  # when the strategy was built: a server restarted later cut it off
 
 
+#: A connection try that timed out inside TensorFlow (a stopped task never answered) and still
+#: runs: TensorFlow's context is not touched again until it has ended (concurrent use crashes).
+_stuck: threading.Thread | None = None
+
 #: (backend name, cluster name) → this process's client state for that cluster.
 _clients: dict[tuple[str, str], _Client] = {}
 
@@ -181,6 +185,10 @@ def strategy(cluster, addresses: dict[str, list[str]], options: dict[str, Any],
     the step ran, so the status says it is lost until a step has succeeded.
     """
     wanted = options_key(options)
+    timeout = RECONNECT_TIMEOUT if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+    _refuse_stopped(cluster)
+    _wait_stuck(cluster, deadline)
     client = _client(cluster, addresses)
     if client.strategy is not None and cluster.status().restarted_since(client.built):
         # A parameter server restarted under the strategy: its variables and the eager
@@ -188,8 +196,6 @@ def strategy(cluster, addresses: dict[str, list[str]], options: dict[str, Any],
         disconnect(cluster.backend.name, cluster.name)
         client = _client(cluster, addresses)
     tf = prepare_tensorflow(cluster.spec.legacy_keras)
-    timeout = RECONNECT_TIMEOUT if timeout is None else timeout
-    deadline = time.monotonic() + timeout
     if client.strategy is not None and client.options == wanted:
         try:  # right after a server's end its restart may not show yet: the step tells
             client.check(min(deadline, time.monotonic() + 10.0))
@@ -207,9 +213,17 @@ def strategy(cluster, addresses: dict[str, list[str]], options: dict[str, Any],
             # namespace they were made in, so the tasks share it (the supervisor stays there for
             # in-graph): the sandboxed kernel's own private one (tfk8s_magics.kernel.sandbox),
             # else the host's.
-            built = tf.distribute.ParameterServerStrategy(resolver(cluster, addresses), **options)
-            check = _prober(tf, built, addresses)
-            check(deadline)
+            # Bounded: a stopped task never answers TensorFlow's connection calls.
+            built, check = _run_bounded(lambda: _build(tf, cluster, addresses, options, deadline), deadline)
+        except TimeoutError as e:
+            # The try still waits inside TensorFlow: its context is not touched until it ends
+            # (:func:`_wait_stuck`); a new connect() starts from a new client, on a new chief port.
+            with _lock:
+                _clients.pop((cluster.backend.name, cluster.name), None)
+            raise ConnectFailed(
+                f"could not reach every server of {cluster.name!r} within {timeout:g} s ({tries} tries; "
+                f"last: {e}); look at %tfcluster status {cluster.name} and its events, then connect() again"
+            ) from e
         except Exception as e:  # noqa: BLE001 - TensorFlow's errors: retried, then one sentence
             disconnect(cluster.backend.name, cluster.name)  # the half-made connection goes
             left = deadline - time.monotonic()
@@ -229,6 +243,33 @@ def strategy(cluster, addresses: dict[str, list[str]], options: dict[str, Any],
         return built
 
 
+def _refuse_stopped(cluster) -> None:
+    """A task whose process is stopped (SIGSTOP, a debugger) never answers TensorFlow: say so
+    instead of waiting for it (local tasks carry their pid)."""
+    from .lifeline import process_state
+
+    for t in cluster.status().tasks:
+        pid = getattr(t, "pid", None)
+        if pid and process_state(pid) in ("T", "t"):
+            raise ConnectFailed(f"{t.name} of {cluster.name!r} is stopped (pid {pid}, SIGSTOP or a debugger) "
+                                f"and cannot answer; continue it (kill -CONT {pid}) or restart the cluster, "
+                                "then connect() again")
+
+
+def _wait_stuck(cluster, deadline: float) -> None:
+    """Wait (until ``deadline``) for a timed-out try still inside TensorFlow, then reset the context
+    it may have changed; ConnectFailed if it is still there."""
+    global _stuck
+    if _stuck is None:
+        return
+    _stuck.join(max(0.0, deadline - time.monotonic()))
+    if _stuck.is_alive():
+        raise ConnectFailed(f"an earlier connect() of {cluster.name!r} is still waiting inside TensorFlow "
+                            "for a server that does not answer; when every task runs again, connect() again")
+    _stuck = None
+    _reset_eager_context()
+
+
 def _retryable(tf: Any, e: BaseException) -> bool:
     """Whether a failed connection may work when tried again (a server not reachable yet)."""
     # Any error of TensorFlow's on the probe's own variables means a server is not (yet) there.
@@ -238,6 +279,14 @@ def _retryable(tf: Any, e: BaseException) -> bool:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0][:200] if text else ""
+
+
+def _build(tf: Any, cluster, addresses: dict[str, list[str]], options: dict[str, Any], deadline: float):
+    """A new strategy and its :func:`_prober` check, which has passed."""
+    built = tf.distribute.ParameterServerStrategy(resolver(cluster, addresses), **options)
+    check = _prober(tf, built, addresses)
+    check(deadline)
+    return built, check
 
 
 def _prober(tf: Any, built: Any, addresses: dict[str, list[str]]):
@@ -266,23 +315,27 @@ def _on(tf: Any, worker: int, fn) -> None:
         fn().numpy()
 
 
-def _run_bounded(fn, deadline: float) -> None:
-    """Run ``fn`` in a thread until ``deadline``: raise what it raised, or TimeoutError."""
+def _run_bounded(fn, deadline: float) -> Any:
+    """Run ``fn`` in a thread until ``deadline``: return what it returned, raise what it raised, or
+    raise TimeoutError."""
     outcome: dict[str, Any] = {}
 
     def run() -> None:
         try:
-            fn()
+            outcome["value"] = fn()
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             outcome["error"] = e
 
+    global _stuck
     probe = threading.Thread(target=run, name="tfk8s-connect-probe", daemon=True)
     probe.start()
     probe.join(max(0.1, deadline - time.monotonic()))
     if probe.is_alive():
-        raise TimeoutError("a worker did not answer (is one stopped?)")
+        _stuck = probe
+        raise TimeoutError("a server did not answer (is a task stopped?)")
     if "error" in outcome:
         raise outcome["error"]
+    return outcome.get("value")
 
 
 def connected(backend_name: str, name: str) -> bool:
