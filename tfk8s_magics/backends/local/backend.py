@@ -151,9 +151,9 @@ class LocalBackend(Backend):
         raw = read_mapping(cdir.status)
         if raw is None:
             return {}
-        if not isinstance(raw.get("tasks"), list) or not isinstance(raw.get("id"), str):
-            raise UnreadableState("status.json has no task list or no cluster id")
-        if raw["id"] != record.get("id", ""):
+        if not isinstance(raw.get("tasks"), list) or not isinstance(raw.get("id", ""), str):
+            raise UnreadableState("status.json has no task list, or a cluster id that is no string")
+        if raw.get("id", "") != record.get("id", ""):
             raise UnreadableState("status.json belongs to another cluster (its id differs)")
         return raw
 

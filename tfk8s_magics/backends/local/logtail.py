@@ -56,7 +56,7 @@ def tail_lines(path: Path, n: int | None, max_bytes: int = MAX_TAIL_BYTES) -> li
     if n is None:
         max_bytes = max(max_bytes, MAX_READ_BYTES)
     try:
-        with os.fdopen(open_for_reading(path), "rb") as f:
+        with _open(path) as f:
             data, skipped = _read_tail(f, n, max_bytes)
     except FileNotFoundError:
         return []
@@ -72,6 +72,11 @@ def tail_lines(path: Path, n: int | None, max_bytes: int = MAX_TAIL_BYTES) -> li
         lines.insert(0, f"tfk8s: ... {skipped} earlier bytes not shown ({how} at most {max_bytes} "
                         f"bytes); the file keeps everything ({path})")
     return lines
+
+
+def _open(path: Path):
+    """The one way a log is opened here: :func:`.layout.open_for_reading`, as a binary file."""
+    return os.fdopen(open_for_reading(path), "rb")
 
 
 def last_line(fd: int, max_bytes: int = 65536) -> str:
@@ -129,7 +134,7 @@ class _FileCursor:
         """The lines written since the last read (a note in place of a skipped flood, or of a file
         that is not read: :func:`.layout.open_for_reading`)."""
         try:
-            fd = open_for_reading(self.path)
+            f = _open(self.path)
         except FileNotFoundError:
             return []
         except OSError as e:
@@ -139,8 +144,8 @@ class _FileCursor:
             self.refused = note
             return [note]
         self.refused = ""
-        with os.fdopen(fd, "rb") as f:
-            size = os.fstat(fd).st_size
+        with f:
+            size = os.fstat(f.fileno()).st_size
             if size < self.offset:  # truncated: start over
                 self.offset = 0
             if size == self.offset:
