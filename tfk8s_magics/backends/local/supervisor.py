@@ -74,6 +74,11 @@ IDENTITY_CHECK = 1.0
 PORT_MOVES = 3
 
 
+#: How a peer that ended a moment before the task that lost it is described (a zombie: its end is
+#: not handled yet).
+ZOMBIE = "had ended (its end not handled yet)"
+
+
 class DirReplaced(Exception):
     """The cluster's directory was removed or now belongs to another cluster."""
 
@@ -536,7 +541,7 @@ class Supervisor:
                 return other.task.name, f"{other.task.name} was {how}" + (
                     f", silent for {silent:.0f} s" if silent is not None else "")
             if state in ("Z", "X"):
-                return other.task.name, f"{other.task.name} had exited (its end not handled yet)"
+                return other.task.name, f"{other.task.name} {ZOMBIE}"
             if state is None:
                 return other.task.name, f"{other.task.name}'s process was gone"
         return None
@@ -566,8 +571,11 @@ class Supervisor:
         elif t.stopping == "ports":  # the cluster's addresses changed
             self._restart(t, "restarted with the cluster's new addresses (not counted)")
         elif t.stopping == "restart" and t.task.name in self.blamed:  # the cause of the incident
-            self._restart(t, f"{self.blamed.pop(t.task.name)}; restart {self.restarts_used} of "
-                          f"{self.policy.restart_budget} (the cause of this incident)")
+            why = self.blamed.pop(t.task.name)
+            if why.endswith(ZOMBIE):  # it had ended on its own: say how, now that it is reaped
+                why = self.policy.classify(lifecycle.TaskEnd(exit_code=st.exit_code, signal=st.signal)).reason
+            self._restart(t, f"{why}; restart {self.restarts_used} of {self.policy.restart_budget} "
+                          "(the cause of this incident)")
         elif t.stopping == "restart":  # its group restarts after another's end
             self._restart(t, f"restarted with its group ({self.incident[1]})")
         else:
