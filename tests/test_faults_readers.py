@@ -332,7 +332,8 @@ FUZZ_BYTES = st.one_of(st.binary(max_size=4096), ADVERSARIAL,
                        .map(lambda v: json.dumps(v).encode()))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(target=st.sampled_from(["status", "record", "events", "progress", "tensorboard", "coordinator"]),
        data=FUZZ_BYTES, valid_prefix=st.booleans())
 def test_fuzz_no_state_file_crashes_a_reader(local, target, data, valid_prefix):
@@ -356,7 +357,7 @@ def test_fuzz_no_state_file_crashes_a_reader(local, target, data, valid_prefix):
             path.write_bytes(original)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, database=None)
 @given(data=FUZZ_BYTES)
 def test_fuzz_the_record_parsers_raise_only_value_error(data):
     for parse in (lambda d: records.loads(d, 1 << 20), pool._message):
