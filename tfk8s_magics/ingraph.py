@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backends.base import Coordinator
+from .lifeline import process_state
 from .taskenv import import_tensorflow
 from .tfconfig import coordinator_cluster_def
 
@@ -203,16 +204,20 @@ def strategy(cluster, addresses: dict[str, list[str]], options: dict[str, Any],
         except Exception:  # noqa: BLE001 - cut off: build a new one below
             disconnect(cluster.backend.name, cluster.name)
             client = _client(cluster, addresses)
+    return _connect_new(tf, cluster, addresses, options, (timeout, deadline), ready)
+
+
+def _connect_new(tf: Any, cluster, addresses: dict[str, list[str]], options: dict[str, Any],
+                 bound: tuple[float, float], ready):
+    """Build, check and keep a new strategy (see :func:`strategy`); ``bound`` is (timeout, deadline)."""
+    timeout, deadline = bound
+    wanted = options_key(options)
+    client = _client(cluster, addresses)
     tries = 0
     while True:
         tries += 1
         built_at = time.time()
         try:
-            # The strategy starts this process's chief server in this process's network namespace,
-            # where its gRPC threads live: TensorFlow's threads are process-wide and keep the
-            # namespace they were made in, so the tasks share it (the supervisor stays there for
-            # in-graph): the sandboxed kernel's own private one (tfk8s_magics.kernel.sandbox),
-            # else the host's.
             # Bounded: a stopped task never answers TensorFlow's connection calls.
             built, check = _run_bounded(lambda: _build(tf, cluster, addresses, options, deadline), deadline)
         except TimeoutError as e:
@@ -246,8 +251,6 @@ def strategy(cluster, addresses: dict[str, list[str]], options: dict[str, Any],
 def _refuse_stopped(cluster) -> None:
     """A task whose process is stopped (SIGSTOP, a debugger) never answers TensorFlow: say so
     instead of waiting for it (local tasks carry their pid)."""
-    from .lifeline import process_state
-
     for t in cluster.status().tasks:
         pid = getattr(t, "pid", None)
         if pid and process_state(pid) in ("T", "t"):
@@ -283,6 +286,10 @@ def _first_line(e: BaseException) -> str:
 
 def _build(tf: Any, cluster, addresses: dict[str, list[str]], options: dict[str, Any], deadline: float):
     """A new strategy and its :func:`_prober` check, which has passed."""
+    # The strategy starts this process's chief server in this process's network namespace, where
+    # its gRPC threads live: TensorFlow's threads are process-wide and keep the namespace they were
+    # made in, so the tasks share it (the supervisor stays there for in-graph): the sandboxed
+    # kernel's own private one (tfk8s_magics.kernel.sandbox), else the host's.
     built = tf.distribute.ParameterServerStrategy(resolver(cluster, addresses), **options)
     check = _prober(tf, built, addresses)
     check(deadline)

@@ -85,7 +85,7 @@ from pathlib import Path
 from ... import ingraph, options, records, taskenv
 from ...lifeline import open_pidfd, pid_alive, set_parent_death_signal
 from ...runtime import task
-from . import isolation
+from . import isolation, logtail
 from .layout import read_bounded
 
 #: Largest message on the pool's sockets (an assignment carries the task's environment).
@@ -400,8 +400,6 @@ def _start(size: int, env: dict[str, str], cwd: str, shim: str | None, kind: str
         ok = r.read(8)  # the daemon writes once its socket listens (or exits: EOF)
     if not ok:
         proc.wait()
-        from . import logtail  # only on this failure
-
         log = "\n".join(logtail.tail_lines(pool_dir / "pool.log", 20))
         shutil.rmtree(pool_dir, ignore_errors=True)
         raise OSError(f"the pool daemon exited at start (code {proc.returncode}): {log}")
