@@ -145,10 +145,15 @@ class Cluster:
             return False
 
     # -- up ----------------------------------------------------------------------------------
-    def up(self, nodes: int = 2, timeout: float = 240.0) -> None:
-        """Build what is missing, then start the whole cluster; raise :class:`ClusterError` on failure."""
+    def up(self, nodes: int = 2, timeout: float = 240.0, pods: bool = False) -> None:
+        """Build what is missing, then start the whole cluster; raise :class:`ClusterError` on failure.
+
+        ``pods``: also join this machine as a real node (tier 2, :mod:`devcluster.node`).
+        """
         if self.running():
             print(f"devcluster: already running ({self.server})", file=sys.stderr)
+            if pods:
+                self._node_up()
             return
         self.down(quiet=True)  # a half-started or dead cluster: start from nothing
         comps = build.ensure_all()
@@ -176,6 +181,19 @@ class Cluster:
             raise
         print(f"devcluster: up in {time.monotonic() - t0:.1f} s — {self.server}; "
               f"KUBECONFIG={self.kubeconfig}", file=sys.stderr)
+        if pods:
+            self._node_up()
+
+    def _node_up(self) -> None:
+        from . import node
+
+        if node.running(self):
+            print(f"devcluster: node {node.NODE_NAME} already running", file=sys.stderr)
+            return
+        try:
+            node.up(self, log=lambda line: print(line, file=sys.stderr))
+        except node.NodeError as e:
+            raise ClusterError(f"the real node did not start: {e}") from e
 
     def _wait(self, pred, what: str, timeout: float, proc: str | None = None) -> None:
         deadline = time.monotonic() + timeout
@@ -264,6 +282,8 @@ class Cluster:
             "--allow-privileged=true",
             # a loopback address may not be an Endpoints address: no reconciler for "kubernetes"
             "--endpoint-reconciler-type", "none",
+            # the real node's name resolves nowhere: reach kubelets (logs, exec) by their address
+            "--kubelet-preferred-address-types", "InternalIP,Hostname",
             "--profiling=false",
             # every request, who made it and its answer: the tests' record of what a client did
             "--audit-policy-file", str(self._audit_policy()), "--audit-log-path", str(self.audit_log),
@@ -458,6 +478,9 @@ class Cluster:
     # -- down --------------------------------------------------------------------------------
     def down(self, quiet: bool = False, keep_logs: bool = False) -> None:
         """Stop every process of the cluster (reverse start order) and remove its state."""
+        from . import node
+
+        node.down(self, log=(lambda *_: None) if quiet else (lambda line: print(line, file=sys.stderr)))
         names = self.procs.names()
         order = [n for n in reversed(CONTROL_PLANE_ORDER) if n in names] + [
             n for n in reversed(names) if n not in CONTROL_PLANE_ORDER]

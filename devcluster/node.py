@@ -1,50 +1,42 @@
 """The test cluster's real node (tier 2): containerd, runc, a kubelet, kube-proxy and CoreDNS.
 
-    python3 devcluster/node.py build            build (or find) every binary, cached by version
-    python3 devcluster/node.py up               join this machine to the running control plane
-    python3 devcluster/node.py down             remove every process, mount, netns, rule and route
-    python3 devcluster/node.py import IMAGE...  copy podman images into containerd's k8s.io namespace
-
-Everything runs as a host process (no systemd here). The node joins the control plane that
-``scripts/kube up`` started: its state directory ``$TFK8S_CACHE/devcluster/cluster`` holds the
-cluster CA (``pki/ca.crt``, ``pki/ca.key``) and ``admin.kubeconfig``.
+``scripts/kube up --pods`` starts the control plane (:mod:`devcluster.cluster`) and then joins this
+machine to it with :func:`up`; ``scripts/kube down`` calls :func:`down` first. Everything runs as a
+host process (there is no systemd here); the node's processes, logs and certificates live in
+``<cluster dir>/node``; containerd's image store lives beside the cached binaries
+(``<cache>/node-images``) so the lab's images are imported once, not at every start.
 
 The network never leaves this machine. Pods live on the bridge ``tfk8s-br0`` (10.244.0.0/24,
-no masquerade); the node's address and the DNS server are on the dummy device ``tfk8s-node``,
-which also carries the service range's route; kwok's invented pod addresses are routed
-``unreachable``; a chain in FORWARD and OUTPUT drops every packet of those ranges that would go
-out by an interface other than ours. ``down`` removes all of it, and restores the two sysctls
+no masquerade); the node's address (10.245.0.1) and the DNS server are on the dummy device
+``tfk8s-node``, which also carries the service range's route; kwok's invented pod addresses are
+routed ``unreachable``; a chain first in FORWARD and OUTPUT drops every packet of those ranges that
+would leave by an outside interface. ``down`` removes all of it and restores the two sysctls
 ``up`` set.
 
 The pure builders (``containerd_config``, ``cni_config``, ``kubelet_config``,
-``kube_proxy_config``, ``corefile``, ``fence_rules`` ...) take the layout and return data; the
-rest performs them.
+``kube_proxy_config``, ``corefile``, ``dns_objects``, ``fence_rules``, ``routes``) take the layout
+and return data; the rest performs them.
 """
 
 from __future__ import annotations
 
-import argparse
-import base64
-import gzip
 import hashlib
 import io
 import json
 import os
 import shutil
-import signal
-import socket
-import ssl
 import subprocess
-import sys
 import tarfile
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+from . import build
+from .pki import CA
+from .procs import Procs
+from .versions import HERE, cache_root
 
 #: the node's addresses: all on devices of this machine (see the module docstring)
 POD_CIDR = "10.244.0.0/24"
@@ -60,136 +52,28 @@ FENCE_CHAIN = "TFK8S-NODE-FENCE"
 #: the ranges that must never leave by an interface other than the node's own
 LOCAL_RANGES = (POD_CIDR, SERVICE_CIDR, KWOK_CIDR, NODE_IP + "/32")
 CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
+CNI_NETWORK = "tfk8s-pods"
 RUN_DIR = Path("/run/tfk8s-node")  # sockets and containerd's state: short paths, gone at reboot
 PAUSE_IMAGE = "localhost/tfk8s/pause:3.10-tfk8s"
 #: sysctls ``up`` sets and ``down`` restores: pods reach pods through services (DNAT on the
-#: bridge) only with forwarding and bridged traffic going through iptables
+#: bridge) only with forwarding on and bridged traffic passing iptables
 SYSCTLS = {"net/ipv4/ip_forward": "1", "net/bridge/bridge-nf-call-iptables": "1"}
+#: the lab's images the tests run, imported from podman (scripts/build_images.py tags them so)
+LAB_IMAGES = ("localhost/tfk8s/tensorflow-task:0.1.0", "localhost/tfk8s/notebook:0.1.0")
 
 
-def cache_root() -> Path:
-    """``$TFK8S_CACHE/devcluster`` (default ``~/.cache/tfk8s/devcluster``)."""
-    return Path(os.environ.get("TFK8S_CACHE") or Path.home() / ".cache" / "tfk8s") / "devcluster"
+NODE_PROCESSES = ("containerd", "kubelet", "kube-proxy", "coredns")
 
 
-def versions(path: Path = HERE / "versions.env") -> dict[str, str]:
-    """The pinned versions (``NAME=value`` lines of ``versions.env``)."""
-    out = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, value = line.split("=", 1)
-            out[key.strip()] = value.strip()
-    return out
+class NodeError(RuntimeError):
+    """The node could not be started; the message says what failed and what to do."""
+
+
+def _run(argv: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, check=check, **kw)
 
 
 # -- building -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Build:
-    """One cached build: ``go`` arguments producing ``binaries`` in ``cache/<name>-<version>/bin``."""
-
-    name: str
-    version: str
-    binaries: tuple[str, ...]
-    argv: tuple[str, ...]
-    env: dict[str, str] = field(default_factory=dict)
-    cwd: str | None = None
-
-    def bin_dir(self, root: Path) -> Path:
-        """Where the binaries of this version live."""
-        return root / f"{self.name}-{self.version}" / "bin"
-
-
-def kubernetes_ldflags(version: str) -> str:
-    """The version linked into Kubernetes binaries (without it /version says v0.0.0-master)."""
-    major, minor = version.lstrip("v").split(".")[:2]
-    flags = ["-s", "-w"]
-    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
-        flags += [f"-X {pkg}.gitVersion={version}", f"-X {pkg}.gitMajor={major}",
-                  f"-X {pkg}.gitMinor={minor}", f"-X {pkg}.gitTreeState=clean",
-                  f"-X {pkg}.buildDate=2026-01-01T00:00:00Z"]
-    return " ".join(flags)
-
-
-def builds(v: dict[str, str]) -> dict[str, Build]:
-    """Every binary the node needs, by component (pure: the build plan)."""
-    containerd = v["CONTAINERD"]
-    mod = "github.com/containerd/containerd/v2/cmd"
-    return {
-        "containerd": Build(
-            "containerd", containerd, ("containerd", "ctr", "containerd-shim-runc-v2"),
-            ("install", "-trimpath", "-tags", "no_btrfs", "-ldflags",
-             f"-s -w -X github.com/containerd/containerd/v2/version.Version={containerd}",
-             *(f"{mod}/{b}@{containerd}" for b in ("containerd", "ctr", "containerd-shim-runc-v2"))),
-            {"CGO_ENABLED": "0"}),
-        # cgo + libseccomp: without seccomp, pods under Pod Security "restricted" cannot start
-        "runc": Build(
-            "runc", v["RUNC"], ("runc",),
-            ("install", "-trimpath", "-tags", "seccomp", "-ldflags",
-             f"-s -w -X main.version={v['RUNC'].lstrip('v')}",
-             f"github.com/opencontainers/runc@{v['RUNC']}"),
-            {"CGO_ENABLED": "1"}),
-        "coredns": Build(
-            "coredns", v["COREDNS"], ("coredns",),
-            ("install", "-trimpath", "-ldflags", "-s -w", f"github.com/coredns/coredns@{v['COREDNS']}"),
-            {"CGO_ENABLED": "0"}),
-        # the same tools module and version flags as the control plane (devcluster/go/kubernetes)
-        "kubelet": Build(
-            "kubelet", v["KUBERNETES"], ("kubelet", "kube-proxy"),
-            ("build", "-trimpath", "-ldflags", kubernetes_ldflags(v["KUBERNETES"]), "-o", "{out}/",
-             "k8s.io/kubernetes/cmd/kubelet", "k8s.io/kubernetes/cmd/kube-proxy"),
-            {"CGO_ENABLED": "0"}, cwd=str(HERE / "go" / "kubernetes")),
-    }
-
-
-def _kubernetes_build_running() -> bool:
-    """Whether a ``go build`` of the Kubernetes tools module runs (the machine has 2 cores)."""
-    r = subprocess.run(["pgrep", "-af", "go build"], capture_output=True, text=True)
-    return "k8s.io/kubernetes/cmd" in r.stdout
-
-
-def build(component: Build, root: Path | None = None, log=print) -> Path:
-    """Build ``component`` unless its binaries are cached; the directory holding them."""
-    root = root or cache_root()
-    bin_dir = component.bin_dir(root)
-    if all((bin_dir / b).is_file() for b in component.binaries):
-        return bin_dir
-    if component.name == "kubelet":
-        deadline = time.monotonic() + 3600
-        while _kubernetes_build_running():  # one build of that module at a time on 2 cores
-            if time.monotonic() > deadline:
-                raise SystemExit("node: another go build of the Kubernetes module ran for an hour")
-            log("node: waiting for the other go build of the Kubernetes module to finish")
-            time.sleep(20)
-    go = shutil.which("go")
-    if not go:
-        raise SystemExit("node: go is missing; install Go 1.26 (the module proxy must be reachable)")
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{component.name}-", dir=root))
-    try:
-        out = tmp / "bin"
-        out.mkdir()
-        argv = [a.replace("{out}", str(out)) for a in component.argv]
-        env = {**os.environ, **component.env, "GOBIN": str(out), "GOFLAGS": "-buildvcs=false"}
-        t0 = time.monotonic()
-        log(f"node: building {component.name} {component.version} (go {' '.join(argv[:1])})")
-        r = subprocess.run([go, *argv], env=env, cwd=component.cwd)
-        if r.returncode != 0:
-            raise SystemExit(f"node: building {component.name} {component.version} failed "
-                             f"(go exited {r.returncode}); the output above says why")
-        missing = [b for b in component.binaries if not (out / b).is_file()]
-        if missing:
-            raise SystemExit(f"node: the build of {component.name} made no {', '.join(missing)}")
-        log(f"node: built {component.name} {component.version} in {time.monotonic() - t0:.0f} s")
-        bin_dir.parent.mkdir(parents=True, exist_ok=True)
-        if bin_dir.exists():
-            shutil.rmtree(bin_dir)
-        out.rename(bin_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return bin_dir
 
 
 def pause_image_tar(binary: bytes, name: str = PAUSE_IMAGE) -> bytes:
@@ -214,43 +98,36 @@ def pause_image_tar(binary: bytes, name: str = PAUSE_IMAGE) -> bytes:
     }, sort_keys=True).encode()
     config_name = hashlib.sha256(config).hexdigest() + ".json"
     layer_name = hashlib.sha256(layer).hexdigest() + "/layer.tar"
-    manifest = json.dumps([{"Config": config_name, "RepoTags": [name],
-                            "Layers": [layer_name]}]).encode()
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [name], "Layers": [layer_name]}]).encode()
     return tar_bytes([(config_name, config, 0o644), (layer_name, layer, 0o644),
                       ("manifest.json", manifest, 0o644)])
 
 
-def build_pause(root: Path | None = None, log=print) -> Path:
-    """Compile ``pause.c`` statically and wrap it as an image archive; the archive's path."""
-    root = root or cache_root()
+def build_pause(log=print) -> Path:
+    """Compile ``pause.c`` statically and wrap it as an image archive (cached by the source's hash)."""
     source = HERE / "pause" / "pause.c"
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
-    out = root / f"pause-{digest}" / "pause-image.tar"
+    out = cache_root() / f"pause-{digest}" / "pause-image.tar"
     if out.is_file():
         return out
     cc = shutil.which("gcc") or shutil.which("cc")
     if not cc:
-        raise SystemExit("node: a C compiler is missing to build the pause image; apt-get install gcc")
+        raise NodeError("a C compiler is missing to build the pause image: apt-get install gcc")
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root) as tmp:
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         binary = Path(tmp) / "pause"
-        subprocess.run([cc, "-static", "-Os", "-Wall", "-o", str(binary), str(source)], check=True)
+        r = _run([cc, "-static", "-Os", "-Wall", "-o", str(binary), str(source)], check=False)
+        if r.returncode:
+            raise NodeError(f"compiling {source} failed: {r.stderr.strip()}")
         (Path(tmp) / "image.tar").write_bytes(pause_image_tar(binary.read_bytes()))
         (Path(tmp) / "image.tar").rename(out)
-    log(f"node: built the pause image {PAUSE_IMAGE}")
+    log(f"devcluster: built the pause image {PAUSE_IMAGE}")
     return out
 
 
-def build_all(log=print) -> dict[str, Path]:
-    """Every node binary (cached by version) and the pause image; component -> directory."""
-    v = versions()
-    dirs = {}
-    for name, component in builds(v).items():
-        t0 = time.monotonic()
-        dirs[name] = build(component, log=log)
-        log(f"node: {name} {component.version} ready ({time.monotonic() - t0:.1f} s)")
-    dirs["pause"] = build_pause(log=log)
-    return dirs
+def bins() -> dict[str, Path]:
+    """Build (or find) the node's components; component -> its cache directory."""
+    return {name: build.ensure(name).dir for name in build.TIER2}
 
 
 # -- the node's layout and configuration (pure) -------------------------------------------------
@@ -261,30 +138,41 @@ class Layout:
     """Where the node keeps everything; built from the cluster directory and the binaries."""
 
     cluster: Path  # the control plane's state dir (pki/ca.crt, pki/ca.key, admin.kubeconfig)
-    bins: dict[str, Path]
-    server: str  # the apiserver's URL, from admin.kubeconfig
+    bins: dict[str, Path]  # component -> its cache directory
+    server: str  # the apiserver's URL
 
     @property
     def state(self) -> Path:
+        """The node's own directory in the cluster's."""
         return self.cluster / "node"
 
     @property
     def pki(self) -> Path:
-        return self.state / "pki"
+        """The cluster's certificates (the node's are issued there too)."""
+        return self.cluster / "pki"
 
     @property
     def ca(self) -> Path:
+        """The cluster CA: the apiserver's and the kubelet's client CA."""
         return self.cluster / "pki" / "ca.crt"
 
     @property
     def containerd_sock(self) -> Path:
+        """containerd's socket."""
         return RUN_DIR / "containerd" / "containerd.sock"
 
     @property
     def kubelet_root(self) -> Path:
+        """The kubelet's --root-dir (pods' volumes are mounted under it)."""
         return self.state / "kubelet"
 
+    @property
+    def images(self) -> Path:
+        """containerd's root: the image store, kept across clusters (imports are slow)."""
+        return cache_root() / "node-images"
+
     def bin(self, component: str, binary: str) -> str:
+        """The path of one cached binary."""
         return str(self.bins[component] / binary)
 
 
@@ -294,7 +182,7 @@ def containerd_config(lay: Layout) -> str:
     return f"""\
 # Written by devcluster/node.py: the test node's containerd.
 version = 3
-root = {json.dumps(str(lay.state / "containerd"))}
+root = {json.dumps(str(lay.images))}
 state = {json.dumps(str(RUN_DIR / "containerd" / "state"))}
 
 [grpc]
@@ -346,7 +234,7 @@ def cni_config(lay: Layout) -> dict:
     """The pod network: Debian's bridge + host-local plugins, one local range, no masquerade."""
     return {
         "cniVersion": "1.0.0",
-        "name": "tfk8s-pods",
+        "name": CNI_NETWORK,
         "plugins": [
             {
                 "type": "bridge",
@@ -380,8 +268,8 @@ def kubelet_config(lay: Layout) -> dict:
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
         "healthzPort": 10248,
-        "tlsCertFile": str(lay.pki / "kubelet-serving.crt"),
-        "tlsPrivateKeyFile": str(lay.pki / "kubelet-serving.key"),
+        "tlsCertFile": str(lay.pki / "node-kubelet-serving.crt"),
+        "tlsPrivateKeyFile": str(lay.pki / "node-kubelet-serving.key"),
         "authentication": {
             "anonymous": {"enabled": False},
             "webhook": {"enabled": True},
@@ -511,78 +399,26 @@ def fence_rules(outside: list[str]) -> list[list[str]]:
 
 
 def routes() -> list[list[str]]:
-    """``ip route replace`` arguments: each range on a device of this machine."""
-    return [
-        ["unreachable", KWOK_CIDR],  # kwok's pods have no address anywhere
-        [SERVICE_CIDR, "dev", DUMMY, "src", NODE_IP],  # ClusterIPs: DNAT by kube-proxy, never out
-    ]
+    """``ip route replace`` arguments: each range on a device of this machine.
+
+    (kwok's range is routed ``unreachable`` by the control plane itself, :mod:`devcluster.cluster`;
+    the pod range is the bridge's own connected route.)
+    """
+    return [[SERVICE_CIDR, "dev", DUMMY, "src", NODE_IP]]  # ClusterIPs: DNAT by kube-proxy, never out
+
 
 
 # -- performing ---------------------------------------------------------------------------------
 
 
-def _run(argv: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, capture_output=True, text=True, check=check, **kw)
-
-
 def outside_interfaces() -> list[str]:
     """The machine's interfaces other than loopback and the node's own devices."""
-    out = []
-    for dev in sorted(os.listdir("/sys/class/net")):
-        if dev == "lo" or dev.startswith(("tfk8s", "veth", "cni", "ifb")):
-            continue
-        out.append(dev)
-    return out
+    return [dev for dev in sorted(os.listdir("/sys/class/net"))
+            if dev != "lo" and not dev.startswith(("tfk8s", "veth", "ifb"))]
 
 
-def _server_of(admin_kubeconfig: Path) -> str:
-    text = admin_kubeconfig.read_text()
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("server:"):
-            return line.split(":", 1)[1].strip().strip('"')
-        if line.startswith('"server"'):
-            return line.split(":", 1)[1].strip().strip('",')
-    raise SystemExit(f"node: no server: line in {admin_kubeconfig}")
-
-
-def layout(bins: dict[str, Path] | None = None) -> Layout:
-    """The node's layout for the running control plane."""
-    cluster = cache_root() / "cluster"
-    admin = cluster / "admin.kubeconfig"
-    for need in (cluster / "pki" / "ca.crt", cluster / "pki" / "ca.key", admin):
-        if not need.is_file():
-            raise SystemExit(f"node: {need} is missing: start the control plane first (scripts/kube up)")
-    return Layout(cluster=cluster, bins=bins or build_all(log=lambda *_: None),
-                  server=_server_of(admin))
-
-
-def _openssl(*args: str) -> None:
-    r = _run(["openssl", *args], check=False)
-    if r.returncode != 0:
-        raise SystemExit(f"node: openssl {args[0]} failed: {r.stderr.strip()}")
-
-
-def _issue(lay: Layout, stem: str, cn: str, org: str | None, ip: str | None = None,
-           server: bool = False) -> None:
-    """A key and a certificate signed by the cluster CA (client, or serving with an IP SAN)."""
-    key, crt = lay.pki / f"{stem}.key", lay.pki / f"{stem}.crt"
-    if key.is_file() and crt.is_file():
-        return
-    subject = f"/CN={cn}" + (f"/O={org}" if org else "")
-    ext = lay.pki / f"{stem}.ext"
-    usage = "serverAuth" if server else "clientAuth"
-    ext.write_text(f"basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-                   f"extendedKeyUsage={usage}\n" + (f"subjectAltName=IP:{ip},DNS:{NODE_NAME}\n" if ip else ""))
-    csr = lay.pki / f"{stem}.csr"
-    _openssl("req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-subj", subject,
-             "-out", str(csr))
-    _openssl("x509", "-req", "-in", str(csr), "-CA", str(lay.ca), "-CAkey", str(lay.cluster / "pki" / "ca.key"),
-             "-CAcreateserial", "-CAserial", str(lay.pki / "ca.srl"), "-days", "365",
-             "-extfile", str(ext), "-out", str(crt))
-    csr.unlink()
-    ext.unlink()
-    key.chmod(0o600)
+def _layout(cluster, component_dirs: dict[str, Path]) -> Layout:
+    return Layout(cluster=cluster.root, bins=component_dirs, server=cluster.server)
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -591,274 +427,234 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def write_configs(lay: Layout) -> None:
-    """Certificates, kubeconfigs and config files under the node's state directory."""
-    lay.pki.mkdir(parents=True, exist_ok=True)
+    """Certificates (signed by the cluster CA), kubeconfigs and config files of the node."""
+    ca = CA(lay.pki)
     for stem, (cn, org) in CLIENTS.items():
-        _issue(lay, stem, cn, org)
-        _write_json(lay.state / f"{stem}.kubeconfig",
-                    kubeconfig(lay.server, lay.ca, lay.pki / f"{stem}.crt", lay.pki / f"{stem}.key", stem))
-    _issue(lay, "kubelet-serving", f"system:node:{NODE_NAME}", "system:nodes", ip=NODE_IP, server=True)
-    (lay.state / "containerd").mkdir(parents=True, exist_ok=True)
+        crt, key = ca.issue(f"node-{stem}", cn, org=org, client=True)
+        _write_json(lay.state / f"{stem}.kubeconfig", kubeconfig(lay.server, lay.ca, crt, key, stem))
+    ca.issue("node-kubelet-serving", f"system:node:{NODE_NAME}", org="system:nodes", server=True,
+             dns=(NODE_NAME,), ips=(NODE_IP,))
     (lay.state / "containerd.toml").write_text(containerd_config(lay))
     _write_json(lay.state / "cni" / "net.d" / "10-tfk8s.conflist", cni_config(lay))
     _write_json(lay.state / "kubelet.yaml", kubelet_config(lay))  # JSON is YAML
     _write_json(lay.state / "kube-proxy.yaml", kube_proxy_config(lay))
     (lay.state / "Corefile").write_text(corefile(lay))
-    for d in ("logs", "pids", "pod-logs", "kubelet", "cni/ipam"):
+    for d in ("pod-logs", "kubelet", "cni/ipam"):
         (lay.state / d).mkdir(parents=True, exist_ok=True)
+    lay.images.mkdir(parents=True, exist_ok=True)
 
 
-def _read_sysctl(name: str) -> str:
-    return Path("/proc/sys", name).read_text().strip()
+def _sysctl(name: str, value: str | None = None) -> str:
+    path = Path("/proc/sys", name)
+    if value is not None:
+        path.write_text(value + "\n")
+    return path.read_text().strip()
 
 
-def _write_sysctl(name: str, value: str) -> None:
-    Path("/proc/sys", name).write_text(value + "\n")
+def _iptables(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    r = _run(["iptables", "-w", *args], check=False)
+    if check and r.returncode:
+        raise NodeError(f"iptables {' '.join(args)} failed: {r.stderr.strip()}")
+    return r
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    r = _run(["ip", *args], check=False)
+    if check and r.returncode:
+        raise NodeError(f"ip {' '.join(args)} failed: {r.stderr.strip()}")
+    return r
 
 
 def network_up(lay: Layout) -> None:
-    """The dummy device, the bridge, routes, sysctls and the fence (idempotent)."""
+    """The fence, the dummy device, the bridge, the routes, then the sysctls (idempotent)."""
+    outside = outside_interfaces()
+    # the fence first: nothing is forwarded before it stands
+    if _iptables("-n", "-L", FENCE_CHAIN, check=False).returncode:
+        _iptables("-N", FENCE_CHAIN)
+    _iptables("-F", FENCE_CHAIN)
+    for rule in fence_rules(outside):
+        _iptables(*rule)
+    for hook in ("FORWARD", "OUTPUT"):
+        if _iptables("-C", hook, "-j", FENCE_CHAIN, check=False).returncode:
+            _iptables("-I", hook, "1", "-j", FENCE_CHAIN)
+    if _ip("link", "show", DUMMY, check=False).returncode:
+        _ip("link", "add", DUMMY, "type", "dummy")
+    _ip("addr", "replace", NODE_IP + "/32", "dev", DUMMY)
+    _ip("link", "set", DUMMY, "up")
+    # the bridge exists before the first pod (the CNI plugin adopts it)
+    if _ip("link", "show", BRIDGE, check=False).returncode:
+        _ip("link", "add", BRIDGE, "type", "bridge")
+    _ip("link", "set", BRIDGE, "up")
+    for r in routes():
+        _ip("route", "replace", *r)
     saved = lay.state / "sysctls.json"
     if not saved.exists():
-        _write_json(saved, {k: _read_sysctl(k) for k in SYSCTLS})
-    if _run(["ip", "link", "show", DUMMY], check=False).returncode != 0:
-        _run(["ip", "link", "add", DUMMY, "type", "dummy"])
-    _run(["ip", "addr", "replace", NODE_IP + "/32", "dev", DUMMY])
-    _run(["ip", "link", "set", DUMMY, "up"])
-    # the bridge exists before the first pod, so its sysctls and the fence apply from the start
-    if _run(["ip", "link", "show", BRIDGE], check=False).returncode != 0:
-        _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
-    _run(["ip", "link", "set", BRIDGE, "up"])
-    for r in routes():
-        _run(["ip", "route", "replace", *r])
-    # the fence goes in before forwarding is switched on
-    if _run(["iptables", "-w", "-n", "-L", FENCE_CHAIN], check=False).returncode != 0:
-        _run(["iptables", "-w", "-N", FENCE_CHAIN])
-    _run(["iptables", "-w", "-F", FENCE_CHAIN])
-    for rule in fence_rules(outside_interfaces()):
-        _run(["iptables", "-w", *rule])
-    for hook in ("FORWARD", "OUTPUT"):
-        if _run(["iptables", "-w", "-C", hook, "-j", FENCE_CHAIN], check=False).returncode != 0:
-            _run(["iptables", "-w", "-I", hook, "1", "-j", FENCE_CHAIN])
+        _write_json(saved, {k: _sysctl(k) for k in SYSCTLS})
     for k, v in SYSCTLS.items():
-        _write_sysctl(k, v)
+        _sysctl(k, v)
 
 
-def network_down(lay: Layout | None, log=print) -> None:
+def network_down(state: Path, log) -> None:
     """Remove what :func:`network_up` and the CNI plugins made; restore the sysctls."""
-    state = lay.state if lay else cache_root() / "cluster" / "node"
     saved = state / "sysctls.json"
     if saved.exists():
         for k, v in json.loads(saved.read_text()).items():
             try:
-                _write_sysctl(k, v)
+                _sysctl(k, v)
             except OSError as e:
-                log(f"node: could not restore {k}={v}: {e}")
+                log(f"devcluster: could not restore the sysctl {k}={v}: {e}")
         saved.unlink()
-    for hook in ("FORWARD", "OUTPUT"):
-        while _run(["iptables", "-w", "-D", hook, "-j", FENCE_CHAIN], check=False).returncode == 0:
-            pass
-    _run(["iptables", "-w", "-F", FENCE_CHAIN], check=False)
-    _run(["iptables", "-w", "-X", FENCE_CHAIN], check=False)
     for r in routes():
-        _run(["ip", "route", "del", *(r[:2] if r[0] == "unreachable" else r[:1])], check=False)
+        _ip("route", "del", r[0], check=False)
+    for link in os.listdir("/sys/class/net"):  # pod ends left on the bridge
+        master = Path("/sys/class/net", link, "master")
+        if link.startswith("veth") and master.exists() and os.path.basename(os.readlink(master)) == BRIDGE:
+            _ip("link", "del", link, check=False)
     for dev in (BRIDGE, DUMMY):
-        _run(["ip", "link", "del", dev], check=False)
-    # the CNI bridge plugin's own masquerade/forward chains (ipMasq false makes none; be sure)
-    r = _run(["iptables", "-w", "-t", "nat", "-S"], check=False)
-    for line in r.stdout.splitlines():
-        if "tfk8s-pods" in line and line.startswith("-A "):
-            _run(["iptables", "-w", "-t", "nat", "-D", *line.split()[1:]], check=False)
-
-
-class Procs:
-    """The node's host processes: started with a pid file and a log, stopped by pid."""
-
-    def __init__(self, state: Path):
-        self.pids = state / "pids"
-        self.logs = state / "logs"
-
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
-        self.pids.mkdir(parents=True, exist_ok=True)
-        self.logs.mkdir(parents=True, exist_ok=True)
-        with open(self.logs / f"{name}.log", "ab") as log:
-            p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, env={**os.environ, **(env or {})})
-        (self.pids / f"{name}.pid").write_text(f"{p.pid} {argv[0]}\n")
-        return p.pid
-
-    def alive(self, name: str) -> bool:
-        pid = self._pid(name)
-        return pid is not None and _is(pid, self._exe(name))
-
-    def _pid(self, name: str) -> int | None:
-        try:
-            return int((self.pids / f"{name}.pid").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def _exe(self, name: str) -> str:
-        try:
-            return (self.pids / f"{name}.pid").read_text().split()[1]
-        except (OSError, IndexError):
-            return ""
-
-    def stop(self, name: str, grace: float = 10.0) -> None:
-        pid, exe = self._pid(name), self._exe(name)
-        if pid is not None and _is(pid, exe):
-            _kill_wait(pid, grace)
-        (self.pids / f"{name}.pid").unlink(missing_ok=True)
-
-    def tail(self, name: str, lines: int = 20) -> str:
-        try:
-            return "\n".join((self.logs / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-def _is(pid: int, exe: str) -> bool:
-    """Whether ``pid`` still runs ``exe`` (a reused pid is not ours)."""
-    try:
-        return os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)") == exe
-    except OSError:
-        return False
-
-
-def _kill_wait(pid: int, grace: float) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not Path(f"/proc/{pid}").exists() or _zombie(pid):
-            return
-        time.sleep(0.2)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + 5
-    while Path(f"/proc/{pid}").exists() and not _zombie(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
-    except (OSError, IndexError):
-        return True
-
-
-def _wait(what: str, check, timeout: float, procs: Procs | None = None, name: str = "",
-          interval: float = 0.5):
-    """Poll ``check`` until it returns a truthy value; fail with the process's log tail."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if procs and name and not procs.alive(name):
-            raise SystemExit(f"node: {name} exited while waiting for {what}; its log ends:\n"
-                             f"{procs.tail(name)}")
-        if time.monotonic() > deadline:
-            tail = f"; {name}'s log ends:\n{procs.tail(name)}" if procs and name else ""
-            raise SystemExit(f"node: {what} did not happen within {timeout:.0f} s{tail}")
-        time.sleep(interval)
-
-
-def kubectl(lay: Layout, *args: str, stdin: str | None = None, check: bool = True):
-    """kubectl (the control plane's own build) with the admin kubeconfig."""
-    exe = shutil.which("kubectl", path=str(cache_root() / "bin-k8s")) or _kubectl_from_cache()
-    return subprocess.run([exe, "--kubeconfig", str(lay.cluster / "admin.kubeconfig"), *args],
-                          input=stdin, capture_output=True, text=True, check=check, timeout=120)
-
-
-def _kubectl_from_cache() -> str:
-    found = sorted(cache_root().glob("**/bin*/kubectl"))
-    if not found:
-        raise SystemExit("node: no kubectl in the devcluster cache: run scripts/kube up first")
-    return str(found[-1])
+        _ip("link", "del", dev, check=False)
+    for hook in ("FORWARD", "OUTPUT"):
+        while _iptables("-D", hook, "-j", FENCE_CHAIN, check=False).returncode == 0:
+            pass
+    _iptables("-F", FENCE_CHAIN, check=False)
+    _iptables("-X", FENCE_CHAIN, check=False)
 
 
 def ctr(lay: Layout, *args: str, stdin=None, check: bool = True) -> subprocess.CompletedProcess:
     """``ctr`` on the node's containerd, namespace k8s.io (the one the kubelet sees)."""
-    return subprocess.run([lay.bin("containerd", "ctr"), "--address", str(lay.containerd_sock),
-                           "-n", "k8s.io", *args], stdin=stdin, capture_output=True, check=check)
+    r = subprocess.run([lay.bin("containerd", "ctr"), "--address", str(lay.containerd_sock), "-n", "k8s.io",
+                        *args], stdin=stdin, capture_output=True)
+    if check and r.returncode:
+        raise NodeError(f"ctr {' '.join(args)} failed: {r.stderr.decode(errors='replace').strip()}")
+    return r
 
 
 def import_archive(lay: Layout, archive: Path) -> None:
     """Import a docker-archive into containerd's k8s.io namespace."""
     with open(archive, "rb") as f:
-        r = ctr(lay, "images", "import", "--no-unpack=false", "-", stdin=f, check=False)
-    if r.returncode != 0:
-        raise SystemExit(f"node: ctr images import {archive} failed: {r.stderr.decode().strip()}")
+        ctr(lay, "images", "import", "-", stdin=f)
 
 
-def import_podman_images(lay: Layout, images: list[str], log=print) -> None:
-    """Copy podman images into containerd (``podman save --format docker-archive`` -> ``ctr import``)."""
-    have = set(ctr(lay, "images", "list", "-q").stdout.decode().split())
+def containerd_images(lay: Layout) -> set[str]:
+    """The image references containerd's k8s.io namespace holds."""
+    return set(ctr(lay, "images", "list", "-q").stdout.decode().split())
+
+
+def podman_image_id(image: str) -> str | None:
+    """podman's id of ``image``, or None when podman does not have it."""
+    if not shutil.which("podman"):
+        return None
+    r = _run(["podman", "--runtime", "/usr/sbin/runc", "image", "inspect", "--format", "{{.Id}}", image],
+             check=False)
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def import_podman_images(lay: Layout, images: tuple[str, ...], log) -> list[str]:
+    """Copy podman images into containerd (``podman save --format docker-archive`` -> ``ctr import``).
+
+    An image already in containerd with podman's id is not copied again; one podman lacks is
+    skipped with a line (the tests that need it say so). Returns the images imported or present.
+    """
+    have = containerd_images(lay)
+    out = []
     for image in images:
-        if image in have:
+        pid = podman_image_id(image)
+        if pid is None:
+            log(f"devcluster: podman has no {image}; build it with scripts/build_images.py (not imported)")
+            continue
+        marker = lay.images / "imported" / hashlib.sha256(image.encode()).hexdigest()
+        if image in have and marker.is_file() and marker.read_text() == pid:
+            out.append(image)
             continue
         t0 = time.monotonic()
-        with tempfile.NamedTemporaryFile(suffix=".tar", dir=lay.state) as tmp:
+        with tempfile.NamedTemporaryFile(suffix=".tar", dir=lay.images) as tmp:
             r = _run(["podman", "--runtime", "/usr/sbin/runc", "save", "--format", "docker-archive",
                       "-o", tmp.name, image], check=False)
-            if r.returncode != 0:
-                raise SystemExit(f"node: podman save {image} failed: {r.stderr.strip()}")
+            if r.returncode:
+                raise NodeError(f"podman save {image} failed: {r.stderr.strip()}")
             import_archive(lay, Path(tmp.name))
-        log(f"node: imported {image} into containerd in {time.monotonic() - t0:.0f} s")
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(pid)
+        out.append(image)
+        log(f"devcluster: imported {image} into containerd in {time.monotonic() - t0:.0f} s")
+    return out
 
 
-def _node_ready(lay: Layout) -> bool:
-    r = kubectl(lay, "get", "node", NODE_NAME, "-o",
-                "jsonpath={.status.conditions[?(@.type=='Ready')].status}", check=False)
-    return r.returncode == 0 and r.stdout.strip() == "True"
+def _wait(what: str, check, timeout: float, procs: Procs, name: str, interval: float = 0.5) -> None:
+    """Poll ``check`` until truthy; fail with the process's last lines if it exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except (OSError, subprocess.SubprocessError, NodeError):
+            pass
+        if not procs.alive(name):
+            raise NodeError(f"{name} exited while waiting for {what}; its last lines:\n{procs.tail(name)}")
+        if time.monotonic() > deadline:
+            raise NodeError(f"{what} did not happen within {timeout:.0f} s; {name}'s last lines:\n"
+                            f"{procs.tail(name)}")
+        time.sleep(interval)
 
 
 def _dns_ready() -> bool:
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:18181/ready", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
+    with urllib.request.urlopen("http://127.0.0.1:18181/ready", timeout=2) as r:
+        return r.status == 200
 
 
-def up(log=print) -> float:
-    """Join this machine to the running control plane as a real node; seconds it took."""
+def _node_ready(cluster) -> bool:
+    r = cluster.kubectl("get", "node", NODE_NAME, "-o",
+                        "jsonpath={.status.conditions[?(@.type=='Ready')].status}", check=False)
+    return r.returncode == 0 and r.stdout.strip() == "True"
+
+
+def up(cluster, log=print) -> float:
+    """Join this machine to ``cluster`` (running) as a real node; the seconds it took.
+
+    On a failure half-way, everything started so far is removed again (:func:`down`).
+    """
     if os.geteuid() != 0:
-        raise SystemExit("node: the real node needs root (containerd, mounts, iptables)")
+        raise NodeError("the real node needs root (containerd, mounts, iptables): run scripts/kube as root")
+    for tool in ("iptables", "ip", "podman"):
+        if not shutil.which(tool):
+            raise NodeError(f"{tool} is missing: run scripts/bootstrap kube-node")
+    if not Path(CNI_BIN_DIR, "bridge").is_file():
+        raise NodeError(f"the CNI plugins are missing in {CNI_BIN_DIR}: run scripts/bootstrap kube-node")
+    t_build = time.monotonic()
+    dirs = bins()
+    pause = build_pause(log)
     t0 = time.monotonic()
-    bins = build_all(log=log)
-    lay = layout(bins)
-    write_configs(lay)
-    network_up(lay)
+    if t0 - t_build > 1:
+        log(f"devcluster: node binaries ready in {t0 - t_build:.0f} s")
+    lay = _layout(cluster, dirs)
     procs = Procs(lay.state)
-    RUN_DIR.mkdir(parents=True, exist_ok=True)
-    path = f"{lay.bins['containerd']}:{lay.bins['runc']}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-    if not procs.alive("containerd"):
+    try:
+        write_configs(lay)
+        network_up(lay)
+        RUN_DIR.mkdir(parents=True, exist_ok=True)
+        path = f"{lay.bins['containerd']}:{lay.bins['runc']}:/usr/sbin:/usr/bin:/sbin:/bin"
+        env = dict(os.environ, PATH=path)
         procs.start("containerd", [lay.bin("containerd", "containerd"), "--config",
-                                   str(lay.state / "containerd.toml")], {"PATH": path})
-    _wait("containerd's socket", lambda: ctr(lay, "version", check=False).returncode == 0, 60,
-          procs, "containerd")
-    import_archive(lay, bins["pause"])
-    if not procs.alive("kubelet"):
+                                   str(lay.state / "containerd.toml")], env=env)
+        _wait("containerd's socket", lambda: ctr(lay, "version", check=False).returncode == 0, 60,
+              procs, "containerd")
+        import_archive(lay, pause)
+        imported = import_podman_images(lay, LAB_IMAGES, log)
         procs.start("kubelet", [
             lay.bin("kubelet", "kubelet"), "--config", str(lay.state / "kubelet.yaml"),
             "--kubeconfig", str(lay.state / "kubelet.kubeconfig"), "--root-dir", str(lay.kubelet_root),
-            "--hostname-override", NODE_NAME, "--node-ip", NODE_IP, "--v", "1"], {"PATH": path})
-    if not procs.alive("kube-proxy"):
+            "--hostname-override", NODE_NAME, "--node-ip", NODE_IP, "--v", "1"], env=env)
         procs.start("kube-proxy", [lay.bin("kubelet", "kube-proxy"), "--config",
-                                   str(lay.state / "kube-proxy.yaml"), "--v", "1"], {"PATH": path})
-    kubectl(lay, "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                       "items": dns_objects()}))
-    if not procs.alive("coredns"):
-        procs.start("coredns", [lay.bin("coredns", "coredns"), "-conf", str(lay.state / "Corefile")])
-    _wait("CoreDNS ready", _dns_ready, 60, procs, "coredns")
-    _wait(f"node {NODE_NAME} Ready", lambda: _node_ready(lay), 180, procs, "kubelet", interval=1)
+                                   str(lay.state / "kube-proxy.yaml"), "--v", "1"], env=env)
+        cluster.apply(dns_objects())
+        procs.start("coredns", [lay.bin("coredns", "coredns"), "-conf", str(lay.state / "Corefile")], env=env)
+        _wait("CoreDNS ready", _dns_ready, 60, procs, "coredns")
+        _wait(f"node {NODE_NAME} Ready", lambda: _node_ready(cluster), 240, procs, "kubelet", interval=1)
+    except BaseException:
+        down(cluster, log=lambda *_: None)
+        raise
     took = time.monotonic() - t0
-    log(f"node: {NODE_NAME} Ready in {took:.1f} s (containerd, kubelet, kube-proxy, CoreDNS)")
+    log(f"devcluster: node {NODE_NAME} Ready in {took:.1f} s (containerd, kubelet, kube-proxy, CoreDNS; "
+        f"images: {', '.join(imported) or 'none'})")
     return took
 
 
@@ -868,98 +664,80 @@ def _mounts_under(prefixes: list[str]) -> list[str]:
         target = line.split()[4].replace("\\040", " ")
         if any(target == p or target.startswith(p.rstrip("/") + "/") for p in prefixes):
             out.append(target)
-    return sorted(out, key=len, reverse=True)  # deepest first
+    return sorted(set(out), key=len, reverse=True)  # deepest first
 
 
-def _shim_pids(lay_bins: Path | None) -> list[int]:
+def _pids_of(exe_dir: Path) -> list[int]:
+    """Processes running a binary from ``exe_dir`` (containerd's shims outlive containerd)."""
     out = []
     for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            exe = os.readlink(d / "exe")
-        except OSError:
-            continue
-        if exe.endswith("/containerd-shim-runc-v2") and (lay_bins is None or exe.startswith(str(lay_bins))):
-            out.append(int(d.name))
+        if d.name.isdigit():
+            try:
+                if os.readlink(d / "exe").startswith(str(exe_dir) + "/"):
+                    out.append(int(d.name))
+            except OSError:
+                pass
     return out
 
 
-def down(log=print) -> None:
-    """Stop the node and remove every process, mount, netns, iptables rule and route it made."""
-    state = cache_root() / "cluster" / "node"
-    procs = Procs(state)
-    containerd_bin = None
-    try:
-        containerd_bin = builds(versions())["containerd"].bin_dir(cache_root())
-    except (KeyError, OSError):
-        pass
-    lay = None
-    if (cache_root() / "cluster" / "admin.kubeconfig").is_file() and containerd_bin and containerd_bin.exists():
+def _kill(pids: list[int]) -> None:
+    import signal
+
+    for pid in pids:
         try:
-            lay = layout({k: b.bin_dir(cache_root()) for k, b in builds(versions()).items()})
-        except SystemExit:
-            lay = None
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+        time.sleep(0.1)
+
+
+def down(cluster, log=print) -> None:
+    """Stop the node and remove every process, mount, netns, iptables rule and route it made."""
+    state = cluster.root / "node"
+    procs = Procs(state)
     for name in ("coredns", "kube-proxy", "kubelet"):
         procs.stop(name)
-    if lay and procs.alive("containerd"):
-        # every pod's containers and sandboxes: kill the tasks, then containerd tears down the netns
+    containerd = build.COMPONENTS["containerd"]
+    lay = Layout(cluster=cluster.root, bins={n: build.COMPONENTS[n].dir for n in build.TIER2}, server="")
+    if procs.alive("containerd"):
+        # every container and sandbox: kill the tasks; removing them lets containerd tear down their netns
         tasks = ctr(lay, "tasks", "list", "-q", check=False).stdout.decode().split()
         for t in tasks:
             ctr(lay, "tasks", "kill", "-s", "SIGKILL", t, check=False)
         deadline = time.monotonic() + 30
         for t in tasks:
-            while time.monotonic() < deadline and ctr(lay, "tasks", "delete", t, check=False).returncode != 0:
-                time.sleep(0.5)
-        for c in ctr(lay, "containers", "list", "-q", check=False).stdout.decode().split():
-            ctr(lay, "containers", "delete", c, check=False)
+            while time.monotonic() < deadline and ctr(lay, "tasks", "delete", t, check=False).returncode:
+                time.sleep(0.3)
     procs.stop("containerd")
-    for pid in _shim_pids(containerd_bin):
-        _kill_wait(pid, 5)
-    # network namespaces the CNI made for pods (containerd names them cni-<uuid>)
-    for ns in Path("/var/run/netns").glob("cni-*") if Path("/var/run/netns").exists() else []:
-        _run(["ip", "netns", "del", ns.name], check=False)
-    if lay:
-        # kube-proxy's chains, by kube-proxy itself
-        _run([lay.bin("kubelet", "kube-proxy"), "--cleanup", "--config", str(state / "kube-proxy.yaml")],
-             check=False, timeout=60)
-    for m in _mounts_under([str(state), str(RUN_DIR)]):
-        r = _run(["umount", m], check=False)
-        if r.returncode != 0:
+    _kill(_pids_of(containerd.dir))  # shims (and anything else of ours) still running
+    # the pods' network namespaces (containerd names them cni-<uuid>) and what the CNI recorded
+    netns = Path("/var/run/netns")
+    for ns in sorted(netns.glob("cni-*")) if netns.is_dir() else []:
+        _ip("netns", "del", ns.name, check=False)
+    kube_proxy = build.COMPONENTS["kubelet"].path("kube-proxy")
+    if kube_proxy.is_file():  # kube-proxy removes its own chains
+        _run([str(kube_proxy), "--cleanup", "--proxy-mode", "iptables"], check=False, timeout=120)
+    for m in _mounts_under([str(state), str(RUN_DIR), str(lay.images)]):
+        if _run(["umount", m], check=False).returncode:
             _run(["umount", "-l", m], check=False)
-    network_down(lay, log=log)
-    for link in os.listdir("/sys/class/net"):
-        if link.startswith("veth") and (Path("/sys/class/net") / link / "master").exists():
-            if os.path.basename(os.readlink(Path("/sys/class/net") / link / "master")) == BRIDGE:
-                _run(["ip", "link", "del", link], check=False)
-    for results in Path("/var/lib/cni/results").glob("tfk8s-pods-*") if Path("/var/lib/cni/results").exists() else []:
-        results.unlink()
+    network_down(state, log)
+    results = Path("/var/lib/cni/results")
+    for f in results.glob(f"{CNI_NETWORK}-*") if results.is_dir() else []:
+        f.unlink()
     shutil.rmtree(RUN_DIR, ignore_errors=True)
-    # the runtime state goes; the certificates and the image store stay (a second up is fast)
-    for d in ("kubelet", "cni/ipam", "pod-logs", "pids"):
-        shutil.rmtree(state / d, ignore_errors=True)
-    log("node: down")
+    shutil.rmtree(state, ignore_errors=True)
+    log("devcluster: node down")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("build")
-    sub.add_parser("up")
-    sub.add_parser("down")
-    imp = sub.add_parser("import")
-    imp.add_argument("images", nargs="+")
-    a = p.parse_args(argv)
-    if a.cmd == "build":
-        build_all()
-    elif a.cmd == "up":
-        up()
-    elif a.cmd == "down":
-        down()
-    elif a.cmd == "import":
-        import_podman_images(layout(), a.images)
-    return 0
+def running(cluster) -> bool:
+    """True when every process of the node runs."""
+    procs = Procs(cluster.root / "node")
+    return all(procs.alive(n) for n in NODE_PROCESSES)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def status(cluster) -> dict[str, bool]:
+    """Each node process: running or not (empty when no node was started)."""
+    procs = Procs(cluster.root / "node")
+    return {n: procs.alive(n) for n in procs.names()}

@@ -2,36 +2,31 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import sys
 import tarfile
 import tomllib
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def node():
-    spec = importlib.util.spec_from_file_location("devcluster_node", REPO / "devcluster" / "node.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    from devcluster import node
+
+    return node
 
 
 @pytest.fixture
 def lay(node, tmp_path):
-    bins = {k: tmp_path / k / "bin" for k in ("containerd", "runc", "coredns", "kubelet")}
+    bins = {k: tmp_path / k for k in ("containerd", "runc", "coredns", "kubelet")}
     return node.Layout(cluster=tmp_path / "cluster", bins=bins, server="https://127.0.0.1:6443")
 
 
-def test_versions_pin_a_kubelet_that_still_runs_on_cgroup_v1(node):
-    v = node.versions()
+def test_versions_pin_a_kubelet_that_still_runs_on_cgroup_v1():
+    from devcluster.versions import versions
+
+    v = versions()
     major, minor = (int(x) for x in v["KUBERNETES"].lstrip("v").split(".")[:2])
     assert (major, minor) <= (1, 37)
     assert v["CONTAINERD"].startswith("v2.3.")
@@ -39,23 +34,14 @@ def test_versions_pin_a_kubelet_that_still_runs_on_cgroup_v1(node):
         assert v[key].startswith("v")
 
 
-def test_build_plan(node):
-    plan = node.builds({"CONTAINERD": "v2.3.4", "RUNC": "v1.4.3", "COREDNS": "v1.14.7",
-                        "KUBERNETES": "v1.36.3"})
-    assert plan["runc"].env == {"CGO_ENABLED": "1"}
-    assert plan["runc"].argv[:4] == ("install", "-trimpath", "-tags", "seccomp")
-    assert plan["runc"].argv[-1] == "github.com/opencontainers/runc@v1.4.3"
-    assert plan["containerd"].binaries == ("containerd", "ctr", "containerd-shim-runc-v2")
-    assert "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@v2.3.4" in plan["containerd"].argv
-    assert plan["coredns"].argv[-1] == "github.com/coredns/coredns@v1.14.7"
-    kubelet = plan["kubelet"]
-    assert kubelet.argv[-2:] == ("k8s.io/kubernetes/cmd/kubelet", "k8s.io/kubernetes/cmd/kube-proxy")
-    assert kubelet.cwd.endswith("devcluster/go/kubernetes")
-    ld = kubelet.argv[kubelet.argv.index("-ldflags") + 1]
-    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
-        assert f"-X {pkg}.gitVersion=v1.36.3" in ld
-        assert f"-X {pkg}.gitMajor=1" in ld and f"-X {pkg}.gitMinor=36" in ld
-    assert plan["kubelet"].bin_dir(Path("/c")) == Path("/c/kubelet-v1.36.3/bin")
+def test_the_node_components_are_in_the_build_registry():
+    from devcluster import build
+
+    assert build.TIER2 == ("containerd", "runc", "coredns", "kubelet")
+    assert build.COMPONENTS["kubelet"].binaries == ("kubelet", "kube-proxy")
+    assert build.COMPONENTS["kubelet"].version_key == "KUBERNETES"  # same module, same ldflags
+    assert build.COMPONENTS["containerd"].binaries == ("containerd", "ctr", "containerd-shim-runc-v2")
+    assert build.COMPONENTS["runc"].version_key == "RUNC"
 
 
 def test_containerd_config(node, lay):
@@ -68,6 +54,7 @@ def test_containerd_config(node, lay):
     assert runtime["containerd"]["runtimes"]["runc"] == {
         "runtime_type": "io.containerd.runc.v2",
         "options": {"BinaryName": str(lay.bins["runc"] / "runc"), "SystemdCgroup": False}}
+    assert cfg["root"] == str(node.cache_root() / "node-images")  # the image store outlives a cluster
     images = cfg["plugins"]["io.containerd.cri.v1.images"]
     assert images["pinned_images"] == {"sandbox": "localhost/tfk8s/pause:3.10-tfk8s"}
     assert cfg["grpc"]["address"] == "/run/tfk8s-node/containerd/containerd.sock"
@@ -142,7 +129,7 @@ def test_fence_rules_drop_every_local_range_towards_each_outside_interface(node)
     assert ["-A", "TFK8S-NODE-FENCE", "-o", "eth0", "-d", "10.0.0.0/24", "-j", "DROP"] in rules
     assert len(rules) == 2 * len(node.LOCAL_RANGES)
     assert node.fence_rules([]) == []
-    assert ["unreachable", "10.0.0.0/24"] in node.routes()
+    assert node.routes() == [["10.96.0.0/16", "dev", "tfk8s-node", "src", "10.245.0.1"]]
 
 
 def test_pause_image_archive(node):

@@ -19,108 +19,66 @@ that no packet of the node's address ranges leaves by the machine's outside inte
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
+from devcluster import node
+
 pytestmark = pytest.mark.k8s
 
-REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TASK_IMAGE = os.environ.get("TFK8S_NODE_TASK_IMAGE", "localhost/tfk8s/tensorflow-task:0.1.0")
 NOTEBOOK_IMAGE = os.environ.get("TFK8S_NODE_NOTEBOOK_IMAGE", "localhost/tfk8s/notebook:0.1.0")
 BOUND = 600.0  # seconds any one wait may take on a loaded 2-core machine
 
 
-def _node_module():
-    spec = importlib.util.spec_from_file_location("devcluster_node", REPO / "devcluster" / "node.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-node = _node_module()
-
-
-def _unavailable(reason: str):
-    if os.environ.get("TFK8S_REQUIRE_K8S"):
-        pytest.fail(f"TFK8S_REQUIRE_K8S is set but {reason}")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
-def admin():
-    """An admin ApiClient for the devcluster, once its real node is Ready with the images."""
-    kubeconfig = node.cache_root() / "cluster" / "admin.kubeconfig"
-    if not kubeconfig.is_file():
-        _unavailable(f"no devcluster is running ({kubeconfig} is missing): run scripts/kube up --pods")
-    from kubernetes import client, config
+def realnode(realkube):
+    """The devcluster with its real node Ready and the lab's images in the node's containerd."""
+    from tests.realkube import require_or_skip
 
     try:
-        api = config.new_client_from_config(str(kubeconfig))
-        n = client.CoreV1Api(api).read_node(node.NODE_NAME, _request_timeout=10)
+        n = realkube.core.read_node(node.NODE_NAME, _request_timeout=10)
     except Exception as e:  # noqa: BLE001 - any failure means: no real node here
-        _unavailable(f"the devcluster has no real node {node.NODE_NAME!r} ({e}): run scripts/kube up --pods")
+        require_or_skip(f"the devcluster has no real node {node.NODE_NAME!r} ({e}): "
+                        f"start it with scripts/kube up --pods")
     ready = {c.type: c.status for c in n.status.conditions or []}.get("Ready")
     if ready != "True":
-        _unavailable(f"node {node.NODE_NAME} is not Ready ({ready}): see its logs under "
-                     f"{node.cache_root() / 'cluster' / 'node' / 'logs'}")
+        require_or_skip(f"node {node.NODE_NAME} is not Ready ({ready}): see its logs in "
+                        f"{node.cache_root() / 'cluster' / 'node' / 'logs'}")
     images = {name for i in n.status.images or [] for name in i.names or []}
     for image in (TASK_IMAGE, NOTEBOOK_IMAGE):
         if image not in images:
-            _unavailable(f"{image} is not in the node's containerd: scripts/build_images.py task notebook, "
-                         f"then scripts/kube up --pods imports it")
-    return api
-
-
-def _sa_client(admin, namespace: str, service_account: str):
-    """An ApiClient acting as ``service_account`` (a TokenRequest made by the admin)."""
-    from kubernetes import client
-
-    token = client.CoreV1Api(admin).create_namespaced_service_account_token(
-        service_account, namespace, {"spec": {"expirationSeconds": 3600}}).status.token
-    cfg = client.Configuration()
-    cfg.host = admin.configuration.host
-    cfg.ssl_ca_cert = admin.configuration.ssl_ca_cert
-    cfg.verify_ssl = True
-    cfg.api_key = {"BearerToken": token}
-    cfg.api_key_prefix = {"BearerToken": "Bearer"}
-    return client.ApiClient(cfg)
+            require_or_skip(f"{image} is not in the node's containerd: run scripts/build_images.py "
+                            f"task notebook, then scripts/kube up --pods imports it")
+    return realkube
 
 
 class User:
-    """A user's namespace (restricted), ServiceAccount, Role and claims; their backend."""
+    """A lab user's namespace as the hub bootstraps it (Pod Security ``restricted``, ServiceAccount,
+    Role, LimitRange, quota, NetworkPolicy), hostPath claims owned by the task user, and backends
+    acting as the user's own ServiceAccount token."""
 
-    def __init__(self, admin, tmp: Path):
-        from kubernetes import client
-
-        from tfk8s_magics.backends.kubernetes.rbac import backend_role, backend_role_binding
-
-        self.admin = admin
-        self.core = client.CoreV1Api(admin)
-        self.ns = f"tfk8s-pods-{uuid.uuid4().hex[:6]}"
+    def __init__(self, kube, tmp: Path):
+        self.kube = kube
+        self.admin = kube.admin
+        self.core = kube.core
+        self.ns_obj = kube.user_namespace("pods", kwok=False)  # pods go to the real node
+        self.ns = self.ns_obj.name
         self.pvs: list[str] = []
-        self.core.create_namespace({"metadata": {"name": self.ns, "labels": {
-            "pod-security.kubernetes.io/enforce": "restricted"}}})
-        self.core.create_namespaced_service_account(self.ns, {"metadata": {"name": "jupyter"}})
-        rbac = client.RbacAuthorizationV1Api(admin)
-        rbac.create_namespaced_role(self.ns, backend_role(self.ns))
-        rbac.create_namespaced_role_binding(self.ns, backend_role_binding(self.ns, "jupyter"))
+        self.backends = []
         for claim in ("logs", "data"):
             path = tmp / f"{self.ns}-{claim}"
             path.mkdir()
-            os.chown(path, 1000, 1000)  # the tasks run as 1000 (hostPath ignores fsGroup)
+            os.chown(path, 1000, 1000)  # the tasks run as 1000 (a hostPath ignores fsGroup)
             pv = f"{self.ns}-{claim}"
             self.core.create_persistent_volume({
                 "metadata": {"name": pv},
@@ -135,16 +93,23 @@ class User:
                          "resources": {"requests": {"storage": "1Gi"}}}})
 
     def backend(self, **kw):
+        """The Kubernetes backend as the user's ServiceAccount, with the imported task image."""
         from tfk8s_magics.backends.kubernetes import KubernetesBackend
 
-        return KubernetesBackend(namespace=self.ns, api_client=_sa_client(self.admin, self.ns, "jupyter"),
-                                 user="pods", image=TASK_IMAGE, **kw)
+        b = KubernetesBackend(namespace=self.ns, api_client=self.ns_obj.api_client, user="pods",
+                              image=TASK_IMAGE, **kw)
+        self.backends.append(b)
+        return b
 
     def close(self):
-        self.core.delete_namespace(self.ns)
-        deadline = time.monotonic() + BOUND
+        for b in self.backends:
+            b.close()
+        for r in self.ns_obj.requests():
+            assert r.code != 403, f"{r.verb} {r.uri} was denied to the user: the shipped Role lacks it"
         from kubernetes.client.rest import ApiException
 
+        self.core.delete_namespace(self.ns)
+        deadline = time.monotonic() + BOUND
         while time.monotonic() < deadline:
             try:
                 self.core.read_namespace(self.ns)
@@ -158,8 +123,8 @@ class User:
 
 
 @pytest.fixture
-def user(admin, tmp_path_factory):
-    u = User(admin, tmp_path_factory.mktemp("pv"))
+def user(realnode, tmp_path_factory):
+    u = User(realnode, tmp_path_factory.mktemp("pv"))
     try:
         yield u
     finally:
@@ -405,12 +370,14 @@ for ip in ("10.244.1.1", "10.0.0.7", "10.244.0.250"):
 """
 
 
-def test_no_packet_of_the_node_ranges_leaves_by_the_outside_interface(user):
+def test_no_packet_of_the_node_ranges_leaves_by_the_outside_interface(user, tmp_path):
     """While pods resolve names and address other pods, kwok's and non-local addresses, the
     outside interface carries none of the node's ranges; the fence counts the one it dropped."""
     tcpdump = shutil.which("tcpdump")
     if not tcpdump:
-        _unavailable("tcpdump is missing: scripts/bootstrap kube-node")
+        from tests.realkube import require_or_skip
+
+        require_or_skip("tcpdump is missing: scripts/bootstrap kube-node")
     outside = node.outside_interfaces()
     assert outside, "no outside interface found"
     # the fence is in place before any probe is sent
@@ -425,25 +392,26 @@ def test_no_packet_of_the_node_ranges_leaves_by_the_outside_interface(user):
     ranges = " or ".join(f"net {c}" for c in node.LOCAL_RANGES)
     captures = []
     for dev in outside:
-        out = Path(user.core.api_client.configuration.temp_folder_path or "/tmp") / f"fence-{dev}.pcap"
+        out = tmp_path / f"fence-{dev}.pcap"
         captures.append((out, subprocess.Popen(
             [tcpdump, "-i", dev, "-n", "-U", "-w", str(out), ranges],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
     time.sleep(2)  # tcpdump listening
     before = _fence_packets()
     try:
-        user.core.create_namespaced_pod(user.ns, _restricted_pod("probe", TASK_IMAGE, ["python", "-c", PROBE]))
+        pod = _restricted_pod("probe", TASK_IMAGE, ["python", "-c", PROBE])
+        user.core.create_namespaced_pod(user.ns, pod)
         phase, log = _pod_log(user.core, user.ns, "probe")
         assert phase == "Succeeded", log
         assert "kubernetes 10.96.0.1" in log, log
         assert "outside name refused" in log, log  # CoreDNS has no forward
         assert "sent 10.244.1.1" in log, log  # forwarded by the host: the fence must drop it
     finally:
-        for out, p in captures:
+        for _, p in captures:
             p.terminate()
             p.wait(10)
     assert _fence_packets() > before, "the fence did not see the packet for 10.244.1.1"
-    for out, p in captures:
+    for out, _ in captures:
         r = subprocess.run([tcpdump, "-r", str(out), "-n"], capture_output=True, text=True)
         assert r.stdout.strip() == "", f"packets of the node's ranges left by {out.stem}:\n{r.stdout}"
         out.unlink()
