@@ -58,6 +58,10 @@ PAUSE_IMAGE = "localhost/tfk8s/pause:3.10-tfk8s"
 #: sysctls ``up`` sets and ``down`` restores: pods reach pods through services (DNAT on the
 #: bridge) only with forwarding on and bridged traffic passing iptables
 SYSCTLS = {"net/ipv4/ip_forward": "1", "net/bridge/bridge-nf-call-iptables": "1"}
+#: sysctls the kubelet and kube-proxy set on their own (kernel.panic*, overcommit, route_localnet):
+#: saved before they start, restored by ``down``
+RESTORED = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory",
+            "net/ipv4/conf/all/route_localnet")
 #: the lab's images the tests run, imported from podman (scripts/build_images.py tags them so)
 LAB_IMAGES = ("localhost/tfk8s/tensorflow-task:0.1.0", "localhost/tfk8s/notebook:0.1.0")
 
@@ -489,7 +493,7 @@ def network_up(lay: Layout) -> None:
         _ip("route", "replace", *r)
     saved = lay.state / "sysctls.json"
     if not saved.exists():
-        _write_json(saved, {k: _sysctl(k) for k in SYSCTLS})
+        _write_json(saved, {k: _sysctl(k) for k in (*SYSCTLS, *RESTORED) if Path("/proc/sys", k).exists()})
     for k, v in SYSCTLS.items():
         _sysctl(k, v)
 
@@ -619,6 +623,10 @@ def up(cluster, log=print) -> float:
             raise NodeError(f"{tool} is missing: run scripts/bootstrap kube-node")
     if not Path(CNI_BIN_DIR, "bridge").is_file():
         raise NodeError(f"the CNI plugins are missing in {CNI_BIN_DIR}: run scripts/bootstrap kube-node")
+    owner = _owner()
+    if owner not in (None, str(cluster.root)) and running_in(Path(owner)):
+        raise NodeError(f"this machine already runs the real node of the cluster in {owner}: "
+                        f"stop that one first (TFK8S_KUBE_DIR={owner} scripts/kube down)")
     t_build = time.monotonic()
     dirs = bins()
     pause = build_pause(log)
@@ -629,8 +637,9 @@ def up(cluster, log=print) -> float:
     procs = Procs(lay.state)
     try:
         write_configs(lay)
-        network_up(lay)
         RUN_DIR.mkdir(parents=True, exist_ok=True)
+        (RUN_DIR / "owner").write_text(str(cluster.root))
+        network_up(lay)
         path = f"{lay.bins['containerd']}:{lay.bins['runc']}:/usr/sbin:/usr/bin:/sbin:/bin"
         env = dict(os.environ, PATH=path)
         procs.start("containerd", [lay.bin("containerd", "containerd"), "--config",
@@ -694,8 +703,14 @@ def _kill(pids: list[int]) -> None:
 
 
 def down(cluster, log=print) -> None:
-    """Stop the node and remove every process, mount, netns, iptables rule and route it made."""
+    """Stop the node and remove every process, mount, netns, iptables rule and route it made.
+
+    Only the cluster that started the node removes it (the devices, rules and sockets are the
+    machine's, and another cluster directory may own them).
+    """
     state = cluster.root / "node"
+    if not state.is_dir() or _owner() not in (None, str(cluster.root)):
+        return
     procs = Procs(state)
     for name in ("coredns", "kube-proxy", "kubelet"):
         procs.stop(name)
@@ -733,8 +748,21 @@ def down(cluster, log=print) -> None:
 
 def running(cluster) -> bool:
     """True when every process of the node runs."""
-    procs = Procs(cluster.root / "node")
+    return running_in(cluster.root)
+
+
+def running_in(cluster_root: Path) -> bool:
+    """True when every process of the node of the cluster in ``cluster_root`` runs."""
+    procs = Procs(cluster_root / "node")
     return all(procs.alive(n) for n in NODE_PROCESSES)
+
+
+def _owner() -> str | None:
+    """The cluster directory whose node holds this machine's node devices, if any."""
+    try:
+        return (RUN_DIR / "owner").read_text().strip() or None
+    except OSError:
+        return None
 
 
 def status(cluster) -> dict[str, bool]:
