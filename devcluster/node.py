@@ -24,6 +24,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -667,6 +668,34 @@ def up(cluster, log=print) -> float:
     return took
 
 
+def kube_chain_cleanup(rules: str) -> list[list[str]]:
+    """``iptables -S`` output of one table -> the commands that remove every ``KUBE-*`` chain.
+
+    The kubelet's canary chains and whatever kube-proxy's own ``--cleanup`` left: first the rules
+    that jump to them from other chains, then the chains themselves (flushed, then deleted).
+    """
+    out, chains = [], []
+    for line in rules.splitlines():
+        words = shlex.split(line)  # comments with spaces are quoted
+        if words[:1] == ["-N"] and words[1].startswith("KUBE-"):
+            chains.append(words[1])
+        elif words[:1] == ["-A"] and not words[1].startswith("KUBE-") and any(
+                w.startswith("KUBE-") for w in words[2:]):
+            out.append(["-D", *words[1:]])
+    out += [["-F", c] for c in chains] + [["-X", c] for c in chains]
+    return out
+
+
+def _remove_kube_chains() -> None:
+    for exe in ("iptables", "ip6tables"):
+        if not shutil.which(exe):
+            continue
+        for table in ("filter", "nat", "mangle"):
+            r = _run([exe, "-w", "-t", table, "-S"], check=False)
+            for cmd in kube_chain_cleanup(r.stdout):
+                _run([exe, "-w", "-t", table, *cmd], check=False)
+
+
 def _mounts_under(prefixes: list[str]) -> list[str]:
     out = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
@@ -734,6 +763,7 @@ def down(cluster, log=print) -> None:
     kube_proxy = build.COMPONENTS["kubelet"].path("kube-proxy")
     if kube_proxy.is_file():  # kube-proxy removes its own chains
         _run([str(kube_proxy), "--cleanup", "--proxy-mode", "iptables"], check=False, timeout=120)
+    _remove_kube_chains()
     for m in _mounts_under([str(state), str(RUN_DIR), str(lay.images)]):
         if _run(["umount", m], check=False).returncode:
             _run(["umount", "-l", m], check=False)

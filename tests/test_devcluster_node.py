@@ -148,3 +148,19 @@ def test_pause_image_archive(node):
 def test_client_certificates_name_the_node_as_the_node_authorizer_expects(node):
     assert node.CLIENTS["kubelet"] == ("system:node:tfk8s-node", "system:nodes")
     assert node.CLIENTS["kube-proxy"] == ("system:kube-proxy", None)
+
+
+def test_kube_chain_cleanup_removes_jumps_then_chains_and_leaves_others(node):
+    rules = """-P INPUT ACCEPT
+-N KUBE-FIREWALL
+-N KUBE-KUBELET-CANARY
+-N TFK8S-NODE-FENCE
+-A INPUT -m comment --comment "kubernetes firewall" -j KUBE-FIREWALL
+-A OUTPUT -j TFK8S-NODE-FENCE
+-A KUBE-FIREWALL -j DROP
+"""
+    assert node.kube_chain_cleanup(rules) == [
+        ["-D", "INPUT", "-m", "comment", "--comment", "kubernetes firewall", "-j", "KUBE-FIREWALL"],
+        ["-F", "KUBE-FIREWALL"], ["-F", "KUBE-KUBELET-CANARY"],
+        ["-X", "KUBE-FIREWALL"], ["-X", "KUBE-KUBELET-CANARY"],
+    ]
