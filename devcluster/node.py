@@ -7,7 +7,7 @@ host process (there is no systemd here); the node's processes, logs and certific
 (``<cache>/node-images``) so the lab's images are imported once, not at every start.
 
 The network never leaves this machine. Pods live on the bridge ``tfk8s-br0`` (10.244.0.0/24,
-no masquerade); the node's address (10.245.0.1) and the DNS server are on the dummy device
+no masquerade); the node's address (10.245.0.1) and the DNS server are on the port-less bridge
 ``tfk8s-node``, which also carries the service range's route; kwok's invented pod addresses are
 routed ``unreachable``; a chain first in FORWARD and OUTPUT drops every packet of those ranges that
 would leave by an outside interface. ``down`` removes all of it and restores the two sysctls
@@ -43,6 +43,7 @@ from .versions import HERE, cache_root
 POD_CIDR = "10.244.0.0/24"
 SERVICE_CIDR = "10.96.0.0/16"  # the apiserver's --service-cluster-ip-range
 KWOK_CIDR = "10.0.0.0/24"  # where kwok invents pod addresses: routed unreachable
+POD_GATEWAY = "10.244.0.1"  # the bridge's address (the CNI plugin's isGateway finds it there)
 NODE_IP = "10.245.0.1"
 DNS_IP = "10.96.0.10"  # the kube-dns Service's ClusterIP (its endpoint is NODE_IP:53)
 CLUSTER_DOMAIN = "cluster.local"
@@ -312,7 +313,7 @@ def kube_proxy_config(lay: Layout) -> dict:
         "bindAddress": "127.0.0.1",
         "healthzBindAddress": "127.0.0.1:10256",
         "metricsBindAddress": "127.0.0.1:10249",
-        # NodePorts only on the node's own dummy address, never on the outside interface
+        # NodePorts only on the node's own address, never on the outside interface
         "nodePortAddresses": [NODE_IP + "/32"],
         # as k3s does: leave the host's conntrack sysctls alone
         "conntrack": {"maxPerCore": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
@@ -471,7 +472,7 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def network_up(lay: Layout) -> None:
-    """The fence, the dummy device, the bridge, the routes, then the sysctls (idempotent)."""
+    """The fence, the node device, the pod bridge, the routes, then the sysctls (idempotent)."""
     outside = outside_interfaces()
     # the fence first: nothing is forwarded before it stands
     if _iptables("-n", "-L", FENCE_CHAIN, check=False).returncode:
@@ -483,12 +484,15 @@ def network_up(lay: Layout) -> None:
         if _iptables("-C", hook, "-j", FENCE_CHAIN, check=False).returncode:
             _iptables("-I", hook, "1", "-j", FENCE_CHAIN)
     if _ip("link", "show", DUMMY, check=False).returncode:
-        _ip("link", "add", DUMMY, "type", "dummy")
+        # a bridge without ports: this kernel has no dummy driver, and it cannot load modules
+        _ip("link", "add", DUMMY, "type", "bridge")
     _ip("addr", "replace", NODE_IP + "/32", "dev", DUMMY)
     _ip("link", "set", DUMMY, "up")
     # the bridge exists before the first pod (the CNI plugin adopts it)
     if _ip("link", "show", BRIDGE, check=False).returncode:
         _ip("link", "add", BRIDGE, "type", "bridge")
+    # the gateway address now, so the pod range is routed to the bridge before the first pod
+    _ip("addr", "replace", POD_GATEWAY + "/24", "dev", BRIDGE)
     _ip("link", "set", BRIDGE, "up")
     for r in routes():
         _ip("route", "replace", *r)
