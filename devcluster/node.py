@@ -62,8 +62,12 @@ PAUSE_IMAGE = "localhost/tfk8s/pause:3.10-tfk8s"
 SYSCTLS = {"net/ipv4/ip_forward": "1", "net/bridge/bridge-nf-call-iptables": "1"}
 #: sysctls the kubelet and kube-proxy set on their own (kernel.panic*, overcommit, route_localnet):
 #: saved before they start, restored by ``down``
-RESTORED = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory",
-            "net/ipv4/conf/all/route_localnet")
+RESTORED = (
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "vm/overcommit_memory",
+    "net/ipv4/conf/all/route_localnet",
+)
 #: the lab's images the tests run, imported from podman (scripts/build_images.py tags them so)
 LAB_IMAGES = ("localhost/tfk8s/tensorflow-task:0.1.0", "localhost/tfk8s/notebook:0.1.0")
 
@@ -96,17 +100,22 @@ def pause_image_tar(binary: bytes, name: str = PAUSE_IMAGE) -> bytes:
 
     layer = tar_bytes([("pause", binary, 0o755)])
     diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
-    config = json.dumps({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Entrypoint": ["/pause"], "User": "65535:65535"},
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        "history": [{"created_by": "devcluster/pause/pause.c, gcc -static"}],
-    }, sort_keys=True).encode()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Entrypoint": ["/pause"], "User": "65535:65535"},
+            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+            "history": [{"created_by": "devcluster/pause/pause.c, gcc -static"}],
+        },
+        sort_keys=True,
+    ).encode()
     config_name = hashlib.sha256(config).hexdigest() + ".json"
     layer_name = hashlib.sha256(layer).hexdigest() + "/layer.tar"
     manifest = json.dumps([{"Config": config_name, "RepoTags": [name], "Layers": [layer_name]}]).encode()
-    return tar_bytes([(config_name, config, 0o644), (layer_name, layer, 0o644),
-                      ("manifest.json", manifest, 0o644)])
+    return tar_bytes(
+        [(config_name, config, 0o644), (layer_name, layer, 0o644), ("manifest.json", manifest, 0o644)]
+    )
 
 
 def build_pause(log=print) -> Path:
@@ -286,8 +295,12 @@ def kubelet_config(lay: Layout) -> dict:
         # never collect images (they cannot be pulled back) and never evict for disk
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
-        "evictionHard": {"nodefs.available": "0%", "nodefs.inodesFree": "0%",
-                         "imagefs.available": "0%", "imagefs.inodesFree": "0%"},
+        "evictionHard": {
+            "nodefs.available": "0%",
+            "nodefs.inodesFree": "0%",
+            "imagefs.available": "0%",
+            "imagefs.inodesFree": "0%",
+        },
         "serializeImagePulls": False,
         "resolvConf": "",  # pods get only the cluster DNS, never the host's resolvers
         "clusterDNS": [DNS_IP],
@@ -341,9 +354,10 @@ def corefile(lay: Layout) -> str:
 def kubeconfig(server: str, ca: Path, cert: Path, key: Path, user: str) -> dict:
     """A kubeconfig naming files (a client certificate signed by the cluster CA)."""
     return {
-        "apiVersion": "v1", "kind": "Config", "current-context": "default",
-        "clusters": [{"name": "devcluster",
-                      "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "default",
+        "clusters": [{"name": "devcluster", "cluster": {"server": server, "certificate-authority": str(ca)}}],
         "users": [{"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}],
         "contexts": [{"name": "default", "context": {"cluster": "devcluster", "user": user}}],
     }
@@ -361,32 +375,64 @@ CLIENTS = {
 def dns_objects() -> list[dict]:
     """kube-dns (a Service with no selector, its endpoint the node's DNS) and CoreDNS's RBAC."""
     return [
-        {"apiVersion": "v1", "kind": "Service",
-         "metadata": {"name": "kube-dns", "namespace": "kube-system",
-                      "labels": {"k8s-app": "kube-dns"}},
-         "spec": {"clusterIP": DNS_IP, "ports": [
-             {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53},
-             {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": 53}]}},
-        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-         "metadata": {"name": "kube-dns-node", "namespace": "kube-system",
-                      "labels": {"kubernetes.io/service-name": "kube-dns",
-                                 "endpointslice.kubernetes.io/managed-by": "tfk8s-devcluster"}},
-         "addressType": "IPv4",
-         "endpoints": [{"addresses": [NODE_IP], "conditions": {"ready": True}}],
-         "ports": [{"name": "dns", "port": 53, "protocol": "UDP"},
-                   {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": "tfk8s:coredns"},
-         "rules": [{"apiGroups": [""], "resources": ["services", "pods", "namespaces"],
-                    "verbs": ["list", "watch"]},
-                   {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
-                    "verbs": ["list", "watch"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": "tfk8s:coredns"},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": "tfk8s:coredns"},
-         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
-                       "name": "tfk8s:coredns"}]},
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "kube-dns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
+            "spec": {
+                "clusterIP": DNS_IP,
+                "ports": [
+                    {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53},
+                    {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": 53},
+                ],
+            },
+        },
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "kube-dns-node",
+                "namespace": "kube-system",
+                "labels": {
+                    "kubernetes.io/service-name": "kube-dns",
+                    "endpointslice.kubernetes.io/managed-by": "tfk8s-devcluster",
+                },
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [NODE_IP], "conditions": {"ready": True}}],
+            "ports": [
+                {"name": "dns", "port": 53, "protocol": "UDP"},
+                {"name": "dns-tcp", "port": 53, "protocol": "TCP"},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "tfk8s:coredns"},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["services", "pods", "namespaces"],
+                    "verbs": ["list", "watch"],
+                },
+                {
+                    "apiGroups": ["discovery.k8s.io"],
+                    "resources": ["endpointslices"],
+                    "verbs": ["list", "watch"],
+                },
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "tfk8s:coredns"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "tfk8s:coredns",
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "tfk8s:coredns"}],
+        },
     ]
 
 
@@ -413,14 +459,16 @@ def routes() -> list[list[str]]:
     return [[SERVICE_CIDR, "dev", DUMMY, "src", NODE_IP]]  # ClusterIPs: DNAT by kube-proxy, never out
 
 
-
 # -- performing ---------------------------------------------------------------------------------
 
 
 def outside_interfaces() -> list[str]:
     """The machine's interfaces other than loopback and the node's own devices."""
-    return [dev for dev in sorted(os.listdir("/sys/class/net"))
-            if dev != "lo" and not dev.startswith(("tfk8s", "veth", "ifb"))]
+    return [
+        dev
+        for dev in sorted(os.listdir("/sys/class/net"))
+        if dev != "lo" and not dev.startswith(("tfk8s", "veth", "ifb"))
+    ]
 
 
 def _layout(cluster, component_dirs: dict[str, Path]) -> Layout:
@@ -438,8 +486,14 @@ def write_configs(lay: Layout) -> None:
     for stem, (cn, org) in CLIENTS.items():
         crt, key = ca.issue(f"node-{stem}", cn, org=org, client=True)
         _write_json(lay.state / f"{stem}.kubeconfig", kubeconfig(lay.server, lay.ca, crt, key, stem))
-    ca.issue("node-kubelet-serving", f"system:node:{NODE_NAME}", org="system:nodes", server=True,
-             dns=(NODE_NAME,), ips=(NODE_IP,))
+    ca.issue(
+        "node-kubelet-serving",
+        f"system:node:{NODE_NAME}",
+        org="system:nodes",
+        server=True,
+        dns=(NODE_NAME,),
+        ips=(NODE_IP,),
+    )
     (lay.state / "containerd.toml").write_text(containerd_config(lay))
     _write_json(lay.state / "cni" / "net.d" / "10-tfk8s.conflist", cni_config(lay))
     _write_json(lay.state / "kubelet.yaml", kubelet_config(lay))  # JSON is YAML
@@ -530,8 +584,11 @@ def network_down(state: Path, log) -> None:
 
 def ctr(lay: Layout, *args: str, stdin=None, check: bool = True) -> subprocess.CompletedProcess:
     """``ctr`` on the node's containerd, namespace k8s.io (the one the kubelet sees)."""
-    r = subprocess.run([lay.bin("containerd", "ctr"), "--address", str(lay.containerd_sock), "-n", "k8s.io",
-                        *args], stdin=stdin, capture_output=True)
+    r = subprocess.run(
+        [lay.bin("containerd", "ctr"), "--address", str(lay.containerd_sock), "-n", "k8s.io", *args],
+        stdin=stdin,
+        capture_output=True,
+    )
     if check and r.returncode:
         raise NodeError(f"ctr {' '.join(args)} failed: {r.stderr.decode(errors='replace').strip()}")
     return r
@@ -552,8 +609,10 @@ def podman_image_id(image: str) -> str | None:
     """podman's id of ``image``, or None when podman does not have it."""
     if not shutil.which("podman"):
         return None
-    r = _run(["podman", "--runtime", "/usr/sbin/runc", "image", "inspect", "--format", "{{.Id}}", image],
-             check=False)
+    r = _run(
+        ["podman", "--runtime", "/usr/sbin/runc", "image", "inspect", "--format", "{{.Id}}", image],
+        check=False,
+    )
     return r.stdout.strip() if r.returncode == 0 else None
 
 
@@ -576,8 +635,20 @@ def import_podman_images(lay: Layout, images: tuple[str, ...], log) -> list[str]
             continue
         t0 = time.monotonic()
         with tempfile.NamedTemporaryFile(suffix=".tar", dir=lay.images) as tmp:
-            r = _run(["podman", "--runtime", "/usr/sbin/runc", "save", "--format", "docker-archive",
-                      "-o", tmp.name, image], check=False)
+            r = _run(
+                [
+                    "podman",
+                    "--runtime",
+                    "/usr/sbin/runc",
+                    "save",
+                    "--format",
+                    "docker-archive",
+                    "-o",
+                    tmp.name,
+                    image,
+                ],
+                check=False,
+            )
             if r.returncode:
                 raise NodeError(f"podman save {image} failed: {r.stderr.strip()}")
             import_archive(lay, Path(tmp.name))
@@ -600,8 +671,9 @@ def _wait(what: str, check, timeout: float, procs: Procs, name: str, interval: f
         if not procs.alive(name):
             raise NodeError(f"{name} exited while waiting for {what}; its last lines:\n{procs.tail(name)}")
         if time.monotonic() > deadline:
-            raise NodeError(f"{what} did not happen within {timeout:.0f} s; {name}'s last lines:\n"
-                            f"{procs.tail(name)}")
+            raise NodeError(
+                f"{what} did not happen within {timeout:.0f} s; {name}'s last lines:\n{procs.tail(name)}"
+            )
         time.sleep(interval)
 
 
@@ -611,8 +683,14 @@ def _dns_ready() -> bool:
 
 
 def _node_ready(cluster) -> bool:
-    r = cluster.kubectl("get", "node", NODE_NAME, "-o",
-                        "jsonpath={.status.conditions[?(@.type=='Ready')].status}", check=False)
+    r = cluster.kubectl(
+        "get",
+        "node",
+        NODE_NAME,
+        "-o",
+        "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
+        check=False,
+    )
     return r.returncode == 0 and r.stdout.strip() == "True"
 
 
@@ -630,8 +708,10 @@ def up(cluster, log=print) -> float:
         raise NodeError(f"the CNI plugins are missing in {CNI_BIN_DIR}: run scripts/bootstrap kube-node")
     owner = _owner()
     if owner not in (None, str(cluster.root)) and running_in(Path(owner)):
-        raise NodeError(f"this machine already runs the real node of the cluster in {owner}: "
-                        f"stop that one first (TFK8S_KUBE_DIR={owner} scripts/kube down)")
+        raise NodeError(
+            f"this machine already runs the real node of the cluster in {owner}: "
+            f"stop that one first (TFK8S_KUBE_DIR={owner} scripts/kube down)"
+        )
     t_build = time.monotonic()
     dirs = bins()
     pause = build_pause(log)
@@ -647,18 +727,44 @@ def up(cluster, log=print) -> float:
         network_up(lay)
         path = f"{lay.bins['containerd']}:{lay.bins['runc']}:/usr/sbin:/usr/bin:/sbin:/bin"
         env = dict(os.environ, PATH=path)
-        procs.start("containerd", [lay.bin("containerd", "containerd"), "--config",
-                                   str(lay.state / "containerd.toml")], env=env)
-        _wait("containerd's socket", lambda: ctr(lay, "version", check=False).returncode == 0, 60,
-              procs, "containerd")
+        procs.start(
+            "containerd",
+            [lay.bin("containerd", "containerd"), "--config", str(lay.state / "containerd.toml")],
+            env=env,
+        )
+        _wait(
+            "containerd's socket",
+            lambda: ctr(lay, "version", check=False).returncode == 0,
+            60,
+            procs,
+            "containerd",
+        )
         import_archive(lay, pause)
         imported = import_podman_images(lay, LAB_IMAGES, log)
-        procs.start("kubelet", [
-            lay.bin("kubelet", "kubelet"), "--config", str(lay.state / "kubelet.yaml"),
-            "--kubeconfig", str(lay.state / "kubelet.kubeconfig"), "--root-dir", str(lay.kubelet_root),
-            "--hostname-override", NODE_NAME, "--node-ip", NODE_IP, "--v", "1"], env=env)
-        procs.start("kube-proxy", [lay.bin("kubelet", "kube-proxy"), "--config",
-                                   str(lay.state / "kube-proxy.yaml"), "--v", "1"], env=env)
+        procs.start(
+            "kubelet",
+            [
+                lay.bin("kubelet", "kubelet"),
+                "--config",
+                str(lay.state / "kubelet.yaml"),
+                "--kubeconfig",
+                str(lay.state / "kubelet.kubeconfig"),
+                "--root-dir",
+                str(lay.kubelet_root),
+                "--hostname-override",
+                NODE_NAME,
+                "--node-ip",
+                NODE_IP,
+                "--v",
+                "1",
+            ],
+            env=env,
+        )
+        procs.start(
+            "kube-proxy",
+            [lay.bin("kubelet", "kube-proxy"), "--config", str(lay.state / "kube-proxy.yaml"), "--v", "1"],
+            env=env,
+        )
         cluster.apply(dns_objects())
         procs.start("coredns", [lay.bin("coredns", "coredns"), "-conf", str(lay.state / "Corefile")], env=env)
         _wait("CoreDNS ready", _dns_ready, 60, procs, "coredns")
@@ -667,8 +773,10 @@ def up(cluster, log=print) -> float:
         down(cluster, log=lambda *_: None)
         raise
     took = time.monotonic() - t0
-    log(f"devcluster: node {NODE_NAME} Ready in {took:.1f} s (containerd, kubelet, kube-proxy, CoreDNS; "
-        f"images: {', '.join(imported) or 'none'})")
+    log(
+        f"devcluster: node {NODE_NAME} Ready in {took:.1f} s (containerd, kubelet, kube-proxy, CoreDNS; "
+        f"images: {', '.join(imported) or 'none'})"
+    )
     return took
 
 
@@ -683,8 +791,11 @@ def kube_chain_cleanup(rules: str) -> list[list[str]]:
         words = shlex.split(line)  # comments with spaces are quoted
         if words[:1] == ["-N"] and words[1].startswith("KUBE-"):
             chains.append(words[1])
-        elif words[:1] == ["-A"] and not words[1].startswith("KUBE-") and any(
-                w.startswith("KUBE-") for w in words[2:]):
+        elif (
+            words[:1] == ["-A"]
+            and not words[1].startswith("KUBE-")
+            and any(w.startswith("KUBE-") for w in words[2:])
+        ):
             out.append(["-D", *words[1:]])
     out += [["-F", c] for c in chains] + [["-X", c] for c in chains]
     return out

@@ -49,11 +49,15 @@ def test_containerd_config(node, lay):
     assert cfg["version"] == 3
     runtime = cfg["plugins"]["io.containerd.cri.v1.runtime"]
     assert runtime["restrict_oom_score_adj"] is True
-    assert runtime["cni"] == {"bin_dirs": ["/usr/lib/cni"], "conf_dir": str(lay.state / "cni" / "net.d"),
-                              "max_conf_num": 1}
+    assert runtime["cni"] == {
+        "bin_dirs": ["/usr/lib/cni"],
+        "conf_dir": str(lay.state / "cni" / "net.d"),
+        "max_conf_num": 1,
+    }
     assert runtime["containerd"]["runtimes"]["runc"] == {
         "runtime_type": "io.containerd.runc.v2",
-        "options": {"BinaryName": str(lay.bins["runc"] / "runc"), "SystemdCgroup": False}}
+        "options": {"BinaryName": str(lay.bins["runc"] / "runc"), "SystemdCgroup": False},
+    }
     assert cfg["root"] == str(node.cache_root() / "node-images")  # the image store outlives a cluster
     images = cfg["plugins"]["io.containerd.cri.v1.images"]
     assert images["pinned_images"] == {"sandbox": "localhost/tfk8s/pause:3.10-tfk8s"}
@@ -66,10 +70,19 @@ def test_cni_config(node, lay):
         "cniVersion": "1.0.0",
         "name": "tfk8s-pods",
         "plugins": [
-            {"type": "bridge", "bridge": "tfk8s-br0", "isGateway": True, "ipMasq": False,
-             "hairpinMode": True,
-             "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]],
-                      "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(lay.state / "cni" / "ipam")}},
+            {
+                "type": "bridge",
+                "bridge": "tfk8s-br0",
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": "10.244.0.0/24"}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": str(lay.state / "cni" / "ipam"),
+                },
+            },
             {"type": "portmap", "capabilities": {"portMappings": True}},
         ],
     }
@@ -78,14 +91,28 @@ def test_cni_config(node, lay):
 def test_kubelet_config(node, lay):
     cfg = node.kubelet_config(lay)
     expected = {
-        "failCgroupV1": False, "cgroupDriver": "cgroupfs", "failSwapOn": False, "readOnlyPort": 0,
-        "resolvConf": "", "clusterDNS": ["10.96.0.10"], "clusterDomain": "cluster.local",
-        "imageGCHighThresholdPercent": 100, "serializeImagePulls": False, "address": "10.245.0.1",
+        "failCgroupV1": False,
+        "cgroupDriver": "cgroupfs",
+        "failSwapOn": False,
+        "readOnlyPort": 0,
+        "resolvConf": "",
+        "clusterDNS": ["10.96.0.10"],
+        "clusterDomain": "cluster.local",
+        "imageGCHighThresholdPercent": 100,
+        "serializeImagePulls": False,
+        "address": "10.245.0.1",
         "authorization": {"mode": "Webhook"},
-        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                           "x509": {"clientCAFile": str(lay.cluster / "pki" / "ca.crt")}},
-        "evictionHard": {"nodefs.available": "0%", "nodefs.inodesFree": "0%",
-                         "imagefs.available": "0%", "imagefs.inodesFree": "0%"},
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(lay.cluster / "pki" / "ca.crt")},
+        },
+        "evictionHard": {
+            "nodefs.available": "0%",
+            "nodefs.inodesFree": "0%",
+            "imagefs.available": "0%",
+            "imagefs.inodesFree": "0%",
+        },
         "containerRuntimeEndpoint": "unix:///run/tfk8s-node/containerd/containerd.sock",
     }
     assert {k: cfg[k] for k in expected} == expected
@@ -161,6 +188,8 @@ def test_kube_chain_cleanup_removes_jumps_then_chains_and_leaves_others(node):
 """
     assert node.kube_chain_cleanup(rules) == [
         ["-D", "INPUT", "-m", "comment", "--comment", "kubernetes firewall", "-j", "KUBE-FIREWALL"],
-        ["-F", "KUBE-FIREWALL"], ["-F", "KUBE-KUBELET-CANARY"],
-        ["-X", "KUBE-FIREWALL"], ["-X", "KUBE-KUBELET-CANARY"],
+        ["-F", "KUBE-FIREWALL"],
+        ["-F", "KUBE-KUBELET-CANARY"],
+        ["-X", "KUBE-FIREWALL"],
+        ["-X", "KUBE-KUBELET-CANARY"],
     ]

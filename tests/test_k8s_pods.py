@@ -48,17 +48,22 @@ def realnode(realkube):
     try:
         n = realkube.core.read_node(node.NODE_NAME, _request_timeout=10)
     except Exception as e:  # noqa: BLE001 - any failure means: no real node here
-        require_or_skip(f"the devcluster has no real node {node.NODE_NAME!r} ({e}): "
-                        f"start it with scripts/kube up --pods")
+        require_or_skip(
+            f"the devcluster has no real node {node.NODE_NAME!r} ({e}): start it with scripts/kube up --pods"
+        )
     ready = {c.type: c.status for c in n.status.conditions or []}.get("Ready")
     if ready != "True":
-        require_or_skip(f"node {node.NODE_NAME} is not Ready ({ready}): see its logs in "
-                        f"{node.cache_root() / 'cluster' / 'node' / 'logs'}")
+        require_or_skip(
+            f"node {node.NODE_NAME} is not Ready ({ready}): see its logs in "
+            f"{node.cache_root() / 'cluster' / 'node' / 'logs'}"
+        )
     images = {name for i in n.status.images or [] for name in i.names or []}
     for image in (TASK_IMAGE, NOTEBOOK_IMAGE):
         if image not in images:
-            require_or_skip(f"{image} is not in the node's containerd: run scripts/build_images.py "
-                            f"task notebook, then scripts/kube up --pods imports it")
+            require_or_skip(
+                f"{image} is not in the node's containerd: run scripts/build_images.py "
+                f"task notebook, then scripts/kube up --pods imports it"
+            )
     return realkube
 
 
@@ -80,24 +85,40 @@ class User:
             path.mkdir()
             os.chown(path, 1000, 1000)  # the tasks run as 1000 (a hostPath ignores fsGroup)
             pv = f"{self.ns}-{claim}"
-            self.core.create_persistent_volume({
-                "metadata": {"name": pv},
-                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
-                         "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-                         "hostPath": {"path": str(path), "type": "Directory"},
-                         "claimRef": {"namespace": self.ns, "name": claim}}})
+            self.core.create_persistent_volume(
+                {
+                    "metadata": {"name": pv},
+                    "spec": {
+                        "capacity": {"storage": "1Gi"},
+                        "accessModes": ["ReadWriteMany"],
+                        "persistentVolumeReclaimPolicy": "Retain",
+                        "storageClassName": "",
+                        "hostPath": {"path": str(path), "type": "Directory"},
+                        "claimRef": {"namespace": self.ns, "name": claim},
+                    },
+                }
+            )
             self.pvs.append(pv)
-            self.core.create_namespaced_persistent_volume_claim(self.ns, {
-                "metadata": {"name": claim},
-                "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv,
-                         "resources": {"requests": {"storage": "1Gi"}}}})
+            self.core.create_namespaced_persistent_volume_claim(
+                self.ns,
+                {
+                    "metadata": {"name": claim},
+                    "spec": {
+                        "accessModes": ["ReadWriteMany"],
+                        "storageClassName": "",
+                        "volumeName": pv,
+                        "resources": {"requests": {"storage": "1Gi"}},
+                    },
+                },
+            )
 
     def backend(self, **kw):
         """The Kubernetes backend as the user's ServiceAccount, with the imported task image."""
         from tfk8s_magics.backends.kubernetes import KubernetesBackend
 
-        b = KubernetesBackend(namespace=self.ns, api_client=self.ns_obj.api_client, user="pods",
-                              image=TASK_IMAGE, **kw)
+        b = KubernetesBackend(
+            namespace=self.ns, api_client=self.ns_obj.api_client, user="pods", image=TASK_IMAGE, **kw
+        )
         self.backends.append(b)
         return b
 
@@ -165,14 +186,22 @@ def _restricted_pod(name: str, image: str, argv: list[str], env: dict[str, str] 
         "metadata": {"name": name, "labels": {"component": "singleuser-server"}},
         "spec": {
             "restartPolicy": "Never",
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
-                                "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{
-                "name": "main", "image": image, "imagePullPolicy": "Never", "command": argv,
-                "env": [{"name": k, "value": v} for k, v in {"HOME": "/tmp", **(env or {})}.items()],
-                "securityContext": {"allowPrivilegeEscalation": False,
-                                    "capabilities": {"drop": ["ALL"]}},
-            }],
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 1000,
+                "runAsGroup": 1000,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "command": argv,
+                    "env": [{"name": k, "value": v} for k, v in {"HOME": "/tmp", **(env or {})}.items()],
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }
+            ],
         },
     }
 
@@ -220,8 +249,14 @@ def test_tf1_parameter_servers_hold_the_variables_of_both_workers(user):
 
     backend = user.backend()
     try:
-        spec = ClusterSpec(name="tf1", ps=2, workers=2, ps_grace_period=0,
-                           script=(SCRIPTS / "tf1_ps.py").read_text(), **_claims())
+        spec = ClusterSpec(
+            name="tf1",
+            ps=2,
+            workers=2,
+            ps_grace_period=0,
+            script=(SCRIPTS / "tf1_ps.py").read_text(),
+            **_claims(),
+        )
         backend.launch(spec, detach=True)
         status = _wait(backend, "tf1", lambda s: s.terminal)
         lines = backend.read_logs("tf1")
@@ -265,9 +300,15 @@ def test_in_graph_cluster_driven_from_a_notebook_pod(user):
             "print('in-graph total', float(v.numpy()), 'on', v.device, flush=True)\n"
         )
         # the notebook image (the lab's kernel), as the user's server pod runs it
-        user.core.create_namespaced_pod(user.ns, _restricted_pod(
-            "notebook", NOTEBOOK_IMAGE, ["python", "-c", client_script],
-            {"CLUSTER": json.dumps(backend.addresses("ig"))}))
+        user.core.create_namespaced_pod(
+            user.ns,
+            _restricted_pod(
+                "notebook",
+                NOTEBOOK_IMAGE,
+                ["python", "-c", client_script],
+                {"CLUSTER": json.dumps(backend.addresses("ig"))},
+            ),
+        )
         phase, log = _pod_log(user.core, user.ns, "notebook")
         assert phase == "Succeeded", log[-3000:]
         assert re.search(r"in-graph total 10\.0 on /job:ps/replica:0/task:0", log), log[-3000:]
@@ -281,7 +322,8 @@ def _jobset(admin, ns, name):
     from kubernetes import client
 
     return client.CustomObjectsApi(admin).get_namespaced_custom_object(
-        "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", name)
+        "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", name
+    )
 
 
 def test_a_killed_worker_pod_is_restarted_by_jobset_within_the_budget(user):
@@ -290,16 +332,23 @@ def test_a_killed_worker_pod_is_restarted_by_jobset_within_the_budget(user):
     backend = user.backend()
     try:
         script = "import time\nprint('working', flush=True)\ntime.sleep(45)\nprint('done', flush=True)\n"
-        backend.launch(ClusterSpec(name="kill", workers=2, script=script, restart_budget=2, **_claims()),
-                       detach=True)
+        backend.launch(
+            ClusterSpec(name="kill", workers=2, script=script, restart_budget=2, **_claims()), detach=True
+        )
         _wait(backend, "kill", lambda s: s.phase == "running" and all(t.phase == "running" for t in s.tasks))
         victim = user.core.list_namespaced_pod(
-            user.ns, label_selector="tfk8s.io/cluster=kill,tfk8s.io/role=worker,"
-            "batch.kubernetes.io/job-completion-index=0").items[0]
+            user.ns,
+            label_selector="tfk8s.io/cluster=kill,tfk8s.io/role=worker,"
+            "batch.kubernetes.io/job-completion-index=0",
+        ).items[0]
         # kill the container's process the hard way, as an OOM or a node fault would
         user.core.delete_namespaced_pod(victim.metadata.name, user.ns, grace_period_seconds=0)
-        _wait(backend, "kill", lambda s: all(t.restarts == 1 for t in s.tasks) and s.phase == "running",
-              timeout=300)
+        _wait(
+            backend,
+            "kill",
+            lambda s: all(t.restarts == 1 for t in s.tasks) and s.phase == "running",
+            timeout=300,
+        )
         assert _jobset(user.admin, user.ns, "kill")["status"]["restarts"] == 1
         status = _wait(backend, "kill", lambda s: s.terminal)
         assert status.phase == "succeeded", status
@@ -313,8 +362,10 @@ def test_a_log_is_followed_live_through_a_quiet_period_longer_than_the_request_t
 
     timeout = 10.0
     quiet = 35.0  # longer than this client's request timeout and than the default 30 s
-    script = ("import time\nprint('before the quiet', flush=True)\n"
-              f"time.sleep({quiet})\nprint('after the quiet', time.time(), flush=True)\n")
+    script = (
+        "import time\nprint('before the quiet', flush=True)\n"
+        f"time.sleep({quiet})\nprint('after the quiet', time.time(), flush=True)\n"
+    )
     backend = user.backend(request_timeout=timeout)
     stop = threading.Event()
     seen: list[tuple[float, str]] = []
@@ -334,7 +385,7 @@ def test_a_log_is_followed_live_through_a_quiet_period_longer_than_the_request_t
             time.sleep(0.5)
         texts = [t for _, t in seen]
         assert "before the quiet" in texts, texts
-        (arrived, after), = [(at, t) for at, t in seen if t.startswith("after the quiet")]
+        ((arrived, after),) = [(at, t) for at, t in seen if t.startswith("after the quiet")]
         printed = float(after.split()[-1])
         assert arrived - printed < 15, f"the line came {arrived - printed:.1f} s after it was printed"
         assert texts.count("before the quiet") == 1, texts  # no line twice after a re-open
@@ -347,8 +398,12 @@ def test_a_log_is_followed_live_through_a_quiet_period_longer_than_the_request_t
 
 
 def _fence_packets() -> int:
-    r = subprocess.run(["iptables", "-w", "-n", "-v", "-x", "-L", node.FENCE_CHAIN],
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        ["iptables", "-w", "-n", "-v", "-x", "-L", node.FENCE_CHAIN],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return sum(int(line.split()[0]) for line in r.stdout.splitlines()[2:] if line.strip())
 
 
@@ -381,21 +436,30 @@ def test_no_packet_of_the_node_ranges_leaves_by_the_outside_interface(user, tmp_
     outside = node.outside_interfaces()
     assert outside, "no outside interface found"
     # the fence is in place before any probe is sent
-    rules = subprocess.run(["iptables", "-w", "-S", node.FENCE_CHAIN], capture_output=True, text=True,
-                           check=True).stdout
+    rules = subprocess.run(
+        ["iptables", "-w", "-S", node.FENCE_CHAIN], capture_output=True, text=True, check=True
+    ).stdout
     for dev in outside:
         assert f"-A {node.FENCE_CHAIN} -s {node.POD_CIDR} -o {dev} -j DROP" in rules, rules
     for hook in ("FORWARD", "OUTPUT"):
-        first = subprocess.run(["iptables", "-w", "-S", hook], capture_output=True, text=True,
-                               check=True).stdout.splitlines()[1]
+        first = subprocess.run(
+            ["iptables", "-w", "-S", hook], capture_output=True, text=True, check=True
+        ).stdout.splitlines()[1]
         assert first == f"-A {hook} -j {node.FENCE_CHAIN}", first
     ranges = " or ".join(f"net {c}" for c in node.LOCAL_RANGES)
     captures = []
     for dev in outside:
         out = tmp_path / f"fence-{dev}.pcap"
-        captures.append((out, subprocess.Popen(
-            [tcpdump, "-i", dev, "-n", "-U", "-w", str(out), ranges],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
+        captures.append(
+            (
+                out,
+                subprocess.Popen(
+                    [tcpdump, "-i", dev, "-n", "-U", "-w", str(out), ranges],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                ),
+            )
+        )
     time.sleep(2)  # tcpdump listening
     before = _fence_packets()
     try:
