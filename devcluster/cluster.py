@@ -641,6 +641,13 @@ class Cluster:
                 }
             crds.append(crd)
         self.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}}, *crds])
+        # Kueue sets up its indexes at start and exits if a kind is not served yet (seen under load)
+        self.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "--timeout=120s",
+            *(f"crd/{c['metadata']['name']}" for c in crds),
+        )
         # only the integrations this lab uses: JobSet and Kueue's own objects (its pod, Deployment and
         # Job webhooks fail closed and would stand in front of every pod of the cluster)
         hooks = self._webhook_configs(
