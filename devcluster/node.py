@@ -9,8 +9,9 @@ host process (there is no systemd here); the node's processes, logs and certific
 The network never leaves this machine. Pods live on the bridge ``tfk8s-br0`` (10.244.0.0/24,
 no masquerade); the node's address (10.245.0.1) and the DNS server are on the port-less bridge
 ``tfk8s-node``, which also carries the service range's route; kwok's invented pod addresses are
-routed ``unreachable``; a chain first in FORWARD and OUTPUT drops every packet of those ranges that
-would leave by an outside interface. ``down`` removes all of it and restores the two sysctls
+routed ``unreachable``; a chain first in the mangle table's POSTROUTING (after every routing
+decision, before any address translation, in a table kube-proxy leaves alone) drops every packet of
+those ranges that would leave by an outside interface. ``down`` removes all of it and restores the two sysctls
 ``up`` set.
 
 The pure builders (``containerd_config``, ``cni_config``, ``kubelet_config``,
@@ -51,6 +52,9 @@ NODE_NAME = "tfk8s-node"
 BRIDGE = "tfk8s-br0"
 DUMMY = "tfk8s-node"
 FENCE_CHAIN = "TFK8S-NODE-FENCE"
+#: where the fence hangs: mangle/POSTROUTING sees every packet about to leave (forwarded or local),
+#: after routing and before SNAT; kube-proxy inserts its own rules first in filter's FORWARD/OUTPUT
+FENCE_TABLE, FENCE_HOOK = "mangle", "POSTROUTING"
 #: the ranges that must never leave by an interface other than the node's own
 LOCAL_RANGES = (POD_CIDR, SERVICE_CIDR, KWOK_CIDR, NODE_IP + "/32")
 CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
@@ -529,14 +533,14 @@ def network_up(lay: Layout) -> None:
     """The fence, the node device, the pod bridge, the routes, then the sysctls (idempotent)."""
     outside = outside_interfaces()
     # the fence first: nothing is forwarded before it stands
-    if _iptables("-n", "-L", FENCE_CHAIN, check=False).returncode:
-        _iptables("-N", FENCE_CHAIN)
-    _iptables("-F", FENCE_CHAIN)
+    t = ("-t", FENCE_TABLE)
+    if _iptables(*t, "-n", "-L", FENCE_CHAIN, check=False).returncode:
+        _iptables(*t, "-N", FENCE_CHAIN)
+    _iptables(*t, "-F", FENCE_CHAIN)
     for rule in fence_rules(outside):
-        _iptables(*rule)
-    for hook in ("FORWARD", "OUTPUT"):
-        if _iptables("-C", hook, "-j", FENCE_CHAIN, check=False).returncode:
-            _iptables("-I", hook, "1", "-j", FENCE_CHAIN)
+        _iptables(*t, *rule)
+    if _iptables(*t, "-C", FENCE_HOOK, "-j", FENCE_CHAIN, check=False).returncode:
+        _iptables(*t, "-I", FENCE_HOOK, "1", "-j", FENCE_CHAIN)
     if _ip("link", "show", DUMMY, check=False).returncode:
         # a bridge without ports: this kernel has no dummy driver, and it cannot load modules
         _ip("link", "add", DUMMY, "type", "bridge")
@@ -575,11 +579,11 @@ def network_down(state: Path, log) -> None:
             _ip("link", "del", link, check=False)
     for dev in (BRIDGE, DUMMY):
         _ip("link", "del", dev, check=False)
-    for hook in ("FORWARD", "OUTPUT"):
-        while _iptables("-D", hook, "-j", FENCE_CHAIN, check=False).returncode == 0:
-            pass
-    _iptables("-F", FENCE_CHAIN, check=False)
-    _iptables("-X", FENCE_CHAIN, check=False)
+    t = ("-t", FENCE_TABLE)
+    while _iptables(*t, "-D", FENCE_HOOK, "-j", FENCE_CHAIN, check=False).returncode == 0:
+        pass
+    _iptables(*t, "-F", FENCE_CHAIN, check=False)
+    _iptables(*t, "-X", FENCE_CHAIN, check=False)
 
 
 def ctr(lay: Layout, *args: str, stdin=None, check: bool = True) -> subprocess.CompletedProcess:

@@ -399,7 +399,7 @@ def test_a_log_is_followed_live_through_a_quiet_period_longer_than_the_request_t
 
 def _fence_packets() -> int:
     r = subprocess.run(
-        ["iptables", "-w", "-n", "-v", "-x", "-L", node.FENCE_CHAIN],
+        ["iptables", "-w", "-t", node.FENCE_TABLE, "-n", "-v", "-x", "-L", node.FENCE_CHAIN],
         capture_output=True,
         text=True,
         check=True,
@@ -435,17 +435,14 @@ def test_no_packet_of_the_node_ranges_leaves_by_the_outside_interface(user, tmp_
         require_or_skip("tcpdump is missing: scripts/bootstrap kube-node")
     outside = node.outside_interfaces()
     assert outside, "no outside interface found"
-    # the fence is in place before any probe is sent
+    # the fence is in place, first in its hook, before any probe is sent
     rules = subprocess.run(
-        ["iptables", "-w", "-S", node.FENCE_CHAIN], capture_output=True, text=True, check=True
-    ).stdout
+        ["iptables", "-w", "-t", node.FENCE_TABLE, "-S"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
     for dev in outside:
         assert f"-A {node.FENCE_CHAIN} -s {node.POD_CIDR} -o {dev} -j DROP" in rules, rules
-    for hook in ("FORWARD", "OUTPUT"):
-        first = subprocess.run(
-            ["iptables", "-w", "-S", hook], capture_output=True, text=True, check=True
-        ).stdout.splitlines()[1]
-        assert first == f"-A {hook} -j {node.FENCE_CHAIN}", first
+    hook = [r for r in rules if r.startswith(f"-A {node.FENCE_HOOK} ")]
+    assert hook[0] == f"-A {node.FENCE_HOOK} -j {node.FENCE_CHAIN}", hook
     ranges = " or ".join(f"net {c}" for c in node.LOCAL_RANGES)
     captures = []
     for dev in outside:
