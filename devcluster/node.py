@@ -55,6 +55,8 @@ FENCE_CHAIN = "TFK8S-NODE-FENCE"
 #: where the fence hangs: mangle/POSTROUTING sees every packet about to leave (forwarded or local),
 #: after routing and before SNAT; kube-proxy inserts its own rules first in filter's FORWARD/OUTPUT
 FENCE_TABLE, FENCE_HOOK = "mangle", "POSTROUTING"
+API_CHAIN = "TFK8S-NODE-API"  # nat/PREROUTING: pods -> the kubernetes Service -> 127.0.0.1
+API_SERVICE_IP = "10.96.0.1"
 #: the ranges that must never leave by an interface other than the node's own
 LOCAL_RANGES = (POD_CIDR, SERVICE_CIDR, KWOK_CIDR, NODE_IP + "/32")
 CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
@@ -454,6 +456,31 @@ def fence_rules(outside: list[str]) -> list[list[str]]:
     return rules
 
 
+def api_dnat_rule(api_port: int) -> list[str]:
+    """The nat rule that takes pods' requests for the ``kubernetes`` Service to the API server.
+
+    The API server listens on 127.0.0.1 only and a loopback address may not be an endpoint, so
+    the Service has none; the pods' packets for 10.96.0.1:443 are sent to 127.0.0.1 instead (with
+    ``route_localnet`` on the pod bridge, as kube-proxy does for localhost NodePorts).
+    """
+    return [
+        "-A",
+        API_CHAIN,
+        "-s",
+        POD_CIDR,
+        "-d",
+        API_SERVICE_IP + "/32",
+        "-p",
+        "tcp",
+        "--dport",
+        "443",
+        "-j",
+        "DNAT",
+        "--to-destination",
+        f"127.0.0.1:{api_port}",
+    ]
+
+
 def routes() -> list[list[str]]:
     """``ip route replace`` arguments: each range on a device of this machine.
 
@@ -554,11 +581,20 @@ def network_up(lay: Layout) -> None:
     _ip("link", "set", BRIDGE, "up")
     for r in routes():
         _ip("route", "replace", *r)
+    # pods reach the API server (127.0.0.1) through the kubernetes Service's address
+    n = ("-t", "nat")
+    if _iptables(*n, "-n", "-L", API_CHAIN, check=False).returncode:
+        _iptables(*n, "-N", API_CHAIN)
+    _iptables(*n, "-F", API_CHAIN)
+    _iptables(*n, *api_dnat_rule(int(lay.server.rsplit(":", 1)[1])))
+    if _iptables(*n, "-C", "PREROUTING", "-j", API_CHAIN, check=False).returncode:
+        _iptables(*n, "-I", "PREROUTING", "1", "-j", API_CHAIN)
     saved = lay.state / "sysctls.json"
     if not saved.exists():
         _write_json(saved, {k: _sysctl(k) for k in (*SYSCTLS, *RESTORED) if Path("/proc/sys", k).exists()})
     for k, v in SYSCTLS.items():
         _sysctl(k, v)
+    _sysctl(f"net/ipv4/conf/{BRIDGE}/route_localnet", "1")  # the bridge goes with down
 
 
 def network_down(state: Path, log) -> None:
@@ -579,6 +615,10 @@ def network_down(state: Path, log) -> None:
             _ip("link", "del", link, check=False)
     for dev in (BRIDGE, DUMMY):
         _ip("link", "del", dev, check=False)
+    while _iptables("-t", "nat", "-D", "PREROUTING", "-j", API_CHAIN, check=False).returncode == 0:
+        pass
+    _iptables("-t", "nat", "-F", API_CHAIN, check=False)
+    _iptables("-t", "nat", "-X", API_CHAIN, check=False)
     t = ("-t", FENCE_TABLE)
     while _iptables(*t, "-D", FENCE_HOOK, "-j", FENCE_CHAIN, check=False).returncode == 0:
         pass

@@ -193,3 +193,22 @@ def test_kube_chain_cleanup_removes_jumps_then_chains_and_leaves_others(node):
         ["-X", "KUBE-FIREWALL"],
         ["-X", "KUBE-KUBELET-CANARY"],
     ]
+
+
+def test_pods_reach_the_api_server_through_the_kubernetes_service_address(node):
+    assert node.api_dnat_rule(6443) == [
+        "-A",
+        "TFK8S-NODE-API",
+        "-s",
+        "10.244.0.0/24",
+        "-d",
+        "10.96.0.1/32",
+        "-p",
+        "tcp",
+        "--dport",
+        "443",
+        "-j",
+        "DNAT",
+        "--to-destination",
+        "127.0.0.1:6443",
+    ]
