@@ -454,7 +454,7 @@ def test_no_packet_of_the_node_ranges_leaves_by_the_outside_interface(user, tmp_
             (
                 out,
                 subprocess.Popen(
-                    [tcpdump, "-i", dev, "-n", "-U", "-w", str(out), ranges],
+                    [tcpdump, "-i", dev, "-Q", "out", "-n", "-U", "-w", str(out), ranges],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                 ),
