@@ -138,7 +138,8 @@ def test_the_hub_token_makes_a_user_namespace_and_its_bootstrap(release):
     token = kube.token(HUB_NS, HUB_SA)
     hub = kube.client_with_token(token)
     core = __import__("kubernetes").client.CoreV1Api(hub)
-    spec = BootstrapSpec(hub_namespace=HUB_NS)
+    # the backend's ClusterRole the chart ships, which the hub passes as role_name
+    spec = BootstrapSpec(hub_namespace=HUB_NS, role_name=f"tfk8s-backend-{HUB_NS}")
     name = "jhub-ada"
     core.create_namespace({"metadata": {"name": name, "labels": namespace_labels(spec)}})
     kube._namespaces.append(name)
