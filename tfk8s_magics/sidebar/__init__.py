@@ -52,7 +52,7 @@ def _load_jupyter_server_extension(server_app) -> None:
     monitor = ClusterMonitor(discover_every=settings.discover_every).start()
     web_app.settings["tfk8s_monitor"] = monitor
     base = url_path_join(web_app.settings["base_url"], "tfk8s")
-    name = r"(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)"
+    name = r"(?P<name>[^/]+)"
     web_app.add_handlers(".*$", [
         (url_path_join(base, "clusters"), ClustersHandler),
         (url_path_join(base, "form"), FormHandler),

@@ -27,7 +27,7 @@ class _FormParser(argparse.ArgumentParser):
     """The registry's parser, with a mistake raised as one SpecError sentence instead of an exit."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise SpecError(f"{self.prog}: {message}. See %tfcluster launch --help.")
+        raise SpecError(f"{self.prog}: {message}. See %tfcluster --help.")
 
     def exit(self, status: int = 0, message: str | None = None) -> None:  # type: ignore[override]
         raise SpecError((message or f"{self.prog}: cannot parse the form.").strip())
@@ -104,6 +104,7 @@ def parse_form(name: str, script: str, values: Mapping[str, Any]) -> argparse.Na
     """The form's values parsed as ``%tfcluster launch`` parses its line (raises SpecError)."""
     if not str(name).strip():
         raise SpecError("the cluster has no name: type one, e.g. mnist.")
-    parser = options.build_parser("launch form", options.defaults(), parser_class=_FormParser,
+    # Named as the magic's parser, so a mistake reads exactly as it does under %tfcluster.
+    parser = options.build_parser("%tfcluster", options.defaults(), parser_class=_FormParser,
                                   commands=["launch"])
     return parser.parse_args(form_argv(name, script, values))

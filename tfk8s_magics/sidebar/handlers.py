@@ -21,9 +21,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from jupyter_server.auth.decorator import ws_authenticated
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
-from jupyter_server.auth.decorator import ws_authenticated
 from jupyter_server.utils import ensure_async
 from tornado import web, websocket
 from tornado.ioloop import IOLoop
@@ -76,6 +76,7 @@ class ClustersHandler(_Base):
 
     @web.authenticated
     async def get(self) -> None:
+        """Every row (the sidebar's first view before its socket opens)."""
         await self._authorize("read")
         mon = _monitor(self)
         self.finish(json.dumps({"backend": options.get("backend", mon.backend), "error": mon.error,
@@ -83,6 +84,7 @@ class ClustersHandler(_Base):
 
     @web.authenticated
     async def post(self) -> None:
+        """Launch from the form, detached; the row comes back (201) or the one sentence (400)."""
         await self._authorize("execute")
         body = self.get_json_body() or {}
         script = str(body.get("script") or "")
@@ -124,6 +126,7 @@ class FormHandler(_Base):
 
     @web.authenticated
     async def get(self) -> None:
+        """The form's fields with the current defaults."""
         await self._authorize("read")
         try:
             fields = form_fields()
@@ -138,6 +141,7 @@ class ClusterHandler(_Base):
 
     @web.authenticated
     async def delete(self, name: str) -> None:
+        """Delete cluster ``name`` (204)."""
         await self._authorize("write")
         mon = _monitor(self)
         ok, _ = await self._call(lambda: api.get(name, mon.backend).delete())
@@ -152,6 +156,7 @@ class ActionHandler(_Base):
 
     @web.authenticated
     async def get(self, name: str, action: str) -> None:
+        """The cluster's events, oldest first."""
         await self._authorize("read")
         if action != "events":
             raise web.HTTPError(404)
@@ -162,6 +167,7 @@ class ActionHandler(_Base):
 
     @web.authenticated
     async def post(self, name: str, action: str) -> None:
+        """Stop it, start (or reuse) its TensorBoard, or serve its newest model."""
         await self._authorize("write")
         mon = _monitor(self)
         if action == "stop":
