@@ -62,6 +62,11 @@ class Lab:
             TF_CPP_MIN_LOG_LEVEL="2",
         )
         self.env.pop("TENSORBOARD_PROXY_URL", None)
+        # The lab's IPython profile: every kernel loads tfk8s_magics (%tfcluster), as in the lab.
+        profile = tmp_path / "ipython" / "profile_default"
+        profile.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO / "hub_config" / "ipython" / "profile_default" / "ipython_config.py",
+                        profile / "ipython_config.py")
 
     def start(self, timeout: float = 120) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it; closed at once here
