@@ -298,7 +298,7 @@ def test_sidebar_end_to_end(lab, page, state_dir):
     _row(page, "ticker").locator(".tfk8s-action-insert").click()
     _wait(lambda: cells.count() == 2, 30, "the inserted cell", page)
     assert cells.nth(1).locator(".jp-InputArea-editor").inner_text().strip() == (
-        "import tfk8s_magics as tk\n\ncluster = tk.get('ticker')\ncluster")
+        "import tfk8s_magics as tk\ncluster = tk.get('ticker')\ncluster")
     _run(page, cells.nth(1))
     out = cells.nth(1).locator(".jp-OutputArea")
     _wait(lambda: "ticker" in out.inner_text(), 120, "the handle's output", page)
@@ -355,5 +355,10 @@ def test_sidebar_after_a_server_restart(lab, page, state_dir):
     assert _row(page, "gone").count() == 0
     _wait(lambda: _phase(page, "keep") == "running", 30, "keep still running", page)
     _wait(lambda: _phase(page, "new") == "succeeded", 180, "new pushed to succeeded after the restart", page)
+    # JupyterLab's own "Server Connection Error" dialog from the outage: dismissed as a user would.
+    dialog = page.locator(".jp-Dialog")
+    if dialog.count():
+        dialog.locator(".jp-Dialog-button").last.click()
+        _wait(lambda: page.locator(".jp-Dialog").count() == 0, 30, "the dialog to close", page)
     _row(page, "keep").locator(".tfk8s-action-stop").click()
     _wait(lambda: _phase(page, "keep") == "stopped", 60, "keep stopped", page)

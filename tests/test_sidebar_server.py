@@ -307,3 +307,50 @@ def test_rest_and_stream_launch_follow_stop_delete(lab):
         assert status == 404 and "c1" in body["message"]
     finally:
         ws.close()
+
+
+# -- packaging: a plain pip install enables both halves -------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_the_prebuilt_sidebar_and_enables_it(tmp_path):
+    assert (REPO / "tfk8s_magics" / "sidebar" / "labextension" / "package.json").exists(), (
+        "the sidebar is not built: run scripts/bootstrap lab")
+    wheels, prefix = tmp_path / "wheels", tmp_path / "prefix"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(REPO), "-w", str(wheels)],
+                   check=True, capture_output=True, timeout=600, cwd=tmp_path)
+    wheel = next(wheels.glob("tfk8s_magics-*.whl"))
+    # Installed as an installer lays a wheel out under a prefix (by hand: pip would also see, and
+    # replace, this checkout's editable install in the test's own environment).
+    import zipfile
+
+    site = prefix / "lib" / "site-packages"
+    with zipfile.ZipFile(wheel) as z:
+        for member in z.namelist():
+            head, _, rest = member.partition(".data/data/")
+            target = prefix / rest if rest and "/" not in head else site / member
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(z.read(member))
+    # Where Jupyter looks under sys.prefix (this checkout's .venv has its own copies: read the files).
+    conf = json.loads((prefix / "etc/jupyter/jupyter_server_config.d/tfk8s_magics.json").read_text())
+    assert conf == {"ServerApp": {"jpserver_extensions": {"tfk8s_magics.sidebar": True}}}
+    ext = prefix / "share/jupyter/labextensions/tfk8s-sidebar"
+    meta = json.loads((ext / "package.json").read_text())
+    assert meta["name"] == "tfk8s-sidebar" and (ext / meta["jupyterlab"]["_build"]["load"]).is_file()
+    # A prefix of its own, read as Jupyter reads sys.prefix: nothing of this checkout on the path.
+    env = dict(os.environ, PYTHONPATH=str(site), JUPYTER_PATH=str(prefix / "share" / "jupyter"),
+               JUPYTER_CONFIG_PATH=str(prefix / "etc" / "jupyter"),
+               JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"), JUPYTER_DATA_DIR=str(tmp_path / "data"))
+    jupyter = str(Path(sys.executable).parent / "jupyter")
+    servers = subprocess.run([jupyter, "server", "extension", "list"], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120)
+    text = servers.stdout + servers.stderr
+    assert "tfk8s_magics.sidebar" in text and str(site) in subprocess.run(
+        [sys.executable, "-c", "import tfk8s_magics.sidebar as s; print(s.__file__)"], env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=60).stdout
+    assert "tfk8s_magics.sidebar enabled" in " ".join(text.replace("\x1b[32m", "").replace("\x1b[0m", "").split())
+    labs = subprocess.run([jupyter, "labextension", "list"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    listed = " ".join((labs.stdout + labs.stderr).replace("\x1b[32m", "").replace("\x1b[0m", "").split())
+    assert f"{prefix / 'share' / 'jupyter' / 'labextensions'}" in listed
+    assert "tfk8s-sidebar v0.1.0 enabled OK" in listed

@@ -169,7 +169,7 @@ export function connectCode(row: Pick<IClusterRow, 'name' | 'mode'>): string {
   if (row.mode === 'in-graph') {
     return `strategy = %tfcluster connect ${row.name}`;
   }
-  return `import tfk8s_magics as tk\n\ncluster = tk.get(${pyString(row.name)})\ncluster`;
+  return `import tfk8s_magics as tk\ncluster = tk.get(${pyString(row.name)})\ncluster`;
 }
 
 /** The loss (or the first metric) of a progress report, for the curve. */

@@ -127,7 +127,7 @@ describe('views', () => {
   it('inserts %tfcluster connect for in-graph and tk.get for the others', () => {
     expect(connectCode({ name: 'ig', mode: 'in-graph' })).toBe('strategy = %tfcluster connect ig');
     expect(connectCode({ name: 'mnist', mode: 'between' })).toBe(
-      "import tfk8s_magics as tk\n\ncluster = tk.get('mnist')\ncluster"
+      "import tfk8s_magics as tk\ncluster = tk.get('mnist')\ncluster"
     );
     expect(connectCode({ name: "a'b", mode: 'between' })).toContain("tk.get('a\\'b')");
   });
