@@ -348,7 +348,8 @@ def test_the_wheel_ships_the_prebuilt_sidebar_and_enables_it(tmp_path):
     assert "tfk8s_magics.sidebar" in text and str(site) in subprocess.run(
         [sys.executable, "-c", "import tfk8s_magics.sidebar as s; print(s.__file__)"], env=env, cwd=tmp_path,
         capture_output=True, text=True, timeout=60).stdout
-    assert "tfk8s_magics.sidebar enabled" in " ".join(text.replace("\x1b[32m", "").replace("\x1b[0m", "").split())
+    plain = " ".join(text.replace("\x1b[32m", "").replace("\x1b[0m", "").split())
+    assert "tfk8s_magics.sidebar enabled" in plain
     labs = subprocess.run([jupyter, "labextension", "list"], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     listed = " ".join((labs.stdout + labs.stderr).replace("\x1b[32m", "").replace("\x1b[0m", "").split())
