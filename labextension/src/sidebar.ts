@@ -7,7 +7,7 @@
  */
 import { Widget } from '@lumino/widgets';
 
-import { ClusterStream } from './api';
+import type { ClusterStream } from './api';
 import {
   IClusterRow,
   IState,
