@@ -69,8 +69,9 @@ SUMMARIES = textwrap.dedent("""\
     w.flush()
     print("summaries written", flush=True)
 """)
+LAUNCH_IG = "import tfk8s_magics as tk\ntk.launch('ig', mode='in-graph', ps=1, workers=1)"
 NOTEBOOK = {"cells": [{"cell_type": "code", "execution_count": None, "id": "first", "metadata": {},
-                       "outputs": [], "source": "print('ready')"}],
+                       "outputs": [], "source": LAUNCH_IG}],
             "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
             "nbformat": 4, "nbformat_minor": 5}
 
@@ -87,6 +88,18 @@ OBSERVE_TICKS = """(pre) => {
   };
   scan(false);
   new MutationObserver(() => scan(true)).observe(pre, {childList: true, characterData: true, subtree: true});
+}"""
+
+
+# Layout shifts (Chromium's Layout Instability API) whose moved nodes are inside the sidebar.
+OBSERVE_SHIFTS = """() => {
+  window.__shifts = [];
+  const bar = document.getElementById('tfk8s-sidebar');
+  new PerformanceObserver(list => {
+    for (const e of list.getEntries()) {
+      if ((e.sources || []).some(s => s.node && bar.contains(s.node))) window.__shifts.push(e.value);
+    }
+  }).observe({type: 'layout-shift'});
 }"""
 
 
@@ -231,6 +244,12 @@ def test_sidebar_end_to_end(lab, page, state_dir):
           "form1 running in the sidebar", page)
     row = _row(page, "form1")
     _wait(lambda: "step" in row.locator(".tfk8s-row-progress").inner_text(), 60, "form1's progress", page)
+    # No layout shift while rows update: the browser's own layout-shift entries, over updates.
+    page.evaluate(OBSERVE_SHIFTS)
+    steps = {row.locator(".tfk8s-row-progress").inner_text()}
+    _wait(lambda: steps.add(row.locator(".tfk8s-row-progress").inner_text()) or len(steps) >= 4, 60,
+          "three more progress updates of form1", page)
+    assert page.evaluate("window.__shifts") == [], "rows moved while updating"
     _shot(page, "sidebar.png", page.locator("#tfk8s-sidebar"), docs=True)
 
     # 3. Its logs in a tab: lines as text; a second click focuses the same tab.
@@ -287,30 +306,32 @@ def test_sidebar_end_to_end(lab, page, state_dir):
     _row(page, "tb").locator(".tfk8s-action-tensorboard").click()
     assert page.locator(".tfk8s-tensorboard").count() == 1
 
-    # 7. Insert the connect cell into the active notebook and run it.
+    # 7. Insert the connect cell into the active notebook and run it.  The notebook's first cell
+    # launches an in-graph cluster from this kernel (the lab's sandboxed kernels reach only the
+    # in-graph servers they launched: their own network namespace).
     page.locator('.jp-SideBar [data-id="filebrowser"]').click()
     page.locator(".jp-DirListing-item", has_text="connect.ipynb").first.dblclick()
     page.locator('.jp-SideBar [data-id="tfk8s-sidebar"]').click()
     cells = page.locator(".jp-Notebook .jp-CodeCell")
     _wait(lambda: cells.count() == 1, 60, "the notebook", page)
     _wait(lambda: "Idle" in page.locator("#jp-main-statusbar").inner_text(), 120, "the kernel", page)
-    lab.tfk8s("submit", "ig", "--mode", "in-graph", "--ps", "1", "--workers", "1")
+    _run(page, cells.nth(0))
+    _wait(lambda: cells.count() == 2, 60, "the new cell below the launch", page)
+    _run_focus(page, cells.nth(1))
     _row(page, "ticker").locator(".tfk8s-action-insert").click()
-    _wait(lambda: cells.count() == 2, 30, "the inserted cell", page)
-    assert cells.nth(1).locator(".jp-InputArea-editor").inner_text().strip() == (
-        "import tfk8s_magics as tk\ncluster = tk.get('ticker')\ncluster")
-    _run(page, cells.nth(1))
-    out = cells.nth(1).locator(".jp-OutputArea")
+    handle = cells.filter(has_text="cluster = tk.get('ticker')")
+    _wait(lambda: handle.count() == 1, 30, "the inserted cell", page)
+    assert cells.nth(2).locator(".jp-InputArea-editor").inner_text().strip() == (
+        "import tfk8s_magics as tk\ncluster = tk.get('ticker')\ncluster")  # below the active cell
+    _run(page, handle)
+    out = handle.locator(".jp-OutputArea")
     _wait(lambda: "ticker" in out.inner_text(), 120, "the handle's output", page)
     assert "Error" not in out.inner_text()
     # In-graph: the inserted magic makes this kernel the cluster's client.
-    _wait(lambda: _phase(page, "ig") == "running", 180, "ig running", page)
-    _run_focus(page, cells.nth(0))
+    _wait(lambda: _phase(page, "ig") == "running", 300, "ig (launched by the notebook) running", page)
     _row(page, "ig").locator(".tfk8s-action-insert").click()
     connect = cells.filter(has_text="strategy = %tfcluster connect ig")
     _wait(lambda: connect.count() == 1, 30, "the second inserted cell", page)
-    assert cells.nth(1).locator(".jp-InputArea-editor").inner_text().strip() == (
-        "strategy = %tfcluster connect ig")  # below the active cell
     _run(page, connect)
     _wait(lambda: connect.locator(".jp-InputPrompt").inner_text().strip() not in ("[*]:", "[ ]:"),
           300, "the connect cell to finish", page)
@@ -334,16 +355,43 @@ def test_sidebar_end_to_end(lab, page, state_dir):
     assert not page.dialogs
 
 
-def test_sidebar_after_a_server_restart(lab, page, state_dir):
+@pytest.fixture
+def dark_lab(tmp_path, state_dir):
+    root = tmp_path / "root"
+    root.mkdir()
+    for name, text in {"count.py": COUNT, "ticker.py": TICKER}.items():
+        (root / name).write_text(text)
+    server = Lab(tmp_path, state_dir, root,
+                 settings={"@jupyterlab/apputils-extension/themes": {"theme": "JupyterLab Dark"}})
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _luminance(css: str) -> float:
+    r, g, b = (int(x) for x in css[css.index("(") + 1:css.index(")")].split(",")[:3])
+    return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255
+
+
+def test_sidebar_after_a_server_restart(dark_lab, page, state_dir):
     """The page stays open while the server restarts; meanwhile one cluster is deleted and
-    another launched from the CLI: the sidebar reconnects and shows exactly what is there."""
+    another launched from the CLI: the sidebar reconnects and shows exactly what is there.
+    (In the dark theme: the sidebar takes the theme's colours.)"""
     import tfk8s_magics as tk
 
+    lab = dark_lab
     _open_sidebar(page, lab)
+    _wait(lambda: page.evaluate("document.body.dataset.jpThemeLight") == "false", 60, "the dark theme", page)
+    bar = page.locator("#tfk8s-sidebar")
+    assert _luminance(bar.evaluate("e => getComputedStyle(e).backgroundColor")) < 0.3
+    assert _luminance(bar.locator(".tfk8s-title").evaluate("e => getComputedStyle(e).color")) > 0.6
     lab.tfk8s("submit", "keep", "--workers", "1", "--script", "ticker.py")
     lab.tfk8s("submit", "gone", "--workers", "1", "--script", "count.py")
     _wait(lambda: _phase(page, "keep") == "running" and _row(page, "gone").count() == 1, 120,
           "both clusters in the sidebar", page)
+    _shot(page, "sidebar-dark.png", bar, docs=True)
     lab.stop()
     _wait(lambda: "Reconnecting" in page.locator(".tfk8s-status").inner_text(), 60,
           "the sidebar to notice", page)
