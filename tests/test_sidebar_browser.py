@@ -342,7 +342,7 @@ def test_sidebar_end_to_end(lab, page, state_dir):
     _run(page, last)
     _wait(lambda: "ParameterServerStrategy" in last.locator(".jp-OutputArea").inner_text(), 120,
           "the strategy of the connected kernel", page)
-    _shot(page, "sidebar-connect.png")
+    _shot(page, "sidebar-connect.png", docs=True)
 
     # 8. Stop, then Delete, from the sidebar.
     _row(page, "ticker").locator(".tfk8s-action-stop").click()
