@@ -292,6 +292,16 @@ def test_sidebar_end_to_end(lab, page, state_dir):
     _wait(lambda: "gives up" in bad_logs.locator('.tfk8s-logs-pre[data-task="worker-1"]').inner_text(), 30,
           "worker-1's last words", page)
 
+    # Its events, and the ticker's progress and loss curve, in tabs of their own.
+    _row(page, "bad").locator(".tfk8s-action-events").click()
+    events = page.locator(".tfk8s-events").last
+    _wait(lambda: "worker-1" in events.locator("tbody").inner_text(), 60, "bad's events", page)
+    _row(page, "ticker").locator(".tfk8s-action-progress").click()
+    curve = page.locator(".tfk8s-progress .tfk8s-curve polyline")
+    _wait(lambda: len((curve.get_attribute("points") or "").split()) >= 3, 60, "three points of the curve",
+          page)
+    assert "loss by step" in page.locator(".tfk8s-progress-label").inner_text()
+
     # 6. TensorBoard in a tab, through jupyter-server-proxy.
     lab.tfk8s("submit", "tb", "--workers", "1", "--script", "summaries.py")
     _wait(lambda: _phase(page, "tb") == "succeeded", 240, "tb to write its summaries", page)

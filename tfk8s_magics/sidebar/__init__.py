@@ -41,9 +41,12 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 
 
 def _load_jupyter_server_extension(server_app) -> None:
-    """Add the sidebar's handlers and start its monitor (stopped with the server)."""
+    """Add the sidebar's handlers and start its monitor (daemon threads: they end with the server)."""
+    # Deferred: jupyter_server and tornado are a server's; `jupyter labextension` reading
+    # _jupyter_labextension_paths, or a kernel importing the package, needs none of them.
     from jupyter_server.utils import url_path_join
 
+    # Deferred with them: the handlers import tornado and jupyter_server, the monitor the API.
     from .handlers import ActionHandler, ClusterHandler, ClustersHandler, FormHandler, StreamHandler
     from .monitor import ClusterMonitor
 

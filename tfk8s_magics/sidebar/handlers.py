@@ -18,8 +18,10 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from jupyter_server.auth.decorator import ws_authenticated
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
@@ -114,8 +116,6 @@ class ClustersHandler(_Base):
 
 def _launch(args) -> dict[str, Any]:
     """What ``tfk8s launch`` does with the same arguments, detached (the server is not its owner)."""
-    import time
-
     spec = api.make_spec(args.name, **{o.name: getattr(args, o.name) for o in options.spec_options()})
     cluster = api.launch(spec, backend=args.backend, detach=True, replace=args.replace, force=args.force)
     return cluster_row(cluster.status(), time.time())
@@ -174,8 +174,6 @@ class ActionHandler(_Base):
             ok, st = await self._call(lambda: api.get(name, mon.backend).stop())
             if ok:
                 mon.refresh()
-                import time
-
                 self.finish(json.dumps({"cluster": cluster_row(st, time.time())}))
         elif action == "tensorboard":
             ok, info = await self._call(lambda: api.get(name, mon.backend).tensorboard())
@@ -191,8 +189,6 @@ class ActionHandler(_Base):
 
 
 def _is_loopback(url: str) -> bool:
-    from urllib.parse import urlsplit
-
     return (urlsplit(url).hostname or "") in ("127.0.0.1", "localhost", "::1")
 
 
