@@ -420,3 +420,8 @@ def test_sidebar_after_a_server_restart(dark_lab, page, state_dir):
         _wait(lambda: page.locator(".jp-Dialog").count() == 0, 30, "the dialog to close", page)
     _row(page, "keep").locator(".tfk8s-action-stop").click()
     _wait(lambda: _phase(page, "keep") == "stopped", 60, "keep stopped", page)
+    # A browser restart (a fresh page): the same rows from the server's snapshot.
+    _open_sidebar(page, lab)
+    _wait(lambda: _phase(page, "keep") == "stopped" and _phase(page, "new") == "succeeded", 60,
+          "the rows after a reload", page)
+    assert _row(page, "gone").count() == 0
