@@ -137,6 +137,28 @@ def test_a_check_mistake_is_the_apis_sentence(tmp_path):
     assert str(e.value) == "--workers 300 is out of range: give a count from 0 to 256."
 
 
+def test_launch_prepares_the_client_only_when_asked(monkeypatch):
+    """api.launch(prepare_client=False): the server's form launch imports no TensorFlow."""
+    from tfk8s_magics import ingraph
+
+    imported, launched = [], []
+    monkeypatch.setattr(ingraph, "preimport", lambda legacy: imported.append(legacy))
+
+    class Recorder:
+        name = "recorder"
+
+        def launch(self, spec, detach=False):
+            launched.append((spec.name, spec.mode, detach))
+
+    monkeypatch.setattr(api, "resolve_backend", lambda backend=None: Recorder())
+    api.launch("ig", mode="in-graph", ps=1, workers=1, detach=True, prepare_client=False)
+    assert (launched, imported) == ([("ig", "in-graph", True)], [])
+    api.launch("ig2", mode="in-graph", ps=1, workers=1)
+    assert imported == [True]
+    api.launch("bg", workers=1, script="print(1)")
+    assert imported == [True] and len(launched) == 3
+
+
 def test_form_refuses_unknown_options_and_non_booleans():
     with pytest.raises(SpecError, match="the launch form has no option 'nope'"):
         form_argv("m", "t.py", {"nope": 1})

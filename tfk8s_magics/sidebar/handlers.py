@@ -117,7 +117,9 @@ class ClustersHandler(_Base):
 def _launch(args) -> dict[str, Any]:
     """What ``tfk8s launch`` does with the same arguments, detached (the server is not its owner)."""
     spec = api.make_spec(args.name, **{o.name: getattr(args, o.name) for o in options.spec_options()})
-    cluster = api.launch(spec, backend=args.backend, detach=True, replace=args.replace, force=args.force)
+    # The server never connects to an in-graph cluster: no TensorFlow import in its process.
+    cluster = api.launch(spec, backend=args.backend, detach=True, replace=args.replace, force=args.force,
+                         prepare_client=False)
     return cluster_row(cluster.status(), time.time())
 
 
