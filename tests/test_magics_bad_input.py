@@ -105,3 +105,24 @@ def test_help_lists_subcommands(ip, capsys):
     out = capsys.readouterr().out
     for sub in ("launch", "connect", "logs", "tensorboard", "render", "delete"):
         assert sub in out
+
+
+@pytest.mark.parametrize("line, argv", [
+    ("list  # the cluster's list", ["list"]),
+    ('logs x --tail 5 # "unclosed in a comment', ["logs", "x", "--tail", "5"]),
+    ("launch x --env A=b#c  # it's kept", ["launch", "x", "--env", "A=b#c"]),
+    ("launch x --env 'A=# not a comment'", ["launch", "x", "--env", "A=# not a comment"]),
+    ('launch x --env "B=\\"#\\"" #c', ["launch", "x", "--env", 'B="#"']),
+    ("#only a comment", []),
+])
+def test_a_comment_on_a_magic_line_is_cut_before_quotes_are_parsed(line, argv):
+    import shlex
+
+    from tfk8s_magics.magics import _without_comment
+
+    assert shlex.split(_without_comment(line)) == argv
+
+
+def test_a_magic_line_whose_comment_has_an_apostrophe_runs(ip, capsys):
+    run(ip, "list  # the cluster's list")
+    assert "no clusters" in capsys.readouterr().out
