@@ -171,10 +171,15 @@ class Cluster:
             return False
 
     # -- up ----------------------------------------------------------------------------------
-    def up(self, nodes: int = 2, timeout: float = 240.0) -> None:
-        """Build what is missing, then start the whole cluster; raise :class:`ClusterError` on failure."""
+    def up(self, nodes: int = 2, timeout: float = 240.0, pods: bool = False) -> None:
+        """Build what is missing, then start the whole cluster; raise :class:`ClusterError` on failure.
+
+        ``pods``: also join this machine as a real node (tier 2, :mod:`devcluster.node`).
+        """
         if self.running():
             print(f"devcluster: already running ({self.server})", file=sys.stderr)
+            if pods:
+                self._node_up()
             return
         self.down(quiet=True)  # a half-started or dead cluster: start from nothing
         comps = build.ensure_all()
@@ -203,6 +208,11 @@ class Cluster:
             self._start_kwok(comps["kwok"], nodes)
             self._start_jobset(comps["jobset"], timeout)
             self._start_kueue(comps["kueue"], timeout)
+            self.procs.start(
+                "keeper",
+                [sys.executable, "-m", "devcluster.keeper", str(self.root)],
+                env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+            )
         except BaseException:
             self.down(quiet=True, keep_logs=True)
             raise
@@ -210,6 +220,19 @@ class Cluster:
             f"devcluster: up in {time.monotonic() - t0:.1f} s — {self.server}; KUBECONFIG={self.kubeconfig}",
             file=sys.stderr,
         )
+        if pods:
+            self._node_up()
+
+    def _node_up(self) -> None:
+        from . import node
+
+        if node.running(self):
+            print(f"devcluster: node {node.NODE_NAME} already running", file=sys.stderr)
+            return
+        try:
+            node.up(self, log=lambda line: print(line, file=sys.stderr))
+        except node.NodeError as e:
+            raise ClusterError(f"the real node did not start: {e}") from e
 
     def _wait(self, pred, what: str, timeout: float, proc: str | None = None) -> None:
         deadline = time.monotonic() + timeout
@@ -284,6 +307,10 @@ class Cluster:
         # them on this machine (without it they would follow the default route out).
         if os.geteuid() != 0 or not shutil.which("ip"):
             return
+        if not add and _other_kwok_running():
+            # the route is the machine's: another cluster's kwok still invents addresses in the range,
+            # and its API server dials them (pod logs) -- without the route that leaves by eth0
+            return
         verb = "replace" if add else "del"
         subprocess.run(["ip", "route", verb, "unreachable", KWOK_POD_RANGE], capture_output=True)
 
@@ -357,6 +384,9 @@ class Cluster:
             # a loopback address may not be an Endpoints address: no reconciler for "kubernetes"
             "--endpoint-reconciler-type",
             "none",
+            # the real node's name resolves nowhere: reach kubelets (logs, exec) by their address
+            "--kubelet-preferred-address-types",
+            "InternalIP,Hostname",
             "--profiling=false",
             # every request, who made it and its answer: the tests' record of what a client did
             "--audit-policy-file",
@@ -482,10 +512,11 @@ class Cluster:
             "node/fast/node-initialize.yaml",
             "node/heartbeat/node-heartbeat.yaml",
             "pod/fast/pod-ready.yaml",
-            "pod/fast/pod-delete.yaml",
+            "pod/general/pod-delete.yaml",  # waits for the Job controller's finalizer to go
         ):
             docs.append((stage / rel).read_text())
         docs.append(yaml.safe_dump(_exit_stage()))
+        docs.append(yaml.safe_dump(_terminating_stage()))
         out = self.root / "kwok-stages.yaml"
         out.write_text("\n---\n".join(docs))
         return out
@@ -560,7 +591,9 @@ class Cluster:
         st = self.state()
         mod = _module_dir("sigs.k8s.io/jobset", comp.version)
         cfg = mod / "config" / "components"
-        self.apply([yaml.safe_load((cfg / "crd/bases/jobset.x-k8s.io_jobsets.yaml").read_text())])
+        crd = yaml.safe_load((cfg / "crd/bases/jobset.x-k8s.io_jobsets.yaml").read_text())
+        self.apply([crd])
+        self._established([crd])
         hooks = self._webhook_configs(
             cfg / "webhook/manifests.yaml", "jobset", st["jobset_webhook_port"], lambda path: True
         )
@@ -620,6 +653,7 @@ class Cluster:
                 }
             crds.append(crd)
         self.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}}, *crds])
+        self._established(crds)
         # only the integrations this lab uses: JobSet and Kueue's own objects (its pod, Deployment and
         # Job webhooks fail closed and would stand in front of every pod of the cluster)
         hooks = self._webhook_configs(
@@ -659,6 +693,24 @@ class Cluster:
         self.apply(hooks)
         self._wait(lambda: self._webhook_roundtrip(_probe_resource_flavor()), "kueue", timeout, proc="kueue")
 
+    def _established(self, crds: list[dict]) -> None:
+        """Wait until the API server serves each CRD (a controller started earlier finds no kind)."""
+        names = {c["metadata"]["name"] for c in crds}
+
+        def established() -> bool:
+            out = json.loads(self.kubectl("get", "crd", "-o", "json").stdout)
+            ok = {
+                c["metadata"]["name"]
+                for c in out["items"]
+                if any(
+                    x["type"] == "Established" and x["status"] == "True"
+                    for x in c.get("status", {}).get("conditions") or []
+                )
+            }
+            return names <= ok
+
+        self._wait(established, "the CRDs to be established", 60)
+
     def _webhook_roundtrip(self, obj: dict) -> bool:
         """A server-side dry-run create: it passes every webhook, so it proves they answer."""
         r = self.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(obj), check=False)
@@ -669,7 +721,13 @@ class Cluster:
     # -- down --------------------------------------------------------------------------------
     def down(self, quiet: bool = False, keep_logs: bool = False) -> None:
         """Stop every process of the cluster (reverse start order) and remove its state."""
+        from . import node
+
         names = self.procs.names()
+        if "keeper" in names:
+            self.procs.stop("keeper")  # first: it would start the others again
+        # the real node next: its pods, mounts and network go while the API server still answers
+        node.down(self, log=(lambda *_: None) if quiet else (lambda line: print(line, file=sys.stderr)))
         order = [n for n in reversed(CONTROL_PLANE_ORDER) if n in names] + [
             n for n in reversed(names) if n not in CONTROL_PLANE_ORDER
         ]
@@ -699,6 +757,19 @@ STORAGE_CLASS = {
     "volumeBindingMode": "Immediate",
 }
 PV_POOL = 400
+
+
+def _other_kwok_running() -> bool:
+    """True while a kwok of any cluster directory runs on this machine (by its cached binary)."""
+    kwok = str(build.COMPONENTS["kwok"].path("kwok"))
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if os.readlink(d / "exe") == kwok:
+                    return True
+            except OSError:
+                pass
+    return False
 
 
 def fake_node(name: str) -> dict:
@@ -756,6 +827,47 @@ def _exit_stage() -> dict:
                     {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
                     {"key": ".status.phase", "operator": "In", "values": ["Running"]},
                     {"key": f'.metadata.labels["{EXIT_LABEL}"]', "operator": "Exists"},
+                ]
+            },
+            "next": {"statusTemplate": template},
+        },
+    }
+
+
+def _terminating_stage() -> dict:
+    """A running pod being deleted ends as a kubelet ends it: SIGTERM, exit 143, phase Failed.
+
+    Only then does the Job controller remove its tracking finalizer and the pod go away (kwok's own
+    "fast" delete stage removes pods at once, which a Job's finalizer forbids).
+    """
+    template = (
+        "{{ $now := Now }}\n"
+        "containerStatuses:\n"
+        "{{ range $index, $item := .spec.containers }}\n"
+        "- image: {{ $item.image | Quote }}\n"
+        "  name: {{ $item.name | Quote }}\n"
+        "  ready: false\n"
+        "  restartCount: 0\n"
+        "  started: false\n"
+        "  state:\n"
+        "    terminated:\n"
+        "      exitCode: 143\n"
+        "      finishedAt: {{ $now | Quote }}\n"
+        "      reason: Error\n"
+        "      startedAt: {{ $now | Quote }}\n"
+        "{{ end }}\n"
+        "phase: Failed\n"
+    )
+    return {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Stage",
+        "metadata": {"name": "tfk8s-pod-terminating"},
+        "spec": {
+            "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
+            "selector": {
+                "matchExpressions": [
+                    {"key": ".metadata.deletionTimestamp", "operator": "Exists"},
+                    {"key": ".status.phase", "operator": "In", "values": ["Running", "Pending"]},
                 ]
             },
             "next": {"statusTemplate": template},
