@@ -32,6 +32,12 @@ EXIT_LABEL = "kwok.tfk8s.dev/exit"
 KWOK_TOLERATION = [
     {"key": "kwok.x-k8s.io/node", "operator": "Equal", "value": "fake", "effect": "NoSchedule"}
 ]
+# A namespace with these annotations puts every pod on a kwok node (PodTolerationRestriction gives
+# the toleration, PodNodeSelector the node selector), never on the real node of tier 2.
+KWOK_ANNOTATIONS = {
+    "scheduler.alpha.kubernetes.io/defaultTolerations": json.dumps(KWOK_TOLERATION),
+    "scheduler.alpha.kubernetes.io/node-selector": "type=kwok",
+}
 
 
 def wait_for(
@@ -126,7 +132,7 @@ class RealKube:
         name = f"{prefix}-{uuid.uuid4().hex[:6]}"
         annotations = {}
         if kwok:  # the PodTolerationRestriction plugin gives every pod here the kwok toleration
-            annotations["scheduler.alpha.kubernetes.io/defaultTolerations"] = json.dumps(KWOK_TOLERATION)
+            annotations.update(KWOK_ANNOTATIONS)
         offset = self.audit_size()
         # the backend's rules, shipped once as a ClusterRole (the chart's), bound per namespace
         from tfk8s_magics.backends.kubernetes.rbac import backend_cluster_role

@@ -8,7 +8,6 @@ token (TokenRequest) then does what KubeSpawner and the bootstrap do, and is ref
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import uuid
@@ -18,7 +17,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 from test_helm import CHART, helm_binary
 
-from tests.realkube import KWOK_TOLERATION, wait_for
+from tests.realkube import KWOK_ANNOTATIONS, wait_for
 
 pytestmark = pytest.mark.k8s
 
@@ -49,9 +48,7 @@ def release(realkube, helm):
         {
             "metadata": {
                 "name": HUB_NS,
-                "annotations": {
-                    "scheduler.alpha.kubernetes.io/defaultTolerations": json.dumps(KWOK_TOLERATION)
-                },
+                "annotations": dict(KWOK_ANNOTATIONS),
             }
         }
     )
