@@ -31,6 +31,7 @@ class Phase:
     RUNNING = "running"  # ready: server listening, or script running
     SUCCEEDED = "succeeded"  # exited 0 (parameter servers: recycled after the workers)
     FAILED = "failed"  # crashed past the restart budget, or could not start
+    STOPPING = "stopping"  # asked to stop; some task has not ended yet (not terminal)
     STOPPED = "stopped"  # ended by the user (stop/delete) or by its owner exiting
     UNKNOWN = "unknown"  # its state cannot be read (the reason says why); not terminal
 

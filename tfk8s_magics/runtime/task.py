@@ -46,6 +46,7 @@ from .. import tfconfig
 from ..scriptcheck import COLLECTIVE_WITH_PS
 from ..spec import Task
 from ..taskenv import import_tensorflow
+from . import stopsignal
 from .exitcodes import (
     BROKEN_MARK,
     EXIT_PEER_LOST,
@@ -225,6 +226,8 @@ def run_script(path: str) -> int:
         return port_lost(port)
 
     guard_collective_strategy()
+    stopsignal.install()  # a stop (SIGTERM) ends the script cleanly, even under TensorFlow's notifier
+    stopsignal.watch_tensorflow()
     # As `python path/script.py` does: the script's own folder comes first (for a
     # cell body, the kernel's working folder), in place of the folder `-m` put there.
     script_dir = os.environ.get("TFK8S_SCRIPT_DIR") or os.path.dirname(os.path.abspath(path))
