@@ -8,9 +8,9 @@ ops, TensorFlow's coordination service installs a C-level SIGTERM handler
 on until the SIGKILL, 5 s later, with no ``finally`` and no exit handler run.
 
 So the task installs :func:`_on_sigterm` before the script runs and again
-right after TensorFlow enables collective ops (the place its handler is
-installed: when the context initialises its devices).  The handler first calls the handler TensorFlow installed (its
-preemption notifier still hears the signal), then — unless the script built
+right after TensorFlow initialises its context's devices (measured: where
+its handler is installed).  The handler first calls the handler TensorFlow
+installed (its preemption notifier still hears the signal), then — unless the script built
 a ``PreemptionCheckpointHandler``, which saves a checkpoint and exits on its
 own — raises :class:`TaskStopped` in the main thread: the script unwinds as
 from ``sys.exit`` (``finally`` blocks and ``atexit`` handlers run) and the

@@ -28,6 +28,7 @@ _PHASE_COLOURS = {
     "stalled": "#cb4b16",
     Phase.SUCCEEDED: "#2aa198",
     Phase.FAILED: "#dc322f",
+    Phase.STOPPING: "#6c71c4",
     Phase.STOPPED: "#6c71c4",
 }
 #: The ipywidgets progress-bar style of a cluster in each phase.
