@@ -25,6 +25,7 @@ from .backends.local import pool as local_pool
 from .errors import ClusterExists, ClusterNotFound, SpecError, TaskNotFound, TFClusterError
 from .ui.render import events_text, list_text, status_text
 from .ui.serving import serving_text
+from .ui.stream import Overwrites
 
 _ALIASES = {"submit": "launch", "get": "status", "rm": "delete", "ls": "list"}
 #: Mistakes in what the user typed: exit code 2, like argparse's own.
@@ -102,8 +103,12 @@ def _logs(args: argparse.Namespace) -> int:
 
 def _follow(cluster: api.Cluster, task: str | None) -> int:
     """Print a cluster's log lines as they come, until it ends; exit 0 only if it succeeded."""
+    stream = Overwrites()  # a progress bar's carriage returns update its line in place
     for line in cluster.follow(threading.Event(), tasks=[task] if task else None):
-        print(f"[{line.task}] {line.text}", flush=True)
+        sys.stdout.write(stream.render([f"[{line.task}] {line.text}"]))
+        sys.stdout.flush()
+    if stream.open is not None:
+        sys.stdout.write("\n")
     st = cluster.status()
     print(f"{st.name}: {st.phase}" + (f" — {st.reason}" if st.reason else ""))
     return 0 if st.phase == "succeeded" else 1
