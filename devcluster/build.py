@@ -1,0 +1,166 @@
+"""Build the test cluster's binaries from their Go modules, cached by version.
+
+Each :class:`Component` names its binaries and how to build them. A component is built once per
+version into ``<cache>/<name>-<version>/`` (written to a temporary directory and renamed, so a
+killed build never leaves a half-filled cache entry); a second ``build`` finds it and returns at
+once. Only ``go.mod``/``go.sum`` files of ours are in the tree (``devcluster/go/``), never
+upstream code or binaries.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .versions import HERE, cache_root, versions
+
+GO_DIR = HERE / "go"
+
+
+@dataclass(frozen=True)
+class Component:
+    """A set of binaries built together from one module at one pinned version."""
+
+    name: str
+    version_key: str  # the key in versions.env
+    binaries: tuple[str, ...]
+    build: Callable[[str, Path], None] = field(repr=False)  # (version, out dir) -> None
+
+    @property
+    def version(self) -> str:
+        """The pinned version of this component."""
+        return versions()[self.version_key]
+
+    @property
+    def dir(self) -> Path:
+        """The cache directory of this component's binaries at its pinned version."""
+        return cache_root() / f"{self.name}-{self.version}"
+
+    def path(self, binary: str) -> Path:
+        """The cached path of one of this component's binaries."""
+        return self.dir / binary
+
+    def is_built(self) -> bool:
+        """True when every binary of this version is in the cache."""
+        return all((self.dir / b).is_file() for b in self.binaries)
+
+
+def _go_env(cgo: bool = False) -> dict[str, str]:
+    env = dict(os.environ)
+    env["CGO_ENABLED"] = "1" if cgo else "0"
+    env.setdefault("GOFLAGS", "-mod=mod")
+    return env
+
+
+def _run(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+    print("devcluster: $ " + " ".join(cmd), file=sys.stderr, flush=True)
+    subprocess.run(cmd, cwd=cwd, env=env or _go_env(), check=True)
+
+
+def kube_ldflags(version: str) -> str:
+    """The version ldflags: without them ``/version`` says v0.0.0-master and Kueue refuses to start."""
+    major, minor = version.lstrip("v").split(".")[:2]
+    flags = ["-s", "-w"]
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {pkg}.gitVersion={version}",
+            f"-X {pkg}.gitMajor={major}",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean",
+            f"-X {pkg}.buildDate=1970-01-01T00:00:00Z",
+        ]
+    return " ".join(flags)
+
+
+def _check_module_version(module_dir: Path, module: str, version: str) -> None:
+    text = (module_dir / "go.mod").read_text()
+    if f"{module} {version}" not in text:
+        raise SystemExit(
+            f"devcluster: {module_dir / 'go.mod'} does not require {module} {version} (versions.env); "
+            f"regenerate it: .venv/bin/python -m devcluster gomod"
+        )
+
+
+def _build_kubernetes(binaries: tuple[str, ...]) -> Callable[[str, Path], None]:
+    def build(version: str, out: Path) -> None:
+        mod = GO_DIR / "kubernetes"
+        _check_module_version(mod, "k8s.io/kubernetes", version)
+        pkgs = [f"k8s.io/kubernetes/cmd/{b}" for b in binaries]
+        _run(["go", "build", "-trimpath", "-ldflags", kube_ldflags(version), "-o", f"{out}/", *pkgs], cwd=mod)
+
+    return build
+
+
+def _build_etcd(version: str, out: Path) -> None:
+    mod = GO_DIR / "etcd"
+    _check_module_version(mod, "go.etcd.io/etcd/server/v3", version)
+    _run(["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out / "etcd"), "go.etcd.io/etcd/server/v3"],
+         cwd=mod)
+
+
+def _go_install(*pkgs: str, cgo: bool = False, tags: str = "") -> Callable[[str, Path], None]:
+    def build(version: str, out: Path) -> None:
+        env = _go_env(cgo)
+        env.pop("GOFLAGS", None)
+        env["GOBIN"] = str(out)
+        extra = ["-tags", tags] if tags else []
+        for pkg in pkgs:
+            _run(["go", "install", "-trimpath", "-ldflags", "-s -w", *extra, f"{pkg}@{version}"], env=env)
+
+    return build
+
+
+KUBE_CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+
+COMPONENTS: dict[str, Component] = {
+    c.name: c
+    for c in (
+        Component("kubernetes", "KUBERNETES", KUBE_CONTROL_PLANE, _build_kubernetes(KUBE_CONTROL_PLANE)),
+        Component("etcd", "ETCD", ("etcd",), _build_etcd),
+        Component("kwok", "KWOK", ("kwok",), _go_install("sigs.k8s.io/kwok/cmd/kwok")),
+        # JobSet's main package is the module root.
+        Component("jobset", "JOBSET", ("jobset",), _go_install("sigs.k8s.io/jobset")),
+        Component("kueue", "KUEUE", ("kueue",), _go_install("sigs.k8s.io/kueue/cmd/kueue")),
+    )
+}
+
+# What `scripts/kube up` needs (tier 1: a control plane with kwok nodes, JobSet and Kueue).
+TIER1 = ("etcd", "kubernetes", "kwok", "jobset", "kueue")
+
+
+def ensure(name: str) -> Component:
+    """Build ``name`` at its pinned version unless it is already cached; return the component."""
+    comp = COMPONENTS[name]
+    if comp.is_built():
+        return comp
+    if shutil.which("go") is None and not Path("/usr/local/go/bin/go").exists():
+        raise SystemExit("devcluster: the Go toolchain is missing; install Go >= 1.26 (https://go.dev/doc/install)")
+    tmp = comp.dir.with_name(comp.dir.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    t0 = time.monotonic()
+    print(f"devcluster: building {comp.name} {comp.version} (cold: minutes; cached afterwards)",
+          file=sys.stderr, flush=True)
+    try:
+        comp.build(comp.version, tmp)
+        missing = [b for b in comp.binaries if not (tmp / b).is_file()]
+        if missing:
+            raise SystemExit(f"devcluster: building {comp.name} made no {', '.join(missing)}")
+        shutil.rmtree(comp.dir, ignore_errors=True)
+        tmp.rename(comp.dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"devcluster: built {comp.name} {comp.version} in {time.monotonic() - t0:.0f} s",
+          file=sys.stderr, flush=True)
+    return comp
+
+
+def ensure_all(names: tuple[str, ...] = TIER1) -> dict[str, Component]:
+    """Build every named component that is not cached yet."""
+    return {n: ensure(n) for n in names}

@@ -1,0 +1,97 @@
+"""Start, find and stop the test cluster's processes (each one recorded by pid and start time)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # field 22 (starttime), counted after the ")" that ends the command name
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+class Procs:
+    """The processes of one cluster directory: ``<dir>/procs/<name>.json`` + ``<dir>/logs/<name>.log``."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.pids = root / "procs"
+        self.logs = root / "logs"
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+        """Start ``argv`` in its own session, its output in ``logs/<name>.log``; return its pid."""
+        self.pids.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with open(self.logs / f"{name}.log", "ab") as log:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True, env=env, close_fds=True)
+        (self.pids / f"{name}.json").write_text(json.dumps(
+            {"pid": p.pid, "start": _start_time(p.pid), "argv": argv}))
+        return p.pid
+
+    def alive(self, name: str) -> bool:
+        """True while the recorded process of ``name`` runs (same pid and start time)."""
+        rec = self._record(name)
+        if not rec:
+            return False
+        st = _start_time(rec["pid"])
+        if st is None or st != rec.get("start"):
+            return False
+        # a zombie (exited, not reaped by us) counts as dead
+        try:
+            return Path(f"/proc/{rec['pid']}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    def _record(self, name: str) -> dict | None:
+        try:
+            return json.loads((self.pids / f"{name}.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def names(self) -> list[str]:
+        """Names of the recorded processes, in start order."""
+        if not self.pids.is_dir():
+            return []
+        files = sorted(self.pids.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+        return [f.stem for f in files]
+
+    def stop(self, name: str, grace: float = 10.0) -> None:
+        """SIGTERM the process group of ``name``, SIGKILL after ``grace`` seconds; forget it."""
+        rec = self._record(name)
+        if rec and self.alive(name):
+            pid = rec["pid"]
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and self.alive(name):
+                time.sleep(0.1)
+            if self.alive(name):
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                while self.alive(name) and time.monotonic() < deadline + 5:
+                    time.sleep(0.1)
+        (self.pids / f"{name}.json").unlink(missing_ok=True)
+
+    def tail(self, name: str, lines: int = 20) -> str:
+        """The last lines of a process's log (for error messages)."""
+        try:
+            with open(self.logs / f"{name}.log", "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 8192))
+                return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""

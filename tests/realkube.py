@@ -1,0 +1,230 @@
+"""Test helpers for the REAL Kubernetes of ``scripts/kube`` (devcluster): no double involved.
+
+A :class:`RealKube` holds an admin client of the running cluster; :meth:`RealKube.user_namespace`
+makes a lab user's namespace exactly as the hub does (``tfk8s_hub.bootstrap``: labels incl. Pod
+Security ``restricted``, ServiceAccount, Role, RoleBinding, LimitRange, quota, NetworkPolicy) and
+returns a client that authenticates with **that ServiceAccount's own token** (TokenRequest), so
+RBAC, admission and quota are the API server's, not ours. What a client did is read back from the
+API server's audit log (:meth:`UserNamespace.requests`). Pods land on kwok nodes (the namespace's
+default toleration); a test ends a pod with :meth:`RealKube.exit_pod`, and JobSet's real controller
+decides what follows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import kubernetes.client
+from kubernetes import config as kconfig
+from kubernetes.client.rest import ApiException
+
+T = TypeVar("T")
+
+EXIT_LABEL = "kwok.tfk8s.dev/exit"
+KWOK_TOLERATION = [{"key": "kwok.x-k8s.io/node", "operator": "Equal", "value": "fake", "effect": "NoSchedule"}]
+
+
+def wait_for(condition: Callable[[], T], timeout: float = 60.0, interval: float = 0.2,
+             message: str = "condition") -> T:
+    """Poll ``condition()`` until truthy and return it; AssertionError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {message}")
+        time.sleep(interval)
+
+
+@dataclass
+class AuditRecord:
+    """One request as the API server's audit log saw it."""
+
+    user: str
+    verb: str
+    uri: str
+    code: int
+    namespace: str | None
+    resource: str | None
+    subresource: str | None
+
+
+@dataclass
+class UserNamespace:
+    """A lab user's namespace on the real cluster and a client acting as its ServiceAccount."""
+
+    kube: RealKube
+    name: str
+    service_account: str
+    api_client: kubernetes.client.ApiClient
+    audit_offset: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def username(self) -> str:
+        """The ServiceAccount's user name as the API server authenticates it."""
+        return f"system:serviceaccount:{self.name}:{self.service_account}"
+
+    def requests(self) -> list[AuditRecord]:
+        """Every request this ServiceAccount made since the namespace was made, oldest first."""
+        return [r for r in self.kube.audit(self.audit_offset) if r.user == self.username]
+
+
+class RealKube:
+    """The running devcluster, seen as its administrator."""
+
+    def __init__(self, kubeconfig: str, audit_log: Path | None):
+        self.kubeconfig = kubeconfig
+        cfg = kubernetes.client.Configuration()
+        kconfig.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        self.configuration = cfg
+        self.admin = kubernetes.client.ApiClient(cfg)
+        self.audit_log = audit_log
+        self._namespaces: list[str] = []
+        self._clients: list[kubernetes.client.ApiClient] = []
+
+    # -- clients -----------------------------------------------------------------------------
+    def client_with_token(self, token: str) -> kubernetes.client.ApiClient:
+        """A client that authenticates with ``token`` only (no admin certificate)."""
+        cfg = kubernetes.client.Configuration()
+        cfg.host = self.configuration.host
+        cfg.ssl_ca_cert = self.configuration.ssl_ca_cert
+        cfg.api_key = {"BearerToken": token}
+        cfg.api_key_prefix = {"BearerToken": "Bearer"}
+        c = kubernetes.client.ApiClient(cfg)
+        self._clients.append(c)
+        return c
+
+    @property
+    def core(self) -> kubernetes.client.CoreV1Api:
+        """CoreV1Api as admin."""
+        return kubernetes.client.CoreV1Api(self.admin)
+
+    @property
+    def custom(self) -> kubernetes.client.CustomObjectsApi:
+        """CustomObjectsApi as admin."""
+        return kubernetes.client.CustomObjectsApi(self.admin)
+
+    # -- namespaces --------------------------------------------------------------------------
+    def user_namespace(self, prefix: str = "u", *, bootstrap=None, kwok: bool = True) -> UserNamespace:
+        """A fresh namespace bootstrapped as the hub does it, with a client acting as its ServiceAccount."""
+        from tfk8s_hub.bootstrap import BootstrapSpec, bootstrap_objects, namespace_labels
+
+        spec = bootstrap or BootstrapSpec(hub_namespace="default")
+        name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        annotations = {}
+        if kwok:  # the PodTolerationRestriction plugin gives every pod here the kwok toleration
+            annotations["scheduler.alpha.kubernetes.io/defaultTolerations"] = json.dumps(KWOK_TOLERATION)
+        offset = self.audit_size()
+        self.core.create_namespace({"metadata": {"name": name, "labels": namespace_labels(spec),
+                                                 "annotations": annotations}})
+        self._namespaces.append(name)
+        self.apply(bootstrap_objects(spec, name))
+        token = self.token(name, spec.service_account)
+        return UserNamespace(self, name, spec.service_account, self.client_with_token(token), offset)
+
+    def token(self, namespace: str, service_account: str, seconds: int = 3600) -> str:
+        """A bound token of the ServiceAccount (TokenRequest), as a projected volume would get."""
+        def ask():
+            try:
+                return self.core.create_namespaced_service_account_token(
+                    service_account, namespace, {"spec": {"expirationSeconds": seconds}}).status.token
+            except ApiException as e:
+                if e.status == 404:  # the ServiceAccount appears a moment after apply
+                    return None
+                raise
+
+        return wait_for(ask, 30, message=f"a token of {namespace}/{service_account}")
+
+    def cleanup(self) -> None:
+        """Delete every namespace this object made (foreground: the GC removes their contents)."""
+        for c in self._clients:
+            c.close()
+        for ns in self._namespaces:
+            try:
+                self.core.delete_namespace(ns, propagation_policy="Background")
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+        self._namespaces.clear()
+
+    def apply(self, objs: list[dict]) -> None:
+        """Server-side apply ``objs`` as admin (the cluster's own kubectl)."""
+        from devcluster.cluster import Cluster
+
+        Cluster().apply(objs)
+
+    # -- pods and objects --------------------------------------------------------------------
+    def pods(self, namespace: str, selector: str = "") -> list[Any]:
+        """Pods of ``namespace`` matching a label selector, by name."""
+        items = self.core.list_namespaced_pod(namespace, label_selector=selector).items
+        return sorted(items, key=lambda p: p.metadata.name)
+
+    def exit_pod(self, namespace: str, pod: str, code: int = 0) -> None:
+        """End a running kwok pod with exit ``code`` (kwok's stage reacts to the label)."""
+        self.core.patch_namespaced_pod(pod, namespace, {"metadata": {"labels": {EXIT_LABEL: str(code)}}})
+
+    def events(self, namespace: str, involved: str | None = None, reason: str | None = None) -> list[Any]:
+        """Events of ``namespace`` (optionally about one object / of one reason)."""
+        items = self.core.list_namespaced_event(namespace).items
+        return [e for e in items if (involved is None or e.involved_object.name == involved)
+                and (reason is None or e.reason == reason)]
+
+    # -- the audit log -----------------------------------------------------------------------
+    def audit_size(self) -> int:
+        """The audit log's current size (an offset to read from later)."""
+        try:
+            return self.audit_log.stat().st_size if self.audit_log else 0
+        except OSError:
+            return 0
+
+    def audit(self, offset: int = 0) -> list[AuditRecord]:
+        """Audit records written after ``offset`` (ResponseComplete stage only)."""
+        if not self.audit_log:
+            raise AssertionError("this cluster has no audit log (not a devcluster?)")
+        out = []
+        with open(self.audit_log, "rb") as f:
+            f.seek(offset)
+            for line in f:
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if ev.get("stage") != "ResponseComplete":
+                    continue
+                ref = ev.get("objectRef") or {}
+                out.append(AuditRecord(
+                    user=ev.get("user", {}).get("username", ""), verb=ev.get("verb", ""),
+                    uri=ev.get("requestURI", ""), code=int(ev.get("responseStatus", {}).get("code", 0)),
+                    namespace=ref.get("namespace"), resource=ref.get("resource"),
+                    subresource=ref.get("subresource")))
+        return out
+
+
+def find_cluster() -> tuple[str, Path | None] | str:
+    """``(kubeconfig, audit log)`` of a running devcluster, or the reason there is none."""
+    try:
+        from devcluster.cluster import Cluster
+    except ImportError as e:  # pragma: no cover - the package is in the tree
+        return f"devcluster is not importable: {e}"
+    c = Cluster()
+    if not c.running():
+        return f"no devcluster runs in {c.root} (start one: scripts/kube up)"
+    return str(c.kubeconfig), c.audit_log
+
+
+def require_or_skip(reason: str) -> None:
+    """Skip with ``reason``; in CI (or with TFK8S_REQUIRE_K8S=1) a missing cluster is a failure."""
+    import pytest
+
+    if os.environ.get("TFK8S_REQUIRE_K8S") == "1" or os.environ.get("CI") == "true":
+        pytest.fail(f"a real Kubernetes is required here: {reason}")
+    pytest.skip(reason)
