@@ -82,9 +82,10 @@ def test_bad_input_is_one_sentence_and_leaves_nothing(ip, state_dir, workdir, li
 
 @pytest.mark.slow
 def test_name_in_use_unknown_task_and_bad_tail(ip, state_dir):
-    run(ip, "launch dup --workers 1 --ps 0 --no-follow", SCRIPT)
+    run(ip, "launch dup --workers 1 --ps 0 --no-follow", "import time\ntime.sleep(600)\n")
     before = snapshot(state_dir)
-    with pytest.raises(UsageError, match="a cluster named 'dup' already exists"):
+    with pytest.raises(UsageError, match=r"cluster 'dup' is still (starting|running): stop it first "
+                                         r"\(%tfcluster stop dup\) and run the launch again"):
         run(ip, "launch dup --workers 1 --ps 0", SCRIPT)
     with pytest.raises(UsageError, match="has no task 'worker-9': its tasks are worker-0"):
         run(ip, "logs dup worker-9")
@@ -96,7 +97,7 @@ def test_name_in_use_unknown_task_and_bad_tail(ip, state_dir):
         run(ip, "connect dup")
     # The existing cluster was not touched by the failed attempts.
     assert {p for p in snapshot(state_dir) - before if not p.endswith((".log", ".json", ".jsonl"))} == set()
-    run(ip, "wait dup --timeout 120")
+    run(ip, "stop dup")
     run(ip, "delete dup")
 
 

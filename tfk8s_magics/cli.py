@@ -22,14 +22,14 @@ from collections.abc import Callable
 from . import api, options
 from .backends.kubernetes.manifests import dump_yaml
 from .backends.local import pool as local_pool
-from .errors import ClusterExists, ClusterNotFound, SpecError, TaskNotFound, TFClusterError
+from .errors import ClusterExists, ClusterNotFound, NoPreviousRun, SpecError, TaskNotFound, TFClusterError
 from .ui.render import events_text, list_text, status_text
 from .ui.serving import serving_text
 from .ui.stream import Overwrites
 
 _ALIASES = {"submit": "launch", "get": "status", "rm": "delete", "ls": "list"}
 #: Mistakes in what the user typed: exit code 2, like argparse's own.
-_USAGE_ERRORS = (SpecError, ClusterExists, ClusterNotFound, TaskNotFound)
+_USAGE_ERRORS = (SpecError, ClusterExists, ClusterNotFound, NoPreviousRun, TaskNotFound)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +92,9 @@ def _logs(args: argparse.Namespace) -> int:
     if args.follow:
         return _follow(cluster, args.task)
     tail = None if args.tail is None else options.OPTIONS["tail"].validate(args.tail)
+    if args.previous:
+        print(cluster.logs(args.task, tail, previous=True))
+        return 0
     if args.task:
         print(cluster.logs(args.task, tail))
         return 0

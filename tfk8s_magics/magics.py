@@ -21,7 +21,7 @@ from IPython.display import display
 from . import api, options
 from .backends.kubernetes.manifests import dump_yaml
 from .backends.local import pool as local_pool
-from .errors import ClusterExists, ClusterNotFound, SpecError, TaskNotFound
+from .errors import ClusterExists, ClusterNotFound, NoPreviousRun, SpecError, TaskNotFound
 from .taskenv import import_tensorflow
 from .ui import cluster_list, dashboard, summary
 from .ui.logview import LogView, widgets_available
@@ -97,7 +97,7 @@ class TFClusterMagics(Magics, MagicDefaults):
             )
         try:
             return getattr(self, f"_cmd_{args.cmd}")(args, cell)
-        except (SpecError, ClusterExists, ClusterNotFound, TaskNotFound) as e:
+        except (SpecError, ClusterExists, ClusterNotFound, NoPreviousRun, TaskNotFound) as e:
             raise UsageError(str(e)) from None
 
     # -- subcommands ---------------------------------------------------------
@@ -180,6 +180,9 @@ class TFClusterMagics(Magics, MagicDefaults):
             cluster.spec.task(args.task)  # raises TaskNotFound with the valid names
         if args.tail is not None:  # no --tail: every line
             options.OPTIONS["tail"].validate(args.tail)
+        if args.previous:
+            print(cluster.logs(args.task, args.tail, previous=True))
+            return None
         if args.follow:
             LogView(cluster.backend, cluster.name, max_lines=self.log_lines,
                     tasks=[args.task] if args.task else None, announce_status=False).show()

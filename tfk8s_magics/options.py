@@ -482,6 +482,8 @@ _OPTIONS = (
            commands=("logs",), metavar="N"),
     Option("follow", parse_bool, False, "keep streaming new lines", commands=("logs",),
            action="store_true", aliases=("-f",)),
+    Option("previous", parse_bool, False, "the run this one replaced (a re-run launch keeps it)",
+           commands=("logs",), action="store_true", aliases=("-p",)),
     # -- where (every subcommand) ---------------------------------------------
     Option("backend", str, _backend_default,
            "backend: 'local' (processes on 127.0.0.1) or 'kubernetes' (default: $TFK8S_BACKEND, "
