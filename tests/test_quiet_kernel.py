@@ -41,3 +41,18 @@ def test_importing_tensorflow_first_in_a_lab_kernel_is_quiet(tmp_path):
     noise = ("cudart_stub", "oneDNN custom operations", "absl::InitializeLog", "rebuild TensorFlow",
              "already loaded")
     assert not [n for n in noise if n in out.stdout + out.stderr], out.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_connect_prints_no_tensorflow_info_lines(tmp_path):
+    """``connect`` built the strategy with TensorFlow's INFO lines on stderr (six, two of them
+    twice); a quiet lab shows none of them."""
+    out = _ipython(tmp_path, "import os\nos.environ['TFK8S_POOL_SIZE'] = '0'\n"
+                             "import tfk8s_magics as tk\n"
+                             "c = tk.launch('ig', mode='in-graph', ps=1, workers=1, wait_ready=240)\n"
+                             "print('CONNECTING', flush=True)\n"
+                             "s = tk.connect('ig')\n"
+                             "print('CONNECTED', type(s).__name__, flush=True)\n"
+                             "c.delete()\n")
+    assert "CONNECTED ParameterServerStrategy" in out.stdout, out.stderr[-3000:]
+    assert "INFO:tensorflow" not in out.stdout + out.stderr, out.stderr[-3000:]

@@ -25,7 +25,9 @@ Rules, because TensorFlow keeps one eager context per process:
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import logging
 import os
 import sys
 import threading
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backends.base import Coordinator
-from .taskenv import import_tensorflow
+from .taskenv import import_tensorflow, quiet_enabled
 from .tfconfig import coordinator_cluster_def
 
 _lock = threading.Lock()
@@ -171,10 +173,26 @@ def strategy(cluster, addresses: dict[str, list[str]], options: dict[str, Any]):
     # where its gRPC threads live: TensorFlow's threads are process-wide and keep the namespace
     # they were made in, so the tasks share it (the supervisor stays there for in-graph): the
     # sandboxed kernel's own private one (tfk8s_magics.kernel.sandbox), else the host's.
-    built = tf.distribute.ParameterServerStrategy(resolver(cluster, addresses), **options)
+    with _tensorflow_info_hidden():
+        built = tf.distribute.ParameterServerStrategy(resolver(cluster, addresses), **options)
     client.strategy, client.options, client.built = built, wanted, built_at
     client.coordinator.connected(built_at)
     return built
+
+
+@contextlib.contextmanager
+def _tensorflow_info_hidden():
+    """Hide the INFO lines TensorFlow's logger prints while the strategy is built (six lines on
+    stderr for a 1-PS cluster: the cluster spec, twice the devices, twice "Number of GPUs"), when
+    the lab is quiet (option ``quiet``); warnings and errors still show."""
+    logger = logging.getLogger("tensorflow")
+    old = logger.level
+    if quiet_enabled() and logger.getEffectiveLevel() < logging.WARNING:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
 
 
 def connected(backend_name: str, name: str) -> bool:
