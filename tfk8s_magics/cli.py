@@ -60,8 +60,16 @@ _FOLLOW = options.Option("follow", options.parse_bool, False,
                          commands=("launch",), action="store_true")
 
 
+class _Parser(options.SuggestingParser):
+    """The CLI's mistakes: ``tfk8s: <one sentence>`` on stderr, exit 2 (the usage block is --help's)."""
+
+    def fail(self, sentence: str) -> None:
+        print(sentence if sentence.startswith("tfk8s") else f"tfk8s: {sentence}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
-    return options.build_parser("tfk8s", options.defaults(), commands=_RUN, extra=[_FOLLOW])
+    return options.build_parser("tfk8s", options.defaults(), _Parser, commands=_RUN, extra=[_FOLLOW])
 
 
 def _launch(args: argparse.Namespace) -> int:

@@ -32,11 +32,11 @@ from .ui.tensorboard import show_tensorboard
 SUBCOMMANDS = tuple(options.COMMANDS)
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(options.SuggestingParser):
     """argparse that reports mistakes as one UsageError sentence instead of exiting."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message}. See %tfcluster --help.")
+    def fail(self, sentence: str) -> None:
+        raise UsageError(sentence)
 
     def exit(self, status: int = 0, message: str | None = None) -> None:  # type: ignore[override]
         if message:
@@ -73,9 +73,7 @@ class TFClusterMagics(Magics, MagicDefaults):
         if not argv:
             raise UsageError(f"%tfcluster needs a subcommand: one of {', '.join(SUBCOMMANDS)}.")
         if argv[0] not in SUBCOMMANDS and not argv[0].startswith("-"):
-            raise UsageError(
-                f"unknown subcommand {argv[0]!r}: use one of {', '.join(SUBCOMMANDS)} (%tfcluster --help)."
-            )
+            raise UsageError(options.unknown_subcommand(argv[0], SUBCOMMANDS, "%tfcluster") + ".")
         try:
             return self._parser().parse_args(argv)
         except _HelpShown:
