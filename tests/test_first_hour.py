@@ -273,3 +273,23 @@ def test_deleting_a_connected_cluster_leaves_a_quiet_kernel_exit(state_dir, tmp_
         assert noise not in output, output[-4000:]  # a quiet connecting kernel
     assert "Failed to remove function remotely" not in output, output[-4000:]
     assert "Connection refused" not in output, output[-4000:]
+
+
+def test_a_tasks_traceback_is_about_the_users_cell_and_a_notebook_variable_gets_the_hint(ip, state_dir,
+                                                                                      workdir):
+    """Issue 27 item 8: the traceback starts at the cell (no runpy or tfk8s frames), its line
+    numbers are the cell's, and a NameError says the body runs in separate processes."""
+    ip.user_ns["learning_rate"] = 0.1  # a notebook variable: not in the tasks
+    cell = "import os\n\ndef build():\n    return learning_rate * 2\n\nbuild()\n"
+    ip.run_cell_magic("tfcluster", "launch nbvar --workers 1 --ps 0 --no-follow", cell)
+    cluster = tk.get("nbvar")
+    st = cluster.wait(timeout=240)
+    log = cluster.logs("worker-0")
+    assert st.phase == Phase.FAILED, log
+    tb = log[log.index("Traceback (most recent call last):"):]
+    assert "runpy" not in tb and "tfk8s_magics" not in tb.split("NameError")[0], tb
+    # Line numbers of the cell as the user sees it: %%tfcluster is line 1, the body starts on 2.
+    assert ", line 7, in <module>" in tb and ", line 5, in build" in tb, tb
+    assert "NameError: name 'learning_rate' is not defined" in tb
+    assert "'learning_rate' is not defined in this task. The cell body runs as a script in each " \
+           "task's own process, not in the notebook kernel" in log

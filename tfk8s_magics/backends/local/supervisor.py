@@ -206,6 +206,8 @@ class Supervisor:
         if t.runs_script:
             reserved["TFK8S_SCRIPT"] = str(self.cdir.script)
             reserved["TFK8S_SCRIPT_DIR"] = rec.get("script_dir") or rec["workdir"]
+            name = self.spec.script_name or ""
+            reserved["TFK8S_SCRIPT_IS_CELL"] = "1" if not name or name.startswith("<") else "0"
             if self.spec.files:
                 reserved["TFK8S_FILES_DIR"] = str(self.cdir.files)
         reserved.update(self.storage.task_env())  # streaming: TFK8S_DATA_URL + storage credentials
