@@ -293,3 +293,18 @@ def test_a_tasks_traceback_is_about_the_users_cell_and_a_notebook_variable_gets_
     assert "NameError: name 'learning_rate' is not defined" in tb
     assert "'learning_rate' is not defined in this task. The cell body runs as a script in each " \
            "task's own process, not in the notebook kernel" in log
+
+
+def test_cli_errors_give_advice_in_cli_syntax(local, workdir, state_dir):
+    """Issue 27 item 8: an error raised from the library names ``tfk8s stop X``, not the
+    notebook's ``%tfcluster stop X``, when it reaches a terminal."""
+    tk.launch("busy", workers=1, ps=0, script="import time\ntime.sleep(600)\n", backend=local)
+    script = workdir / "train.py"
+    script.write_text("print('x')\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TFK8S_STATE_DIR": str(state_dir)}
+    argv = ["launch", "busy", "--script", str(script), "--workers", "1", "--ps", "0"]
+    out = subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", *argv], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 2, out
+    assert "stop it first (tfk8s stop busy) and run the launch again" in out.stderr, out.stderr
+    assert "%tfcluster" not in out.stderr

@@ -45,10 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _RUN[args.cmd](args)
     except _USAGE_ERRORS as e:
-        print(f"tfk8s: {e}", file=sys.stderr)
+        print(f"tfk8s: {cli_syntax(str(e))}", file=sys.stderr)
         return 2
     except TFClusterError as e:
-        print(f"tfk8s: {e}", file=sys.stderr)
+        print(f"tfk8s: {cli_syntax(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -58,6 +58,13 @@ def main(argv: list[str] | None = None) -> int:
 _FOLLOW = options.Option("follow", options.parse_bool, False,
                          "stream the logs until the cluster ends (and do not detach)",
                          commands=("launch",), action="store_true")
+
+
+def cli_syntax(text: str) -> str:
+    """An error's advice in this command line's syntax: the library's sentences name the
+    notebook's ``%tfcluster SUBCOMMAND ...``, which here is ``tfk8s SUBCOMMAND ...`` (the same
+    subcommands and flags)."""
+    return text.replace("%%tfcluster ", "tfk8s ").replace("%tfcluster ", "tfk8s ")
 
 
 class _Parser(options.SuggestingParser):
