@@ -308,3 +308,12 @@ def test_cli_errors_give_advice_in_cli_syntax(local, workdir, state_dir):
     assert out.returncode == 2, out
     assert "stop it first (tfk8s stop busy) and run the launch again" in out.stderr, out.stderr
     assert "%tfcluster" not in out.stderr
+
+
+def test_an_in_graph_launch_offers_connect_and_resolver(ip, state_dir, workdir, capsys):
+    """Issue 27 item 8: code that builds its own ParameterServerStrategy needs the resolver."""
+    ip.run_line_magic("tfcluster", "launch hint --mode in-graph --workers 1 --ps 1 --no-follow")
+    out = capsys.readouterr().out
+    assert "`strategy = %tfcluster connect hint` makes this kernel the client" in out
+    assert "`resolver = %tfcluster resolver hint`" in out
+    tk.get("hint").delete()

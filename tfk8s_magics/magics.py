@@ -123,7 +123,8 @@ class TFClusterMagics(Magics, MagicDefaults):
         if spec.mode == "in-graph":
             cluster.wait_ready(self.ready_timeout)
             print(f"{spec.name}: every server is ready; `strategy = %tfcluster connect {spec.name}` "
-                  "makes this kernel the client.")
+                  "makes this kernel the client, or — for code that builds its own strategy (as "
+                  f"TensorFlow's tutorial does) — `resolver = %tfcluster resolver {spec.name}`.")
         return None
 
     def _cmd_render(self, args, cell):
