@@ -101,3 +101,26 @@ def test_a_task_that_ignores_sigterm_is_stopping_until_killed_and_the_kill_is_re
     assert "5 s after SIGTERM: sent SIGKILL" in events["Killed"].message
     assert events["TaskStopped"].message.startswith("killed by SIGKILL")
     assert events["TaskStopped"].time >= events["Killed"].time
+
+
+def test_after_the_grace_period_the_reason_says_the_servers_were_recycled(local, workdir):
+    """Issue 27 item 7: "parameter servers stop after a 1 s grace period" stayed the reason after
+    they had been recycled."""
+    cluster = tk.launch("recycled", workers=1, ps=1, ps_grace_period=1, script="print('done')\n",
+                        backend=local)
+    st = cluster.wait(timeout=240)
+    assert st.phase == Phase.SUCCEEDED
+    final = wait_for(lambda: (s := cluster.status()).task("ps-0").phase in Phase.TERMINAL and s,
+                     timeout=60, what="the parameter server's end")
+    assert final.reason == "the workers finished; the parameter servers were recycled", final.reason
+    assert "grace period" not in final.reason
+
+
+def test_a_name_not_found_after_a_delete_does_not_say_none_yet(local, workdir):
+    from tfk8s_magics.errors import ClusterNotFound
+
+    tk.launch("brief", workers=1, ps=0, script="print('x')\n", backend=local).wait(timeout=240)
+    tk.get("brief", local).delete()
+    with pytest.raises(ClusterNotFound) as err:
+        tk.get("brief", local)
+    assert "none yet" not in str(err.value)

@@ -108,7 +108,7 @@ class LocalBackend(Backend):
         cdir = ClusterDir(self.clusters_dir / name)
         if not (cdir.root.is_dir() and not cdir.root.is_symlink()):
             known = sorted(c.name for c in self._cluster_dirs())
-            hint = f" Known clusters: {', '.join(known)}." if known else " There are none yet."
+            hint = f" Known clusters: {', '.join(known)}." if known else " There are none now."
             raise ClusterNotFound(
                 f"no local cluster named {name!r}.{hint} Launch one with %tfcluster launch {name} ..."
             )

@@ -748,6 +748,9 @@ class Supervisor:
             self.grace_deadline = None
             # After success what runs on is recycled; after a failure it is stopped.
             how = "recycle" if self.phase == Phase.SUCCEEDED else "stop"
+            if how == "recycle" and "grace period" in self.reason:  # no longer "will stop": did
+                self.reason = "the workers finished; the parameter servers were recycled"
+                self.dirty = True
             for t in self.tasks.values():
                 if t.status.phase not in Phase.TERMINAL:
                     self.end_task(t, how)
