@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -688,3 +689,22 @@ def test_a_kernel_with_a_warm_pool_imports_tensorflow_in_the_background(tmp_path
     on = warm_kernel == "1"
     assert out == {"sock": True, "thread": "tfk8s-import-tensorflow" if on else None,
                    "imported": on, "tf": on}, out
+
+
+def test_tfcluster_list_shows_what_the_warm_pools_of_this_user_hold(warm, capsys):
+    """Issue 27 item 10: two warm TensorFlow processes per kernel were shown nowhere."""
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython() or get_ipython()
+    shell.run_line_magic("load_ext", "tfk8s_magics")
+    found = _wait_idle(2)
+    capsys.readouterr()
+    shell.run_line_magic("tfcluster", "list")
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("warm pools of this user:"))
+    assert re.search(r"\d+ kernels?, \d+ TensorFlow processes waiting, \d+ MiB PSS "
+                     r"\(this kernel's: \d+ MiB\)", line), line
+    mine = sum(p["pss"] for p in pool.info(found["socket"])["processes"]) / 2**20
+    assert int(re.search(r"this kernel's: (\d+) MiB", line)[1]) == pytest.approx(mine, rel=0.25, abs=20)
+    assert int(re.search(r"this kernel's: (\d+) MiB", line)[1]) > 100  # TensorFlow imported: hundreds of MiB

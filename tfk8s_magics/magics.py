@@ -157,10 +157,13 @@ class TFClusterMagics(Magics, MagicDefaults):
         return api.resolver(args.name, args.backend, timeout=args.timeout or self.ready_timeout)
 
     def _cmd_list(self, args, cell):
+        backend = api.resolve_backend(args.backend)
         if widgets_available():
-            cluster_list.show(api.resolve_backend(args.backend))
-            return None
-        display(ListView(api.list_clusters(args.backend)))
+            cluster_list.show(backend)
+        else:
+            display(ListView(api.list_clusters(backend)))
+        if backend.name == "local" and (line := local_pool.memory_line()):
+            print(line)  # what the warm pools of this user hold: they are not shown anywhere else
         return None
 
     def _cmd_status(self, args, cell):

@@ -282,6 +282,23 @@ def describe(found: dict) -> str:
     return "\n".join(lines)
 
 
+def memory_line(found: list[dict] | None = None) -> str:
+    """One line for ``%tfcluster list``: what this user's warm pools hold (one per kernel), in
+    processes and PSS; "" when there is none."""
+    found = pools() if found is None else found
+    if not found:
+        return ""
+    procs = [p for f in found for p in f["processes"]]
+    pss = sum(p.get("pss", 0) for p in procs)
+    mine = current()
+    own = next((f for f in found if mine and f.get("socket") == mine), None)
+    kernels = f"{len(found)} kernel" + ("s" if len(found) != 1 else "")
+    mine_pss = sum(p.get("pss", 0) for p in own["processes"]) if own else 0
+    return (f"warm pools of this user: {kernels}, {len(procs)} TensorFlow processes waiting, "
+            f"{pss / 2**20:.0f} MiB PSS" + (f" (this kernel's: {mine_pss / 2**20:.0f} MiB)" if own else "")
+            + "; %tfcluster pool --size 0 frees this kernel's")
+
+
 def status_text() -> str:
     """``%tfcluster pool``: this process's pool, or what its size setting means."""
     sock, size = current(), pool_size()
