@@ -11,7 +11,7 @@ image built (``scripts/images``).
 
     python3 bench/k8s_import.py [ROUNDS]
 
-(bench/README-k8s.md, "Warm start").
+(docs/contributors/kubernetes-backend.md, "Warm start on Kubernetes").
 """
 import os
 import statistics

@@ -35,8 +35,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"export KUBECONFIG={c.kubeconfig}")
             print(f"export PATH={build.COMPONENTS['kubernetes'].dir}:$PATH")
         elif a.cmd == "status":
-            print(json.dumps({"running": c.running(), "dir": str(c.root),
-                              "processes": {n: c.procs.alive(n) for n in c.procs.names()}}, indent=1))
+            print(
+                json.dumps(
+                    {
+                        "running": c.running(),
+                        "dir": str(c.root),
+                        "processes": {n: c.procs.alive(n) for n in c.procs.names()},
+                    },
+                    indent=1,
+                )
+            )
             return 0 if c.running() else 3
         elif a.cmd == "gomod":
             from .gomod import write_kubernetes_gomod

@@ -100,8 +100,30 @@ def _build_kubernetes(binaries: tuple[str, ...]) -> Callable[[str, Path], None]:
 def _build_etcd(version: str, out: Path) -> None:
     mod = GO_DIR / "etcd"
     _check_module_version(mod, "go.etcd.io/etcd/server/v3", version)
-    _run(["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out / "etcd"), "go.etcd.io/etcd/server/v3"],
-         cwd=mod)
+    _run(
+        [
+            "go",
+            "build",
+            "-trimpath",
+            "-ldflags",
+            "-s -w",
+            "-o",
+            str(out / "etcd"),
+            "go.etcd.io/etcd/server/v3",
+        ],
+        cwd=mod,
+    )
+
+
+def _consumer(module: str, pkg: str, binary: str) -> Callable[[str, Path], None]:
+    """Build ``pkg`` from the consumer module ``go/<binary>`` that requires ``module`` at the version."""
+
+    def build(version: str, out: Path) -> None:
+        mod = GO_DIR / binary
+        _check_module_version(mod, module, version)
+        _run(["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out / binary), pkg], cwd=mod)
+
+    return build
 
 
 def _go_install(*pkgs: str, cgo: bool = False, tags: str = "") -> Callable[[str, Path], None]:
@@ -124,8 +146,8 @@ COMPONENTS: dict[str, Component] = {
         Component("kubernetes", "KUBERNETES", KUBE_CONTROL_PLANE, _build_kubernetes(KUBE_CONTROL_PLANE)),
         Component("etcd", "ETCD", ("etcd",), _build_etcd),
         Component("kwok", "KWOK", ("kwok",), _go_install("sigs.k8s.io/kwok/cmd/kwok")),
-        # JobSet's main package is the module root.
-        Component("jobset", "JOBSET", ("jobset",), _go_install("sigs.k8s.io/jobset")),
+        # JobSet's main package is the module root; see go/jobset/go.mod for why not `go install`.
+        Component("jobset", "JOBSET", ("jobset",), _consumer("sigs.k8s.io/jobset", "sigs.k8s.io/jobset", "jobset")),
         Component("kueue", "KUEUE", ("kueue",), _go_install("sigs.k8s.io/kueue/cmd/kueue")),
     )
 }
@@ -140,13 +162,18 @@ def ensure(name: str) -> Component:
     if comp.is_built():
         return comp
     if shutil.which("go") is None and not Path("/usr/local/go/bin/go").exists():
-        raise SystemExit("devcluster: the Go toolchain is missing; install Go >= 1.26 (https://go.dev/doc/install)")
+        raise SystemExit(
+            "devcluster: the Go toolchain is missing; install Go >= 1.26 (https://go.dev/doc/install)"
+        )
     tmp = comp.dir.with_name(comp.dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     t0 = time.monotonic()
-    print(f"devcluster: building {comp.name} {comp.version} (cold: minutes; cached afterwards)",
-          file=sys.stderr, flush=True)
+    print(
+        f"devcluster: building {comp.name} {comp.version} (cold: minutes; cached afterwards)",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         comp.build(comp.version, tmp)
         missing = [b for b in comp.binaries if not (tmp / b).is_file()]
@@ -156,8 +183,11 @@ def ensure(name: str) -> Component:
         tmp.rename(comp.dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"devcluster: built {comp.name} {comp.version} in {time.monotonic() - t0:.0f} s",
-          file=sys.stderr, flush=True)
+    print(
+        f"devcluster: built {comp.name} {comp.version} in {time.monotonic() - t0:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     return comp
 
 

@@ -40,8 +40,15 @@ KWOK_TAINT = {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedul
 # A test (or a person) ends a kwok pod by labelling it: the label's value is the exit code.
 EXIT_LABEL = "kwok.tfk8s.dev/exit"
 
-CONTROL_PLANE_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
-                       "jobset", "kueue")
+CONTROL_PLANE_ORDER = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "jobset",
+    "kueue",
+)
 
 
 class ClusterError(RuntimeError):
@@ -61,21 +68,33 @@ def _free_port() -> int:
 
 def _module_dir(module: str, version: str) -> Path:
     """The module's download (for its config/ tree), fetched through the Go module proxy."""
-    out = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        ["go", "mod", "download", "-json", f"{module}@{version}"], capture_output=True, text=True, check=True
+    )
     return Path(json.loads(out.stdout)["Dir"])
 
 
-def _kubeconfig(path: Path, server: str, ca: Path, crt: Path | None = None, key: Path | None = None,
-                token: str | None = None, user: str = "admin") -> Path:
+def _kubeconfig(
+    path: Path,
+    server: str,
+    ca: Path,
+    crt: Path | None = None,
+    key: Path | None = None,
+    token: str | None = None,
+    user: str = "admin",
+) -> Path:
     u: dict = {}
     if crt:
         u = {"client-certificate": str(crt), "client-key": str(key)}
     if token:
         u = {"token": token}
     cfg = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "tfk8s-devcluster",
-        "clusters": [{"name": "tfk8s-devcluster", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "tfk8s-devcluster",
+        "clusters": [
+            {"name": "tfk8s-devcluster", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
         "users": [{"name": user, "user": u}],
         "contexts": [{"name": "tfk8s-devcluster", "context": {"cluster": "tfk8s-devcluster", "user": user}}],
     }
@@ -122,11 +141,18 @@ class Cluster:
         except urllib.error.HTTPError as e:
             return e.code, e.read()
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess:
         """Run the cluster's own kubectl as admin."""
         kubectl = build.COMPONENTS["kubernetes"].path("kubectl")
-        return subprocess.run([str(kubectl), "--kubeconfig", str(self.kubeconfig), *args], input=input,
-                              capture_output=True, text=True, check=check)
+        return subprocess.run(
+            [str(kubectl), "--kubeconfig", str(self.kubeconfig), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            check=check,
+        )
 
     def apply(self, objs: list[dict]) -> None:
         """Server-side apply ``objs`` as admin."""
@@ -155,10 +181,16 @@ class Cluster:
         t0 = time.monotonic()
         self.root.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o700)
-        st = {"versions": versions(), "apiserver_port": _free_port(), "etcd_port": _free_port(),
-              "etcd_peer_port": _free_port(), "jobset_webhook_port": _free_port(),
-              "kueue_webhook_port": _free_port(), "jobset_health_port": _free_port(),
-              "kueue_health_port": _free_port()}
+        st = {
+            "versions": versions(),
+            "apiserver_port": _free_port(),
+            "etcd_port": _free_port(),
+            "etcd_peer_port": _free_port(),
+            "jobset_webhook_port": _free_port(),
+            "kueue_webhook_port": _free_port(),
+            "jobset_health_port": _free_port(),
+            "kueue_health_port": _free_port(),
+        }
         self.state_file.write_text(json.dumps(st, indent=1))
         self._certs()
         try:
@@ -174,8 +206,10 @@ class Cluster:
         except BaseException:
             self.down(quiet=True, keep_logs=True)
             raise
-        print(f"devcluster: up in {time.monotonic() - t0:.1f} s — {self.server}; "
-              f"KUBECONFIG={self.kubeconfig}", file=sys.stderr)
+        print(
+            f"devcluster: up in {time.monotonic() - t0:.1f} s — {self.server}; KUBECONFIG={self.kubeconfig}",
+            file=sys.stderr,
+        )
 
     def _wait(self, pred, what: str, timeout: float, proc: str | None = None) -> None:
         deadline = time.monotonic() + timeout
@@ -194,12 +228,23 @@ class Cluster:
 
     def _certs(self) -> None:
         ca = CA(self.pki)
-        ca.issue("apiserver", "kube-apiserver", server=True,
-                 dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                      "kubernetes.default.svc.cluster.local"),
-                 ips=("127.0.0.1", "10.96.0.1"))
+        ca.issue(
+            "apiserver",
+            "kube-apiserver",
+            server=True,
+            dns=(
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+            ips=("127.0.0.1", "10.96.0.1"),
+        )
         ca.issue("admin", "tfk8s-admin", org="system:masters", client=True)
-        ca.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", org="system:masters", client=True)
+        ca.issue(
+            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", org="system:masters", client=True
+        )
         ca.issue("controller-manager", "system:kube-controller-manager", client=True)
         ca.issue("scheduler", "system:kube-scheduler", client=True)
         ca.issue("webhooks", "tfk8s-devcluster-webhooks", server=True, dns=("localhost",), ips=("127.0.0.1",))
@@ -207,18 +252,32 @@ class Cluster:
         server = f"https://127.0.0.1:{self.state()['apiserver_port']}"
         _kubeconfig(self.kubeconfig, server, ca.crt, self.pki / "admin.crt", self.pki / "admin.key")
         for who in ("controller-manager", "scheduler"):
-            _kubeconfig(self.root / f"{who}.kubeconfig", server, ca.crt, self.pki / f"{who}.crt",
-                        self.pki / f"{who}.key", user=who)
+            _kubeconfig(
+                self.root / f"{who}.kubeconfig",
+                server,
+                ca.crt,
+                self.pki / f"{who}.crt",
+                self.pki / f"{who}.key",
+                user=who,
+            )
 
     def _volumes(self, n: int) -> list[dict]:
         base = self.root / "volumes"
-        return [{
-            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"devcluster-pv-{i:03d}"},
-            "spec": {"storageClassName": "standard", "capacity": {"storage": "100Gi"},
-                     "accessModes": ["ReadWriteMany", "ReadWriteOnce"],
-                     "persistentVolumeReclaimPolicy": "Retain",
-                     "hostPath": {"path": str(base / f"pv-{i:03d}"), "type": "DirectoryOrCreate"}},
-        } for i in range(n)]
+        return [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": f"devcluster-pv-{i:03d}"},
+                "spec": {
+                    "storageClassName": "standard",
+                    "capacity": {"storage": "100Gi"},
+                    "accessModes": ["ReadWriteMany", "ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "hostPath": {"path": str(base / f"pv-{i:03d}"), "type": "DirectoryOrCreate"},
+                },
+            }
+            for i in range(n)
+        ]
 
     def _route_kwok_range(self, add: bool) -> None:
         # kwok gives pods addresses that no device holds; an unreachable route keeps any packet to
@@ -232,42 +291,84 @@ class Cluster:
         st = self.state()
         data = self.root / "etcd"
         data.mkdir(exist_ok=True, mode=0o700)
-        self.procs.start("etcd", [
-            str(comp.path("etcd")), "--name", "devcluster", "--data-dir", str(data),
-            "--listen-client-urls", f"http://127.0.0.1:{st['etcd_port']}",
-            "--advertise-client-urls", f"http://127.0.0.1:{st['etcd_port']}",
-            "--listen-peer-urls", f"http://127.0.0.1:{st['etcd_peer_port']}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{st['etcd_peer_port']}",
-            "--initial-cluster", f"devcluster=http://127.0.0.1:{st['etcd_peer_port']}",
-            "--unsafe-no-fsync", "--quota-backend-bytes", str(8 * 2**30), "--log-level", "warn",
-        ])
+        self.procs.start(
+            "etcd",
+            [
+                str(comp.path("etcd")),
+                "--name",
+                "devcluster",
+                "--data-dir",
+                str(data),
+                "--listen-client-urls",
+                f"http://127.0.0.1:{st['etcd_port']}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{st['etcd_port']}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{st['etcd_peer_port']}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{st['etcd_peer_port']}",
+                "--initial-cluster",
+                f"devcluster=http://127.0.0.1:{st['etcd_peer_port']}",
+                "--unsafe-no-fsync",
+                "--quota-backend-bytes",
+                str(8 * 2**30),
+                "--log-level",
+                "warn",
+            ],
+        )
 
     def apiserver_args(self) -> list[str]:
         """The API server's flags (also read by the tier-2 node, which adds its own)."""
         st, p = self.state(), self.pki
         return [
-            "--etcd-servers", f"http://127.0.0.1:{st['etcd_port']}",
-            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
-            "--secure-port", str(st["apiserver_port"]),
-            "--tls-cert-file", str(p / "apiserver.crt"), "--tls-private-key-file", str(p / "apiserver.key"),
-            "--client-ca-file", str(p / "ca.crt"),
-            "--kubelet-client-certificate", str(p / "apiserver-kubelet-client.crt"),
-            "--kubelet-client-key", str(p / "apiserver-kubelet-client.key"),
-            "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
-            "--service-account-key-file", str(p / "sa.pub"),
-            "--service-account-signing-key-file", str(p / "sa.key"),
-            "--service-cluster-ip-range", SERVICE_RANGE,
-            "--authorization-mode", "Node,RBAC",
+            "--etcd-servers",
+            f"http://127.0.0.1:{st['etcd_port']}",
+            "--bind-address",
+            "127.0.0.1",
+            "--advertise-address",
+            "127.0.0.1",
+            "--secure-port",
+            str(st["apiserver_port"]),
+            "--tls-cert-file",
+            str(p / "apiserver.crt"),
+            "--tls-private-key-file",
+            str(p / "apiserver.key"),
+            "--client-ca-file",
+            str(p / "ca.crt"),
+            "--kubelet-client-certificate",
+            str(p / "apiserver-kubelet-client.crt"),
+            "--kubelet-client-key",
+            str(p / "apiserver-kubelet-client.key"),
+            "--service-account-issuer",
+            "https://kubernetes.default.svc.cluster.local",
+            "--service-account-key-file",
+            str(p / "sa.pub"),
+            "--service-account-signing-key-file",
+            str(p / "sa.key"),
+            "--service-cluster-ip-range",
+            SERVICE_RANGE,
+            "--authorization-mode",
+            "Node,RBAC",
             # the defaults (NamespaceLifecycle, LimitRanger, ServiceAccount, PodSecurity,
             # ResourceQuota, Priority, ValidatingAdmissionPolicy, webhooks, ...) plus these
-            "--enable-admission-plugins", "NodeRestriction,PodNodeSelector,PodTolerationRestriction",
+            "--enable-admission-plugins",
+            "NodeRestriction,PodNodeSelector,PodTolerationRestriction",
             "--allow-privileged=true",
             # a loopback address may not be an Endpoints address: no reconciler for "kubernetes"
-            "--endpoint-reconciler-type", "none",
+            "--endpoint-reconciler-type",
+            "none",
             "--profiling=false",
             # every request, who made it and its answer: the tests' record of what a client did
-            "--audit-policy-file", str(self._audit_policy()), "--audit-log-path", str(self.audit_log),
-            "--audit-log-format", "json", "--audit-log-maxsize", "0", "--audit-log-mode", "blocking",
+            "--audit-policy-file",
+            str(self._audit_policy()),
+            "--audit-log-path",
+            str(self.audit_log),
+            "--audit-log-format",
+            "json",
+            "--audit-log-maxsize",
+            "0",
+            "--audit-log-mode",
+            "blocking",
         ]
 
     @property
@@ -277,18 +378,36 @@ class Cluster:
 
     def _audit_policy(self) -> Path:
         p = self.root / "audit-policy.yaml"
-        p.write_text(yaml.safe_dump({
-            "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
-            "rules": [
-                # the control plane's own chatter is not what a test asks about
-                {"level": "None", "users": ["system:kube-controller-manager", "system:kube-scheduler",
-                                            "system:apiserver"]},
-                {"level": "None", "userGroups": ["system:nodes"], "verbs": ["get", "update", "patch"],
-                 "resources": [{"group": "", "resources": ["nodes", "nodes/status"]},
-                               {"group": "coordination.k8s.io", "resources": ["leases"]}]},
-                {"level": "Metadata"},
-            ],
-        }))
+        p.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "audit.k8s.io/v1",
+                    "kind": "Policy",
+                    "omitStages": ["RequestReceived"],
+                    "rules": [
+                        # the control plane's own chatter is not what a test asks about
+                        {
+                            "level": "None",
+                            "users": [
+                                "system:kube-controller-manager",
+                                "system:kube-scheduler",
+                                "system:apiserver",
+                            ],
+                        },
+                        {
+                            "level": "None",
+                            "userGroups": ["system:nodes"],
+                            "verbs": ["get", "update", "patch"],
+                            "resources": [
+                                {"group": "", "resources": ["nodes", "nodes/status"]},
+                                {"group": "coordination.k8s.io", "resources": ["leases"]},
+                            ],
+                        },
+                        {"level": "Metadata"},
+                    ],
+                }
+            )
+        )
         return p
 
     def _start_apiserver(self, comp: build.Component) -> None:
@@ -297,32 +416,74 @@ class Cluster:
     def _start_controllers(self, comp: build.Component) -> None:
         p = self.pki
         cm = self.root / "controller-manager.kubeconfig"
-        self.procs.start("kube-controller-manager", [
-            str(comp.path("kube-controller-manager")), "--kubeconfig", str(cm),
-            "--authentication-kubeconfig", str(cm), "--authorization-kubeconfig", str(cm),
-            "--bind-address", "127.0.0.1", "--secure-port", "0", "--leader-elect=false",
-            "--use-service-account-credentials", "--service-account-private-key-file", str(p / "sa.key"),
-            "--root-ca-file", str(p / "ca.crt"), "--service-cluster-ip-range", SERVICE_RANGE,
-            "--cluster-signing-cert-file", str(p / "ca.crt"), "--cluster-signing-key-file", str(p / "ca.key"),
-            "--profiling=false",
-        ])
+        self.procs.start(
+            "kube-controller-manager",
+            [
+                str(comp.path("kube-controller-manager")),
+                "--kubeconfig",
+                str(cm),
+                "--authentication-kubeconfig",
+                str(cm),
+                "--authorization-kubeconfig",
+                str(cm),
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                "0",
+                "--leader-elect=false",
+                "--use-service-account-credentials",
+                "--service-account-private-key-file",
+                str(p / "sa.key"),
+                "--root-ca-file",
+                str(p / "ca.crt"),
+                "--service-cluster-ip-range",
+                SERVICE_RANGE,
+                "--cluster-signing-cert-file",
+                str(p / "ca.crt"),
+                "--cluster-signing-key-file",
+                str(p / "ca.key"),
+                "--profiling=false",
+            ],
+        )
         sch = self.root / "scheduler.kubeconfig"
-        self.procs.start("kube-scheduler", [
-            str(comp.path("kube-scheduler")), "--kubeconfig", str(sch),
-            "--authentication-kubeconfig", str(sch), "--authorization-kubeconfig", str(sch),
-            "--bind-address", "127.0.0.1", "--secure-port", "0", "--leader-elect=false", "--profiling=false",
-        ])
+        self.procs.start(
+            "kube-scheduler",
+            [
+                str(comp.path("kube-scheduler")),
+                "--kubeconfig",
+                str(sch),
+                "--authentication-kubeconfig",
+                str(sch),
+                "--authorization-kubeconfig",
+                str(sch),
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                "0",
+                "--leader-elect=false",
+                "--profiling=false",
+            ],
+        )
         # default ServiceAccounts appear once the controller manager runs
-        self._wait(lambda: self.kubectl("get", "serviceaccount", "default", "-n", "default",
-                                        check=False).returncode == 0,
-                   "kube-controller-manager", 120, proc="kube-controller-manager")
+        self._wait(
+            lambda: (
+                self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0
+            ),
+            "kube-controller-manager",
+            120,
+            proc="kube-controller-manager",
+        )
 
     # -- kwok --------------------------------------------------------------------------------
     def _kwok_stages(self, kwok_dir: Path) -> Path:
         stage = kwok_dir / "kustomize" / "stage"
         docs = []
-        for rel in ("node/fast/node-initialize.yaml", "node/heartbeat/node-heartbeat.yaml",
-                    "pod/fast/pod-ready.yaml", "pod/fast/pod-delete.yaml"):
+        for rel in (
+            "node/fast/node-initialize.yaml",
+            "node/heartbeat/node-heartbeat.yaml",
+            "pod/fast/pod-ready.yaml",
+            "pod/fast/pod-delete.yaml",
+        ):
             docs.append((stage / rel).read_text())
         docs.append(yaml.safe_dump(_exit_stage()))
         out = self.root / "kwok-stages.yaml"
@@ -332,19 +493,34 @@ class Cluster:
     def _start_kwok(self, comp: build.Component, nodes: int) -> None:
         kwok_dir = _module_dir("sigs.k8s.io/kwok", comp.version)
         stages = self._kwok_stages(kwok_dir)
-        self.procs.start("kwok", [
-            str(comp.path("kwok")), "--kubeconfig", str(self.kubeconfig), "--config", str(stages),
-            "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-            "--cidr", KWOK_POD_RANGE, "--node-ip", "10.0.0.1",
-        ])
+        self.procs.start(
+            "kwok",
+            [
+                str(comp.path("kwok")),
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--config",
+                str(stages),
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                "--cidr",
+                KWOK_POD_RANGE,
+                "--node-ip",
+                "10.0.0.1",
+            ],
+        )
         self.apply([fake_node(f"kwok-node-{i}") for i in range(nodes)])
         self._wait(lambda: self._nodes_ready(nodes), "kwok nodes", 60, proc="kwok")
 
     def _nodes_ready(self, n: int) -> bool:
         out = json.loads(self.kubectl("get", "nodes", "-o", "json").stdout)
         ready = [
-            node for node in out["items"]
-            if any(c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", []))
+            node
+            for node in out["items"]
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in node.get("status", {}).get("conditions", [])
+            )
         ]
         return len(ready) >= n
 
@@ -385,25 +561,40 @@ class Cluster:
         mod = _module_dir("sigs.k8s.io/jobset", comp.version)
         cfg = mod / "config" / "components"
         self.apply([yaml.safe_load((cfg / "crd/bases/jobset.x-k8s.io_jobsets.yaml").read_text())])
-        hooks = self._webhook_configs(cfg / "webhook/manifests.yaml", "jobset", st["jobset_webhook_port"],
-                                      lambda path: True)
+        hooks = self._webhook_configs(
+            cfg / "webhook/manifests.yaml", "jobset", st["jobset_webhook_port"], lambda path: True
+        )
         # the kustomize patches narrow JobSet's pod webhooks to JobSet's own pods
         for h in (h for obj in hooks for h in obj["webhooks"] if h["name"] in ("mpod.kb.io", "vpod.kb.io")):
-            h["objectSelector"] = {"matchExpressions": [
-                {"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]}
+            h["objectSelector"] = {
+                "matchExpressions": [{"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]
+            }
         conf = {
-            "apiVersion": "config.jobset.x-k8s.io/v1alpha1", "kind": "Configuration",
+            "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+            "kind": "Configuration",
             "leaderElection": {"leaderElect": False},
             "internalCertManagement": {"enable": False},
-            "webhook": {"port": st["jobset_webhook_port"], "host": "127.0.0.1",
-                        "certDir": str(self._certdir("jobset"))},
+            "webhook": {
+                "port": st["jobset_webhook_port"],
+                "host": "127.0.0.1",
+                "certDir": str(self._certdir("jobset")),
+            },
             "metrics": {"bindAddress": "0"},
             "health": {"healthProbeBindAddress": f"127.0.0.1:{st['jobset_health_port']}"},
         }
         (self.root / "jobset-config.yaml").write_text(yaml.safe_dump(conf))
-        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
-        self.procs.start("jobset", [str(comp.path("jobset")), "--config", str(self.root / "jobset-config.yaml"),
-                                    "--zap-log-level", "info"], env=env)
+        env = {"KUBECONFIG": str(self.kubeconfig)}
+        self.procs.start(
+            "jobset",
+            [
+                str(comp.path("jobset")),
+                "--config",
+                str(self.root / "jobset-config.yaml"),
+                "--zap-log-level",
+                "info",
+            ],
+            env=env,
+        )
         self.apply(hooks)
         self._wait(lambda: self._webhook_roundtrip(_probe_jobset()), "jobset", timeout, proc="jobset")
 
@@ -413,25 +604,37 @@ class Cluster:
         cfg = mod / "config" / "components"
         port = st["kueue_webhook_port"]
         crds = []
-        converted = {p.name.removeprefix("webhook_in_").removesuffix(".yaml")
-                     for p in (cfg / "crd/patches").glob("webhook_in_*.yaml")}
+        converted = {
+            p.name.removeprefix("webhook_in_").removesuffix(".yaml")
+            for p in (cfg / "crd/patches").glob("webhook_in_*.yaml")
+        }
         for f in sorted((cfg / "crd/bases").glob("*.yaml")):
             crd = yaml.safe_load(f.read_text())
             if crd["spec"]["names"]["plural"] in converted:
-                crd["spec"]["conversion"] = {"strategy": "Webhook", "webhook": {
-                    "clientConfig": self._webhook_url(port, "/convert"), "conversionReviewVersions": ["v1"]}}
+                crd["spec"]["conversion"] = {
+                    "strategy": "Webhook",
+                    "webhook": {
+                        "clientConfig": self._webhook_url(port, "/convert"),
+                        "conversionReviewVersions": ["v1"],
+                    },
+                }
             crds.append(crd)
         self.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}}, *crds])
         # only the integrations this lab uses: JobSet and Kueue's own objects (its pod, Deployment and
         # Job webhooks fail closed and would stand in front of every pod of the cluster)
-        hooks = self._webhook_configs(cfg / "webhook/manifests.yaml", "kueue", port,
-                                      lambda path: "kueue-x-k8s-io" in path or "jobset-x-k8s-io" in path)
+        hooks = self._webhook_configs(
+            cfg / "webhook/manifests.yaml",
+            "kueue",
+            port,
+            lambda path: "kueue-x-k8s-io" in path or "jobset-x-k8s-io" in path,
+        )
         metrics = Path("/etc/kueue/metrics/certs")  # a fixed path in Kueue when its own certs are off
         metrics.mkdir(parents=True, exist_ok=True)
         for src, dst in (("webhooks.crt", "tls.crt"), ("webhooks.key", "tls.key")):
             shutil.copyfile(self.pki / src, metrics / dst)
         conf = {
-            "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+            "kind": "Configuration",
             "namespace": "kueue-system",
             "leaderElection": {"leaderElect": False},
             "internalCertManagement": {"enable": False},
@@ -442,9 +645,17 @@ class Cluster:
             "integrations": {"frameworks": ["jobset.x-k8s.io/jobset"]},
         }
         (self.root / "kueue-config.yaml").write_text(yaml.safe_dump(conf))
-        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
-        self.procs.start("kueue", [str(comp.path("kueue")), "--config", str(self.root / "kueue-config.yaml"),
-                                   "--feature-gates=VisibilityOnDemand=false"], env=env)
+        env = {"KUBECONFIG": str(self.kubeconfig)}
+        self.procs.start(
+            "kueue",
+            [
+                str(comp.path("kueue")),
+                "--config",
+                str(self.root / "kueue-config.yaml"),
+                "--feature-gates=VisibilityOnDemand=false",
+            ],
+            env=env,
+        )
         self.apply(hooks)
         self._wait(lambda: self._webhook_roundtrip(_probe_resource_flavor()), "kueue", timeout, proc="kueue")
 
@@ -460,7 +671,8 @@ class Cluster:
         """Stop every process of the cluster (reverse start order) and remove its state."""
         names = self.procs.names()
         order = [n for n in reversed(CONTROL_PLANE_ORDER) if n in names] + [
-            n for n in reversed(names) if n not in CONTROL_PLANE_ORDER]
+            n for n in reversed(names) if n not in CONTROL_PLANE_ORDER
+        ]
         for n in order:
             self.procs.stop(n)
         self._route_kwok_range(add=False)
@@ -479,9 +691,12 @@ class Cluster:
 # the real PV controller. (The in-tree host-path provisioner offers ReadWriteOnce only, and the lab
 # asks for ReadWriteMany.) Single-node semantics: every pod on this machine sees the same directory.
 STORAGE_CLASS = {
-    "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+    "apiVersion": "storage.k8s.io/v1",
+    "kind": "StorageClass",
     "metadata": {"name": "standard", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
-    "provisioner": "kubernetes.io/no-provisioner", "reclaimPolicy": "Retain", "volumeBindingMode": "Immediate",
+    "provisioner": "kubernetes.io/no-provisioner",
+    "reclaimPolicy": "Retain",
+    "volumeBindingMode": "Immediate",
 }
 PV_POOL = 400
 
@@ -489,13 +704,23 @@ PV_POOL = 400
 def fake_node(name: str) -> dict:
     """A Node that kwok plays (annotated, tainted so that only pods that tolerate it land there)."""
     return {
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "annotations": dict(KWOK_NODE_ANNOTATION),
-                     "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                                "kubernetes.io/arch": "amd64", "type": "kwok"}},
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": dict(KWOK_NODE_ANNOTATION),
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+            },
+        },
         "spec": {"taints": [dict(KWOK_TAINT)]},
-        "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
-                   "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"}},
+        "status": {
+            "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+            "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+        },
     }
 
 
@@ -521,25 +746,52 @@ def _exit_stage() -> dict:
         '{{ if eq $code "0" }}phase: Succeeded{{ else }}phase: Failed{{ end }}\n'
     )
     return {
-        "apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Stage", "metadata": {"name": "tfk8s-pod-exit"},
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Stage",
+        "metadata": {"name": "tfk8s-pod-exit"},
         "spec": {
             "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
-            "selector": {"matchExpressions": [
-                {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
-                {"key": ".status.phase", "operator": "In", "values": ["Running"]},
-                {"key": f'.metadata.labels["{EXIT_LABEL}"]', "operator": "Exists"},
-            ]},
+            "selector": {
+                "matchExpressions": [
+                    {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
+                    {"key": ".status.phase", "operator": "In", "values": ["Running"]},
+                    {"key": f'.metadata.labels["{EXIT_LABEL}"]', "operator": "Exists"},
+                ]
+            },
             "next": {"statusTemplate": template},
         },
     }
 
 
 def _probe_jobset() -> dict:
-    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-            "metadata": {"name": "webhook-probe", "namespace": "default"},
-            "spec": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": {"template": {"spec": {
-                "restartPolicy": "Never", "containers": [{"name": "c", "image": "probe"}]}}}}}]}}
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": "webhook-probe", "namespace": "default"},
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "w",
+                    "replicas": 1,
+                    "template": {
+                        "spec": {
+                            "template": {
+                                "spec": {
+                                    "restartPolicy": "Never",
+                                    "containers": [{"name": "c", "image": "probe"}],
+                                }
+                            }
+                        }
+                    },
+                }
+            ]
+        },
+    }
 
 
 def _probe_resource_flavor() -> dict:
-    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "webhook-probe"}}
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ResourceFlavor",
+        "metadata": {"name": "webhook-probe"},
+    }

@@ -21,8 +21,11 @@ VALID = datetime.timedelta(days=365)
 
 
 def _write_key(path: Path, key) -> None:
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
     path.chmod(0o600)
 
 
@@ -53,10 +56,20 @@ class CA:
                 .not_valid_before(now - datetime.timedelta(minutes=5))
                 .not_valid_after(now + 10 * VALID)
                 .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-                .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                             content_commitment=False, key_encipherment=False,
-                                             data_encipherment=False, key_agreement=False,
-                                             encipher_only=False, decipher_only=False), critical=True)
+                .add_extension(
+                    x509.KeyUsage(
+                        digital_signature=True,
+                        key_cert_sign=True,
+                        crl_sign=True,
+                        content_commitment=False,
+                        key_encipherment=False,
+                        data_encipherment=False,
+                        key_agreement=False,
+                        encipher_only=False,
+                        decipher_only=False,
+                    ),
+                    critical=True,
+                )
                 .sign(key, hashes.SHA256())
             )
             _write_key(self.key_path, key)
@@ -64,8 +77,17 @@ class CA:
         self._key = serialization.load_pem_private_key(self.key_path.read_bytes(), None)
         self._cert = x509.load_pem_x509_certificate(self.crt.read_bytes())
 
-    def issue(self, stem: str, cn: str, *, org: str | None = None, dns: tuple[str, ...] = (),
-              ips: tuple[str, ...] = (), server: bool = False, client: bool = False) -> tuple[Path, Path]:
+    def issue(
+        self,
+        stem: str,
+        cn: str,
+        *,
+        org: str | None = None,
+        dns: tuple[str, ...] = (),
+        ips: tuple[str, ...] = (),
+        server: bool = False,
+        client: bool = False,
+    ) -> tuple[Path, Path]:
         """Write ``<stem>.crt``/``<stem>.key`` (once) and return their paths."""
         crt, keyp = self.dir / f"{stem}.crt", self.dir / f"{stem}.key"
         if crt.exists() and keyp.exists():
@@ -73,7 +95,8 @@ class CA:
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + (
-            [ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])
+            [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
+        )
         b = (
             x509.CertificateBuilder()
             .subject_name(_name(cn, org))
@@ -100,6 +123,9 @@ def service_account_keys(pki: Path) -> tuple[Path, Path]:
     if not key_path.exists():
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         _write_key(key_path, key)
-        pub_path.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                           serialization.PublicFormat.SubjectPublicKeyInfo))
+        pub_path.write_bytes(
+            key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
     return key_path, pub_path

@@ -28,14 +28,25 @@ class Procs:
         self.logs = root / "logs"
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
-        """Start ``argv`` in its own session, its output in ``logs/<name>.log``; return its pid."""
+        """Start ``argv`` in its own session, its output in ``logs/<name>.log``; return its pid.
+
+        ``env`` holds the variables added to this process's environment (recorded for restarts).
+        """
         self.pids.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
         with open(self.logs / f"{name}.log", "ab") as log:
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True, env=env, close_fds=True)
-        (self.pids / f"{name}.json").write_text(json.dumps(
-            {"pid": p.pid, "start": _start_time(p.pid), "argv": argv}))
+            p = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
+                close_fds=True,
+            )
+        (self.pids / f"{name}.json").write_text(
+            json.dumps({"pid": p.pid, "start": _start_time(p.pid), "argv": argv, "env": env})
+        )
         return p.pid
 
     def alive(self, name: str) -> bool:
@@ -85,6 +96,15 @@ class Procs:
                 while self.alive(name) and time.monotonic() < deadline + 5:
                     time.sleep(0.1)
         (self.pids / f"{name}.json").unlink(missing_ok=True)
+
+    def restart(self, name: str, down_for: float = 0.0) -> int:
+        """Stop ``name`` and start it again with the same command line (a fault test's tool)."""
+        rec = self._record(name)
+        if not rec:
+            raise KeyError(f"no process {name!r} was started here")
+        self.stop(name)
+        time.sleep(down_for)
+        return self.start(name, rec["argv"], env=rec.get("env"))
 
     def tail(self, name: str, lines: int = 20) -> str:
         """The last lines of a process's log (for error messages)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 DOCS = Path(__file__).resolve().parent
 REPO = DOCS.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "hub_config"))  # tfk8s_hub, whose docstrings some admin pages include
 sys.path.insert(0, str(DOCS / "_ext"))
 
 project = "tfk8s-lab"
@@ -24,19 +25,33 @@ release = "0.1.0"
 extensions = [
     "myst_nb",  # MyST Markdown pages and .ipynb notebooks (includes myst_parser)
     "sphinx.ext.autodoc",
-    "sphinx.ext.napoleon",
     "tfk8s_docs",
 ]
 
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb"}
-exclude_patterns = ["_build", "**/.ipynb_checkpoints", "README.md"]
+exclude_patterns = ["_build", "_generated", "**/.ipynb_checkpoints", "README.md"]
 root_doc = "index"
 
 # Every cross-reference must resolve (the build runs with -W -n in tests/test_docs.py).
 nitpicky = True
+
+
+def _private_targets() -> str:
+    """A regex of every ``tfk8s_magics.X`` that is not exported: private, so not documented."""
+    import tfk8s_magics
+
+    public = "|".join(sorted(tfk8s_magics.__all__, key=len, reverse=True))
+    return rf"tfk8s_magics\.(?!(?:{public})(?:\.|$)).*"
+
+
 nitpick_ignore_regex = [
-    # third-party types named in signatures; no intersphinx (the build is offline)
-    (r"py:.*", r"(tf|tensorflow|np|numpy|IPython|traitlets|kubernetes|ipywidgets)\..*"),
+    # the standard library's and third parties' types in signatures: no intersphinx (offline build)
+    (r"py:.*", r"(collections\.abc|pathlib|threading|typing|tf|tensorflow|np|numpy|IPython|traitlets"
+     r"|kubernetes|ipywidgets)\..*"),
+    # the public API's docstrings name private types it returns (ClusterStatus, Event, ...):
+    # everything not in tfk8s_magics.__all__ is private and has no page to link to
+    (r"py:.*", _private_targets()),
+    (r"py:.*", r"(Backend|SCHEMA_VERSION)"),
 ]
 
 myst_enable_extensions = ["colon_fence", "deflist", "fieldlist", "substitution"]
@@ -58,5 +73,6 @@ html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
 }
-html_static_path = []
+html_static_path = ["_static"]
+html_css_files = ["tfk8s.css"]
 html_show_sourcelink = False

@@ -11,6 +11,8 @@ Environment (all optional):
   and ``TFK8S_LAB_PROXY_API_PORT`` (8001) for the hub's internal endpoints
 * ``TFK8S_LAB_PASSWORD`` -- the shared password (default ``tfk8s-lab``, at least 8 characters)
 * ``TFK8S_LAB_ADMIN_TOKEN`` -- an API token with admin rights (for scripts and tests)
+* ``TFK8S_LAB_DOCS`` -- the built manual the lab serves at ``/services/docs/`` when it exists
+  (default ``<repo>/build/docs/html``, what ``scripts/docs build`` writes)
 
 The lab settings (``c.LabSettings.*``, see hub_config/tfk8s_hub/settings.py)
 apply here too; ``default_backend`` is forced to ``local``.
@@ -24,6 +26,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+from tfk8s_hub.docs import docs_link, docs_service  # noqa: E402
 from tfk8s_hub.local import (  # noqa: E402
     lab_password,
     lab_ports,
@@ -32,6 +35,8 @@ from tfk8s_hub.local import (  # noqa: E402
     make_pre_spawn_hook,
 )
 from tfk8s_hub.settings import LabSettings  # noqa: E402
+
+from tfk8s_magics.ports import free_port  # noqa: E402
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
 
@@ -64,6 +69,14 @@ admin_token = os.environ.get("TFK8S_LAB_ADMIN_TOKEN")
 if admin_token:
     c.JupyterHub.services = [{"name": "lab-admin", "api_token": admin_token}]
     c.JupyterHub.load_roles = [{"name": "admin", "services": ["lab-admin"]}]
+
+# --- the manual, when it has been built (scripts/docs build): /services/docs/ ------------
+docs = docs_service(Path(os.environ.get("TFK8S_LAB_DOCS") or REPO / "build" / "docs" / "html"),
+                    free_port())
+if docs:
+    c.JupyterHub.services = [*c.JupyterHub.get("services", []), docs]
+    c.JupyterHub.template_vars["announcement_login"] += docs_link()
+    c.JupyterHub.template_vars["announcement_home"] = docs_link().strip()
 
 # --- users' servers: local processes, the extension on its local backend ----
 settings = LabSettings(config=c, default_backend="local")

@@ -28,11 +28,14 @@ from kubernetes.client.rest import ApiException
 T = TypeVar("T")
 
 EXIT_LABEL = "kwok.tfk8s.dev/exit"
-KWOK_TOLERATION = [{"key": "kwok.x-k8s.io/node", "operator": "Equal", "value": "fake", "effect": "NoSchedule"}]
+KWOK_TOLERATION = [
+    {"key": "kwok.x-k8s.io/node", "operator": "Equal", "value": "fake", "effect": "NoSchedule"}
+]
 
 
-def wait_for(condition: Callable[[], T], timeout: float = 60.0, interval: float = 0.2,
-             message: str = "condition") -> T:
+def wait_for(
+    condition: Callable[[], T], timeout: float = 60.0, interval: float = 0.2, message: str = "condition"
+) -> T:
     """Poll ``condition()`` until truthy and return it; AssertionError after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -124,8 +127,9 @@ class RealKube:
         if kwok:  # the PodTolerationRestriction plugin gives every pod here the kwok toleration
             annotations["scheduler.alpha.kubernetes.io/defaultTolerations"] = json.dumps(KWOK_TOLERATION)
         offset = self.audit_size()
-        self.core.create_namespace({"metadata": {"name": name, "labels": namespace_labels(spec),
-                                                 "annotations": annotations}})
+        self.core.create_namespace(
+            {"metadata": {"name": name, "labels": namespace_labels(spec), "annotations": annotations}}
+        )
         self._namespaces.append(name)
         self.apply(bootstrap_objects(spec, name))
         token = self.token(name, spec.service_account)
@@ -133,10 +137,12 @@ class RealKube:
 
     def token(self, namespace: str, service_account: str, seconds: int = 3600) -> str:
         """A bound token of the ServiceAccount (TokenRequest), as a projected volume would get."""
+
         def ask():
             try:
                 return self.core.create_namespaced_service_account_token(
-                    service_account, namespace, {"spec": {"expirationSeconds": seconds}}).status.token
+                    service_account, namespace, {"spec": {"expirationSeconds": seconds}}
+                ).status.token
             except ApiException as e:
                 if e.status == 404:  # the ServiceAccount appears a moment after apply
                     return None
@@ -175,8 +181,12 @@ class RealKube:
     def events(self, namespace: str, involved: str | None = None, reason: str | None = None) -> list[Any]:
         """Events of ``namespace`` (optionally about one object / of one reason)."""
         items = self.core.list_namespaced_event(namespace).items
-        return [e for e in items if (involved is None or e.involved_object.name == involved)
-                and (reason is None or e.reason == reason)]
+        return [
+            e
+            for e in items
+            if (involved is None or e.involved_object.name == involved)
+            and (reason is None or e.reason == reason)
+        ]
 
     # -- the audit log -----------------------------------------------------------------------
     def audit_size(self) -> int:
@@ -201,11 +211,17 @@ class RealKube:
                 if ev.get("stage") != "ResponseComplete":
                     continue
                 ref = ev.get("objectRef") or {}
-                out.append(AuditRecord(
-                    user=ev.get("user", {}).get("username", ""), verb=ev.get("verb", ""),
-                    uri=ev.get("requestURI", ""), code=int(ev.get("responseStatus", {}).get("code", 0)),
-                    namespace=ref.get("namespace"), resource=ref.get("resource"),
-                    subresource=ref.get("subresource")))
+                out.append(
+                    AuditRecord(
+                        user=ev.get("user", {}).get("username", ""),
+                        verb=ev.get("verb", ""),
+                        uri=ev.get("requestURI", ""),
+                        code=int(ev.get("responseStatus", {}).get("code", 0)),
+                        namespace=ref.get("namespace"),
+                        resource=ref.get("resource"),
+                        subresource=ref.get("subresource"),
+                    )
+                )
         return out
 
 

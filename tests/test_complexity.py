@@ -1,7 +1,7 @@
 """Code that is safe to change: no function over 60 lines, no complexity grade worse than C.
 
 The same check by hand: ``radon cc -n D -s tfk8s_magics hub_config`` prints
-nothing when every block is graded A to C (see README, "Contributing").
+nothing when every block is graded A to C (see docs/contributors/index.md, "Rules of the code").
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The task image's ``gpu`` target, resolved for real but not built (see README, "Images and containers").
+"""The task image's ``gpu`` target, resolved for real but not built.
+
+See docs/contributors/testing.md, "Images and containers".
 
 Building ``--target gpu`` installs tensorflow[and-cuda]'s NVIDIA wheels: several GB
 twice over (the build stage and the final stage's copy of the venv) on a disk

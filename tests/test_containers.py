@@ -50,7 +50,7 @@ print("TF_CONFIG", _os.environ["TF_CONFIG"], flush=True)
 
 
 def record(key: str, value) -> None:
-    """Keep a measurement in test-artifacts/containers.json (the README quotes these)."""
+    """Keep a measurement in test-artifacts/containers.json (docs/admins/images.md quotes the image sizes)."""
     ARTIFACTS.mkdir(exist_ok=True)
     path = ARTIFACTS / "containers.json"
     data = json.loads(path.read_text()) if path.exists() else {}

@@ -8,6 +8,8 @@ element ids that exist, so a link into a generated page or an autodoc anchor is 
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -21,18 +23,28 @@ DOCS = REPO / "docs"
 BUILD_TIMEOUT = 1200  # seconds; a build takes well under a minute on an idle machine
 
 
-def build_docs(out: Path, src: Path = DOCS) -> subprocess.CompletedProcess:
+def build_docs(out: Path, src: Path = DOCS, env: dict | None = None) -> subprocess.CompletedProcess:
     """Build the docs from scratch (``-E``) into ``out``, as scripts/docs does."""
     return subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-E", "-q", "-b", "html",
          str(src), str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+        cwd=REPO, capture_output=True, text=True, timeout=BUILD_TIMEOUT,
+        env={**os.environ, **(env or {})})
+
+
+def scripts_docs(*args: str, out: Path, port: int | None = None, **kwargs):
+    env = {**os.environ, "TFK8S_LAB_SKIP_BOOTSTRAP": "1", "TFK8S_DOCS_OUT": str(out)}
+    if port is not None:
+        env["TFK8S_DOCS_PORT"] = str(port)
+    return [str(REPO / "scripts" / "docs"), *args], {"cwd": REPO, "env": env, **kwargs}
 
 
 @pytest.fixture(scope="module")
 def html(tmp_path_factory) -> Path:
+    """The docs as ``scripts/docs build`` builds them (a fresh output dir: a full build)."""
     out = tmp_path_factory.mktemp("docs") / "html"
-    result = build_docs(out)
+    argv, kw = scripts_docs("build", out=out)
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=BUILD_TIMEOUT, **kw)
     assert result.returncode == 0, (
         f"the docs build failed (warnings are errors):\n{result.stderr[-6000:]}")
     return out
@@ -110,7 +122,7 @@ def test_a_link_to_a_missing_heading_fails_the_build(tmp_path):
     src.mkdir()
     (src / "conf.py").write_text(
         f"exec(compile(open({str(DOCS / 'conf.py')!r}).read(), 'conf.py', 'exec'))\n"
-        "extensions = ['myst_nb']\n", encoding="utf-8")
+        "extensions = ['myst_nb']\nhtml_static_path = []\n", encoding="utf-8")
     (src / "index.md").write_text("# Home\n\n```{toctree}\npage\n```\n", encoding="utf-8")
     (src / "page.md").write_text("# Page\n\n## A heading\n\n[ok](index.md#home) "
                                  "[ok](#a-heading) [nothing](index.md#no-such-heading)\n",
@@ -126,3 +138,117 @@ def test_the_manual_is_organised_by_reader():
     for reader in ("users/index", "admins/index", "contributors/index"):
         assert reader in index, f"docs/index.md's toctree lacks {reader}"
         assert "{toctree}" in (DOCS / f"{reader}.md").read_text(encoding="utf-8")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_scripts_docs_serves_the_build_on_loopback_only(html):
+    import time
+    import urllib.request
+
+    import psutil
+
+    port = _free_port()
+    argv, kw = scripts_docs("serve", out=html, port=port)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    try:
+        deadline = time.monotonic() + 60
+        page = None
+        while page is None and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/users/index.html", timeout=5) as r:
+                    page = r.read().decode()
+            except OSError:
+                time.sleep(0.2)
+        assert page is not None, f"scripts/docs serve did not answer: {proc.poll()}"
+        assert "Getting started" in page
+        listening = [c.laddr for c in psutil.Process(proc.pid).net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN]
+        assert listening and all(a.ip == "127.0.0.1" for a in listening), listening
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_scripts_docs_refuses_a_port_in_use_in_one_sentence(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv, kw = scripts_docs(out=tmp_path / "html", port=port)
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=120, **kw)
+    assert result.returncode == 2
+    assert f"cannot serve on 127.0.0.1:{port}" in result.stderr and "TFK8S_DOCS_PORT" in result.stderr
+    assert not (tmp_path / "html").exists(), "a refused start built nothing"
+
+
+def test_the_readme_is_a_front_door_whose_links_resolve():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200, "the README is a front door: at most ~200 lines"
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [link for link in links if "://" not in link]
+    assert local, "the README links into the docs"
+    missing = [link for link in local if not (REPO / link).exists()]
+    assert not missing, f"README links to files that do not exist: {missing}"
+
+
+def test_the_error_catalogue_lists_each_raised_sentence_under_its_cause(tmp_path):
+    sys.path.insert(0, str(DOCS / "_ext"))
+    import tfk8s_docs
+
+    pkg = tmp_path / "pkg"
+    (pkg / "storage").mkdir(parents=True)
+    (pkg / "spec.py").write_text(
+        "def f(name, n):\n"
+        "    if n:\n"
+        "        raise SpecError(f'--workers {n} is out of range: ' 'give a count from 0 to 256.')\n"
+        "    raise ValueError('a builtin error is not a user-facing sentence')\n")
+    (pkg / "storage" / "urls.py").write_text(
+        "MISSING = 'the {kind} package is not installed: pip install {kind}.'\n"
+        "def g(url):\n    raise StorageError(f'unknown scheme in {url!r}: use s3:// or gs://.')\n"
+        "def h(kind):\n    raise StorageError(MISSING.format(kind=kind))\n"
+        "def explain(url, e):\n"
+        "    if e:\n        return StorageError(f'{url} was refused: check the credentials.')\n"
+        "    return StorageError(f'{url} does not exist: check the path.')\n"
+        "def i(url, e):\n    raise explain(url, e)\n")
+    found = tfk8s_docs.error_sentences(pkg)
+    assert found == {
+        "Object storage (URLs, credentials, transfers)": [
+            ("the ‹kind› package is not installed: pip install ‹kind›.", "StorageError", "storage/urls.py"),
+            ("unknown scheme in ‹url›: use s3:// or gs://.", "StorageError", "storage/urls.py"),
+            ("‹url› does not exist: check the path.", "explain()", "storage/urls.py"),
+            ("‹url› was refused: check the credentials.", "explain()", "storage/urls.py")],
+        "What you asked for: names, flags, values, shapes": [
+            ("--workers ‹n› is out of range: give a count from 0 to 256.", "SpecError", "spec.py")],
+    }
+
+
+def test_the_troubleshooting_page_shows_the_real_error_sentences(html):
+    import html as html_
+
+    page = (html / "users" / "troubleshooting.html").read_text(encoding="utf-8")
+    text = " ".join(html_.unescape(re.sub(r"<[^>]+>", "", page)).split())
+    assert "a cluster needs a name: give one such as 'mnist'." in text
+    assert text.count("SpecError") > 50
+
+
+def test_the_api_reference_documents_exactly_the_public_api(html):
+    import tfk8s_magics
+
+    ids = set()
+    for page in html.rglob("*.html"):
+        ids |= {i for i in _parse(page).ids if i.startswith("tfk8s_magics.")}
+    top_level = {i.removeprefix("tfk8s_magics.") for i in ids if i.count(".") == 1}
+    assert top_level == set(tfk8s_magics.__all__), (
+        f"documented but not exported: {sorted(top_level - set(tfk8s_magics.__all__))}; "
+        f"exported but not documented: {sorted(set(tfk8s_magics.__all__) - top_level)}")
+    members = {i for i in ids if i.count(".") > 1}
+    assert all(m.split(".")[1] in tfk8s_magics.__all__ for m in members), sorted(members)

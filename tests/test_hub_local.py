@@ -187,11 +187,13 @@ def test_lab_that_fails_after_starting_its_proxy_stops_the_proxy(tmp_path):
 
 @pytest.mark.slow
 def test_lab_serves_a_login_page_with_the_hint_and_stops_cleanly(tmp_path):
-    """A real lab from scripts/lab: the login page says how to log in; SIGTERM (or Ctrl-C)
-    stops the hub and its proxy."""
+    """A real lab from scripts/lab: the login page says how to log in and links to the manual,
+    which the lab serves; SIGTERM (or Ctrl-C) stops the hub, its proxy and the manual's server."""
+    import psutil
     import requests
 
     env = _lab_env(tmp_path / "lab")
+    env["TFK8S_LAB_DOCS"] = str(_docs_dir(tmp_path))
     url = f"http://127.0.0.1:{env['TFK8S_LAB_PORT']}/hub/login"
     proc = subprocess.Popen([str(LAB)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -208,6 +210,11 @@ def test_lab_serves_a_login_page_with_the_hint_and_stops_cleanly(tmp_path):
         page = wait_for(login_page, 120, "the lab's login page", interval=0.5)
         assert "log in with any user name" in page.text
         assert "the password <code>tfk8s-lab</code>" in page.text
+        assert '<a href="/services/docs/">' in page.text
+        manual = wait_for(lambda: (r := requests.get(url.replace("/hub/login", "/services/docs/"),
+                                                     timeout=5)).status_code == 200 and r,
+                          60, "the manual through the lab's proxy", interval=0.5)
+        assert manual.text == "<h1>the manual</h1>"
         assert _proxies_on(env["TFK8S_LAB_PORT"])
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 0
@@ -216,6 +223,10 @@ def test_lab_serves_a_login_page_with_the_hint_and_stops_cleanly(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert not _proxies_on(env["TFK8S_LAB_PORT"])
+    docs_servers = [p for p in psutil.process_iter(["cmdline"])
+                    if "tfk8s_hub.docs" in " ".join(p.info["cmdline"] or []) and env["TFK8S_LAB_DOCS"]
+                    in " ".join(p.info["cmdline"] or [])]
+    assert not docs_servers, "the manual's server outlived the lab"
 
 
 def test_login_hint_never_shows_a_custom_password():
@@ -234,3 +245,91 @@ def test_bootstrap_says_what_it_is_doing():
     lines = [x for x in done.stderr.splitlines() if x.startswith("bootstrap: ")]
     assert any("Python packages" in x for x in lines), done.stderr
     assert lines[-1].startswith("bootstrap: done in "), done.stderr
+
+
+def _docs_dir(tmp_path: Path) -> Path:
+    docs = tmp_path / "html"
+    (docs / "users").mkdir(parents=True)
+    (docs / "index.html").write_text("<h1>the manual</h1>")
+    (docs / "users" / "index.html").write_text("<h1>users</h1>")
+    return docs
+
+
+def test_the_local_lab_serves_the_built_manual_and_links_to_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFK8S_LAB_DIR", str(tmp_path / "lab"))
+    monkeypatch.setenv("TFK8S_LAB_DOCS", str(_docs_dir(tmp_path)))
+    app = JupyterHub()
+    app.load_config_file(str(REPO / "hub_config" / "jupyterhub_config_local.py"))
+    c = app.config
+    (docs,) = [s for s in c.JupyterHub.services if s["name"] == "docs"]
+    assert docs["url"].startswith("http://127.0.0.1:")
+    assert docs["command"][-1] == str(tmp_path / "html")
+    assert '<a href="/services/docs/">' in c.JupyterHub.template_vars["announcement_login"]
+    assert "log in with any user name" in c.JupyterHub.template_vars["announcement_login"]
+
+
+def test_the_local_lab_without_a_built_manual_has_no_docs_service(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFK8S_LAB_DIR", str(tmp_path / "lab"))
+    monkeypatch.setenv("TFK8S_LAB_DOCS", str(tmp_path / "not-built"))
+    app = JupyterHub()
+    app.load_config_file(str(REPO / "hub_config" / "jupyterhub_config_local.py"))
+    services = app.config.JupyterHub.get("services", [])
+    assert not [s for s in services if s["name"] == "docs"]
+    assert "/services/docs/" not in app.config.JupyterHub.template_vars["announcement_login"]
+
+
+def test_the_docs_service_serves_its_directory_under_its_prefix_on_loopback_only(tmp_path):
+    import urllib.error
+    import urllib.request
+
+    import psutil
+    from tfk8s_hub.docs import docs_service
+
+    from tfk8s_magics.ports import free_port
+
+    port = free_port()
+    service = docs_service(_docs_dir(tmp_path), port)
+    env = {**os.environ, **service["environment"], "JUPYTERHUB_SERVICE_URL": service["url"],
+           "JUPYTERHUB_SERVICE_PREFIX": "/services/docs/"}
+    (tmp_path / "secret.txt").write_text("not the manual")
+    proc = subprocess.Popen(service["command"], env=env)
+    try:
+        base = f"http://127.0.0.1:{port}"
+
+        def get(path: str) -> tuple[int, str]:
+            try:
+                with urllib.request.urlopen(base + path, timeout=5) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as e:
+                return e.code, ""
+
+        wait_for(lambda: proc.poll() is not None or _answers(base), timeout=60, what="the docs service")
+        assert get("/services/docs/") == (200, "<h1>the manual</h1>")
+        assert get("/services/docs/users") == (200, "<h1>users</h1>")  # redirected under the prefix
+        assert get("/index.html")[0] == 404  # outside the prefix
+        assert get("/services/docs/../secret.txt")[0] == 404
+        assert get("/services/docs/%2e%2e/secret.txt")[0] == 404
+        listening = [c.laddr for c in psutil.Process(proc.pid).net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN]
+        assert listening and all(a.ip == "127.0.0.1" for a in listening), listening
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _answers(base: str) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(base + "/services/docs/", timeout=2).close()
+        return True
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def test_the_docs_service_refuses_to_listen_beyond_loopback(tmp_path):
+    from tfk8s_hub.docs import serve
+
+    with pytest.raises(SystemExit, match="only 127.0.0.1"):
+        serve(_docs_dir(tmp_path), "http://0.0.0.0:8000", "/services/docs/")

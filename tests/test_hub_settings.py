@@ -74,11 +74,11 @@ def test_what_the_hub_sets_reaches_the_extension(monkeypatch):
     assert settings_from_env(namespace="ns").image == "registry.example/task:9"
 
 
-def test_the_readme_names_exactly_the_variables_the_hub_sets(tmp_path):
+def test_the_docs_name_exactly_the_variables_the_hub_sets(tmp_path):
     from tfk8s_hub.local import local_environment
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    sentence = readme.split("<!-- hub-env -->")[1]
+    page = (Path(__file__).resolve().parent.parent / "docs" / "users" / "magics.md").read_text()
+    sentence = page.split("<!-- hub-env -->")[1]
     named = set(re.findall(r"`([A-Z0-9_]+)`", sentence))
     s = LabSettings()
     emitted = set(s.extension_environment()) | set(local_environment(s, tmp_path, "u"))

@@ -169,9 +169,10 @@ def test_another_uid_gets_nothing_from_a_cluster_while_its_own_namespace_does(lo
 
 @pytest.mark.slow
 def test_an_in_graph_cluster_shares_the_hosts_loopback_behind_the_shim(local):
-    """Not isolated from other local users (README, "Security"): an in-graph cluster's servers dial
-    the kernel's chief, and the kernel's process-wide gRPC threads cannot follow a cluster into a
-    namespace, so its tasks stay on the host's loopback behind the shim, and status.json says why."""
+    """Not isolated from other local users (docs/admins/threat-model.md, "On one machine"): an
+    in-graph cluster's servers dial the kernel's chief, and the kernel's process-wide gRPC threads
+    cannot follow a cluster into a namespace, so its tasks stay on the host's loopback behind the
+    shim, and status.json says why."""
     import psutil
 
     import tfk8s_magics as tk

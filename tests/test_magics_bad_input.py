@@ -152,3 +152,24 @@ def test_the_cli_says_its_mistakes_in_one_cli_sentence(argv, message, tmp_path):
     assert message in out.stderr, out.stderr
     assert "usage:" not in out.stderr and "%tfcluster" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.parametrize("line, argv", [
+    ("list  # the cluster's list", ["list"]),
+    ('logs x --tail 5 # "unclosed in a comment', ["logs", "x", "--tail", "5"]),
+    ("launch x --env A=b#c  # it's kept", ["launch", "x", "--env", "A=b#c"]),
+    ("launch x --env 'A=# not a comment'", ["launch", "x", "--env", "A=# not a comment"]),
+    ('launch x --env "B=\\"#\\"" #c', ["launch", "x", "--env", 'B="#"']),
+    ("#only a comment", []),
+])
+def test_a_comment_on_a_magic_line_is_cut_before_quotes_are_parsed(line, argv):
+    import shlex
+
+    from tfk8s_magics.magics import _without_comment
+
+    assert shlex.split(_without_comment(line)) == argv
+
+
+def test_a_magic_line_whose_comment_has_an_apostrophe_runs(ip, capsys):
+    run(ip, "list  # the cluster's list")
+    assert "no clusters" in capsys.readouterr().out

@@ -10,10 +10,12 @@ widget under ``%%tfcluster launch`` is not checked (it is widget state).
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -22,6 +24,9 @@ from conftest import wait_gone
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
+#: Where each executed notebook is kept, with its outputs: the docs render these copies.
+EXECUTED = REPO / "build" / "notebooks"
+_STARTED = time.time()
 ALL = ("in_graph_walkthrough.ipynb", "between_graph_walkthrough.ipynb", "dashboard_tour.ipynb",
        "trainer_and_serving.ipynb")
 
@@ -88,9 +93,26 @@ def run_notebook(state_dir, python3_kernel, tmp_path):
         assert not wait_gone(state_dir), f"{name} left cluster processes running"
         assert not list((state_dir / "clusters").glob("*")), f"{name} left clusters behind"
         assert "Traceback" not in result.stderr, f"{name} printed a traceback:\n{result.stderr}"
+        keep_for_the_docs(nb, name)
         return result
 
     return run
+
+
+def keep_for_the_docs(nb, name: str) -> None:
+    """Write the executed notebook to build/notebooks/, where the docs build takes it from.
+
+    Without the saved widget state (the live views), which would make the page load the widget
+    manager's JavaScript from the web; the static summaries and printed outputs stay.
+    """
+    import copy
+
+    import nbformat
+
+    kept = copy.deepcopy(nb)
+    kept.metadata.pop("widgets", None)
+    EXECUTED.mkdir(parents=True, exist_ok=True)
+    nbformat.write(kept, EXECUTED / name)
 
 
 class Run:
@@ -364,3 +386,31 @@ def test_trainer_and_serving(run_notebook):
     assert w == pytest.approx([2.0, -1.0, 0.5, 3.0], abs=0.2), queried
     assert "serving stopped and removed" in nb.text("%tfcluster serve --stop demo")
     assert nb.text("%tfcluster delete demo").strip() == "demo: deleted"
+
+
+def first_printed_line(path: Path) -> str:
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.output_type == "stream" and out.name == "stdout" and out.text.strip():
+                return out.text.strip().splitlines()[0].strip()
+    pytest.fail(f"{path.name}: the executed copy has no printed output")
+
+
+@pytest.mark.slow
+def test_the_docs_show_the_notebooks_with_the_outputs_of_this_run(tmp_path):
+    """The notebooks the docs render are the ones executed above, in this run, with their outputs."""
+    from test_docs import build_docs
+
+    for name in ALL:
+        copy = EXECUTED / name
+        assert copy.exists() and copy.stat().st_mtime >= _STARTED, (
+            f"{copy.relative_to(REPO)} was not written by this run: run all of tests/test_notebooks.py.")
+    result = build_docs(tmp_path / "html", env={"TFK8S_DOCS_REQUIRE_OUTPUTS": "1"})
+    assert result.returncode == 0, result.stderr[-6000:]
+    for name in ALL:
+        page = (tmp_path / "html" / "users" / "notebooks" / name.replace(".ipynb", ".html")).read_text()
+        line = first_printed_line(EXECUTED / name)
+        assert html.escape(line, quote=False) in page or html.escape(line) in page, (name, line)

@@ -56,15 +56,11 @@ The rules:
   enforces it (JobSet's ``ttlSecondsAfterFinished``, in the cluster); the
   local backend refuses a TTL at launch rather than ignore it.
 
-Where the two backends disagreed before this module existed — the local
-supervisor retried any exit code but 3 and stopped the rest at once, the
-Kubernetes watcher never retried a script's exit code and waited the grace
-period after a failure — the rules above were chosen because they are what
-JobSet does with the same intent: a ``podFailurePolicy`` rule ``FailJob``
-on exit codes 1–127, ``Ignore`` on the ``DisruptionTarget`` condition,
-``backoffLimit``/``maxRestarts`` as the budget, and a failed JobSet ends
-every child Job at once.  The fields are named so that translation is
-one-to-one.
+The rules are what JobSet does with the same intent — a ``podFailurePolicy``
+rule ``FailJob`` on exit codes 1–127, ``Ignore`` on the ``DisruptionTarget``
+condition, ``backoffLimit``/``maxRestarts`` as the budget, and a failed JobSet
+ends every child Job at once — so both backends behave alike and the
+fields translate one-to-one.
 """
 
 from __future__ import annotations

@@ -48,6 +48,28 @@ class _HelpShown(Exception):
     pass
 
 
+def _without_comment(line: str) -> str:
+    """``line`` without its comment: as in a shell, an unquoted word starting with ``#`` begins one.
+
+    The comment is cut before the line is split, so quotes inside it (``# the cluster's``) are
+    not parsed; a ``#`` inside a word (``--env A=b#c``) or in quotes is kept.
+    """
+    quote = None
+    escaped = False
+    for i, ch in enumerate(line):
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quote != "'":
+            escaped = True
+        elif quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
+
+
 #: The magic's traitlets, one per option with a ``trait`` (see :func:`options.defaults_class`).
 MagicDefaults = options.defaults_class(
     "MagicDefaults", "Defaults of %tfcluster an administrator sets for everyone."
@@ -65,11 +87,9 @@ class TFClusterMagics(Magics, MagicDefaults):
 
     def _parse(self, line: str) -> argparse.Namespace | None:
         try:
-            argv = shlex.split(line)
+            argv = shlex.split(_without_comment(line))
         except ValueError as e:
             raise UsageError(f"%tfcluster: cannot parse {line!r}: {e}; check the quotes.") from None
-        # As in a shell, a word starting with `#` begins a comment (`%tfcluster launch x  # note`).
-        argv = next((argv[:i] for i, word in enumerate(argv) if word.startswith("#")), argv)
         if not argv:
             raise UsageError(f"%tfcluster needs a subcommand: one of {', '.join(SUBCOMMANDS)}.")
         if argv[0] not in SUBCOMMANDS and not argv[0].startswith("-"):
