@@ -201,12 +201,13 @@ def progress_callback(total: int | None = None, metric_names: tuple[str, ...] = 
     Works with tf-keras (``TF_USE_LEGACY_KERAS=1``, the lab's default) and
     with Keras 3.  ``total`` defaults to ``epochs * steps_per_epoch`` when
     Keras knows them.  The values are Keras's own: those of ``History`` and
-    TensorBoard under every strategy (see :func:`replica_sum_divisor`).
+    TensorBoard under every strategy (tf-keras's batch logs, summed over the
+    replicas, are divided back: ``replica_sum_divisor``).
 
     Cheap by design (``bench/progress_callback.py`` measures it): a batch only
     records the step and Keras's log object (no tensor is read, so Keras does
     not convert its logs for us either); a thread reads the newest one at most
-    :data:`MAX_RATE_HZ` times a second, and the end of each epoch is written
+    5 times a second, and the end of each epoch is written
     with the epoch's logs.
     """
     import tensorflow as tf
