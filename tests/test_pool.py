@@ -708,3 +708,15 @@ def test_tfcluster_list_shows_what_the_warm_pools_of_this_user_hold(warm, capsys
     mine = sum(p["pss"] for p in pool.info(found["socket"])["processes"]) / 2**20
     assert int(re.search(r"this kernel's: (\d+) MiB", line)[1]) == pytest.approx(mine, rel=0.25, abs=20)
     assert int(re.search(r"this kernel's: (\d+) MiB", line)[1]) > 100  # TensorFlow imported: hundreds of MiB
+
+
+def test_every_variable_the_supervisor_gives_a_task_is_read_late_or_the_pools():
+    """A variable the supervisor sets for every task that the pool does not list as read late
+    made every task start cold (TFK8S_SCRIPT_IS_CELL did)."""
+    import inspect
+
+    from tfk8s_magics.backends.local import supervisor
+
+    src = inspect.getsource(supervisor.Supervisor._env)
+    for name in re.findall(r'reserved\["(TFK8S_[A-Z_]+)"\]', src) + re.findall(r'"(TFK8S_[A-Z_]+)":', src):
+        assert name in pool.LATE, name

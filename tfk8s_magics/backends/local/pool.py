@@ -118,6 +118,7 @@ LATE = frozenset({
     "TF_CONFIG", "TFK8S_TASK", "TFK8S_CLUSTER", "TFK8S_LOG_DIR", "TFK8S_DATA_DIR",
     "TFK8S_CHECKPOINT_DIR", "TFK8S_PROGRESS_FILE", "TFK8S_SCRIPT", "TFK8S_SCRIPT_DIR",
     "TFK8S_FILES_DIR", "TFK8S_READY_FD", "TFK8S_CLUSTER_ID", "TFK8S_TERMINATION_FILE",
+    "TFK8S_SCRIPT_IS_CELL",
 })
 #: Variables a task may add (``--env``) that something could read at interpreter start or at
 #: ``import tensorflow``: such a task runs cold unless the pool has the same value.
