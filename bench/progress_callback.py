@@ -23,6 +23,7 @@ slow-callback check takes it) against the batch time: the check's ratio.
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -40,6 +41,13 @@ def main() -> int:
     args = c.parse_args(__doc__, rounds=7)
     print(c.machine())
     tmp = tempfile.mkdtemp(prefix="tfk8s-bench-progress-")
+    try:
+        return _measure(args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _measure(args, tmp: str) -> int:
     os.environ["TFK8S_PROGRESS_FILE"] = os.path.join(tmp, "progress.jsonl")
     os.environ["TFK8S_TASK"] = "worker-0"
     import numpy as np
@@ -112,9 +120,6 @@ def main() -> int:
           f"= {hook_ref / batch:.4f} of a batch")
     ok = hook_ours < batch
     print(f"target: ours below TensorFlow's slow-callback threshold: {c.verdict(ok)}")
-    for name in os.listdir(tmp):
-        os.unlink(os.path.join(tmp, name))
-    os.rmdir(tmp)
     return 0 if ok else 1
 
 
