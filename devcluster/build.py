@@ -147,7 +147,9 @@ COMPONENTS: dict[str, Component] = {
         Component("etcd", "ETCD", ("etcd",), _build_etcd),
         Component("kwok", "KWOK", ("kwok",), _go_install("sigs.k8s.io/kwok/cmd/kwok")),
         # JobSet's main package is the module root; see go/jobset/go.mod for why not `go install`.
-        Component("jobset", "JOBSET", ("jobset",), _consumer("sigs.k8s.io/jobset", "sigs.k8s.io/jobset", "jobset")),
+        Component(
+            "jobset", "JOBSET", ("jobset",), _consumer("sigs.k8s.io/jobset", "sigs.k8s.io/jobset", "jobset")
+        ),
         Component("kueue", "KUEUE", ("kueue",), _go_install("sigs.k8s.io/kueue/cmd/kueue")),
     )
 }

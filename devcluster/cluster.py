@@ -203,6 +203,11 @@ class Cluster:
             self._start_kwok(comps["kwok"], nodes)
             self._start_jobset(comps["jobset"], timeout)
             self._start_kueue(comps["kueue"], timeout)
+            self.procs.start(
+                "keeper",
+                [sys.executable, "-m", "devcluster.keeper", str(self.root)],
+                env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+            )
         except BaseException:
             self.down(quiet=True, keep_logs=True)
             raise
@@ -482,10 +487,11 @@ class Cluster:
             "node/fast/node-initialize.yaml",
             "node/heartbeat/node-heartbeat.yaml",
             "pod/fast/pod-ready.yaml",
-            "pod/fast/pod-delete.yaml",
+            "pod/general/pod-delete.yaml",  # waits for the Job controller's finalizer to go
         ):
             docs.append((stage / rel).read_text())
         docs.append(yaml.safe_dump(_exit_stage()))
+        docs.append(yaml.safe_dump(_terminating_stage()))
         out = self.root / "kwok-stages.yaml"
         out.write_text("\n---\n".join(docs))
         return out
@@ -560,7 +566,9 @@ class Cluster:
         st = self.state()
         mod = _module_dir("sigs.k8s.io/jobset", comp.version)
         cfg = mod / "config" / "components"
-        self.apply([yaml.safe_load((cfg / "crd/bases/jobset.x-k8s.io_jobsets.yaml").read_text())])
+        crd = yaml.safe_load((cfg / "crd/bases/jobset.x-k8s.io_jobsets.yaml").read_text())
+        self.apply([crd])
+        self._established([crd])
         hooks = self._webhook_configs(
             cfg / "webhook/manifests.yaml", "jobset", st["jobset_webhook_port"], lambda path: True
         )
@@ -620,6 +628,7 @@ class Cluster:
                 }
             crds.append(crd)
         self.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}}, *crds])
+        self._established(crds)
         # only the integrations this lab uses: JobSet and Kueue's own objects (its pod, Deployment and
         # Job webhooks fail closed and would stand in front of every pod of the cluster)
         hooks = self._webhook_configs(
@@ -659,6 +668,24 @@ class Cluster:
         self.apply(hooks)
         self._wait(lambda: self._webhook_roundtrip(_probe_resource_flavor()), "kueue", timeout, proc="kueue")
 
+    def _established(self, crds: list[dict]) -> None:
+        """Wait until the API server serves each CRD (a controller started earlier finds no kind)."""
+        names = {c["metadata"]["name"] for c in crds}
+
+        def established() -> bool:
+            out = json.loads(self.kubectl("get", "crd", "-o", "json").stdout)
+            ok = {
+                c["metadata"]["name"]
+                for c in out["items"]
+                if any(
+                    x["type"] == "Established" and x["status"] == "True"
+                    for x in c.get("status", {}).get("conditions") or []
+                )
+            }
+            return names <= ok
+
+        self._wait(established, "the CRDs to be established", 60)
+
     def _webhook_roundtrip(self, obj: dict) -> bool:
         """A server-side dry-run create: it passes every webhook, so it proves they answer."""
         r = self.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(obj), check=False)
@@ -670,6 +697,8 @@ class Cluster:
     def down(self, quiet: bool = False, keep_logs: bool = False) -> None:
         """Stop every process of the cluster (reverse start order) and remove its state."""
         names = self.procs.names()
+        if "keeper" in names:
+            self.procs.stop("keeper")  # first: it would start the others again
         order = [n for n in reversed(CONTROL_PLANE_ORDER) if n in names] + [
             n for n in reversed(names) if n not in CONTROL_PLANE_ORDER
         ]
@@ -756,6 +785,47 @@ def _exit_stage() -> dict:
                     {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
                     {"key": ".status.phase", "operator": "In", "values": ["Running"]},
                     {"key": f'.metadata.labels["{EXIT_LABEL}"]', "operator": "Exists"},
+                ]
+            },
+            "next": {"statusTemplate": template},
+        },
+    }
+
+
+def _terminating_stage() -> dict:
+    """A running pod being deleted ends as a kubelet ends it: SIGTERM, exit 143, phase Failed.
+
+    Only then does the Job controller remove its tracking finalizer and the pod go away (kwok's own
+    "fast" delete stage removes pods at once, which a Job's finalizer forbids).
+    """
+    template = (
+        "{{ $now := Now }}\n"
+        "containerStatuses:\n"
+        "{{ range $index, $item := .spec.containers }}\n"
+        "- image: {{ $item.image | Quote }}\n"
+        "  name: {{ $item.name | Quote }}\n"
+        "  ready: false\n"
+        "  restartCount: 0\n"
+        "  started: false\n"
+        "  state:\n"
+        "    terminated:\n"
+        "      exitCode: 143\n"
+        "      finishedAt: {{ $now | Quote }}\n"
+        "      reason: Error\n"
+        "      startedAt: {{ $now | Quote }}\n"
+        "{{ end }}\n"
+        "phase: Failed\n"
+    )
+    return {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Stage",
+        "metadata": {"name": "tfk8s-pod-terminating"},
+        "spec": {
+            "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
+            "selector": {
+                "matchExpressions": [
+                    {"key": ".metadata.deletionTimestamp", "operator": "Exists"},
+                    {"key": ".status.phase", "operator": "In", "values": ["Running", "Pending"]},
                 ]
             },
             "next": {"statusTemplate": template},

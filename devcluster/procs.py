@@ -44,10 +44,15 @@ class Procs:
                 env={**os.environ, **(env or {})},
                 close_fds=True,
             )
-        (self.pids / f"{name}.json").write_text(
-            json.dumps({"pid": p.pid, "start": _start_time(p.pid), "argv": argv, "env": env})
+        self._write(
+            name, {"pid": p.pid, "start": _start_time(p.pid), "argv": argv, "env": env, "stopped": False}
         )
         return p.pid
+
+    def _write(self, name: str, rec: dict) -> None:
+        tmp = self.pids / f".{name}.json.tmp"
+        tmp.write_text(json.dumps(rec))
+        tmp.replace(self.pids / f"{name}.json")
 
     def alive(self, name: str) -> bool:
         """True while the recorded process of ``name`` runs (same pid and start time)."""
@@ -77,8 +82,13 @@ class Procs:
         return [f.stem for f in files]
 
     def stop(self, name: str, grace: float = 10.0) -> None:
-        """SIGTERM the process group of ``name``, SIGKILL after ``grace`` seconds; forget it."""
+        """SIGTERM the process group of ``name``, SIGKILL after ``grace`` seconds.
+
+        Its record (the command line) stays, so :meth:`restart` can start it again.
+        """
         rec = self._record(name)
+        if rec:
+            self._write(name, {**rec, "stopped": True})  # the keeper must not start it again
         if rec and self.alive(name):
             pid = rec["pid"]
             try:
@@ -95,7 +105,6 @@ class Procs:
                     pass
                 while self.alive(name) and time.monotonic() < deadline + 5:
                     time.sleep(0.1)
-        (self.pids / f"{name}.json").unlink(missing_ok=True)
 
     def restart(self, name: str, down_for: float = 0.0) -> int:
         """Stop ``name`` and start it again with the same command line (a fault test's tool)."""
@@ -105,6 +114,31 @@ class Procs:
         self.stop(name)
         time.sleep(down_for)
         return self.start(name, rec["argv"], env=rec.get("env"))
+
+    def keep(self, period: float = 1.0, skip: tuple[str, ...] = ()) -> None:
+        """Start again every recorded process that exited without being stopped (forever).
+
+        What a kubelet does for static control-plane pods: kube-scheduler, JobSet and
+        kube-controller-manager exit when the API server is gone for a while, and a real control
+        plane brings them back. Backoff doubles per process up to 30 s while it keeps dying.
+        """
+        backoff: dict[str, float] = {}
+        due: dict[str, float] = {}
+        while True:
+            now = time.monotonic()
+            for name in self.names():
+                rec = self._record(name)
+                if name in skip or not rec or rec.get("stopped") or self.alive(name):
+                    if rec and self.alive(name) and now - due.get(name, now) > 60:
+                        backoff.pop(name, None)  # up for a minute: forgive its past
+                    continue
+                if now < due.get(name, 0):
+                    continue
+                print(f"devcluster: {name} exited; starting it again", flush=True)
+                self.start(name, rec["argv"], env=rec.get("env"))
+                backoff[name] = min(2 * backoff.get(name, 0.5), 30.0)
+                due[name] = now + backoff[name]
+            time.sleep(period)
 
     def tail(self, name: str, lines: int = 20) -> str:
         """The last lines of a process's log (for error messages)."""

@@ -2,7 +2,8 @@
 
 A :class:`RealKube` holds an admin client of the running cluster; :meth:`RealKube.user_namespace`
 makes a lab user's namespace exactly as the hub does (``tfk8s_hub.bootstrap``: labels incl. Pod
-Security ``restricted``, ServiceAccount, Role, RoleBinding, LimitRange, quota, NetworkPolicy) and
+Security ``restricted``, ServiceAccount, the RoleBinding to the backend's ClusterRole (applied
+once, as the chart ships it), LimitRange, quota, NetworkPolicy) and
 returns a client that authenticates with **that ServiceAccount's own token** (TokenRequest), so
 RBAC, admission and quota are the API server's, not ours. What a client did is read back from the
 API server's audit log (:meth:`UserNamespace.requests`). Pods land on kwok nodes (the namespace's
@@ -127,6 +128,10 @@ class RealKube:
         if kwok:  # the PodTolerationRestriction plugin gives every pod here the kwok toleration
             annotations["scheduler.alpha.kubernetes.io/defaultTolerations"] = json.dumps(KWOK_TOLERATION)
         offset = self.audit_size()
+        # the backend's rules, shipped once as a ClusterRole (the chart's), bound per namespace
+        from tfk8s_magics.backends.kubernetes.rbac import backend_cluster_role
+
+        self.apply([backend_cluster_role(spec.role_name)])
         self.core.create_namespace(
             {"metadata": {"name": name, "labels": namespace_labels(spec), "annotations": annotations}}
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,22 @@ def release(realkube, helm):
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
+    # the API server applies a new admission policy a moment after it is created: wait for the fence
+    from devcluster.cluster import Cluster
+
+    probe = (
+        "create",
+        "namespace",
+        "fence-probe",
+        "--dry-run=server",
+        "--as",
+        f"system:serviceaccount:{HUB_NS}:{HUB_SA}",
+    )
+    wait_for(
+        lambda: "ValidatingAdmissionPolicy" in Cluster().kubectl(*probe, check=False).stderr,
+        60,
+        message="the hub's fence to be in force",
+    )
     yield realkube
     subprocess.run(
         [str(helm), "uninstall", RELEASE, "-n", HUB_NS, "--kubeconfig", realkube.kubeconfig],
@@ -121,7 +138,8 @@ def test_the_hub_token_makes_a_user_namespace_and_its_bootstrap(release):
     token = kube.token(HUB_NS, HUB_SA)
     hub = kube.client_with_token(token)
     core = __import__("kubernetes").client.CoreV1Api(hub)
-    spec = BootstrapSpec(hub_namespace=HUB_NS)
+    # the backend's ClusterRole the chart ships, which the hub passes as role_name
+    spec = BootstrapSpec(hub_namespace=HUB_NS, role_name=f"tfk8s-backend-{HUB_NS}")
     name = "jhub-ada"
     core.create_namespace({"metadata": {"name": name, "labels": namespace_labels(spec)}})
     kube._namespaces.append(name)
@@ -144,8 +162,9 @@ def test_the_real_fence_and_rbac_refuse_the_hub_elsewhere(release):
         core.create_namespaced_config_map("kube-system", {"metadata": {"name": "x"}})
     assert e.value.status in (403, 422)
     # a namespace that would let it escape (no Pod Security, not labelled as the lab's)
+    escape = f"escape-{uuid.uuid4().hex[:6]}"
     with pytest.raises(ApiException) as e:
-        core.create_namespace({"metadata": {"name": "escape"}})
+        core.create_namespace({"metadata": {"name": escape}})
     assert e.value.status in (403, 422), e.value.body
-    assert "escape" not in [n.metadata.name for n in kube.core.list_namespace().items]
+    assert escape not in [n.metadata.name for n in kube.core.list_namespace().items]
     assert not _can_i(kube, "create", "clusterrolebindings")

@@ -58,8 +58,14 @@ def make_spec(name: str, *, script: str | None = None, **values: Any) -> Cluster
     """Build a validated :class:`ClusterSpec` from launch options.
 
     Every keyword is an option of :mod:`tfk8s_magics.options` (listed
-    below) or a further :class:`ClusterSpec` field (``resources``,
-    ``node_selector``, ``tolerations``, ``ttl_after_finished``, ``owner``, ...).
+    below) or a further :class:`ClusterSpec` field.  ``ttl`` is the spec's
+    ``ttl_after_finished``.  Four fields are API-only, on purpose:
+    ``resources`` (whole :class:`Resources` per role; ``--cpu``/``--memory``/
+    ``--gpus`` are its command-line form), ``node_selector`` and
+    ``tolerations`` (``--node-affinity`` is the command-line form of placement;
+    tolerations are structured objects, and GPU tasks get theirs on their own),
+    and ``owner`` (the hub's user, ``$JUPYTERHUB_USER``: a command line that
+    named another owner would file a run under someone else's name).
     A keyword left out or ``None`` takes the option's default: its
     environment variable, else its built-in value.  ``script_path`` reads
     the script from a file; ``cpu``/``memory``/``gpus`` apply to every
@@ -89,6 +95,7 @@ def make_spec(name: str, *, script: str | None = None, **values: Any) -> Cluster
             values["resources"] = per_role
     for key in ("queue", "priority", "scheduler", "active_deadline"):
         values.setdefault(key, resolved[key])
+    values.setdefault("ttl_after_finished", resolved["ttl"])
     values.setdefault("spread", tuple(resolved["spread"] or ()))
     affinity: dict[str, tuple[str, ...]] = {}
     for role, requirement in resolved["node_affinity"] or ():

@@ -182,6 +182,11 @@ def count(low: int, high: int) -> Callable[[str, Any], int]:
     return check
 
 
+def _optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+    """``check``, letting ``None`` (not set) through."""
+    return lambda flag, value: None if value is None else check(flag, value)
+
+
 def seconds(high: float, zero_means: str) -> Callable[[str, Any], float]:
     """A check: seconds from 0 to ``high``."""
 
@@ -410,6 +415,14 @@ _OPTIONS = (
            commands=SPEC_COMMANDS, metavar="NAME"),
     Option("active_deadline", _seconds, None, "seconds a run may last before the cluster fails "
            "(kubernetes)", commands=SPEC_COMMANDS, metavar="S"),
+    Option("ttl", _seconds, None, "seconds JobSet keeps a finished cluster's pods and JobSet before "
+           "deleting them (ttlSecondsAfterFinished; the record and volumes stay; kubernetes)",
+           env="TFK8S_TTL", hub_trait="default_ttl", check=_optional(seconds(
+               365 * 86400, "delete at once")), commands=SPEC_COMMANDS, metavar="S"),
+    Option("detached_ttl", _seconds, 86400.0, "the --ttl of a --detach'ed launch that gives none, so "
+           "finished detached runs do not pile up (an administrator's default; kubernetes)",
+           env="TFK8S_DETACHED_TTL", hub_trait="detached_ttl", check=seconds(
+               365 * 86400, "delete at once")),
     Option("spread", str, None, "spread this role's pods across nodes (repeatable; kubernetes)",
            commands=SPEC_COMMANDS, action="append", metavar="ROLE"),
     Option("node_affinity", _placement, None, "a node label this role needs: ROLE:key=value, "
@@ -742,7 +755,8 @@ def defaults_class(class_name: str, doc: str, attr: str = "trait", read_env: boo
             continue
         kind = getattr(traitlets, _TRAIT_TYPES[opt.type])
         text = opt.help[:1].upper() + opt.help[1:] + (f" (${opt.env})." if opt.env else ".")
-        namespace[trait] = kind(help=text).tag(config=True)
+        # An option without a default (None: not set) is a trait that may be None.
+        namespace[trait] = kind(help=text, allow_none=opt.default is None).tag(config=True)
         namespace[f"_default_{trait}"] = traitlets.default(trait)(
             lambda self, o=opt: o.from_env() if read_env else o.builtin_default()
         )

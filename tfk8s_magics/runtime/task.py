@@ -39,6 +39,7 @@ import os
 import runpy
 import socket
 import sys
+import tempfile
 import traceback
 from collections.abc import MutableMapping
 
@@ -306,6 +307,31 @@ def _lost_a_peer(e: BaseException) -> bool:
     return isinstance(e, (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError))
 
 
+def log_dir_problem(path: str | None) -> str | None:
+    """Why this task cannot write its log directory (checkpoints, TensorBoard, logs), or None.
+
+    On Kubernetes the claim is writable by the task only when its storage applies the pod's
+    ``fsGroup``: most CSI drivers do only with ``fsGroupPolicy: File``.  Without it the
+    first checkpoint would fail with a traceback deep in TensorFlow; here it is one sentence
+    at start, and the task is not restarted (nothing a restart does can fix the storage).
+    """
+    if not path:
+        return None
+    try:
+        os.makedirs(path, exist_ok=True)
+        # a unique name: every task of the cluster (pid 1 in each pod) probes the same claim
+        fd, probe = tempfile.mkstemp(prefix=".tfk8s-write-check-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return (f"the log directory {path} is not writable by this task (uid {os.getuid()}, "
+                f"gid {os.getgid()}, groups {sorted(os.getgroups())}): {e.strerror}. Its storage "
+                "must let the pod's fsGroup write (a CSI driver with fsGroupPolicy File, or "
+                "files group-writable by that group): ask your administrator "
+                "(docs/admins/kubernetes.md, Storage).")
+    return None
+
+
 def main() -> int:
     """Run this task according to its environment."""
     try:
@@ -313,6 +339,9 @@ def main() -> int:
     except (KeyError, ValueError) as e:
         return broken(f"this task cannot tell which task it is: set {e} (a broken pod "
                       "template; restarting cannot fix it).")
+    unwritable = log_dir_problem(os.environ.get("TFK8S_LOG_DIR"))
+    if unwritable:
+        return broken(unwritable)
     tf_config = json.loads(os.environ["TF_CONFIG"])
     script = os.environ.get("TFK8S_SCRIPT")
     code = run_script(script) if script else run_server(tf_config)

@@ -32,6 +32,7 @@ from ...stall import timeout_from_env
 from ..base import ClusterStatus, Event, Phase, Progress, TaskStatus
 from . import state
 from .client import Api, abort, api_reason
+from .feed import NamespaceFeed
 from .jobset import API_VERSION, KIND
 from .manifests import STOPPED_ANNOTATION, selector
 from .stallcheck import StallCheck
@@ -49,8 +50,12 @@ _VAGUE = ("waiting to be scheduled", "no pod", "ContainerCreating", "PodInitiali
 class ClusterWatch:
     """Keeps one cluster's JobSet and pod state current, in daemon threads; never changes it."""
 
-    def __init__(self, api: Api, spec: ClusterSpec, root: dict[str, Any]) -> None:
+    def __init__(self, api: Api, spec: ClusterSpec, root: dict[str, Any],
+                 feed: NamespaceFeed | None = None) -> None:
         self.api = api
+        #: With a feed, the namespace's shared watches bring this cluster's objects and this
+        #: object runs no thread of its own (see :mod:`.feed`).
+        self.feed = feed
         self.spec = spec
         self.root = root
         annotations = root["metadata"].get("annotations") or {}
@@ -71,17 +76,21 @@ class ClusterWatch:
         self._events_at = 0.0
         self._step_at, self._step_line = 0.0, ""
         self._responses: dict[str, Any] = {}  # the open watch requests, closed by close()
-        self._threads = [
+        self._threads = [] if feed is not None else [
             threading.Thread(target=self._loop, args=("pods",), daemon=True,
                              name=f"tfk8s-watch-{spec.name}-pods"),
             threading.Thread(target=self._loop, args=("jobset",), daemon=True,
                              name=f"tfk8s-watch-{spec.name}-jobset"),
         ]
         self.stalls = StallCheck(timeout_from_env())
+        self.blocked = ""  # the condition of pods that cannot be created (see _check_blocked)
 
     # -- the watches --------------------------------------------------------------
     def start(self, sync_timeout: float = 30.0) -> ClusterWatch:
         """Start watching; return once the first listings are in (or ``sync_timeout``)."""
+        if self.feed is not None:
+            self.feed.subscribe(self, sync_timeout)
+            return self
         for thread in self._threads:
             thread.start()
         deadline = time.monotonic() + sync_timeout
@@ -94,6 +103,8 @@ class ClusterWatch:
         if deleted:
             self.deleted = True
         self._halt.set()
+        if self.feed is not None:
+            self.feed.unsubscribe(self)
         for response in list(self._responses.values()):
             abort(response)  # ends the blocked read in the watch thread
         with self._cond:
@@ -104,7 +115,9 @@ class ClusterWatch:
 
     @property
     def alive(self) -> bool:
-        """Whether the watch threads run and have not been asked to stop."""
+        """Whether the watch threads (or the namespace feed) run and have not been asked to stop."""
+        if self.feed is not None:
+            return self.feed.alive and not self._halt.is_set()
         return all(t.is_alive() for t in self._threads) and not self._halt.is_set()
 
     def _loop(self, what: str) -> None:
@@ -215,6 +228,29 @@ class ClusterWatch:
                                   f"{self.spec.restart_budget}", "Warning")
             self._changed()
 
+    # -- what the namespace feed calls (on its threads) ----------------------------------
+    def replace_state(self, pods: list[dict[str, Any]], jobset: dict[str, Any] | None,
+                      listed: bool) -> None:
+        """A (re-)listing of this cluster's pods and JobSet (``listed``: JobSets were listed)."""
+        with self._cond:
+            self.pods = {p["metadata"]["name"]: p for p in pods}
+            if listed:
+                self.jobset = jobset
+                self.jobset_seen = True
+            self._changed()
+
+    def apply_pod(self, kind: str | None, pod: dict[str, Any]) -> None:
+        """One watch event of a pod of this cluster."""
+        self._apply_pod(kind, pod)
+
+    def apply_jobset(self, kind: str | None, jobset: dict[str, Any]) -> None:
+        """One watch event of this cluster's JobSet."""
+        self._apply_jobset(kind, jobset)
+
+    def after_change(self) -> None:
+        """Called by the feed after it changed this cluster's state."""
+        self._after_change()
+
     def _changed(self) -> None:
         self._version += 1
         self._cond.notify_all()
@@ -309,7 +345,29 @@ class ClusterWatch:
         self._explain_pending(tasks)
         snap = state.cluster_status(view, self.root, tasks, self.progress)
         self._check_stall(snap)
+        self._check_blocked(snap, view)
         return snap
+
+    def _born(self, view: state.View) -> float:
+        """When this incarnation of the cluster was made (older Events are of a deleted one)."""
+        meta = (view.jobset or {}).get("metadata") or self.root["metadata"]
+        return state.parse_time(meta.get("creationTimestamp")) or 0.0
+
+    def _check_blocked(self, snap: ClusterStatus, view: state.View) -> None:
+        """Say when the Job controller cannot create pods past the grace, and record it once."""
+        if snap.phase != Phase.PENDING:
+            self.blocked = ""
+            return
+        with self._cond:
+            events = list(self.api_events)
+        # Event times are the API server's, to the second: compare with the wall clock.
+        blocked = state.create_blocked(snap.tasks, events, self.spec.name, self._born(view),
+                                       time.time()) or ""
+        if blocked:
+            snap.reason = blocked
+            if not self.blocked:
+                self.record_event("", "FailedCreate", blocked, "Warning")
+        self.blocked = blocked
 
     def _working_step_line(self, view: state.View) -> str:
         """The newest log line of the step at work (the fetch's or upload's progress), read at
@@ -348,6 +406,7 @@ class ClusterWatch:
             return
         latest = self.latest_pods()
         queued = state.admission_message(events, self.spec.name)
+        state.explain_no_pod(tasks, events, self.spec.name, self._born(self.view()))
         for t in tasks:
             pod = latest.get(t.name)
             if t.phase == Phase.PENDING and pod is None and queued and \
