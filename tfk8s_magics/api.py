@@ -22,7 +22,15 @@ from typing import Any
 from . import ingraph, options, storage
 from .backends import Backend, ClusterStatus, Event, LogLine, Phase, TensorBoardInfo, get_backend
 from .backends.kubernetes.manifests import dump_yaml
-from .errors import ClusterExists, ClusterNotFound, ClusterTimeout, LaunchFailed, NoPreviousRun, SpecError
+from .errors import (
+    BackendError,
+    ClusterExists,
+    ClusterNotFound,
+    ClusterTimeout,
+    LaunchFailed,
+    NoPreviousRun,
+    SpecError,
+)
 from .runtime.progress import end_redirect, redirect_progress
 from .spec import IN_GRAPH, MAX_FILES_BYTES, ROLES, ClusterSpec, Resources
 from .trainer import TrainerOptions
@@ -380,12 +388,18 @@ class Cluster:
         return self.backend.watch(self.name, stop or threading.Event())
 
     def wait(self, timeout: float | None = None) -> ClusterStatus:
-        """Wait until it has succeeded, failed or been stopped; return the final status."""
-        return self._wait(lambda st: st.terminal, timeout, "end")
+        """Wait until it has succeeded, failed or been stopped; return the final status.
+
+        A failed or stopped cluster is waited for until every task has ended too (its peers are
+        still being stopped when the failure is written); after a success, parameter servers
+        run on for their grace period and are not waited for.  ``timeout`` is seconds ≥ 0;
+        None or an infinite value waits without a limit.
+        """
+        return self._wait(_ended, _check_timeout(timeout), "end")
 
     def wait_ready(self, timeout: float | None = 180.0) -> ClusterStatus:
         """Wait until every task is ready; raise LaunchFailed if the cluster ends first."""
-        st = self._wait(lambda st: st.ready or st.terminal, timeout, "be ready")
+        st = self._wait(lambda st: st.ready or st.terminal, _check_timeout(timeout), "be ready")
         if not st.ready:
             bad = [t for t in st.tasks if t.phase == Phase.FAILED]
             details = ""
@@ -411,7 +425,7 @@ class Cluster:
                 if done(st):
                     return st
             last = self.status()
-            if done(last):
+            if done(last) or (done is _ended and last.terminal):  # the backend has nothing more to say
                 return last
         finally:
             if timer:
@@ -505,7 +519,11 @@ class Cluster:
         one; after a relaunch of the cluster it connects to the new servers.
         """
         addresses = self._in_graph_addresses(timeout)
-        strategy = ingraph.strategy(self, addresses, strategy_kwargs)
+        try:
+            strategy = ingraph.strategy(self, addresses, strategy_kwargs,
+                                        ready=lambda left: self.wait_ready(max(left, 1.0)))
+        except ingraph.ConnectFailed as e:
+            raise BackendError(f"connect: {e}.") from e
         coordinator = ingraph.coordinator(self, addresses)
         # report_progress() in this kernel now shows in the cluster's status.
         redirect_progress(coordinator.progress, coordinator.task, key=(self.backend.name, self.name))
@@ -529,3 +547,20 @@ class Cluster:
 make_spec.__doc__ += "\n    Options:\n\n" + "\n".join(
     f"    * ``{o.name}``: {o.help}" for o in options.spec_options()
 )
+
+
+def _ended(st: ClusterStatus) -> bool:
+    """The cluster ended, and after a failure or a stop so did every task (nothing runs on)."""
+    if not st.terminal:
+        return False
+    return st.phase == Phase.SUCCEEDED or all(t.phase in Phase.TERMINAL for t in st.tasks)
+
+
+def _check_timeout(timeout: float | None) -> float | None:
+    """A wait's ``timeout``: seconds ≥ 0; an infinite one (or one no timer can hold) is no limit."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout != timeout or timeout < 0:
+        raise SpecError(f"timeout must be a number of seconds ≥ 0, not {timeout!r}; leave it out (or give "
+                        "inf) to wait without a limit.")
+    return None if timeout >= threading.TIMEOUT_MAX else float(timeout)

@@ -27,6 +27,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import records
+
+#: The longest progress record read (a record is a step, a total, a rate and a few metrics).
+MAX_RECORD = 16 * 1024
+
 #: Prefix of progress records carried in a task's log stream.
 STDOUT_MARKER = "@tfk8s-progress "
 #: At most this many records per second reach the sink; the last step is always written.
@@ -169,8 +174,8 @@ def parse_record(line: str) -> dict[str, Any] | None:
     if line.startswith(STDOUT_MARKER):
         line = line[len(STDOUT_MARKER) :]
     try:
-        record = json.loads(line)
-    except ValueError:
+        record = records.loads(line, MAX_RECORD)
+    except ValueError:  # not JSON, too long, nested too deep
         return None
     return record if isinstance(record, dict) and "step" in record else None
 

@@ -43,6 +43,7 @@ from . import state
 from .apply import apply, failure_sentence, preflight
 from .client import Api, api_reason
 from .feed import NamespaceFeed
+from .feed import events as watch_events
 from .jobset import API_VERSION, KIND, cluster_addresses, cluster_manifests, render_yaml
 from .manifests import (
     CLUSTER_LABEL,
@@ -70,7 +71,6 @@ from .serving import (
 from .settings import K8sSettings, label_value, settings_from_env
 from .storage_pods import BACKUP_GRACE
 from .watch import ClusterWatch
-from .watch import events as watch_events
 
 #: What to install when the cluster has no JobSet API (one sentence, at launch).
 INSTALL_JOBSET = (

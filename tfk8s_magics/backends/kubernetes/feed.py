@@ -14,8 +14,9 @@ takes its own lock) nor during a request.
 
 from __future__ import annotations
 
+import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.rest import ApiException
@@ -147,8 +148,6 @@ class NamespaceFeed:
         return min(backoff * 2, 30.0)
 
     def _follow(self, what: str, opener: Callable, apply: Callable, resource_version: str) -> str | None:
-        from .watch import events  # the stream parser lives with the cluster watch
-
         self.requests += 1
         response = self._responses[what] = opener(resource_version)
         if self._halt.is_set():
@@ -220,3 +219,17 @@ class NamespaceFeed:
         if watch is not None:
             watch.apply_jobset(kind, jobset)
             watch.after_change()
+
+
+def events(response) -> Iterator[dict[str, Any]]:
+    """The watch events of a streaming response, one JSON object per line."""
+    buffer = b""
+    try:
+        for chunk in response.stream(65536, decode_content=True):
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    yield json.loads(line)
+    finally:
+        response.release_conn()

@@ -19,10 +19,9 @@ Threads: the two watch threads write ``pods``/``jobset``/``progress``/
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes.client.rest import ApiException
@@ -32,7 +31,7 @@ from ...stall import timeout_from_env
 from ..base import ClusterStatus, Event, Phase, Progress, TaskStatus
 from . import state
 from .client import Api, abort, api_reason
-from .feed import NamespaceFeed
+from .feed import NamespaceFeed, events
 from .jobset import API_VERSION, KIND
 from .manifests import STOPPED_ANNOTATION, selector
 from .stallcheck import StallCheck
@@ -433,17 +432,3 @@ class ClusterWatch:
     def version(self) -> int:
         """A counter bumped at every change of the watched state (see :meth:`wait_change`)."""
         return self._version
-
-
-def events(response) -> Iterator[dict[str, Any]]:
-    """The watch events of a streaming response, one JSON object per line."""
-    buffer = b""
-    try:
-        for chunk in response.stream(65536, decode_content=True):
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                if line.strip():
-                    yield json.loads(line)
-    finally:
-        response.release_conn()
