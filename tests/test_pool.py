@@ -347,7 +347,9 @@ PROBE = textwrap.dedent('''
         "bind": [_bound(socket.AF_INET, "0.0.0.0"), _bound(socket.AF_INET6, "::")],
         "pgid_is_pid": os.getpgid(0) == os.getpid(), "sid_is_pid": os.getsid(0) == os.getpid(),
         "umask": os.umask(0o022),
-        "handlers": [repr(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE)],
+        # by name, not repr: a function's repr holds its address, which differs between processes
+        "handlers": [getattr(h, "__qualname__", repr(h))
+                     for h in map(signal.getsignal, (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE))],
         "tf": tf.__version__, "keras": tf.keras.__name__ + " " + getattr(tf.keras, "__version__", ""),
         "threads": [tf.config.threading.get_inter_op_parallelism_threads(),
                     tf.config.threading.get_intra_op_parallelism_threads()],

@@ -253,6 +253,8 @@ def _retire_previous_run(name: str, be: Backend, replace: bool, force: bool) -> 
         st = old.status()
     except ClusterNotFound:
         return None
+    if st.phase == Phase.UNKNOWN:  # unreadable (e.g. an interrupted launch's empty dir): the backend decides
+        return None
     if not st.terminal and not (replace and force):
         raise ClusterExists(
             f"cluster {name!r} is still {st.phase}: stop it first (%tfcluster stop {name}) and run "
