@@ -209,6 +209,7 @@ def launch(
     wait_ready: float | None = None,
     replace: bool = False,
     force: bool = False,
+    prepare_client: bool = True,
     **spec_fields: Any,
 ) -> Cluster:
     """Launch a cluster and return its handle.
@@ -220,6 +221,9 @@ def launch(
     With ``wait_ready`` (seconds), also wait until every task is ready.
     ``replace`` first deletes a finished or stopped cluster of the same
     name (a running one only with ``force``), so a launch cell can be re-run.
+    An in-graph launch starts importing TensorFlow in the background, as this
+    process is likely to become the cluster's client; ``prepare_client=False``
+    skips that in a process that never connects (the Jupyter server's sidebar).
     """
     if isinstance(name_or_spec, ClusterSpec):
         if spec_fields:
@@ -234,7 +238,7 @@ def launch(
     if force and not replace:
         raise SpecError("--force only goes with --replace: add --replace to replace a running cluster.")
     kept = _retire_previous_run(spec.name, be, replace, force)
-    if spec.mode == IN_GRAPH:
+    if spec.mode == IN_GRAPH and prepare_client:
         ingraph.preimport(spec.legacy_keras)  # this process will be the client: import TF meanwhile
     be.launch(spec, detach=detach)
     cluster = Cluster(spec.name, be)

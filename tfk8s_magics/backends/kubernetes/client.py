@@ -200,7 +200,9 @@ class Api:
         request = self.api_client.param_serialize(
             "GET", "/api/v1/namespaces/{namespace}/pods/{name}/log",
             path_params={"namespace": self.namespace, "name": name}, query_params=query,
-            header_params={"Accept": "text/plain"}, auth_settings=["BearerToken"])
+            # "text/plain" is what the stream is, but the API server refuses it as an Accept
+            # (406: only its serializers' media types are negotiable); "*/*" is what kubectl sends
+            header_params={"Accept": "*/*"}, auth_settings=["BearerToken"])
         resp = self.api_client.call_api(*request, _request_timeout=(self.timeout, None))
         if not 200 <= resp.status <= 299:
             resp.read()
