@@ -22,7 +22,15 @@ from typing import Any
 from . import ingraph, options, storage
 from .backends import Backend, ClusterStatus, Event, LogLine, Phase, TensorBoardInfo, get_backend
 from .backends.kubernetes.manifests import dump_yaml
-from .errors import BackendError, ClusterExists, ClusterNotFound, ClusterTimeout, LaunchFailed, SpecError
+from .errors import (
+    BackendError,
+    ClusterExists,
+    ClusterNotFound,
+    ClusterTimeout,
+    LaunchFailed,
+    NoPreviousRun,
+    SpecError,
+)
 from .runtime.progress import end_redirect, redirect_progress
 from .spec import IN_GRAPH, MAX_FILES_BYTES, ROLES, ClusterSpec, Resources
 from .trainer import TrainerOptions
@@ -229,30 +237,37 @@ def launch(
     be = resolve_backend(backend)
     if force and not replace:
         raise SpecError("--force only goes with --replace: add --replace to replace a running cluster.")
-    if replace:
-        _remove_for_replace(spec.name, be, force)
+    kept = _retire_previous_run(spec.name, be, replace, force)
     if spec.mode == IN_GRAPH and prepare_client:
         ingraph.preimport(spec.legacy_keras)  # this process will be the client: import TF meanwhile
     be.launch(spec, detach=detach)
     cluster = Cluster(spec.name, be)
+    be.attach_previous(spec.name, kept)
     if wait_ready is not None:
         cluster.wait_ready(wait_ready)
     return cluster
 
 
-def _remove_for_replace(name: str, be: Backend, force: bool) -> None:
-    """Delete cluster ``name`` so it can be launched again; refuse a running one unless ``force``."""
+def _retire_previous_run(name: str, be: Backend, replace: bool, force: bool) -> Any:
+    """Make way for a launch of cluster ``name``: an ended cluster of that name (succeeded,
+    failed, stopped) is replaced — re-running a launch cell just works — and its logs are kept as
+    the new run's previous run; a running one is refused unless ``replace`` and ``force``."""
     try:
         old = Cluster(name, be)
         st = old.status()
     except ClusterNotFound:
-        return
-    if not st.terminal and not force:
+        return None
+    if st.phase == Phase.UNKNOWN:  # unreadable (e.g. an interrupted launch's empty dir): the backend decides
+        return None
+    if not st.terminal and not (replace and force):
         raise ClusterExists(
-            f"cluster {name!r} is still {st.phase}: --replace only replaces a finished or stopped "
-            f"cluster; stop it first (%tfcluster stop {name}), or add --force to replace it anyway."
+            f"cluster {name!r} is still {st.phase}: stop it first (%tfcluster stop {name}) and run "
+            f"the launch again, or add --replace --force to replace it while it runs."
         )
-    old.delete()
+    if not st.terminal:
+        old.delete()
+        return None
+    return be.retire_for_rerun(name)
 
 
 def get(name: str, backend: str | Backend | None = None) -> Cluster:
@@ -427,17 +442,29 @@ class Cluster:
             f"look at %tfcluster status {self.name} and its logs, or wait longer."
         )
 
-    def logs(self, task: str | None = None, tail: int | None = None) -> str:
-        """Its kept log: one task's, or every task's with a ``[task]`` prefix."""
-        lines = self.backend.read_logs(self.name, task, tail)
+    def logs(self, task: str | None = None, tail: int | None = None, previous: bool = False) -> str:
+        """Its kept log: one task's, or every task's with a ``[task]`` prefix.  ``previous``: the
+        log of the run this one replaced (a re-run launch keeps it)."""
+        lines = self._previous_logs(task, tail) if previous else self.backend.read_logs(self.name, task, tail)
         if task:
             return "\n".join(line.text for line in lines)
         return "\n".join(f"[{line.task}] {line.text}" for line in lines)
 
-    def logs_by_task(self, tail: int | None = None) -> dict[str, str]:
-        """Every task's kept log (the last ``tail`` lines of each), task by task, in task order."""
-        out: dict[str, list[str]] = {t.name: [] for t in self.spec.tasks()}
-        for line in self.backend.read_logs(self.name, None, tail):
+    def _previous_logs(self, task: str | None, tail: int | None) -> list:
+        lines = self.backend.read_previous_logs(self.name, task, tail)
+        if lines is None:
+            raise NoPreviousRun(
+                f"cluster {self.name!r} keeps no previous run: a launch that replaces an ended "
+                "cluster of the same name keeps its logs (not one that used its own --log-dir)."
+            )
+        return lines
+
+    def logs_by_task(self, tail: int | None = None, previous: bool = False) -> dict[str, str]:
+        """Every task's kept log (the last ``tail`` lines of each), task by task, in task order;
+        ``previous``: the replaced run's."""
+        out: dict[str, list[str]] = {} if previous else {t.name: [] for t in self.spec.tasks()}
+        lines = self._previous_logs(None, tail) if previous else self.backend.read_logs(self.name, None, tail)
+        for line in lines:
             out.setdefault(line.task, []).append(line.text)
         return {task: "\n".join(lines) for task, lines in out.items()}
 

@@ -25,7 +25,9 @@ Rules, because TensorFlow keeps one eager context per process:
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import logging
 import os
 import sys
 import threading
@@ -36,7 +38,7 @@ from typing import Any
 
 from .backends.base import Coordinator
 from .lifeline import process_state
-from .taskenv import import_tensorflow
+from .taskenv import import_tensorflow, quiet_enabled
 from .tfconfig import coordinator_cluster_def
 
 _lock = threading.Lock()
@@ -284,13 +286,29 @@ def _first_line(e: BaseException) -> str:
     return text[0][:200] if text else ""
 
 
+@contextlib.contextmanager
+def _tensorflow_info_hidden():
+    """Hide the INFO lines TensorFlow's logger prints while the strategy is built (six lines on
+    stderr for a 1-PS cluster: the cluster spec, twice the devices, twice "Number of GPUs"), when
+    the lab is quiet (option ``quiet``); warnings and errors still show."""
+    logger = logging.getLogger("tensorflow")
+    old = logger.level
+    if quiet_enabled() and logger.getEffectiveLevel() < logging.WARNING:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
+
+
 def _build(tf: Any, cluster, addresses: dict[str, list[str]], options: dict[str, Any], deadline: float):
     """A new strategy and its :func:`_prober` check, which has passed."""
     # The strategy starts this process's chief server in this process's network namespace, where
     # its gRPC threads live: TensorFlow's threads are process-wide and keep the namespace they were
     # made in, so the tasks share it (the supervisor stays there for in-graph): the sandboxed
     # kernel's own private one (tfk8s_magics.kernel.sandbox), else the host's.
-    built = tf.distribute.ParameterServerStrategy(resolver(cluster, addresses), **options)
+    with _tensorflow_info_hidden():
+        built = tf.distribute.ParameterServerStrategy(resolver(cluster, addresses), **options)
     check = _prober(tf, built, addresses)
     check(deadline)
     return built, check

@@ -24,6 +24,7 @@ traitlet is set; the parsers only convert types.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -495,6 +496,8 @@ _OPTIONS = (
            commands=("logs",), metavar="N"),
     Option("follow", parse_bool, False, "keep streaming new lines", commands=("logs",),
            action="store_true", aliases=("-f",)),
+    Option("previous", parse_bool, False, "the run this one replaced (a re-run launch keeps it)",
+           commands=("logs",), action="store_true", aliases=("-p",)),
     # -- where (every subcommand) ---------------------------------------------
     Option("backend", str, _backend_default,
            "backend: 'local' (processes on 127.0.0.1) or 'kubernetes' (default: $TFK8S_BACKEND, "
@@ -613,6 +616,64 @@ COMMANDS: Mapping[str, Command] = {
 }
 
 
+class SuggestingParser(argparse.ArgumentParser):
+    """argparse whose mistakes are one sentence naming the closest flag or subcommand
+    ("did you mean --workers?") and where to read the rest (``PROG SUBCOMMAND --help``).
+
+    :meth:`error` raises or prints: front ends override :meth:`fail` (the magic raises a
+    ``UsageError``, the CLI prints ``tfk8s: ...`` and exits 2, with no usage block).
+    """
+
+    commands: dict[str, argparse.ArgumentParser]
+    root: str = ""
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """Parse ``args``; a word no subcommand takes is :meth:`fail`'s one sentence."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.fail(self._unknown(getattr(ns, "cmd", None), extras))
+        return ns
+
+    def _unknown(self, cmd: str | None, extras: list[str]) -> str:
+        sub = getattr(self, "commands", {}).get(cmd) if cmd else None
+        flags = [f for a in (sub or self)._actions for f in a.option_strings]
+        where = f"{self.root or self.prog} {cmd}" if cmd else (self.root or self.prog)
+        for token in extras:
+            if token.startswith("-"):
+                flag = token.split("=", 1)[0]
+                # Compared without the dashes, which every flag shares ("--bogus" is not "--gpus").
+                names = {f.lstrip("-"): f for f in flags}
+                close = difflib.get_close_matches(flag.lstrip("-"), list(names), n=1, cutoff=0.75)
+                hint = f"; did you mean {names[close[0]]}?" if close else ""
+                return f"{where}: unknown option {flag}{hint} ({where} --help lists its options)"
+        return (f"{where}: unexpected argument {extras[0]!r} ({where} --help shows what it takes)")
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        """argparse's own mistakes, as one sentence (an unknown subcommand names the closest)."""
+        m = re.search(r"invalid choice: '([^']*)'", message)
+        if m and "SUBCOMMAND" in message:
+            self.fail(unknown_subcommand(m.group(1), getattr(self, "commands", {}), self.root or self.prog))
+        where = self.prog
+        self.fail(f"{where}: {message} ({self.root or self.prog} {self._cmd_name()}--help shows how)")
+
+    def _cmd_name(self) -> str:
+        root = self.root or self.prog
+        rest = self.prog[len(root):].strip() if self.prog.startswith(root) else ""
+        return f"{rest} " if rest else ""
+
+    def fail(self, sentence: str) -> None:
+        """Report ``sentence`` (one sentence, no usage block) and end the parse."""
+        self.exit(2, f"{sentence}\n")
+
+
+def unknown_subcommand(word: str, commands: Iterable[str], prog: str) -> str:
+    """The sentence for a subcommand that does not exist (with the closest one, if any)."""
+    names = list(commands)
+    close = difflib.get_close_matches(word, names, n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"unknown subcommand {word!r}{hint} The subcommands: {', '.join(names)} ({prog} --help)"
+
+
 def add_option(parser: argparse.ArgumentParser, opt: Option, default: Any) -> None:
     """Add ``opt`` to ``parser`` with ``default`` (typed by ``opt.type``)."""
     kwargs: dict[str, Any] = {"help": opt.help}
@@ -645,12 +706,18 @@ def build_parser(
     ``commands`` limits the subcommands; ``extra`` are options only this
     front end has.
     """
-    parser = parser_class(prog=prog, description="Launch and manage TensorFlow clusters.")
+    parser = parser_class(prog=prog, description="Launch and manage TensorFlow clusters.",
+                          epilog=f"`{prog} SUBCOMMAND --help` lists a subcommand's options.")
     sub = parser.add_subparsers(dest="cmd", metavar="SUBCOMMAND", parser_class=parser_class)
+    if isinstance(parser, SuggestingParser):
+        parser.commands, parser.root = {}, prog
     for cmd in COMMANDS.values():
         if commands is not None and cmd.name not in commands:
             continue
         sp = sub.add_parser(cmd.name, help=cmd.help)
+        if isinstance(parser, SuggestingParser):
+            parser.commands[cmd.name] = sp
+            sp.root = prog
         for opt in [*for_command(cmd.name), *(o for o in extra if cmd.name in o.commands)]:
             add_option(sp, opt, cmd.defaults.get(opt.name, defaults.get(opt.name, opt.builtin_default())))
     return parser

@@ -70,6 +70,9 @@ from .watchdog import CLUSTER_ID_ENV, cluster_processes, describe
 SUPERVISOR_START_TIMEOUT = 30.0
 #: Seconds to wait for a stopped cluster's processes to end.
 STOP_TIMEOUT = 20.0
+#: Where a re-run keeps the previous run's logs: a folder of the new run's log dir (TensorBoard
+#: shows its runs as ``previous-run/...``).
+PREVIOUS_RUN = "previous-run"
 #: How often watchers look at status.json where inotify is unavailable.
 WATCH_INTERVAL = 0.1
 #: Longest sleep of a watcher between inotify wake-ups (it wakes at once on a change).
@@ -110,7 +113,7 @@ class LocalBackend(Backend):
         cdir = ClusterDir(self.clusters_dir / name)
         if not (cdir.root.is_dir() and not cdir.root.is_symlink()):
             known = sorted(c.name for c in self._cluster_dirs())
-            hint = f" Known clusters: {', '.join(known)}." if known else " There are none yet."
+            hint = f" Known clusters: {', '.join(known)}." if known else " There are none now."
             raise ClusterNotFound(
                 f"no local cluster named {name!r}.{hint} Launch one with %tfcluster launch {name} ..."
             )
@@ -478,6 +481,42 @@ class LocalBackend(Backend):
         out: list[LogLine] = []
         for t, path in files.items():
             out += [LogLine(t, line) for line in logtail.tail_lines(path, tail)]
+        return out
+
+    def retire_for_rerun(self, name: str) -> Path | None:
+        """Delete ended cluster ``name``, keeping its default log dir (minus its own previous run:
+        one previous run is kept) for :meth:`attach_previous`; a log dir the user named stays."""
+        location = self.delete(name, keep_logs=True)
+        kept = None if location is None else Path(location.path)
+        if kept is None or kept.parent != self.state_dir / "kept-logs":
+            return None  # a --log-dir the user named: it stays where it is
+        shutil.rmtree(kept / PREVIOUS_RUN, ignore_errors=True)
+        return kept
+
+    def attach_previous(self, name: str, kept: Path | None) -> None:
+        """Move the previous run's logs into the new run's log dir as ``previous-run/`` (so its
+        TensorBoard shows both runs and ``logs --previous`` reads them)."""
+        if kept is None or not kept.exists():
+            return
+        target = Path(self._record(name)["log_dir"]) / PREVIOUS_RUN
+        try:
+            shutil.move(str(kept), str(target))
+        except OSError as e:
+            raise BackendError(f"the previous run's logs stay in {kept}: they could not be moved to "
+                               f"{target} ({e.strerror or e})") from e
+
+    def read_previous_logs(self, name: str, task: str | None = None,
+                           tail: int | None = None) -> list[LogLine] | None:
+        record = self._record(name)
+        previous = Path(record["log_dir"]) / PREVIOUS_RUN
+        if not previous.is_dir():
+            return None
+        spec = ClusterSpec.from_dict(record["spec"])
+        names = [spec.task(task).name] if task else sorted(
+            p.name[:-4] for p in (previous / "tasks").glob("*.log"))
+        out: list[LogLine] = []
+        for t in names:
+            out += [LogLine(t, line) for line in logtail.tail_lines(task_log_path(previous, t), tail)]
         return out
 
     def follow_logs(

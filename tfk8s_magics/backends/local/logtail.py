@@ -112,8 +112,19 @@ def _read_tail(f, n: int | None, max_bytes: int) -> tuple[bytes, int]:
 
 
 def _cut(line: bytes) -> str:
-    text = line[:MAX_LINE].decode("utf-8", "replace").rstrip("\r")
+    text = overwritten(line[:MAX_LINE].decode("utf-8", "replace"))
     return text + f" [... line cut: {len(line)} bytes]" if len(line) > MAX_LINE else text
+
+
+def overwritten(text: str) -> str:
+    """What a terminal (and Jupyter) shows of a line that carriage returns rewrote: the text after
+    the last ``\r`` that has any (a progress bar's last state)."""
+    if "\r" not in text:
+        return text
+    for part in reversed(text.split("\r")):
+        if part:
+            return part
+    return ""
 
 
 class _FileCursor:
@@ -122,6 +133,7 @@ class _FileCursor:
         self.path = path
         self.offset = 0
         self.partial = b""
+        self.updated = b""  # the unfinished line's state last handed out as an update
         #: Why the file at ``path`` is not read (said once, until it changes).
         self.refused = ""
         if not from_start:
@@ -184,18 +196,37 @@ class _FileCursor:
         if len(whole) > MAX_LINE and max(map(len, texts)) > MAX_LINE // 4:
             # Some line may be longer than MAX_LINE bytes: cut each in bytes, as the rule says.
             texts = [line[:MAX_LINE].decode("utf-8", "replace") for line in whole.split(b"\n")]
+        if cut >= 0:
+            self.updated = b""
+        if b"\r" in whole:
+            texts = [overwritten(t) for t in texts]
+        if b"\r" in self.partial:
+            texts.extend(self._update())
         if len(self.partial) > MAX_LINE:  # one endless line: show its start now
             texts.append(self.partial[:MAX_LINE].decode("utf-8", "replace"))
             self.partial = b""
-        if b"\r" in data:
-            texts = [t.rstrip("\r") for t in texts]
         return texts
+
+    def _update(self) -> list[str]:
+        """The unfinished line, rewritten by carriage returns (a progress bar), as an update: a text
+        that starts with ``\r``, which a view shows in place of the previous one (the finished line
+        replaces it).  Only what the last ``\r`` left is kept (a bar redrawn for an hour is one
+        state, not an hour of them)."""
+        head, _, last = self.partial.rpartition(b"\r")
+        ends = not last
+        if ends:  # it ends with "\r": the state before it is shown until more comes
+            last = head.rpartition(b"\r")[2]
+        self.partial = b"\r" + last + (b"\r" if ends else b"")
+        if not last or last == self.updated:
+            return []
+        self.updated = last
+        return ["\r" + last[:MAX_LINE].decode("utf-8", "replace")]
 
     def drain(self) -> list[str]:
         """Read to the end, the unfinished last line included (the task has ended)."""
         out = self.read()
         if self.partial:
-            out.append(self.partial.decode("utf-8", "replace"))
+            out.append(overwritten(self.partial.decode("utf-8", "replace")))
             self.partial = b""
         return out
 

@@ -119,6 +119,7 @@ LATE = frozenset({
     "TF_CONFIG", "TFK8S_TASK", "TFK8S_CLUSTER", "TFK8S_LOG_DIR", "TFK8S_DATA_DIR",
     "TFK8S_CHECKPOINT_DIR", "TFK8S_PROGRESS_FILE", "TFK8S_SCRIPT", "TFK8S_SCRIPT_DIR",
     "TFK8S_FILES_DIR", "TFK8S_READY_FD", "TFK8S_CLUSTER_ID", "TFK8S_TERMINATION_FILE",
+    "TFK8S_SCRIPT_IS_CELL",
 })
 #: Variables a task may add (``--env``) that something could read at interpreter start or at
 #: ``import tensorflow``: such a task runs cold unless the pool has the same value.
@@ -290,6 +291,23 @@ def describe(found: dict) -> str:
         lines.append(f"  idle memory: {pss / len(idle) / 2**20:.0f} MiB PSS ({rss / len(idle) / 2**20:.0f} "
                      f"MiB RSS) per process, {pss / 2**20:.0f} MiB PSS in total")
     return "\n".join(lines)
+
+
+def memory_line(found: list[dict] | None = None) -> str:
+    """One line for ``%tfcluster list``: what this user's warm pools hold (one per kernel), in
+    processes and PSS; "" when there is none."""
+    found = pools() if found is None else found
+    if not found:
+        return ""
+    procs = [p for f in found for p in f["processes"]]
+    pss = sum(p.get("pss", 0) for p in procs)
+    mine = current()
+    own = next((f for f in found if mine and f.get("socket") == mine), None)
+    kernels = f"{len(found)} kernel" + ("s" if len(found) != 1 else "")
+    mine_pss = sum(p.get("pss", 0) for p in own["processes"]) if own else 0
+    return (f"warm pools of this user: {kernels}, {len(procs)} TensorFlow processes waiting, "
+            f"{pss / 2**20:.0f} MiB PSS" + (f" (this kernel's: {mine_pss / 2**20:.0f} MiB)" if own else "")
+            + "; %tfcluster pool --size 0 frees this kernel's")
 
 
 def status_text() -> str:

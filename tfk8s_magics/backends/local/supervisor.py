@@ -74,6 +74,14 @@ IDENTITY_CHECK = 1.0
 PORT_MOVES = 3
 
 
+def _how_it_ended(st: LocalTaskStatus, asked: float | None) -> str:
+    """One line for a stopped task's end: how (exit code or signal) and how long after SIGTERM."""
+    how = f"killed by {st.signal}" if st.signal else f"exited with code {st.exit_code}"
+    if asked is not None and st.finished is not None:
+        how += f" {max(0.0, st.finished - asked):.1f} s after SIGTERM"
+    return how
+
+
 #: How a peer that ended a moment before the task that lost it is described (a zombie: its end is
 #: not handled yet).
 ZOMBIE = "had ended (its end not handled yet)"
@@ -93,6 +101,7 @@ class _Task:
     pidfd: int | None = None
     stopping: str = ""  # why we are ending it: "stop", "recycle", "" (not by us)
     kill_at: float | None = None
+    stopped_at: float | None = None  # when we sent SIGTERM
     history: list[dict] = field(default_factory=list)
 
 
@@ -210,6 +219,8 @@ class Supervisor:
         if t.runs_script:
             reserved["TFK8S_SCRIPT"] = str(self.cdir.script)
             reserved["TFK8S_SCRIPT_DIR"] = rec.get("script_dir") or rec["workdir"]
+            name = self.spec.script_name or ""
+            reserved["TFK8S_SCRIPT_IS_CELL"] = "1" if not name or name.startswith("<") else "0"
             if self.spec.files:
                 reserved["TFK8S_FILES_DIR"] = str(self.cdir.files)
         reserved.update(self.storage.task_env())  # streaming: TFK8S_DATA_URL + storage credentials
@@ -423,7 +434,8 @@ class Supervisor:
         if t.stopping:
             return
         t.stopping = why
-        t.kill_at = time.time() + STOP_TIMEOUT
+        t.stopped_at = time.time()
+        t.kill_at = t.stopped_at + STOP_TIMEOUT
         self.signal_task(t, signal.SIGTERM)
         self.signal_task(t, signal.SIGCONT)  # a stopped task handles its SIGTERM only once continued
 
@@ -565,6 +577,7 @@ class Supervisor:
             st.phase, st.reason = Phase.FAILED, self.blamed.pop(t.task.name)  # the cause, not a bystander
         elif t.stopping == "stop" or (t.stopping in ("restart", "ports") and self.stop_reason):
             st.phase, st.reason = Phase.STOPPED, self.stop_reason
+            self.event(t.task.name, "TaskStopped", _how_it_ended(st, t.stopped_at))
         elif t.stopping == "recycle":
             st.phase, st.reason = Phase.SUCCEEDED, lifecycle.RECYCLED
             self.event(t.task.name, "Recycled", st.reason)
@@ -770,14 +783,21 @@ class Supervisor:
         self.stop_reason = self.stop_reason or reason
         self.grace_deadline = None  # a stop ends the PS grace period too: nothing is left to wait for
         self.event("", "Stopping", reason)
+        if self.phase not in Phase.TERMINAL:  # "stopped" once every task has ended (update_phase)
+            self.phase, self.reason = Phase.STOPPING, f"{reason}; waiting for the tasks to end"
+            self.dirty = True
         for t in self.tasks.values():
             self.end_task(t, "stop")
-        if self.phase not in Phase.TERMINAL:
-            self.phase, self.reason, self.finished = Phase.STOPPED, reason, time.time()
 
     def update_phase(self) -> None:
         """Recompute the cluster's phase from its tasks; start the PS grace period when the workers finish."""
         if self.phase in Phase.TERMINAL:
+            return
+        if self.phase == Phase.STOPPING:
+            if not self.alive():
+                self.phase, self.reason, self.finished = Phase.STOPPED, self.stop_reason, time.time()
+                self.event("", "Stopped", f"every task has ended ({self.reason})")
+                self.dirty = True
             return
         states = [t.status.phase for t in self.tasks.values()]
         script_tasks = [self.tasks[t.name] for t in self.policy.success_tasks(self.spec)]
@@ -808,6 +828,9 @@ class Supervisor:
             self.grace_deadline = None
             # After success what runs on is recycled; after a failure it is stopped.
             how = "recycle" if self.phase == Phase.SUCCEEDED else "stop"
+            if how == "recycle" and "grace period" in self.reason:  # no longer "will stop": did
+                self.reason = "the workers finished; the parameter servers were recycled"
+                self.dirty = True
             for t in self.tasks.values():
                 if t.status.phase not in Phase.TERMINAL:
                     self.end_task(t, how)
@@ -815,6 +838,8 @@ class Supervisor:
             if t.kill_at is not None and now >= t.kill_at and t.proc and t.proc.returncode is None:
                 self.signal_task(t, signal.SIGKILL)
                 t.kill_at = None
+                self.event(t.task.name, "Killed", f"still running {STOP_TIMEOUT:g} s after SIGTERM: "
+                           "sent SIGKILL", "Warning")
         if now >= self.identity_at:
             self.check_identity()
         self.check_stall(now)
