@@ -200,6 +200,80 @@ def replica_sum_divisor(model) -> int:
     return max(1, int(getattr(strategy, "num_replicas_in_sync", 1) or 1))
 
 
+class _ProgressLogic:
+    """What :func:`progress_callback`'s callback does, apart from Keras's base class (which
+    needs TensorFlow imported): mixed in before it, so these hooks are the ones Keras calls."""
+
+    def _setup(self, total: int | None, metric_names: tuple[str, ...]) -> None:
+        self._supports_tf_logs = True  # Keras hands over its tensors as they are
+        self._metric_names = metric_names
+        self._step = 0
+        self._total = total
+        self._latest: tuple[int, Any] | None = None  # (step, batch logs): the main thread's
+        self._written = -1
+        self._divisor = 1
+        self._metrics: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._write_lock = threading.Lock()
+
+    def metrics_of(self, logs, divisor: int = 1) -> dict[str, float]:
+        """The chosen metrics of a Keras log as floats, divided by ``divisor``."""
+        metrics = {}
+        for k in self._metric_names:
+            if logs and k in logs:
+                try:
+                    metrics[k] = float(logs[k]) / divisor
+                except (TypeError, ValueError):
+                    pass
+        return metrics
+
+    def _write(self, step: int, logs, divisor: int) -> None:
+        with self._write_lock:
+            if step < self._written:  # the reader thread lost a race with an epoch's end
+                return
+            metrics = self.metrics_of(logs, divisor)
+            self._metrics = metrics or self._metrics
+            self._written = step
+            _reporter.report(step, self._total, self._metrics, force=True)
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(1.0 / MAX_RATE_HZ):
+            latest = self._latest
+            if latest is not None and latest[0] > self._written:
+                self._write(latest[0], latest[1], self._divisor)
+
+    def on_train_begin(self, logs=None):
+        if self._total is None:
+            params = getattr(self, "params", None) or {}
+            epochs, steps = params.get("epochs"), params.get("steps")
+            if epochs and steps:
+                self._total = int(epochs) * int(steps)
+        self._divisor = replica_sum_divisor(getattr(self, "model", None))
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._flush_loop, name="tfk8s-progress", daemon=True)
+        self._thread.start()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._step += 1
+        self._latest = (self._step, logs)  # one assignment: read by the flush thread
+
+    def on_epoch_end(self, epoch, logs=None):
+        # Epoch logs are the metrics' results (already reduced): what History records.
+        self._write(self._step, logs, 1)
+
+    def on_train_end(self, logs=None):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        latest = self._latest
+        if latest is not None and latest[0] > self._written:  # no epoch end wrote it
+            self._write(latest[0], latest[1], self._divisor)
+        if self._total is None:  # the end: this step was the last
+            _reporter.report(self._step, self._step, self._metrics, force=True)
+        _reporter.flush()
+
+
 def progress_callback(total: int | None = None, metric_names: tuple[str, ...] = ("loss",)):
     """A Keras callback that reports training progress to the lab.
 
@@ -219,76 +293,11 @@ def progress_callback(total: int | None = None, metric_names: tuple[str, ...] = 
 
     base = tf.keras.callbacks.Callback
 
-    class ProgressCallback(base):  # type: ignore[misc, valid-type]
+    class ProgressCallback(_ProgressLogic, base):  # type: ignore[misc, valid-type]
         """Reports the global batch count and chosen metrics via :func:`report_progress`."""
 
         def __init__(self) -> None:
-            super().__init__()
-            self._supports_tf_logs = True  # Keras hands over its tensors as they are
-            self._step = 0
-            self._total = total
-            self._latest: tuple[int, Any] | None = None  # (step, batch logs): the main thread's
-            self._written = -1
-            self._divisor = 1
-            self._metrics: dict[str, float] = {}
-            self._stop = threading.Event()
-            self._thread: threading.Thread | None = None
-            self._write_lock = threading.Lock()
-
-        def metrics_of(self, logs, divisor: int = 1) -> dict[str, float]:
-            """The chosen metrics of a Keras log as floats, divided by ``divisor``."""
-            metrics = {}
-            for k in metric_names:
-                if logs and k in logs:
-                    try:
-                        metrics[k] = float(logs[k]) / divisor
-                    except (TypeError, ValueError):
-                        pass
-            return metrics
-
-        def _write(self, step: int, logs, divisor: int) -> None:
-            with self._write_lock:
-                if step < self._written:  # the reader thread lost a race with an epoch's end
-                    return
-                metrics = self.metrics_of(logs, divisor)
-                self._metrics = metrics or self._metrics
-                self._written = step
-                _reporter.report(step, self._total, self._metrics, force=True)
-
-        def _flush_loop(self) -> None:
-            while not self._stop.wait(1.0 / MAX_RATE_HZ):
-                latest = self._latest
-                if latest is not None and latest[0] > self._written:
-                    self._write(latest[0], latest[1], self._divisor)
-
-        def on_train_begin(self, logs=None):
-            if self._total is None:
-                params = getattr(self, "params", None) or {}
-                epochs, steps = params.get("epochs"), params.get("steps")
-                if epochs and steps:
-                    self._total = int(epochs) * int(steps)
-            self._divisor = replica_sum_divisor(getattr(self, "model", None))
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._flush_loop, name="tfk8s-progress", daemon=True)
-            self._thread.start()
-
-        def on_train_batch_end(self, batch, logs=None):
-            self._step += 1
-            self._latest = (self._step, logs)  # one assignment: read by the flush thread
-
-        def on_epoch_end(self, epoch, logs=None):
-            # Epoch logs are the metrics' results (already reduced): what History records.
-            self._write(self._step, logs, 1)
-
-        def on_train_end(self, logs=None):
-            self._stop.set()
-            if self._thread is not None:
-                self._thread.join(timeout=5.0)
-            latest = self._latest
-            if latest is not None and latest[0] > self._written:  # no epoch end wrote it
-                self._write(latest[0], latest[1], self._divisor)
-            if self._total is None:  # the end: this step was the last
-                _reporter.report(self._step, self._step, self._metrics, force=True)
-            _reporter.flush()
+            base.__init__(self)
+            self._setup(total, metric_names)
 
     return ProgressCallback()

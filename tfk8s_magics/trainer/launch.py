@@ -106,6 +106,18 @@ def check_trainer_class(cls: type) -> None:
             raise _wrong_signature(cls.__name__, method, str(sig)) from None
 
 
+def _ast_signature_fits(f: ast.FunctionDef | ast.AsyncFunctionDef, args: tuple) -> str | None:
+    """None when ``f`` accepts ``self`` + ``args``; else its parameters, shown as ``(a, b)``."""
+    a = f.args
+    positional = [*a.posonlyargs, *a.args]
+    required = len(positional) - len(a.defaults)
+    given = 1 + len(args)  # self + what the platform passes
+    if given < required or (given > len(positional) and a.vararg is None):
+        names = [p.arg for p in positional] + ([f"*{a.vararg.arg}"] if a.vararg else [])
+        return "(" + ", ".join(names) + ")"
+    return None
+
+
 def check_trainer_source(cell: str, name: str) -> None:
     """:func:`check_trainer_class` on the source of a cell that defines class ``name``: its
     methods' parameters are read from the syntax tree (the class is not run here)."""
@@ -115,24 +127,16 @@ def check_trainer_source(cell: str, name: str) -> None:
         return  # an assignment (Trainer = ...): nothing to read
     methods = {f.name: f for f in node.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)}
     for method, args in CALLED.items():
-        f = methods.get(method)
-        if f is None:
-            continue
-        a = f.args
-        positional = [*a.posonlyargs, *a.args]
-        required = len(positional) - len(a.defaults)
-        given = 1 + len(args)  # self + what the platform passes
-        if given < required or (given > len(positional) and a.vararg is None):
-            names = [p.arg for p in positional] + ([f"*{a.vararg.arg}"] if a.vararg else [])
-            shown = "(" + ", ".join(names) + ")"
+        shown = _ast_signature_fits(methods[method], args) if method in methods else None
+        if shown is not None:
             raise _wrong_signature(name, method, shown)
     bases = {b.id for b in node.bases if isinstance(b, ast.Name)} | {
         b.attr for b in node.bases if isinstance(b, ast.Attribute)}
-    if bases & {"Trainer"}:
-        for method in REQUIRED:
-            if method not in methods:
-                raise SpecError(f"{name} does not override {method}(): a Trainer must define "
-                                f"{method}({', '.join(('self', *CALLED[method]))}).")
+    missing = [m for m in REQUIRED if m not in methods] if "Trainer" in bases else []
+    if missing:
+        method = missing[0]
+        raise SpecError(f"{name} does not override {method}(): a Trainer must define "
+                        f"{method}({', '.join(('self', *CALLED[method]))}).")
 
 
 def trainer_script(trainer: str | type, options: TrainerOptions, cell: str | None = None) -> str:
