@@ -135,6 +135,16 @@ class RealKube:
         token = self.token(name, spec.service_account)
         return UserNamespace(self, name, spec.service_account, self.client_with_token(token), offset)
 
+    def namespace(self, prefix: str = "ns", labels: dict | None = None) -> str:
+        """A bare namespace (no bootstrap objects, pods land on kwok nodes), deleted at cleanup."""
+        name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        annotations = {"scheduler.alpha.kubernetes.io/defaultTolerations": json.dumps(KWOK_TOLERATION)}
+        self.core.create_namespace(
+            {"metadata": {"name": name, "labels": labels or {}, "annotations": annotations}}
+        )
+        self._namespaces.append(name)
+        return name
+
     def token(self, namespace: str, service_account: str, seconds: int = 3600) -> str:
         """A bound token of the ServiceAccount (TokenRequest), as a projected volume would get."""
 
