@@ -76,9 +76,12 @@ class UserNamespace:
         """The ServiceAccount's user name as the API server authenticates it."""
         return f"system:serviceaccount:{self.name}:{self.service_account}"
 
-    def requests(self) -> list[AuditRecord]:
-        """Every request this ServiceAccount made since the namespace was made, oldest first."""
-        return [r for r in self.kube.audit(self.audit_offset) if r.user == self.username]
+    def requests(self, stage: str = "ResponseComplete") -> list[AuditRecord]:
+        """Every request this ServiceAccount made since the namespace was made, oldest first.
+
+        ``stage="ResponseStarted"``: the watches that are open (a watch completes when it ends).
+        """
+        return [r for r in self.kube.audit(self.audit_offset, stage) if r.user == self.username]
 
 
 class RealKube:
@@ -206,8 +209,8 @@ class RealKube:
         except OSError:
             return 0
 
-    def audit(self, offset: int = 0) -> list[AuditRecord]:
-        """Audit records written after ``offset`` (ResponseComplete stage only)."""
+    def audit(self, offset: int = 0, stage: str = "ResponseComplete") -> list[AuditRecord]:
+        """Audit records of one ``stage`` written after ``offset``."""
         if not self.audit_log:
             raise AssertionError("this cluster has no audit log (not a devcluster?)")
         out = []
@@ -218,7 +221,7 @@ class RealKube:
                     ev = json.loads(line)
                 except ValueError:
                     continue
-                if ev.get("stage") != "ResponseComplete":
+                if ev.get("stage") != stage:
                     continue
                 ref = ev.get("objectRef") or {}
                 out.append(
