@@ -1,5 +1,7 @@
 """KubernetesBackend against the API double (tests/kubeapi) where kwok cannot stand in: pod logs,
-logs, stop/delete, rollback, RBAC — every request allowed by the shipped Role.
+progress lines, stall detection from log timestamps, reattach, in-graph ownership, a cluster without
+JobSet, the delete race with terminating pods, and the request count of watches. Objects, GC, reads,
+rollback, RBAC and quota run on the real cluster: tests/test_kube_backend.py.
 
 The double creates the pods a JobSet asks for and never decides anything a
 JobSet would (restarts, success, the end of parameter servers): where a test
