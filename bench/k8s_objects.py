@@ -25,11 +25,11 @@ from tfk8s_magics.backends.base import Phase  # noqa: E402
 from tfk8s_magics.backends.kubernetes import KubernetesBackend  # noqa: E402
 from tfk8s_magics.backends.kubernetes.apply import apply, preflight  # noqa: E402
 from tfk8s_magics.backends.kubernetes.client import Api  # noqa: E402
+from tfk8s_magics.backends.kubernetes.feed import WATCH_SECONDS  # noqa: E402
 from tfk8s_magics.backends.kubernetes.jobset import cluster_manifests  # noqa: E402
 from tfk8s_magics.backends.kubernetes.manifests import owner_reference, with_owner  # noqa: E402
 from tfk8s_magics.backends.kubernetes.rbac import backend_role  # noqa: E402
 from tfk8s_magics.backends.kubernetes.settings import K8sSettings  # noqa: E402
-from tfk8s_magics.backends.kubernetes.watch import WATCH_SECONDS  # noqa: E402
 from tfk8s_magics.spec import ClusterSpec  # noqa: E402
 
 NS = "bench"

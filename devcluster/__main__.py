@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from . import build
@@ -18,6 +19,13 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("components", nargs="*", help="which (default: the control plane, kwok, JobSet, Kueue)")
     up = sub.add_parser("up", help="start the cluster (builds first if needed)")
     up.add_argument("--nodes", type=int, default=2, help="kwok nodes to create (default 2)")
+    up.add_argument(
+        "--pods",
+        action="store_true",
+        default=os.environ.get("TFK8S_KUBE_PODS") == "1",
+        help="also join this machine as a real node running real pods: containerd, runc, "
+        "kubelet, kube-proxy, CoreDNS (default: $TFK8S_KUBE_PODS=1)",
+    )
     sub.add_parser("down", help="stop every process of the cluster and remove its state")
     sub.add_parser("env", help="print the shell lines that point kubectl and the tests at the cluster")
     sub.add_parser("status", help="say whether the cluster runs, and its processes")
@@ -28,19 +36,22 @@ def main(argv: list[str] | None = None) -> int:
         if a.cmd == "build":
             build.ensure_all(tuple(a.components) or build.TIER1)
         elif a.cmd == "up":
-            c.up(nodes=a.nodes)
+            c.up(nodes=a.nodes, pods=a.pods)
         elif a.cmd == "down":
             c.down()
         elif a.cmd == "env":
             print(f"export KUBECONFIG={c.kubeconfig}")
             print(f"export PATH={build.COMPONENTS['kubernetes'].dir}:$PATH")
         elif a.cmd == "status":
+            from . import node
+
             print(
                 json.dumps(
                     {
                         "running": c.running(),
                         "dir": str(c.root),
                         "processes": {n: c.procs.alive(n) for n in c.procs.names()},
+                        "node": node.status(c),
                     },
                     indent=1,
                 )

@@ -126,19 +126,26 @@ def _consumer(module: str, pkg: str, binary: str) -> Callable[[str, Path], None]
     return build
 
 
-def _go_install(*pkgs: str, cgo: bool = False, tags: str = "") -> Callable[[str, Path], None]:
+def _go_install(
+    *pkgs: str, cgo: bool = False, tags: str = "", ldflags: Callable[[str], str] = lambda version: ""
+) -> Callable[[str, Path], None]:
     def build(version: str, out: Path) -> None:
         env = _go_env(cgo)
         env.pop("GOFLAGS", None)
         env["GOBIN"] = str(out)
         extra = ["-tags", tags] if tags else []
-        for pkg in pkgs:
-            _run(["go", "install", "-trimpath", "-ldflags", "-s -w", *extra, f"{pkg}@{version}"], env=env)
+        flags = " ".join(["-s -w", ldflags(version)]).strip()
+        _run(
+            ["go", "install", "-trimpath", "-ldflags", flags, *extra, *(f"{pkg}@{version}" for pkg in pkgs)],
+            env=env,
+        )
 
     return build
 
 
 KUBE_CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+KUBE_NODE = ("kubelet", "kube-proxy")
+CONTAINERD = ("containerd", "ctr", "containerd-shim-runc-v2")
 
 COMPONENTS: dict[str, Component] = {
     c.name: c
@@ -151,11 +158,38 @@ COMPONENTS: dict[str, Component] = {
             "jobset", "JOBSET", ("jobset",), _consumer("sigs.k8s.io/jobset", "sigs.k8s.io/jobset", "jobset")
         ),
         Component("kueue", "KUEUE", ("kueue",), _go_install("sigs.k8s.io/kueue/cmd/kueue")),
+        # tier 2, the real node (devcluster/node.py)
+        Component("kubelet", "KUBERNETES", KUBE_NODE, _build_kubernetes(KUBE_NODE)),
+        Component(
+            "containerd",
+            "CONTAINERD",
+            CONTAINERD,
+            _go_install(
+                *(f"github.com/containerd/containerd/v2/cmd/{b}" for b in CONTAINERD),
+                tags="no_btrfs",
+                ldflags=lambda v: f"-X github.com/containerd/containerd/v2/version.Version={v}",
+            ),
+        ),
+        # cgo + libseccomp (Debian's libseccomp-dev): without seccomp, no pod passes Pod Security restricted
+        Component(
+            "runc",
+            "RUNC",
+            ("runc",),
+            _go_install(
+                "github.com/opencontainers/runc",
+                cgo=True,
+                tags="seccomp",
+                ldflags=lambda v: f"-X main.version={v.lstrip('v')}",
+            ),
+        ),
+        Component("coredns", "COREDNS", ("coredns",), _go_install("github.com/coredns/coredns")),
     )
 }
 
 # What `scripts/kube up` needs (tier 1: a control plane with kwok nodes, JobSet and Kueue).
 TIER1 = ("etcd", "kubernetes", "kwok", "jobset", "kueue")
+# What `scripts/kube up --pods` adds (tier 2: a real node running real pods).
+TIER2 = ("containerd", "runc", "coredns", "kubelet")
 
 
 def ensure(name: str) -> Component:

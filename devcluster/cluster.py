@@ -171,10 +171,15 @@ class Cluster:
             return False
 
     # -- up ----------------------------------------------------------------------------------
-    def up(self, nodes: int = 2, timeout: float = 240.0) -> None:
-        """Build what is missing, then start the whole cluster; raise :class:`ClusterError` on failure."""
+    def up(self, nodes: int = 2, timeout: float = 240.0, pods: bool = False) -> None:
+        """Build what is missing, then start the whole cluster; raise :class:`ClusterError` on failure.
+
+        ``pods``: also join this machine as a real node (tier 2, :mod:`devcluster.node`).
+        """
         if self.running():
             print(f"devcluster: already running ({self.server})", file=sys.stderr)
+            if pods:
+                self._node_up()
             return
         self.down(quiet=True)  # a half-started or dead cluster: start from nothing
         comps = build.ensure_all()
@@ -215,6 +220,19 @@ class Cluster:
             f"devcluster: up in {time.monotonic() - t0:.1f} s — {self.server}; KUBECONFIG={self.kubeconfig}",
             file=sys.stderr,
         )
+        if pods:
+            self._node_up()
+
+    def _node_up(self) -> None:
+        from . import node
+
+        if node.running(self):
+            print(f"devcluster: node {node.NODE_NAME} already running", file=sys.stderr)
+            return
+        try:
+            node.up(self, log=lambda line: print(line, file=sys.stderr))
+        except node.NodeError as e:
+            raise ClusterError(f"the real node did not start: {e}") from e
 
     def _wait(self, pred, what: str, timeout: float, proc: str | None = None) -> None:
         deadline = time.monotonic() + timeout
@@ -289,6 +307,10 @@ class Cluster:
         # them on this machine (without it they would follow the default route out).
         if os.geteuid() != 0 or not shutil.which("ip"):
             return
+        if not add and _other_kwok_running():
+            # the route is the machine's: another cluster's kwok still invents addresses in the range,
+            # and its API server dials them (pod logs) -- without the route that leaves by eth0
+            return
         verb = "replace" if add else "del"
         subprocess.run(["ip", "route", verb, "unreachable", KWOK_POD_RANGE], capture_output=True)
 
@@ -362,6 +384,9 @@ class Cluster:
             # a loopback address may not be an Endpoints address: no reconciler for "kubernetes"
             "--endpoint-reconciler-type",
             "none",
+            # the real node's name resolves nowhere: reach kubelets (logs, exec) by their address
+            "--kubelet-preferred-address-types",
+            "InternalIP,Hostname",
             "--profiling=false",
             # every request, who made it and its answer: the tests' record of what a client did
             "--audit-policy-file",
@@ -696,9 +721,13 @@ class Cluster:
     # -- down --------------------------------------------------------------------------------
     def down(self, quiet: bool = False, keep_logs: bool = False) -> None:
         """Stop every process of the cluster (reverse start order) and remove its state."""
+        from . import node
+
         names = self.procs.names()
         if "keeper" in names:
             self.procs.stop("keeper")  # first: it would start the others again
+        # the real node next: its pods, mounts and network go while the API server still answers
+        node.down(self, log=(lambda *_: None) if quiet else (lambda line: print(line, file=sys.stderr)))
         order = [n for n in reversed(CONTROL_PLANE_ORDER) if n in names] + [
             n for n in reversed(names) if n not in CONTROL_PLANE_ORDER
         ]
@@ -728,6 +757,19 @@ STORAGE_CLASS = {
     "volumeBindingMode": "Immediate",
 }
 PV_POOL = 400
+
+
+def _other_kwok_running() -> bool:
+    """True while a kwok of any cluster directory runs on this machine (by its cached binary)."""
+    kwok = str(build.COMPONENTS["kwok"].path("kwok"))
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if os.readlink(d / "exe") == kwok:
+                    return True
+            except OSError:
+                pass
+    return False
 
 
 def fake_node(name: str) -> dict:

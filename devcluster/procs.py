@@ -115,12 +115,13 @@ class Procs:
         time.sleep(down_for)
         return self.start(name, rec["argv"], env=rec.get("env"))
 
-    def keep(self, period: float = 1.0, skip: tuple[str, ...] = ()) -> None:
+    def keep(self, period: float = 1.0, skip: tuple[str, ...] = (), also=None) -> None:
         """Start again every recorded process that exited without being stopped (forever).
 
         What a kubelet does for static control-plane pods: kube-scheduler, JobSet and
         kube-controller-manager exit when the API server is gone for a while, and a real control
         plane brings them back. Backoff doubles per process up to 30 s while it keeps dying.
+        ``also`` is called once per round (the volume recycler).
         """
         backoff: dict[str, float] = {}
         due: dict[str, float] = {}
@@ -138,6 +139,8 @@ class Procs:
                 self.start(name, rec["argv"], env=rec.get("env"))
                 backoff[name] = min(2 * backoff.get(name, 0.5), 30.0)
                 due[name] = now + backoff[name]
+            if also is not None:
+                also()
             time.sleep(period)
 
     def tail(self, name: str, lines: int = 20) -> str:

@@ -128,20 +128,21 @@ def realkube():
     sys.path.insert(0, str(REPO / "hub_config"))
     from tests.realkube import RealKube, find_cluster, require_or_skip
 
-    _wait_for_kube_up()
+    started = _wait_for_kube_up()
     found = find_cluster()
     if isinstance(found, str):
-        require_or_skip(found)
+        require_or_skip(found + (f"; scripts/kube up said:\n{started}" if started else ""))
     kube = RealKube(*found)
     yield kube
     kube.cleanup()
 
 
-def _wait_for_kube_up(timeout: float = 75 * 60) -> None:
-    """scripts/test starts the cluster in the background: wait for that start (bounded) to end."""
+def _wait_for_kube_up(timeout: float = 75 * 60) -> str:
+    """scripts/test starts the cluster in the background: wait for that start (bounded) to end;
+    return the last lines it printed."""
     pid = os.environ.get("TFK8S_KUBE_UP_PID")
     if not pid:
-        return
+        return ""
     deadline = time.monotonic() + timeout
     while psutil.pid_exists(int(pid)) and time.monotonic() < deadline:
         try:
@@ -152,7 +153,9 @@ def _wait_for_kube_up(timeout: float = 75 * 60) -> None:
         time.sleep(1)
     log = os.environ.get("TFK8S_KUBE_UP_LOG")
     if log and os.path.exists(log):
-        print("\n" + "".join(open(log).readlines()[-5:]), flush=True)
+        with open(log, errors="replace") as f:
+            return "".join(f.readlines()[-8:])
+    return ""
 
 
 def pytest_collection_modifyitems(config, items):

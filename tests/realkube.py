@@ -2,7 +2,8 @@
 
 A :class:`RealKube` holds an admin client of the running cluster; :meth:`RealKube.user_namespace`
 makes a lab user's namespace exactly as the hub does (``tfk8s_hub.bootstrap``: labels incl. Pod
-Security ``restricted``, ServiceAccount, Role, RoleBinding, LimitRange, quota, NetworkPolicy) and
+Security ``restricted``, ServiceAccount, the RoleBinding to the backend's ClusterRole (applied
+once, as the chart ships it), LimitRange, quota, NetworkPolicy) and
 returns a client that authenticates with **that ServiceAccount's own token** (TokenRequest), so
 RBAC, admission and quota are the API server's, not ours. What a client did is read back from the
 API server's audit log (:meth:`UserNamespace.requests`). Pods land on kwok nodes (the namespace's
@@ -31,6 +32,12 @@ EXIT_LABEL = "kwok.tfk8s.dev/exit"
 KWOK_TOLERATION = [
     {"key": "kwok.x-k8s.io/node", "operator": "Equal", "value": "fake", "effect": "NoSchedule"}
 ]
+# A namespace with these annotations puts every pod on a kwok node (PodTolerationRestriction gives
+# the toleration, PodNodeSelector the node selector), never on the real node of tier 2.
+KWOK_ANNOTATIONS = {
+    "scheduler.alpha.kubernetes.io/defaultTolerations": json.dumps(KWOK_TOLERATION),
+    "scheduler.alpha.kubernetes.io/node-selector": "type=kwok",
+}
 
 
 def wait_for(
@@ -128,8 +135,12 @@ class RealKube:
         name = f"{prefix}-{uuid.uuid4().hex[:6]}"
         annotations = {}
         if kwok:  # the PodTolerationRestriction plugin gives every pod here the kwok toleration
-            annotations["scheduler.alpha.kubernetes.io/defaultTolerations"] = json.dumps(KWOK_TOLERATION)
+            annotations.update(KWOK_ANNOTATIONS)
         offset = self.audit_size()
+        # the backend's rules, shipped once as a ClusterRole (the chart's), bound per namespace
+        from tfk8s_magics.backends.kubernetes.rbac import backend_cluster_role
+
+        self.apply([backend_cluster_role(spec.role_name)])
         self.core.create_namespace(
             {"metadata": {"name": name, "labels": namespace_labels(spec), "annotations": annotations}}
         )

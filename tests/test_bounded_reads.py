@@ -9,15 +9,19 @@ import tfk8s_magics as tk
 from tfk8s_magics.api import MAX_READ_BYTES
 from tfk8s_magics.backends.local import logtail
 
+REAL_OPEN = logtail._open
+
 
 class CountingOpen:
-    """Wraps ``open`` in logtail to count the bytes tail_lines reads."""
+    """Wraps logtail's one way of opening a log (``_open``) to count the bytes tail_lines reads."""
 
     def __init__(self):
         self.read = 0
+        self.opened = 0
 
-    def __call__(self, *args, **kwargs):
-        f = open(*args, **kwargs)  # noqa: SIM115 - handed back to the caller
+    def __call__(self, path):
+        f = REAL_OPEN(path)
+        self.opened += 1
         outer = self
         real_read = f.read
 
@@ -34,9 +38,9 @@ def test_tail_of_one_huge_line_reads_a_bounded_number_of_bytes(tmp_path, monkeyp
     log = tmp_path / "w.log"
     log.write_bytes(b"y" * (40 * 1024 * 1024))  # one 40 MB line, no newline
     counter = CountingOpen()
-    monkeypatch.setattr(logtail, "open", counter, raising=False)
+    monkeypatch.setattr(logtail, "_open", counter)
     lines = logtail.tail_lines(log, 5)
-    assert counter.read <= logtail.MAX_TAIL_BYTES
+    assert counter.opened == 1 and 0 < counter.read <= logtail.MAX_TAIL_BYTES
     skipped = 40 * 1024 * 1024 - logtail.MAX_TAIL_BYTES
     assert lines[0].startswith(f"tfk8s: ... {skipped} earlier bytes not shown")
     assert len(lines) == 2 and lines[1].endswith(f"[... line cut: {logtail.MAX_TAIL_BYTES} bytes]")

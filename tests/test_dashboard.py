@@ -906,3 +906,25 @@ def test_a_log_tab_the_user_picked_stays_picked(scripted):
         TaskStatus("worker-0", Phase.FAILED, "exit code 1", exit_code=1, finished=time.time())]))
     assert d.wait(TIMEOUT)
     assert d.tabs.selected_index == 0
+
+
+# -- issue 27 item 7: no text that is no longer true ---------------------------------------
+def test_an_ended_cluster_says_how_its_tasks_ended_not_0_of_1():
+    from tfk8s_magics.ui.render import tasks_running
+
+    done = make_status(phase=Phase.SUCCEEDED, tasks=[TaskStatus("worker-0", Phase.SUCCEEDED, "exit code 0")])
+    assert tasks_running(done) == "1 succeeded"
+    assert tasks_running(_failed()) == "1 failed"
+    assert tasks_running(make_status(tasks=[TaskStatus("worker-0", Phase.RUNNING, "")])) == "1/1"
+
+
+def test_an_ended_dashboard_without_metrics_does_not_say_yet(scripted):
+    from tfk8s_magics.ui.plot import curves_html
+
+    assert "no metrics were reported" in curves_html({}, ended=True)
+    assert "yet" not in curves_html({}, ended=True)
+    cluster = scripted.add(_failed(name="quiet"))
+    d = Dashboard(cluster, widgets=True).start()
+    wait_for(lambda: "no metrics were reported" in d.curves.value, what="the ended text")
+    assert "yet" not in d._repr_html_().split("tfk8s-curves")[1][:200]
+    d.close()

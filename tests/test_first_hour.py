@@ -163,21 +163,67 @@ def test_line_numbers_match_the_cell_and_logs_have_a_header_per_task(ip, state_d
     assert text.index("serving at") < text.index("==> worker-0 <==") < text.index("line two of the cell")
 
 
-def test_replace_relaunches_a_finished_cluster_and_refuses_a_running_one(ip, state_dir, workdir):
-    """Item 8: re-running a launch cell."""
-    fast = "print('run', flush=True)\n"
+def test_rerunning_a_launch_cell_replaces_an_ended_cluster_and_keeps_its_logs(ip, state_dir, workdir):
+    """Issue 27 item 5: re-running a launch cell just works once the cluster has ended (its logs
+    stay readable as the previous run); a running one is refused with the sentence that says
+    how; --replace --force replaces it anyway."""
+    fast = "print('first run', flush=True)\n"
     ip.run_cell_magic("tfcluster", "launch again --workers 1 --ps 0 --no-follow", fast)
     tk.get("again").wait(timeout=240)
-    with pytest.raises(UsageError, match="launch with --replace to delete it and launch again"):
-        ip.run_cell_magic("tfcluster", "launch again --workers 1 --ps 0 --no-follow", fast)
     slow = "import time\nprint('long run', flush=True)\ntime.sleep(600)\n"
-    ip.run_cell_magic("tfcluster", "launch again --workers 1 --ps 0 --no-follow --replace", slow)
-    wait_for(lambda: "long run" in tk.get("again").logs("worker-0"), timeout=240, what="the new run")
-    with pytest.raises(UsageError, match="is still running: --replace only replaces a finished"):
+    ip.run_cell_magic("tfcluster", "launch again --workers 1 --ps 0 --no-follow", slow)  # no --replace
+    again = tk.get("again")
+    wait_for(lambda: "long run" in again.logs("worker-0"), timeout=240, what="the new run")
+    assert "first run" not in again.logs("worker-0")
+    assert "first run" in again.logs("worker-0", previous=True)
+    assert "[worker-0] first run" in again.logs(previous=True)
+    with pytest.raises(UsageError, match=r"cluster 'again' is still running: stop it first "
+                                         r"\(%tfcluster stop again\) and run the launch again, or add "
+                                         r"--replace --force to replace it while it runs\."):
+        ip.run_cell_magic("tfcluster", "launch again --workers 1 --ps 0 --no-follow", fast)
+    with pytest.raises(UsageError, match="is still running"):
         ip.run_cell_magic("tfcluster", "launch again --workers 1 --ps 0 --no-follow --replace", fast)
+    assert "long run" in tk.get("again").logs("worker-0")  # the refusals changed nothing
     ip.run_cell_magic("tfcluster", "launch again --workers 1 --ps 0 --no-follow --replace --force", fast)
     st = tk.get("again").wait(timeout=240)
     assert st.phase == Phase.SUCCEEDED and "long run" not in tk.get("again").logs("worker-0")
+
+
+def test_logs_previous_of_a_cluster_that_replaced_nothing_is_one_sentence(ip, state_dir, workdir):
+    ip.run_cell_magic("tfcluster", "launch once --workers 1 --ps 0 --no-follow", "print('x')\n")
+    with pytest.raises(UsageError, match="cluster 'once' keeps no previous run"):
+        ip.run_line_magic("tfcluster", "logs once --previous")
+    tk.get("once").wait(timeout=240)
+
+
+def test_a_rerun_shows_the_previous_run_in_tensorboard_and_tfk8s_logs_previous(local, workdir, tmp_path):
+    """The previous run's summaries are a run of the new cluster's TensorBoard (``previous-run/``),
+    and the CLI reads its logs with ``tfk8s logs NAME --previous``."""
+    import json
+    import urllib.request
+
+    script = ("import os, tensorflow as tf\n"
+              "w = tf.summary.create_file_writer(os.path.join(os.environ['TFK8S_LOG_DIR'], 'train'))\n"
+              "with w.as_default():\n"
+              "    tf.summary.scalar('loss', 1.0, step=1)\n"
+              "w.flush()\nprint('wrote', os.environ['TFK8S_TASK'], flush=True)\n")
+    tk.launch("tbrun", workers=1, ps=0, script=script, backend=local).wait(timeout=240)
+    cluster = tk.launch("tbrun", workers=1, ps=0, script=script, backend=local)
+    assert cluster.wait(timeout=240).phase == Phase.SUCCEEDED
+    tb = cluster.tensorboard()
+
+    def runs():
+        with urllib.request.urlopen(f"http://127.0.0.1:{tb.port}/data/runs", timeout=5) as r:
+            return json.loads(r.read())
+
+    got = wait_for(lambda: {"train", "previous-run/train"} <= set(runs()) and runs(), timeout=60,
+                   what="both runs in TensorBoard")
+    assert "previous-run/train" in got
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", "logs", "tbrun", "--previous"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "[worker-0] wrote worker-0" in out.stdout
 
 
 def test_deleting_a_connected_cluster_leaves_a_quiet_kernel_exit(state_dir, tmp_path):
@@ -227,3 +273,47 @@ def test_deleting_a_connected_cluster_leaves_a_quiet_kernel_exit(state_dir, tmp_
         assert noise not in output, output[-4000:]  # a quiet connecting kernel
     assert "Failed to remove function remotely" not in output, output[-4000:]
     assert "Connection refused" not in output, output[-4000:]
+
+
+def test_a_tasks_traceback_is_about_the_users_cell_and_a_notebook_variable_gets_the_hint(ip, state_dir,
+                                                                                      workdir):
+    """Issue 27 item 8: the traceback starts at the cell (no runpy or tfk8s frames), its line
+    numbers are the cell's, and a NameError says the body runs in separate processes."""
+    ip.user_ns["learning_rate"] = 0.1  # a notebook variable: not in the tasks
+    cell = "import os\n\ndef build():\n    return learning_rate * 2\n\nbuild()\n"
+    ip.run_cell_magic("tfcluster", "launch nbvar --workers 1 --ps 0 --no-follow", cell)
+    cluster = tk.get("nbvar")
+    st = cluster.wait(timeout=240)
+    log = cluster.logs("worker-0")
+    assert st.phase == Phase.FAILED, log
+    tb = log[log.index("Traceback (most recent call last):"):]
+    assert "runpy" not in tb and "tfk8s_magics" not in tb.split("NameError")[0], tb
+    # Line numbers of the cell as the user sees it: %%tfcluster is line 1, the body starts on 2.
+    assert ", line 7, in <module>" in tb and ", line 5, in build" in tb, tb
+    assert "NameError: name 'learning_rate' is not defined" in tb
+    assert "'learning_rate' is not defined in this task. The cell body runs as a script in each " \
+           "task's own process, not in the notebook kernel" in log
+
+
+def test_cli_errors_give_advice_in_cli_syntax(local, workdir, state_dir):
+    """Issue 27 item 8: an error raised from the library names ``tfk8s stop X``, not the
+    notebook's ``%tfcluster stop X``, when it reaches a terminal."""
+    tk.launch("busy", workers=1, ps=0, script="import time\ntime.sleep(600)\n", backend=local)
+    script = workdir / "train.py"
+    script.write_text("print('x')\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TFK8S_STATE_DIR": str(state_dir)}
+    argv = ["launch", "busy", "--script", str(script), "--workers", "1", "--ps", "0"]
+    out = subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", *argv], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 2, out
+    assert "stop it first (tfk8s stop busy) and run the launch again" in out.stderr, out.stderr
+    assert "%tfcluster" not in out.stderr
+
+
+def test_an_in_graph_launch_offers_connect_and_resolver(ip, state_dir, workdir, capsys):
+    """Issue 27 item 8: code that builds its own ParameterServerStrategy needs the resolver."""
+    ip.run_line_magic("tfcluster", "launch hint --mode in-graph --workers 1 --ps 1 --no-follow")
+    out = capsys.readouterr().out
+    assert "`strategy = %tfcluster connect hint` makes this kernel the client" in out
+    assert "`resolver = %tfcluster resolver hint`" in out
+    tk.get("hint").delete()

@@ -149,7 +149,7 @@ def test_install_is_refused_where_jobset_is_missing(helm):
     r = run_helm(helm, "template", "lab", str(CHART), check=False, jobset=False)
     assert r.returncode != 0
     assert "does not serve the JobSet API (jobset.x-k8s.io/v1alpha2)" in r.stderr
-    assert "install JobSet v0.6 or newer first" in r.stderr
+    assert "install JobSet v0.7 or newer first" in r.stderr
     docs = [d for d in yaml.safe_load_all(run_helm(
         helm, "template", "lab", str(CHART), "--set", "jobset.requireApi=false",
         jobset=False).stdout) if d]
@@ -175,6 +175,9 @@ def test_default_objects(helm):
             "Secret",
             "ConfigMap",
             "ClusterRole",
+            "ClusterRole",
+            "ClusterRole",
+            "ClusterRoleBinding",
             "ClusterRoleBinding",
             "Service",
             "Service",
@@ -185,6 +188,8 @@ def test_default_objects(helm):
             "NetworkPolicy",
             "NetworkPolicy",
             "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
         ]
     )
@@ -361,40 +366,42 @@ def _grants(rules, group, resource, verb):
     )
 
 
-def test_hub_cluster_role_covers_the_backend_role_and_the_bootstrap(helm):
-    (cr,) = by_kind(render(helm), "ClusterRole")
-    rules = cr["rules"]
-    # Kubernetes forbids granting a Role with rules the granter does not hold.
-    for rule in role_rules():
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                for verb in rule["verbs"]:
-                    assert _grants(rules, group, resource, verb), (group, resource, verb)
+def _roles(helm):
+    roles = {r["metadata"]["labels"]["app.kubernetes.io/component"]: r
+             for r in by_kind(render(helm), "ClusterRole")}
+    # and a reader of PriorityClasses (get only) for every service account: --priority is checked
+    assert roles["priorityclass-reader"]["rules"] == [{
+        "apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": ["get"]}]
+    return roles["hub"], roles["backend-rbac"]
+
+
+def test_the_backend_rules_ship_as_one_cluster_role_the_hub_may_only_bind(helm):
+    hub, backend = _roles(helm)
+    assert backend["rules"] == role_rules()  # the chart's copy is the backend's own list
+    # the hub binds it by name, holding none of its rules (issue 23, item 5)
+    (bind,) = [r for r in hub["rules"] if "clusterroles" in r["resources"]]
+    assert bind == {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+                    "verbs": ["bind"], "resourceNames": [backend["metadata"]["name"]]}
+    values = json.loads(by_kind(render(helm), "ConfigMap")[0]["data"]["values.json"])
+    assert values["lab"]["role_name"] == backend["metadata"]["name"]
+    rules = hub["rules"]
+    for resource in ("configmaps", "pods/log", "secrets"):  # nothing of any namespace to read
+        assert not _grants(rules, "", resource, "get") and not _grants(rules, "", resource, "list")
+    assert not any(r in ("roles",) for rule in rules for r in rule["resources"])
     needs = [
         ("", "namespaces", "create"),
-        ("", "limitranges", "list"),
-        *[
-            ("", r, v)
-            for r in ("serviceaccounts", "resourcequotas", "limitranges")
-            for v in ("create", "update")
-        ],
-        *[
-            ("rbac.authorization.k8s.io", r, v)
-            for r in ("roles", "rolebindings")
-            for v in ("create", "update")
-        ],
+        *[("", r, v) for r in ("serviceaccounts", "resourcequotas", "limitranges")
+          for v in ("create", "update")],
+        *[("rbac.authorization.k8s.io", "rolebindings", v) for v in ("create", "update")],
         ("networking.k8s.io", "networkpolicies", "update"),
-        ("", "pods", "deletecollection"),
+        ("jobset.x-k8s.io", "jobsets", "deletecollection"),
         ("apps", "deployments", "deletecollection"),
     ]
     for need in needs:
         assert _grants(rules, *need), need
-    # and nothing that would let the hub escalate beyond that
-    assert not any(v in r["verbs"] for r in rules for v in ("escalate", "bind", "impersonate", "*"))
-    assert not any("*" in r["resources"] or "clusterroles" in r["resources"] for r in rules)
-    # Nothing the hub does needs Secrets through the API: reading them cluster-wide would
-    # hand a compromised hub every token in the cluster.
-    assert not any("secrets" in r["resources"] for r in rules)
+    assert not any(v in r["verbs"] for r in rules for v in ("escalate", "impersonate", "*"))
+    assert not any("*" in r["resources"] for r in rules)
+    assert all("resourceNames" in r for r in rules if "bind" in r["verbs"])
 
 
 def test_values_cover_every_lab_setting_and_the_schema_is_closed():

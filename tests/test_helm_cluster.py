@@ -32,9 +32,14 @@ def helm(request, tmp_path_factory) -> Path:
     return helm_binary(request, tmp_path_factory)
 
 
-def _fence(helm, kube_version="1.33.0"):
-    docs = render(helm, "--kube-version", kube_version)
-    return by_kind(docs, "ValidatingAdmissionPolicy"), by_kind(docs, "ValidatingAdmissionPolicyBinding")
+def _fence(helm, kube_version="1.33.0", component="hub", *values):
+    docs = render(helm, "--kube-version", kube_version, *values)
+
+    def mine(kind):
+        return [d for d in by_kind(docs, kind)
+                if d["metadata"]["labels"]["app.kubernetes.io/component"] == component]
+
+    return mine("ValidatingAdmissionPolicy"), mine("ValidatingAdmissionPolicyBinding")
 
 
 def test_the_fence_is_rendered_from_kubernetes_1_30_and_bound_to_deny(helm):
@@ -43,8 +48,7 @@ def test_the_fence_is_rendered_from_kubernetes_1_30_and_bound_to_deny(helm):
                                "validationActions": ["Deny"]}
     assert policy["spec"]["failurePolicy"] == "Fail"
     assert _fence(helm, "1.29.0") == ([], [])  # no ValidatingAdmissionPolicy v1 there
-    docs = render(helm, "--kube-version", "1.33.0", "--set", "rbac.fenceHub=false")
-    assert not by_kind(docs, "ValidatingAdmissionPolicy")
+    assert _fence(helm, "1.33.0", "hub", "--set", "rbac.fenceHub=false") == ([], [])
 
 
 class Fence:
@@ -72,7 +76,7 @@ class Fence:
                         "resource": {"group": "", "version": "v1", "resource": resource}},
             "object": obj, "oldObject": old, "namespaceObject": namespace,
         }
-        if not all(self._run(c["expression"], activation) for c in self.spec["matchConditions"]):
+        if not all(self._run(c["expression"], activation) for c in self.spec.get("matchConditions", [])):
             return True, []  # the policy does not apply to this request
         failed = [v for v in self.spec["validations"] if not self._run(v["expression"], activation)]
         messages = [str(self._run(v["messageExpression"], activation))
@@ -260,3 +264,49 @@ def test_the_default_storage_class_name_stays_glusterfs():
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["lab"]["storage_class"] == values["storageClass"]["name"] == "glusterfs"
     assert len(EXAMPLES) == 7  # kadalu, NFS-Ganesha on Gluster, CephFS, Longhorn, EFS, ...
+
+
+# -- the lab namespaces' Service policy (issue 23, item 4) ------------------------------------
+
+USER_SA = "system:serviceaccount:jhub-alice:tfk8s-user"
+
+
+def _service(**spec) -> dict:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "tb"},
+            "spec": {"ports": [{"port": 6006}], **spec}}
+
+
+def test_lab_namespaces_admit_only_cluster_ip_services_without_external_ips(helm):
+    (policy,), (binding,) = _fence(helm, "1.33.0", "lab-policy")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"],
+                               "validationActions": ["Deny"]}
+    # scoped to the lab's user namespaces (the label KubeSpawner's namespaces carry)
+    assert policy["spec"]["matchConstraints"]["namespaceSelector"] == {
+        "matchLabels": {USER_NAMESPACE_LABEL: "jhub"}}
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["services"] and rule["operations"] == ["CREATE", "UPDATE"]
+    lab = Fence(policy)
+    user_ns = ns("jhub-alice", {USER_NAMESPACE_LABEL: "jhub"})
+    for ok in (_service(), _service(type="ClusterIP"), _service(clusterIP="None")):
+        assert lab.admits(USER_SA, "CREATE", "services", ok, namespace=user_ns) == (True, [])
+    allowed, (message,) = lab.admits(USER_SA, "CREATE", "services", _service(type="NodePort"),
+                                     namespace=user_ns)
+    assert not allowed and "must be of type ClusterIP, not NodePort" in message
+    assert not lab.admits(USER_SA, "UPDATE", "services", _service(type="LoadBalancer"),
+                          _service(), namespace=user_ns)[0]
+    allowed, (message,) = lab.admits(USER_SA, "CREATE", "services",
+                                     _service(externalIPs=["10.0.0.1"]), namespace=user_ns)
+    assert not allowed and "externalIPs" in message
+    assert _fence(helm, "1.29.0", "lab-policy") == ([], [])
+    assert _fence(helm, "1.33.0", "lab-policy", "--set", "rbac.restrictServices=false") == ([], [])
+
+
+def test_cilium_gets_a_policy_for_the_in_cluster_api_server_when_asked(helm):
+    assert not by_kind(render(helm, "--kube-version", "1.33.0"), "CiliumClusterwideNetworkPolicy")
+    docs = render(helm, "--kube-version", "1.33.0", "--set", "networkPolicy.ciliumApiServer=true")
+    (policy,) = by_kind(docs, "CiliumClusterwideNetworkPolicy")
+    assert policy["apiVersion"] == "cilium.io/v2"
+    assert policy["spec"]["endpointSelector"] == {"matchLabels": {
+        f"k8s:io.cilium.k8s.namespace.labels.{USER_NAMESPACE_LABEL}": "jhub"}}
+    assert policy["spec"]["egress"] == [{"toEntities": ["kube-apiserver"], "toPorts": [{"ports": [
+        {"port": "443", "protocol": "TCP"}, {"port": "6443", "protocol": "TCP"}]}]}]

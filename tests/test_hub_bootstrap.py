@@ -13,8 +13,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hub_config"))
 from tfk8s_hub import bootstrap as b  # noqa: E402
 from tfk8s_hub.settings import LabSettings  # noqa: E402
 
-from tfk8s_magics.backends.kubernetes.rbac import role_rules  # noqa: E402
-
 K8S_VERSIONS = ["1.29", "1.37"]
 NS = "jhub-alice"
 LABELS = {
@@ -38,24 +36,20 @@ def test_service_account(spec):
     }
 
 
-def test_role_is_the_backends_role_in_the_user_namespace_only(spec):
-    role = b.role(spec, NS)
-    assert role["kind"] == "Role"  # never a ClusterRole
-    assert role["metadata"]["name"] == "tfk8s-backend"
-    assert role["metadata"]["namespace"] == NS
-    assert role["rules"] == role_rules()
-    assert LABELS.items() <= role["metadata"]["labels"].items()
-
-
-def test_role_binding(spec):
+def test_no_role_is_made_per_namespace_the_binding_grants_the_charts_cluster_role(spec):
+    # The hub holds none of the backend's rules: it binds the chart's ClusterRole (by
+    # "bind" on that one name), in the user's namespace only (issue 23, item 5).
+    assert not hasattr(b, "role")
     rb = b.role_binding(spec, NS)
+    assert rb["kind"] == "RoleBinding"  # never a ClusterRoleBinding
     assert rb["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "Role",
+        "kind": "ClusterRole",
         "name": "tfk8s-backend",
     }
     assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "tfk8s-user", "namespace": NS}]
     assert rb["metadata"]["namespace"] == NS
+    assert LABELS.items() <= rb["metadata"]["labels"].items()
 
 
 def test_quota_and_limits_from_settings():
@@ -87,7 +81,7 @@ def test_no_quota_no_limits_no_policy_when_switched_off():
         LabSettings(quota={}, default_limits={}, default_requests={}, network_policy=False)
     )
     kinds = [o["kind"] for o in b.bootstrap_objects(spec, NS)]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding"]
+    assert kinds == ["ServiceAccount", "RoleBinding"]
 
 
 def test_network_policy(spec):
@@ -185,7 +179,6 @@ def test_order_service_account_first_and_nothing_cluster_scoped(spec):
     objs = b.bootstrap_objects(spec, NS)
     assert [o["kind"] for o in objs] == [
         "ServiceAccount",
-        "Role",
         "RoleBinding",
         "LimitRange",
         "ResourceQuota",

@@ -62,7 +62,7 @@ def test_user_environment_and_profile(tmp_path):
     assert env["TFK8S_STATE_DIR"] == str(tmp_path / "users" / "demo" / "tfk8s")
     dirs = prepare_user(tmp_path, "demo")
     config = (dirs["ipython"] / "profile_default" / "ipython_config.py").read_text()
-    assert 'extensions = ["tfk8s_magics"]' in config
+    assert "_tfk8s_magics.load_ipython_extension(get_ipython())" in config
     # A new user finds the example notebooks; a user's own edits are never overwritten.
     examples = dirs["home"] / "examples"
     assert {p.name for p in examples.glob("*.ipynb")} >= {

@@ -33,6 +33,7 @@ def test_defaults():
         "TFK8S_STORAGE_CLASS": "glusterfs",
         "TFK8S_RESTARTS": "2",
         "TFK8S_PS_GRACE": "30",
+        "TFK8S_DETACHED_TTL": "86400",  # finished detached runs end (no TFK8S_TTL: none set)
         "TFK8S_LEGACY_KERAS": "1",
         "TF_USE_LEGACY_KERAS": "1",
     }

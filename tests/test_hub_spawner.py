@@ -163,7 +163,9 @@ def api_of(calls, fail=None, is_async=True):
 
 
 @pytest.mark.parametrize(
-    "exc_class", [kubernetes.client.ApiException, kubernetes_asyncio.client.ApiException]
+    "exc_class", [kubernetes.client.ApiException, kubernetes_asyncio.client.ApiException,
+                  # what the pinned client really raises for a 409 (a subclass)
+                  kubernetes.client.exceptions.ConflictException]
 )
 def test_applier_replaces_on_conflict(exc_class):
     calls: list = []
@@ -203,7 +205,6 @@ def test_modify_pod_hook_bootstraps_the_namespace_and_returns_the_pod():
     assert asyncio.run(hook(spawner, pod)) is pod
     assert [c[0] for c in calls] == [
         "create_namespaced_service_account",
-        "create_namespaced_role",
         "create_namespaced_role_binding",
         "create_namespaced_limit_range",
         "create_namespaced_resource_quota",
@@ -225,12 +226,12 @@ def test_post_stop_hook_stops_the_users_clusters(enabled):
         (
             "delete_collection_namespaced_deployment",
             ("jhub-bob",),
-            "app.kubernetes.io/managed-by=tfk8s",
+            "app.kubernetes.io/managed-by=tfk8s,tfk8s.io/component!=serving",
         ),
         (
             "delete_collection_namespaced_custom_object",
             ("jobset.x-k8s.io", "v1alpha2", "jhub-bob", "jobsets"),
-            "app.kubernetes.io/managed-by=tfk8s",
+            "app.kubernetes.io/managed-by=tfk8s,tfk8s.io/detached!=true",
         ),
     ]
     assert calls[1][2]["propagation_policy"] == "Foreground"
@@ -241,3 +242,24 @@ def test_cluster_selector_matches_the_backends_labels():
 
     key, value = next(iter(MANAGED_BY.items()))
     assert LabSettings().cluster_label_selector == f"{key}={value}"
+
+
+def test_applier_recreates_a_role_binding_whose_role_ref_changed():
+    """An older hub bound a per-namespace Role; the binding now names the chart's ClusterRole,
+    and the API server refuses to change a roleRef (422): delete it and create it again."""
+    calls: list = []
+
+    class Rbac:
+        def __getattr__(self, name):
+            def call(*args, **kwargs):
+                calls.append(name)
+                if name == "create_namespaced_role_binding" and calls.count(name) == 1:
+                    raise kubernetes.client.ApiException(status=409)
+                if name == "replace_namespaced_role_binding":
+                    raise kubernetes.client.ApiException(status=422, reason="Invalid")
+            return call
+
+    binding = next(o for o in bootstrap_objects(BootstrapSpec(), "ns") if o["kind"] == "RoleBinding")
+    assert asyncio.run(Applier(lambda name: Rbac()).apply(binding)) == "recreated"
+    assert calls == ["create_namespaced_role_binding", "replace_namespaced_role_binding",
+                     "delete_namespaced_role_binding", "create_namespaced_role_binding"]

@@ -182,6 +182,7 @@ def test_between_graph_jobset_is_exactly_this():
             "successPolicy": {"operator": "All", "targetReplicatedJobs": ["worker"]},
             "failurePolicy": {
                 "maxRestarts": 2,
+                "restartStrategy": "Recreate",
                 "rules": [{"name": "UserError", "action": "FailJobSet",
                            "onJobFailureReasons": ["PodFailurePolicy"]}],
             },

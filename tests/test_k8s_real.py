@@ -42,7 +42,11 @@ def _admin_client():
     try:
         from kubernetes import client, config
 
-        config.load_kube_config()
+        from devcluster.cluster import Cluster
+
+        dev = Cluster()  # the suite's own cluster (scripts/kube) unless KUBECONFIG names another
+        own = None if os.environ.get("KUBECONFIG") or not dev.running() else str(dev.kubeconfig)
+        config.load_kube_config(own)
         api = client.ApiClient()
         client.VersionApi(api).get_code(_request_timeout=5)
         return api

@@ -222,7 +222,8 @@ def test_quota_problems_name_the_resource_and_what_is_left():
     ms = _manifests(worker={"cpu": "1", "memory": "1Gi"}, ps={"cpu": "1", "memory": "1Gi"})
     assert quota_problems(ms, [quota]) == [
         "the cluster needs requests.cpu 3 but ResourceQuota user-quota leaves 2.5 "
-        "(hard 4, used 1500m): ask for fewer tasks or resources, or delete finished clusters."
+        "(hard 4, used 1500m): ask for fewer tasks or resources, or delete finished clusters; "
+        "--queue (Kueue) admits a cluster all at once or not at all."
     ]
     quota["status"]["used"]["requests.cpu"] = "1"
     assert quota_problems(ms, [quota]) == []

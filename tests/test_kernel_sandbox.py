@@ -718,3 +718,25 @@ def test_a_sandboxed_kernel_is_interrupted_restarted_and_killed_like_any_kernel(
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_pip_in_a_lab_kernel_is_the_kernels_own(runtime, monkeypatch):
+    """Issue 27 item 9: ``!pip install x`` in a lab kernel installs where the kernel (and the local
+    backend's tasks, which run the same interpreter) import from, whatever PATH the server had."""
+    venv_bin = os.path.dirname(sys.executable)
+    monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                                               if p and os.path.abspath(p) != venv_bin) or "/usr/bin:/bin")
+    km, kc = start_kernel(runtime, "ipc")
+    try:
+        got = last_json(run_code(kc, """
+            import json, os, sys
+            line = get_ipython().getoutput("pip --version")[0]
+            print(json.dumps({"exe": sys.executable, "pip": line,
+                              "first": os.environ["PATH"].split(os.pathsep)[0]}))
+        """))
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel()
+    assert got["first"] == os.path.dirname(got["exe"])
+    site = os.path.dirname(os.path.dirname(__import__("pip").__file__))
+    assert f"from {site}/pip " in got["pip"], got

@@ -8,7 +8,6 @@ token (TokenRequest) then does what KubeSpawner and the bootstrap do, and is ref
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import uuid
@@ -18,7 +17,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 from test_helm import CHART, helm_binary
 
-from tests.realkube import KWOK_TOLERATION, wait_for
+from tests.realkube import KWOK_ANNOTATIONS, wait_for
 
 pytestmark = pytest.mark.k8s
 
@@ -49,9 +48,7 @@ def release(realkube, helm):
         {
             "metadata": {
                 "name": HUB_NS,
-                "annotations": {
-                    "scheduler.alpha.kubernetes.io/defaultTolerations": json.dumps(KWOK_TOLERATION)
-                },
+                "annotations": dict(KWOK_ANNOTATIONS),
             }
         }
     )
@@ -138,7 +135,8 @@ def test_the_hub_token_makes_a_user_namespace_and_its_bootstrap(release):
     token = kube.token(HUB_NS, HUB_SA)
     hub = kube.client_with_token(token)
     core = __import__("kubernetes").client.CoreV1Api(hub)
-    spec = BootstrapSpec(hub_namespace=HUB_NS)
+    # the backend's ClusterRole the chart ships, which the hub passes as role_name
+    spec = BootstrapSpec(hub_namespace=HUB_NS, role_name=f"tfk8s-backend-{HUB_NS}")
     name = "jhub-ada"
     core.create_namespace({"metadata": {"name": name, "labels": namespace_labels(spec)}})
     kube._namespaces.append(name)

@@ -235,7 +235,9 @@ def test_a_bad_object_is_refused_by_the_real_admission_and_nothing_is_left(realk
     with pytest.raises((LaunchFailed, SpecError)) as exc:
         backend.launch(bad)
         # the JobSet may be accepted and its pods refused later: then the status must say why
-        st = wait_for(lambda: (s := backend.status("priv")).reason and s, 60, message="a reason")
+        # (the Job controller's FailedCreate names the class: "no pod" says nothing)
+        st = wait_for(lambda: "no-such-priority-class" in (s := backend.status("priv")).reason
+                      and s, 60, message="a reason naming the class")
         raise LaunchFailed(st.reason)
     assert "no-such-priority-class" in str(exc.value)
 

@@ -162,6 +162,37 @@ def test_a_sigstopped_worker_shows_stalled_within_the_stall_timeout(local, workd
     cluster.delete()
 
 
+def test_a_sigstopped_mwms_worker_is_named_when_tensorflow_gives_up_on_it(local, workdir):
+    """The probe's item 1: with the default stall timeout (120 s) TensorFlow's coordination service
+    declares a frozen worker unhealthy first and worker-0 exits 75.  The incident is spent on the
+    frozen worker-1 and says so; worker-0 is the one that lost it."""
+    cluster = tk.launch("frozen", workers=2, script=MWMS_FOREVER, backend=local)
+    wait_for(_progress_at_least(cluster, 3), 240, "training to start")
+    frozen = cluster.status().task("worker-1")
+    os.kill(frozen.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        culprit = wait_for(lambda: next((e for e in cluster.events() if e.reason == "Culprit"), None), 90,
+                           "the frozen worker to be named")
+        named = time.monotonic() - stopped
+    finally:
+        try:
+            os.kill(frozen.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    print(f"\nfault-time: SIGSTOPped MWMS worker named {named:.1f} s after the stop (TensorFlow's "
+          "heartbeat timeout + the supervisor's reaction)")
+    assert culprit.task == "worker-1" and culprit.message.startswith("worker-1 was stopped (SIGSTOP"), culprit
+    assert "worker-0 lost it" in culprit.message
+    wait_for(lambda: cluster.status().task("worker-1").restarts == 1, 60, "worker-1 to restart")
+    events = [(e.task, e.message) for e in cluster.events() if e.reason == "Restarted"]
+    assert ("worker-0", "lost worker-1 (lost a peer (exit code 75)); restart 1 of 2") in events, events
+    assert any(t == "worker-1" and m.startswith("worker-1 was stopped") for t, m in events), events
+    assert _restarts_used(local, "frozen") == 1
+    wait_for(_progress_at_least(cluster, 3), 240, "training to go on after the restart")
+    cluster.delete()
+
+
 def test_in_graph_after_a_parameter_server_restart_reconnects_and_restores(local, workdir):
     """The issue's item 9: a PS SIGKILLed under a connected coordinator is restarted; the status
     says the coordinator's connection is lost (not "every task is ready"); connect() builds a
@@ -203,6 +234,103 @@ def test_in_graph_after_a_parameter_server_restart_reconnects_and_restores(local
     assert train(second, 3) == 8.0  # 5 restored from the checkpoint + 3 new steps
     assert cluster.status().reason == "every task is ready"
     assert cluster.connect() is second
+    cluster.delete()
+
+
+def _ps_training(workdir, steps: int, kill=None):
+    """The documented recovery pattern's train(): connect, variables, restore, schedule, save;
+    ``kill`` (a callable) runs after the third step's checkpoint."""
+    import tensorflow as tf
+
+    strategy = tk.connect("igten")
+    with strategy.scope():
+        counter = tf.Variable(0.0)
+    ckpt = tf.train.Checkpoint(counter=counter)
+    if latest := tf.train.latest_checkpoint(str(workdir / "ckpt")):
+        ckpt.restore(latest)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+
+    @tf.function
+    def step():
+        counter.assign_add(1.0)
+        return tf.constant(1)
+
+    for i in range(steps):
+        coordinator.schedule(step)
+        if kill is not None and i == 2:
+            coordinator.join()
+            ckpt.save(str(workdir / "ckpt" / "ckpt"))
+            kill()
+    coordinator.join()
+    ckpt.save(str(workdir / "ckpt" / "ckpt"))
+    return float(counter.numpy())
+
+
+def test_the_recovery_pattern_works_ten_times_in_a_row(local, workdir, monkeypatch):
+    """The probe's item 2: SIGKILL ps-0 under a running coordinator loop, wait until the status says
+    the connection is lost (the moment the probe's connect() failed 8 of 10 times), then the
+    documented pattern: connect() again once and resume from the checkpoint — 10 of 10 runs."""
+    import tensorflow as tf
+
+    monkeypatch.setenv("TFK8S_STATE_DIR", str(local.state_dir))
+    cluster = tk.launch("igten", mode="in-graph", ps=1, workers=2, restart_budget=20, backend=local,
+                        wait_ready=240)
+    lost = "the coordinator's connection is lost"
+
+    def kill():
+        os.kill(cluster.status().task("ps-0").pid, signal.SIGKILL)
+
+    expected, times = 0.0, []
+    for run in range(10):
+        with pytest.raises((tf.errors.UnavailableError, tf.errors.AbortedError)):
+            _ps_training(workdir, 1000, kill)
+        expected += 3.0  # three steps were checkpointed before the kill
+        wait_for(lambda: lost in cluster.status().reason, 120, f"run {run}: the status to say the loss")
+        began = time.monotonic()
+        assert _ps_training(workdir, 5) == expected + 5.0, f"run {run}"
+        times.append(time.monotonic() - began)
+        expected += 5.0
+        assert cluster.status().reason == "every task is ready", cluster.status().reason
+    print(f"\nfault-time: PS killed under a coordinator, reconnect + 5 steps: 10 of 10 runs, "
+          f"{min(times):.1f}-{max(times):.1f} s each")
+    cluster.delete()
+
+
+def test_a_connect_that_cannot_reach_every_worker_is_one_sentence_and_the_loss_stays(
+        local, workdir, monkeypatch):
+    """connect() returns only a strategy that ran a step: with a worker stopped after a PS restart it
+    says so in one sentence (TensorFlow would wait for it without end), and the status still says
+    the connection is lost until a connect() has run its step."""
+    from tfk8s_magics import ingraph
+    from tfk8s_magics.errors import BackendError
+    from tfk8s_magics.lifeline import process_state
+
+    monkeypatch.setenv("TFK8S_STATE_DIR", str(local.state_dir))
+    monkeypatch.setattr(ingraph, "RECONNECT_TIMEOUT", 8.0)
+    cluster = tk.launch("igten", mode="in-graph", ps=1, workers=2, backend=local, wait_ready=240)
+    assert _ps_training(workdir, 3) == 3.0
+    os.kill(cluster.status().task("ps-0").pid, signal.SIGKILL)
+    lost = "the coordinator's connection is lost"
+    wait_for(lambda: lost in cluster.status().reason, 120, "the status to say the loss")
+    frozen = cluster.status().task("worker-1").pid
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        # A process in uninterruptible sleep stops only when it leaves it.
+        wait_for(lambda: process_state(frozen) == "T", 10, "worker-1 to be stopped")
+        began = time.monotonic()
+        with pytest.raises(BackendError) as e:
+            cluster.connect()
+        took = time.monotonic() - began
+        assert str(e.value).startswith(
+            f"connect: worker-1 of 'igten' is stopped (pid {frozen}, SIGSTOP or a debugger) and cannot "
+            f"answer; continue it (kill -CONT {frozen})"), e.value
+        assert took < 8.0 + 10.0, took
+        assert lost in cluster.status().reason, cluster.status().reason
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+    print(f"\nfault-time: connect() with a stopped worker refused in {took:.1f} s")
+    assert _ps_training(workdir, 2) == 5.0  # continued: connect() works again
+    assert cluster.status().reason == "every task is ready"
     cluster.delete()
 
 

@@ -27,7 +27,8 @@ SCRIPT = "print('hello')\n"
 BAD = [
     ("", None, "needs a subcommand"),
     ("frobnicate x", None, "unknown subcommand 'frobnicate'"),
-    ("launch ok --bogus 1", SCRIPT, "unrecognized arguments: --bogus 1"),
+    ("launch ok --bogus 1", SCRIPT,
+     "%tfcluster launch: unknown option --bogus (%tfcluster launch --help lists its options)"),
     ("launch Bad_Name", SCRIPT, "cluster name 'Bad_Name' is not valid"),
     ("launch " + "a" * 41, SCRIPT, "is not valid: use at most 40"),
     ("launch ok --workers 0", SCRIPT, "needs at least 1 worker"),
@@ -82,9 +83,10 @@ def test_bad_input_is_one_sentence_and_leaves_nothing(ip, state_dir, workdir, li
 
 @pytest.mark.slow
 def test_name_in_use_unknown_task_and_bad_tail(ip, state_dir):
-    run(ip, "launch dup --workers 1 --ps 0 --no-follow", SCRIPT)
+    run(ip, "launch dup --workers 1 --ps 0 --no-follow", "import time\ntime.sleep(600)\n")
     before = snapshot(state_dir)
-    with pytest.raises(UsageError, match="a cluster named 'dup' already exists"):
+    with pytest.raises(UsageError, match=r"cluster 'dup' is still (starting|running): stop it first "
+                                         r"\(%tfcluster stop dup\) and run the launch again"):
         run(ip, "launch dup --workers 1 --ps 0", SCRIPT)
     with pytest.raises(UsageError, match="has no task 'worker-9': its tasks are worker-0"):
         run(ip, "logs dup worker-9")
@@ -96,7 +98,7 @@ def test_name_in_use_unknown_task_and_bad_tail(ip, state_dir):
         run(ip, "connect dup")
     # The existing cluster was not touched by the failed attempts.
     assert {p for p in snapshot(state_dir) - before if not p.endswith((".log", ".json", ".jsonl"))} == set()
-    run(ip, "wait dup --timeout 120")
+    run(ip, "stop dup")
     run(ip, "delete dup")
 
 
@@ -105,6 +107,51 @@ def test_help_lists_subcommands(ip, capsys):
     out = capsys.readouterr().out
     for sub in ("launch", "connect", "logs", "tensorboard", "render", "delete"):
         assert sub in out
+
+
+# -- issue 27 item 8: "did you mean", per-subcommand help, one sentence in both front ends -------
+@pytest.mark.parametrize("line, message", [
+    ("launch x --wokers 2", "%tfcluster launch: unknown option --wokers; did you mean --workers? "
+                            "(%tfcluster launch --help lists its options)"),
+    ("logs x --tial 3", "unknown option --tial; did you mean --tail?"),
+    ("lauch x", "unknown subcommand 'lauch'; did you mean launch?"),
+    ("staus x", "unknown subcommand 'staus'; did you mean status?"),
+])
+def test_a_typo_names_the_closest_flag_or_subcommand(ip, line, message):
+    with pytest.raises(UsageError) as err:
+        run(ip, line, SCRIPT if line.startswith("launch") else None)
+    assert message in str(err.value)
+    assert "usage:" not in str(err.value)
+
+
+def test_top_level_help_points_to_each_subcommands_full_help(ip, capsys):
+    run(ip, "--help")
+    assert "`%tfcluster SUBCOMMAND --help` lists a subcommand's options." in capsys.readouterr().out
+    run(ip, "launch --help")
+    out = capsys.readouterr().out
+    assert "--workers N" in out and "--ps N" in out and "--replace" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["submit", "x", "--wokers", "2"], "tfk8s launch: unknown option --wokers; did you mean --workers? "
+                                       "(tfk8s launch --help lists its options)"),
+    (["lisst"], "tfk8s: unknown subcommand 'lisst'; did you mean list?"),
+    (["launch", "x", "--workers", "abc"], "tfk8s launch: argument --workers: 'abc' is not a whole number"),
+])
+def test_the_cli_says_its_mistakes_in_one_cli_sentence(argv, message, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    out = subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", *argv], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO), "TFK8S_STATE_DIR": str(tmp_path)},
+                         timeout=120)
+    assert out.returncode == 2
+    assert message in out.stderr, out.stderr
+    assert "usage:" not in out.stderr and "%tfcluster" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
 @pytest.mark.parametrize("line, argv", [

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -346,7 +347,9 @@ PROBE = textwrap.dedent('''
         "bind": [_bound(socket.AF_INET, "0.0.0.0"), _bound(socket.AF_INET6, "::")],
         "pgid_is_pid": os.getpgid(0) == os.getpid(), "sid_is_pid": os.getsid(0) == os.getpid(),
         "umask": os.umask(0o022),
-        "handlers": [repr(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE)],
+        # by name, not repr: a function's repr holds its address, which differs between processes
+        "handlers": [getattr(h, "__qualname__", repr(h))
+                     for h in map(signal.getsignal, (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE))],
         "tf": tf.__version__, "keras": tf.keras.__name__ + " " + getattr(tf.keras, "__version__", ""),
         "threads": [tf.config.threading.get_inter_op_parallelism_threads(),
                     tf.config.threading.get_intra_op_parallelism_threads()],
@@ -688,3 +691,34 @@ def test_a_kernel_with_a_warm_pool_imports_tensorflow_in_the_background(tmp_path
     on = warm_kernel == "1"
     assert out == {"sock": True, "thread": "tfk8s-import-tensorflow" if on else None,
                    "imported": on, "tf": on}, out
+
+
+def test_tfcluster_list_shows_what_the_warm_pools_of_this_user_hold(warm, capsys):
+    """Issue 27 item 10: two warm TensorFlow processes per kernel were shown nowhere."""
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython() or get_ipython()
+    shell.run_line_magic("load_ext", "tfk8s_magics")
+    found = _wait_idle(2)
+    capsys.readouterr()
+    shell.run_line_magic("tfcluster", "list")
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("warm pools of this user:"))
+    assert re.search(r"\d+ kernels?, \d+ TensorFlow processes waiting, \d+ MiB PSS "
+                     r"\(this kernel's: \d+ MiB\)", line), line
+    mine = sum(p["pss"] for p in pool.info(found["socket"])["processes"]) / 2**20
+    assert int(re.search(r"this kernel's: (\d+) MiB", line)[1]) == pytest.approx(mine, rel=0.25, abs=20)
+    assert int(re.search(r"this kernel's: (\d+) MiB", line)[1]) > 100  # TensorFlow imported: hundreds of MiB
+
+
+def test_every_variable_the_supervisor_gives_a_task_is_read_late_or_the_pools():
+    """A variable the supervisor sets for every task that the pool does not list as read late
+    made every task start cold (TFK8S_SCRIPT_IS_CELL did)."""
+    import inspect
+
+    from tfk8s_magics.backends.local import supervisor
+
+    src = inspect.getsource(supervisor.Supervisor._env)
+    for name in re.findall(r'reserved\["(TFK8S_[A-Z_]+)"\]', src) + re.findall(r'"(TFK8S_[A-Z_]+)":', src):
+        assert name in pool.LATE, name

@@ -1,7 +1,14 @@
-"""The progress protocol inside a task (no TensorFlow needed)."""
+"""The progress protocol inside a task, and the Keras callback on real TensorFlow."""
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
+
+import pytest
 
 from tfk8s_magics.runtime import progress
 
@@ -58,3 +65,93 @@ def test_an_in_graph_client_redirects_its_records_until_its_cluster_is_deleted(m
     finally:
         progress.end_redirect(("local", "ig"))
     assert progress.report_progress(5, total=5) is False  # back to: outside a task, nothing
+
+
+# -- the Keras callback, on real TensorFlow ---------------------------------------------------
+@pytest.mark.slow
+def test_callback_reports_kerass_numbers_under_multiworker_mirrored_strategy(local, workdir):
+    """Issue 27 item 2: tf-keras sums batch-level logs over the workers under MWMS; the lab's
+    records are Keras's own numbers (History's per epoch, the batch log / replicas within one)."""
+    import tfk8s_magics as tk
+    from tfk8s_magics.backends import Phase
+
+    script = Path(__file__).parent / "scripts" / "mwms_progress_values.py"
+    cluster = tk.launch("values", workers=2, ps=0, script_path=str(script), backend=local)
+    st = cluster.wait(timeout=400)
+    logs = cluster.logs_by_task()
+    assert st.phase == Phase.SUCCEEDED, logs
+    for task in logs:
+        values = json.loads((Path(st.log_dir) / f"values-{task}.json").read_text())
+        replicas, raw, history = values["replicas"], values["raw"], values["history"]
+        records = values["records"]
+        assert replicas == 2
+        # Keras's own behaviour, which the callback undoes: the last batch log is 2 × the epoch's.
+        assert raw["450"] == pytest.approx(2 * history["loss"][-1], rel=1e-5)
+        by_step = {r["step"]: r for r in records}
+        assert by_step[150]["metrics"]["loss"] == pytest.approx(history["loss"][0], rel=1e-5)
+        assert by_step[450]["metrics"]["loss"] == pytest.approx(history["loss"][-1], rel=1e-5)
+        assert by_step[450]["metrics"]["mae"] == pytest.approx(history["mae"][-1], rel=1e-5)
+        within = [r for r in records if r["step"] % 150]
+        assert len(within) >= 2, (task, [r["step"] for r in records])  # live records mid-epoch
+        for r in within:
+            assert r["metrics"]["loss"] == pytest.approx(raw[str(r["step"])] / replicas, rel=1e-5), r
+
+
+@pytest.mark.slow
+def test_callback_is_not_what_tensorflow_calls_slow(tmp_path, monkeypatch):
+    """Issue 27 item 3: TensorFlow's "Callback method on_train_batch_end is slow compared to the
+    batch time" warning is not printed for our callback (a tiny model: ~1 ms batches)."""
+    code = textwrap.dedent("""
+        import logging, numpy as np, tensorflow as tf, tfk8s_magics
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
+        model.compile(optimizer="sgd", loss="mse")
+        x = np.zeros((64, 2), "float32")
+        ds = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).repeat().batch(4)
+        for _ in range(3):
+            model.fit(ds, epochs=2, steps_per_epoch=200, verbose=1,
+                      callbacks=[tfk8s_magics.progress_callback()])
+        print("FIT DONE", flush=True)
+    """)
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "TFK8S_PROGRESS_FILE": str(tmp_path / "progress.jsonl"), "TFK8S_TASK": "worker-0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert "FIT DONE" in out.stdout, out.stderr[-3000:]
+    assert "is slow compared to the batch time" not in out.stderr, out.stderr[-3000:]
+    records = [json.loads(x) for x in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert records[-1]["step"] == 400 and records[-1]["total"] == 400
+
+
+@pytest.mark.slow
+def test_a_batch_reads_no_tensor_on_the_training_thread(tmp_path, monkeypatch):
+    """Issue 27 item 3, the cause: reading a metric (a device sync) in ``on_train_batch_end``, and
+    making Keras convert every batch's logs for us, put the cost on every batch.  Now a batch only
+    records the logs; the values are read on the callback's own thread, a few times a second."""
+    import threading as th
+
+    monkeypatch.setenv("TFK8S_PROGRESS_FILE", str(tmp_path / "p.jsonl"))
+    monkeypatch.setenv("TFK8S_TASK", "worker-0")
+    read_on = []
+
+    class Metric:
+        def __init__(self, value):
+            self.value = value
+
+        def __float__(self):
+            read_on.append(th.current_thread())
+            return self.value
+
+    cb = progress.progress_callback(total=1000)
+    assert cb._supports_tf_logs is True  # Keras hands its tensors over unconverted
+    cb.params = {"epochs": 1, "steps": 1000}
+    cb.on_train_begin()
+    for i in range(300):
+        cb.on_train_batch_end(i, {"loss": Metric(1.0 / (i + 1))})
+    assert all(t is not th.main_thread() for t in read_on), read_on
+    deadline = time.monotonic() + 30
+    while not read_on and time.monotonic() < deadline:  # the reader's first tick (0.2 s)
+        time.sleep(0.05)
+    cb.on_train_end()
+    assert read_on and all(t is not th.main_thread() for t in read_on[:-1])
+    records = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert records[-1]["step"] == 300 and records[-1]["metrics"]["loss"] == pytest.approx(1 / 300)

@@ -114,12 +114,51 @@ def test_a_class_from_a_module_is_imported_by_name():
     from tfk8s_magics.trainer import Trainer
 
     class Local(Trainer):
-        pass
+        def build_model(self):
+            return None
+
+        def dataset(self, input_context):
+            return None
 
     Local.__module__ = "mypkg.trainers"
     assert trainer_script(Local, TrainerOptions()).startswith("from mypkg.trainers import Local\n")
     with pytest.raises(SpecError, match="is not a subclass of tfk8s_magics.Trainer"):
         trainer_script(dict, TrainerOptions())
+
+
+@pytest.mark.parametrize("edit, sentence", [
+    (("def dataset(self, ctx):", "def dataset(self):"),
+     "Tiny.dataset(self) does not take what the platform passes it: define it as "
+     "dataset(self, input_context)."),
+    (("def build_model(self):", "def build_model(self, strategy):"),
+     "Tiny.build_model(self, strategy) does not take what the platform passes it: define it as "
+     "build_model(self)."),
+    (("def dataset(self, ctx):", "def data(self, ctx):"),
+     "Tiny does not override dataset(): a Trainer must define dataset(self, input_context)."),
+])
+def test_a_trainer_the_platform_cannot_call_is_refused_at_launch(local, edit, sentence):
+    """Issue 27 item 8: checked before anything is created, not a TypeError in every task."""
+    with pytest.raises(SpecError) as err:
+        api.launch("t", backend=local, script=TRAINER.replace(*edit), trainer="Tiny", workers=2, ps=0)
+    assert str(err.value) == sentence
+    assert not (local.clusters_dir / "t").exists()
+
+
+def test_a_trainer_class_is_checked_too():
+    from tfk8s_magics.trainer import Trainer
+
+    class NoData(Trainer):
+        def build_model(self):
+            return None
+
+    class OldData(NoData):
+        def dataset(self):
+            return None
+
+    with pytest.raises(SpecError, match=r"^NoData does not override dataset\(\)"):
+        trainer_script(NoData, TrainerOptions())
+    with pytest.raises(SpecError, match=r"^OldData.dataset\(self\) does not take what the platform passes"):
+        trainer_script(OldData, TrainerOptions())
 
 
 def test_magic_flags_are_the_registry_options(capsys, monkeypatch, tmp_path):

@@ -90,7 +90,14 @@ def task_info() -> dict:
 
 
 def load_ipython_extension(ipython) -> None:
-    """Register the magics (``%load_ext tfk8s_magics``) and the HTML view of a Cluster handle."""
+    """Register the magics (``%load_ext tfk8s_magics``) and the HTML view of a Cluster handle.
+
+    Idempotent: the lab's IPython profile loads the extension at kernel start by calling this
+    (not through ``%load_ext``), so a notebook's own ``%load_ext tfk8s_magics`` — which it keeps
+    to run anywhere — loads nothing twice and prints nothing.
+    """
+    if getattr(ipython, "_tfk8s_magics_loaded", False):
+        return
     # Deferred: the magics import IPython's magic machinery, which a task or script never needs.
     from .magics import TFClusterMagics, cluster_html
     from .taskenv import install_quiet_import
@@ -99,6 +106,7 @@ def load_ipython_extension(ipython) -> None:
     install_quiet_import()
     ipython.register_magics(TFClusterMagics(shell=ipython))
     ipython.display_formatter.formatters["text/html"].for_type(Cluster, cluster_html)
+    ipython._tfk8s_magics_loaded = True
 
 
 def unload_ipython_extension(ipython) -> None:

@@ -22,7 +22,15 @@ from typing import Any
 from . import ingraph, options, storage
 from .backends import Backend, ClusterStatus, Event, LogLine, Phase, TensorBoardInfo, get_backend
 from .backends.kubernetes.manifests import dump_yaml
-from .errors import ClusterExists, ClusterNotFound, ClusterTimeout, LaunchFailed, SpecError
+from .errors import (
+    BackendError,
+    ClusterExists,
+    ClusterNotFound,
+    ClusterTimeout,
+    LaunchFailed,
+    NoPreviousRun,
+    SpecError,
+)
 from .runtime.progress import end_redirect, redirect_progress
 from .spec import IN_GRAPH, MAX_FILES_BYTES, ROLES, ClusterSpec, Resources
 from .trainer import TrainerOptions
@@ -58,8 +66,14 @@ def make_spec(name: str, *, script: str | None = None, **values: Any) -> Cluster
     """Build a validated :class:`ClusterSpec` from launch options.
 
     Every keyword is an option of :mod:`tfk8s_magics.options` (listed
-    below) or a further :class:`ClusterSpec` field (``resources``,
-    ``node_selector``, ``tolerations``, ``ttl_after_finished``, ``owner``, ...).
+    below) or a further :class:`ClusterSpec` field.  ``ttl`` is the spec's
+    ``ttl_after_finished``.  Four fields are API-only, on purpose:
+    ``resources`` (whole :class:`Resources` per role; ``--cpu``/``--memory``/
+    ``--gpus`` are its command-line form), ``node_selector`` and
+    ``tolerations`` (``--node-affinity`` is the command-line form of placement;
+    tolerations are structured objects, and GPU tasks get theirs on their own),
+    and ``owner`` (the hub's user, ``$JUPYTERHUB_USER``: a command line that
+    named another owner would file a run under someone else's name).
     A keyword left out or ``None`` takes the option's default: its
     environment variable, else its built-in value.  ``script_path`` reads
     the script from a file; ``cpu``/``memory``/``gpus`` apply to every
@@ -89,6 +103,7 @@ def make_spec(name: str, *, script: str | None = None, **values: Any) -> Cluster
             values["resources"] = per_role
     for key in ("queue", "priority", "scheduler", "active_deadline"):
         values.setdefault(key, resolved[key])
+    values.setdefault("ttl_after_finished", resolved["ttl"])
     values.setdefault("spread", tuple(resolved["spread"] or ()))
     affinity: dict[str, tuple[str, ...]] = {}
     for role, requirement in resolved["node_affinity"] or ():
@@ -194,6 +209,7 @@ def launch(
     wait_ready: float | None = None,
     replace: bool = False,
     force: bool = False,
+    prepare_client: bool = True,
     **spec_fields: Any,
 ) -> Cluster:
     """Launch a cluster and return its handle.
@@ -205,6 +221,9 @@ def launch(
     With ``wait_ready`` (seconds), also wait until every task is ready.
     ``replace`` first deletes a finished or stopped cluster of the same
     name (a running one only with ``force``), so a launch cell can be re-run.
+    An in-graph launch starts importing TensorFlow in the background, as this
+    process is likely to become the cluster's client; ``prepare_client=False``
+    skips that in a process that never connects (the Jupyter server's sidebar).
     """
     if isinstance(name_or_spec, ClusterSpec):
         if spec_fields:
@@ -218,30 +237,37 @@ def launch(
     be = resolve_backend(backend)
     if force and not replace:
         raise SpecError("--force only goes with --replace: add --replace to replace a running cluster.")
-    if replace:
-        _remove_for_replace(spec.name, be, force)
-    if spec.mode == IN_GRAPH:
+    kept = _retire_previous_run(spec.name, be, replace, force)
+    if spec.mode == IN_GRAPH and prepare_client:
         ingraph.preimport(spec.legacy_keras)  # this process will be the client: import TF meanwhile
     be.launch(spec, detach=detach)
     cluster = Cluster(spec.name, be)
+    be.attach_previous(spec.name, kept)
     if wait_ready is not None:
         cluster.wait_ready(wait_ready)
     return cluster
 
 
-def _remove_for_replace(name: str, be: Backend, force: bool) -> None:
-    """Delete cluster ``name`` so it can be launched again; refuse a running one unless ``force``."""
+def _retire_previous_run(name: str, be: Backend, replace: bool, force: bool) -> Any:
+    """Make way for a launch of cluster ``name``: an ended cluster of that name (succeeded,
+    failed, stopped) is replaced — re-running a launch cell just works — and its logs are kept as
+    the new run's previous run; a running one is refused unless ``replace`` and ``force``."""
     try:
         old = Cluster(name, be)
         st = old.status()
     except ClusterNotFound:
-        return
-    if not st.terminal and not force:
+        return None
+    if st.phase == Phase.UNKNOWN:  # unreadable (e.g. an interrupted launch's empty dir): the backend decides
+        return None
+    if not st.terminal and not (replace and force):
         raise ClusterExists(
-            f"cluster {name!r} is still {st.phase}: --replace only replaces a finished or stopped "
-            f"cluster; stop it first (%tfcluster stop {name}), or add --force to replace it anyway."
+            f"cluster {name!r} is still {st.phase}: stop it first (%tfcluster stop {name}) and run "
+            f"the launch again, or add --replace --force to replace it while it runs."
         )
-    old.delete()
+    if not st.terminal:
+        old.delete()
+        return None
+    return be.retire_for_rerun(name)
 
 
 def get(name: str, backend: str | Backend | None = None) -> Cluster:
@@ -368,12 +394,18 @@ class Cluster:
         return self.backend.watch(self.name, stop or threading.Event())
 
     def wait(self, timeout: float | None = None) -> ClusterStatus:
-        """Wait until it has succeeded, failed or been stopped; return the final status."""
-        return self._wait(lambda st: st.terminal, timeout, "end")
+        """Wait until it has succeeded, failed or been stopped; return the final status.
+
+        A failed or stopped cluster is waited for until every task has ended too (its peers are
+        still being stopped when the failure is written); after a success, parameter servers
+        run on for their grace period and are not waited for.  ``timeout`` is seconds ≥ 0;
+        None or an infinite value waits without a limit.
+        """
+        return self._wait(_ended, _check_timeout(timeout), "end")
 
     def wait_ready(self, timeout: float | None = 180.0) -> ClusterStatus:
         """Wait until every task is ready; raise LaunchFailed if the cluster ends first."""
-        st = self._wait(lambda st: st.ready or st.terminal, timeout, "be ready")
+        st = self._wait(lambda st: st.ready or st.terminal, _check_timeout(timeout), "be ready")
         if not st.ready:
             bad = [t for t in st.tasks if t.phase == Phase.FAILED]
             details = ""
@@ -399,7 +431,7 @@ class Cluster:
                 if done(st):
                     return st
             last = self.status()
-            if done(last):
+            if done(last) or (done is _ended and last.terminal):  # the backend has nothing more to say
                 return last
         finally:
             if timer:
@@ -410,17 +442,29 @@ class Cluster:
             f"look at %tfcluster status {self.name} and its logs, or wait longer."
         )
 
-    def logs(self, task: str | None = None, tail: int | None = None) -> str:
-        """Its kept log: one task's, or every task's with a ``[task]`` prefix."""
-        lines = self.backend.read_logs(self.name, task, tail)
+    def logs(self, task: str | None = None, tail: int | None = None, previous: bool = False) -> str:
+        """Its kept log: one task's, or every task's with a ``[task]`` prefix.  ``previous``: the
+        log of the run this one replaced (a re-run launch keeps it)."""
+        lines = self._previous_logs(task, tail) if previous else self.backend.read_logs(self.name, task, tail)
         if task:
             return "\n".join(line.text for line in lines)
         return "\n".join(f"[{line.task}] {line.text}" for line in lines)
 
-    def logs_by_task(self, tail: int | None = None) -> dict[str, str]:
-        """Every task's kept log (the last ``tail`` lines of each), task by task, in task order."""
-        out: dict[str, list[str]] = {t.name: [] for t in self.spec.tasks()}
-        for line in self.backend.read_logs(self.name, None, tail):
+    def _previous_logs(self, task: str | None, tail: int | None) -> list:
+        lines = self.backend.read_previous_logs(self.name, task, tail)
+        if lines is None:
+            raise NoPreviousRun(
+                f"cluster {self.name!r} keeps no previous run: a launch that replaces an ended "
+                "cluster of the same name keeps its logs (not one that used its own --log-dir)."
+            )
+        return lines
+
+    def logs_by_task(self, tail: int | None = None, previous: bool = False) -> dict[str, str]:
+        """Every task's kept log (the last ``tail`` lines of each), task by task, in task order;
+        ``previous``: the replaced run's."""
+        out: dict[str, list[str]] = {} if previous else {t.name: [] for t in self.spec.tasks()}
+        lines = self._previous_logs(None, tail) if previous else self.backend.read_logs(self.name, None, tail)
+        for line in lines:
             out.setdefault(line.task, []).append(line.text)
         return {task: "\n".join(lines) for task, lines in out.items()}
 
@@ -481,7 +525,11 @@ class Cluster:
         one; after a relaunch of the cluster it connects to the new servers.
         """
         addresses = self._in_graph_addresses(timeout)
-        strategy = ingraph.strategy(self, addresses, strategy_kwargs)
+        try:
+            strategy = ingraph.strategy(self, addresses, strategy_kwargs,
+                                        ready=lambda left: self.wait_ready(max(left, 1.0)))
+        except ingraph.ConnectFailed as e:
+            raise BackendError(f"connect: {e}.") from e
         coordinator = ingraph.coordinator(self, addresses)
         # report_progress() in this kernel now shows in the cluster's status.
         redirect_progress(coordinator.progress, coordinator.task, key=(self.backend.name, self.name))
@@ -505,3 +553,20 @@ class Cluster:
 make_spec.__doc__ += "\n    Options:\n\n" + "\n".join(
     f"    * ``{o.name}``: {o.help}" for o in options.spec_options()
 )
+
+
+def _ended(st: ClusterStatus) -> bool:
+    """The cluster ended, and after a failure or a stop so did every task (nothing runs on)."""
+    if not st.terminal:
+        return False
+    return st.phase == Phase.SUCCEEDED or all(t.phase in Phase.TERMINAL for t in st.tasks)
+
+
+def _check_timeout(timeout: float | None) -> float | None:
+    """A wait's ``timeout``: seconds ≥ 0; an infinite one (or one no timer can hold) is no limit."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout != timeout or timeout < 0:
+        raise SpecError(f"timeout must be a number of seconds ≥ 0, not {timeout!r}; leave it out (or give "
+                        "inf) to wait without a limit.")
+    return None if timeout >= threading.TIMEOUT_MAX else float(timeout)

@@ -22,13 +22,14 @@ from collections.abc import Callable
 from . import api, options
 from .backends.kubernetes.manifests import dump_yaml
 from .backends.local import pool as local_pool
-from .errors import ClusterExists, ClusterNotFound, SpecError, TaskNotFound, TFClusterError
+from .errors import ClusterExists, ClusterNotFound, NoPreviousRun, SpecError, TaskNotFound, TFClusterError
 from .ui.render import events_text, list_text, status_text
 from .ui.serving import serving_text
+from .ui.stream import Overwrites
 
 _ALIASES = {"submit": "launch", "get": "status", "rm": "delete", "ls": "list"}
 #: Mistakes in what the user typed: exit code 2, like argparse's own.
-_USAGE_ERRORS = (SpecError, ClusterExists, ClusterNotFound, TaskNotFound)
+_USAGE_ERRORS = (SpecError, ClusterExists, ClusterNotFound, NoPreviousRun, TaskNotFound)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,10 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _RUN[args.cmd](args)
     except _USAGE_ERRORS as e:
-        print(f"tfk8s: {e}", file=sys.stderr)
+        print(f"tfk8s: {cli_syntax(str(e))}", file=sys.stderr)
         return 2
     except TFClusterError as e:
-        print(f"tfk8s: {e}", file=sys.stderr)
+        print(f"tfk8s: {cli_syntax(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -59,8 +60,23 @@ _FOLLOW = options.Option("follow", options.parse_bool, False,
                          commands=("launch",), action="store_true")
 
 
+def cli_syntax(text: str) -> str:
+    """An error's advice in this command line's syntax: the library's sentences name the
+    notebook's ``%tfcluster SUBCOMMAND ...``, which here is ``tfk8s SUBCOMMAND ...`` (the same
+    subcommands and flags)."""
+    return text.replace("%%tfcluster ", "tfk8s ").replace("%tfcluster ", "tfk8s ")
+
+
+class _Parser(options.SuggestingParser):
+    """The CLI's mistakes: ``tfk8s: <one sentence>`` on stderr, exit 2 (the usage block is --help's)."""
+
+    def fail(self, sentence: str) -> None:
+        print(sentence if sentence.startswith("tfk8s") else f"tfk8s: {sentence}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
-    return options.build_parser("tfk8s", options.defaults(), commands=_RUN, extra=[_FOLLOW])
+    return options.build_parser("tfk8s", options.defaults(), _Parser, commands=_RUN, extra=[_FOLLOW])
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -91,6 +107,9 @@ def _logs(args: argparse.Namespace) -> int:
     if args.follow:
         return _follow(cluster, args.task)
     tail = None if args.tail is None else options.OPTIONS["tail"].validate(args.tail)
+    if args.previous:
+        print(cluster.logs(args.task, tail, previous=True))
+        return 0
     if args.task:
         print(cluster.logs(args.task, tail))
         return 0
@@ -102,8 +121,12 @@ def _logs(args: argparse.Namespace) -> int:
 
 def _follow(cluster: api.Cluster, task: str | None) -> int:
     """Print a cluster's log lines as they come, until it ends; exit 0 only if it succeeded."""
+    stream = Overwrites()  # a progress bar's carriage returns update its line in place
     for line in cluster.follow(threading.Event(), tasks=[task] if task else None):
-        print(f"[{line.task}] {line.text}", flush=True)
+        sys.stdout.write(stream.render([f"[{line.task}] {line.text}"]))
+        sys.stdout.flush()
+    if stream.open is not None:
+        sys.stdout.write("\n")
     st = cluster.status()
     print(f"{st.name}: {st.phase}" + (f" — {st.reason}" if st.reason else ""))
     return 0 if st.phase == "succeeded" else 1

@@ -37,6 +37,10 @@ class TaskNotFound(TFClusterError, LookupError):
     """The cluster has no task with this name."""
 
 
+class NoPreviousRun(TFClusterError, LookupError):
+    """The cluster keeps no previous run (``logs --previous``)."""
+
+
 class BackendError(TFClusterError):
     """The backend could not do what was asked (its reason is in the message)."""
 

@@ -25,7 +25,9 @@ Rules, because TensorFlow keeps one eager context per process:
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import logging
 import os
 import sys
 import threading
@@ -35,7 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backends.base import Coordinator
-from .taskenv import import_tensorflow
+from .lifeline import process_state
+from .taskenv import import_tensorflow, quiet_enabled
 from .tfconfig import coordinator_cluster_def
 
 _lock = threading.Lock()
@@ -51,8 +54,14 @@ class _Client:
     resolvers: list = field(default_factory=list)
     options: tuple | None = None
     strategy: Any = None
+    #: Runs one step through ``strategy`` on every worker (see :func:`_prober`); raises if it cannot.
+    check: Any = None
     built: float = 0.0  # when the strategy was built: a server restarted later cut it off
 
+
+#: A connection try that timed out inside TensorFlow (a stopped task never answered) and still
+#: runs: TensorFlow's context is not touched again until it has ended (concurrent use crashes).
+_stuck: threading.Thread | None = None
 
 #: (backend name, cluster name) → this process's client state for that cluster.
 _clients: dict[tuple[str, str], _Client] = {}
@@ -153,28 +162,205 @@ def options_key(options: dict[str, Any]) -> tuple:
     return tuple(out)
 
 
-def strategy(cluster, addresses: dict[str, list[str]], options: dict[str, Any]):
+#: Seconds ``connect`` keeps trying to reach every server before it gives up with one sentence.
+#: After a parameter server restarts, the workers' gRPC channels to it wait out their reconnect
+#: backoff (1 s, then ×1.6 per failed try) before they see it back: measured 0–5 s here.
+RECONNECT_TIMEOUT = 60.0
+#: Seconds between two tries of a connection that failed.
+RECONNECT_PAUSE = 0.5
+
+
+class ConnectFailed(Exception):
+    """``connect`` could not reach every server of the cluster in time (the message says which)."""
+
+
+def strategy(cluster, addresses: dict[str, list[str]], options: dict[str, Any],
+             timeout: float | None = None, ready=None):
     """The ``ParameterServerStrategy`` for ``cluster`` with ``options``: the one built already
-    when the servers and options are the same, else a new one."""
+    when the servers and options are the same, else a new one that has run a step.
+
+    A new strategy is returned only once every worker has read a variable on every parameter
+    server through it (:func:`_prober`): after a parameter server's restart the workers' channels
+    to it are still in gRPC's reconnect backoff for a few seconds, and a strategy handed out then
+    fails at its first step.  A try that fails is let go (a new chief port) and tried again, after
+    ``ready()`` (the cluster's tasks are ready again), until ``timeout`` (default
+    :data:`RECONNECT_TIMEOUT`); then :class:`ConnectFailed`.  The connection is recorded only once
+    the step ran, so the status says it is lost until a step has succeeded.
+    """
     wanted = options_key(options)
+    timeout = RECONNECT_TIMEOUT if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+    _refuse_stopped(cluster)
+    _wait_stuck(cluster, deadline)
     client = _client(cluster, addresses)
     if client.strategy is not None and cluster.status().restarted_since(client.built):
         # A parameter server restarted under the strategy: its variables and the eager
         # context's connection are gone; only a new client (new chief port) can go on.
         disconnect(cluster.backend.name, cluster.name)
         client = _client(cluster, addresses)
-    if client.strategy is not None and client.options == wanted:
-        return client.strategy
     tf = prepare_tensorflow(cluster.spec.legacy_keras)
-    built_at = time.time()
-    # The strategy starts this process's chief server in this process's network namespace,
-    # where its gRPC threads live: TensorFlow's threads are process-wide and keep the namespace
-    # they were made in, so the tasks share it (the supervisor stays there for in-graph): the
-    # sandboxed kernel's own private one (tfk8s_magics.kernel.sandbox), else the host's.
-    built = tf.distribute.ParameterServerStrategy(resolver(cluster, addresses), **options)
-    client.strategy, client.options, client.built = built, wanted, built_at
-    client.coordinator.connected(built_at)
-    return built
+    if client.strategy is not None and client.options == wanted:
+        try:  # right after a server's end its restart may not show yet: the step tells
+            client.check(min(deadline, time.monotonic() + 10.0))
+            return client.strategy
+        except Exception:  # noqa: BLE001 - cut off: build a new one below
+            disconnect(cluster.backend.name, cluster.name)
+            client = _client(cluster, addresses)
+    return _connect_new(tf, cluster, addresses, options, (timeout, deadline), ready)
+
+
+def _connect_new(tf: Any, cluster, addresses: dict[str, list[str]], options: dict[str, Any],
+                 bound: tuple[float, float], ready):
+    """Build, check and keep a new strategy (see :func:`strategy`); ``bound`` is (timeout, deadline)."""
+    timeout, deadline = bound
+    wanted = options_key(options)
+    client = _client(cluster, addresses)
+    tries = 0
+    while True:
+        tries += 1
+        built_at = time.time()
+        try:
+            # Bounded: a stopped task never answers TensorFlow's connection calls.
+            built, check = _run_bounded(lambda: _build(tf, cluster, addresses, options, deadline), deadline)
+        except TimeoutError as e:
+            # The try still waits inside TensorFlow: its context is not touched until it ends
+            # (:func:`_wait_stuck`); a new connect() starts from a new client, on a new chief port.
+            with _lock:
+                _clients.pop((cluster.backend.name, cluster.name), None)
+            raise ConnectFailed(
+                f"could not reach every server of {cluster.name!r} within {timeout:g} s ({tries} tries; "
+                f"last: {e}); look at %tfcluster status {cluster.name} and its events, then connect() again"
+            ) from e
+        except Exception as e:  # noqa: BLE001 - TensorFlow's errors: retried, then one sentence
+            disconnect(cluster.backend.name, cluster.name)  # the half-made connection goes
+            left = deadline - time.monotonic()
+            if left <= 0 or not _retryable(tf, e):
+                raise ConnectFailed(
+                    f"could not reach every server of {cluster.name!r} within {timeout:g} s "
+                    f"({tries} tries; last: {type(e).__name__}: {_first_line(e)}); look at "
+                    f"%tfcluster status {cluster.name} and its events, then connect() again"
+                ) from e
+            time.sleep(min(RECONNECT_PAUSE * 1.6 ** min(tries, 5), left))  # each try is a chief server
+            if ready is not None:
+                ready(max(0.0, deadline - time.monotonic()))
+            client = _client(cluster, addresses)
+            continue
+        client.strategy, client.options, client.built, client.check = built, wanted, built_at, check
+        client.coordinator.connected(time.time())  # a step ran: the connection is whole again
+        return built
+
+
+def _refuse_stopped(cluster) -> None:
+    """A task whose process is stopped (SIGSTOP, a debugger) never answers TensorFlow: say so
+    instead of waiting for it (local tasks carry their pid)."""
+    for t in cluster.status().tasks:
+        pid = getattr(t, "pid", None)
+        if pid and process_state(pid) in ("T", "t"):
+            raise ConnectFailed(f"{t.name} of {cluster.name!r} is stopped (pid {pid}, SIGSTOP or a debugger) "
+                                f"and cannot answer; continue it (kill -CONT {pid}) or restart the cluster, "
+                                "then connect() again")
+
+
+def _wait_stuck(cluster, deadline: float) -> None:
+    """Wait (until ``deadline``) for a timed-out try still inside TensorFlow, then reset the context
+    it may have changed; ConnectFailed if it is still there."""
+    global _stuck
+    if _stuck is None:
+        return
+    _stuck.join(max(0.0, deadline - time.monotonic()))
+    if _stuck.is_alive():
+        raise ConnectFailed(f"an earlier connect() of {cluster.name!r} is still waiting inside TensorFlow "
+                            "for a server that does not answer; when every task runs again, connect() again")
+    _stuck = None
+    _reset_eager_context()
+
+
+def _retryable(tf: Any, e: BaseException) -> bool:
+    """Whether a failed connection may work when tried again (a server not reachable yet)."""
+    # Any error of TensorFlow's on the probe's own variables means a server is not (yet) there.
+    return isinstance(e, tf.errors.OpError | TimeoutError)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else ""
+
+
+@contextlib.contextmanager
+def _tensorflow_info_hidden():
+    """Hide the INFO lines TensorFlow's logger prints while the strategy is built (six lines on
+    stderr for a 1-PS cluster: the cluster spec, twice the devices, twice "Number of GPUs"), when
+    the lab is quiet (option ``quiet``); warnings and errors still show."""
+    logger = logging.getLogger("tensorflow")
+    old = logger.level
+    if quiet_enabled() and logger.getEffectiveLevel() < logging.WARNING:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
+
+
+def _build(tf: Any, cluster, addresses: dict[str, list[str]], options: dict[str, Any], deadline: float):
+    """A new strategy and its :func:`_prober` check, which has passed."""
+    # The strategy starts this process's chief server in this process's network namespace, where
+    # its gRPC threads live: TensorFlow's threads are process-wide and keep the namespace they were
+    # made in, so the tasks share it (the supervisor stays there for in-graph): the sandboxed
+    # kernel's own private one (tfk8s_magics.kernel.sandbox), else the host's.
+    with _tensorflow_info_hidden():
+        built = tf.distribute.ParameterServerStrategy(resolver(cluster, addresses), **options)
+    check = _prober(tf, built, addresses)
+    check(deadline)
+    return built, check
+
+
+def _prober(tf: Any, built: Any, addresses: dict[str, list[str]]):
+    """A check that every worker reads a variable on every parameter server through ``built`` (one
+    variable per server, made once, so the strategy's round-robin placement of the user's variables
+    is unchanged).  ``check(deadline)`` raises what TensorFlow raised, or TimeoutError when it did
+    not answer by ``deadline`` (a monotonic time)."""
+    n_ps = len(addresses.get("ps", []))
+    with built.scope():
+        probes = [tf.Variable(0, dtype=tf.int64, trainable=False, name="tfk8s_connect_probe")
+                  for _ in range(n_ps)]
+
+    @tf.function
+    def touch():
+        return tf.add_n([p.read_value() for p in probes]) if probes else tf.constant(0, tf.int64)
+
+    def check(deadline: float) -> None:
+        _run_bounded(lambda: [_on(tf, i, touch) for i in range(len(addresses.get("worker", [])))],
+                     deadline)
+
+    return check
+
+
+def _on(tf: Any, worker: int, fn) -> None:
+    with tf.device(f"/job:worker/replica:0/task:{worker}"):
+        fn().numpy()
+
+
+def _run_bounded(fn, deadline: float) -> Any:
+    """Run ``fn`` in a thread until ``deadline``: return what it returned, raise what it raised, or
+    raise TimeoutError."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            outcome["error"] = e
+
+    global _stuck
+    probe = threading.Thread(target=run, name="tfk8s-connect-probe", daemon=True)
+    probe.start()
+    probe.join(max(0.1, deadline - time.monotonic()))
+    if probe.is_alive():
+        _stuck = probe
+        raise TimeoutError("a server did not answer (is a task stopped?)")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
 
 
 def connected(backend_name: str, name: str) -> bool:

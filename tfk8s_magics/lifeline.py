@@ -96,6 +96,16 @@ def start_time(pid: int | None) -> int | None:
     return int(fields[19])
 
 
+def process_state(pid: int) -> str | None:
+    """The state letter of ``pid`` (``/proc/<pid>/stat`` field 3: R, S, D, T stopped, t traced,
+    Z zombie...), or None when there is no such process."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError, TypeError):
+        return None
+
+
 def same_process(pid: object, start: object) -> bool:
     """Whether the process recorded as (``pid``, ``start``) still runs; a record without a start
     time (or a malformed one) is never trusted, so a stale pid cannot hit an unrelated process."""

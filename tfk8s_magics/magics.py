@@ -21,7 +21,7 @@ from IPython.display import display
 from . import api, options
 from .backends.kubernetes.manifests import dump_yaml
 from .backends.local import pool as local_pool
-from .errors import ClusterExists, ClusterNotFound, SpecError, TaskNotFound
+from .errors import ClusterExists, ClusterNotFound, NoPreviousRun, SpecError, TaskNotFound
 from .taskenv import import_tensorflow
 from .ui import cluster_list, dashboard, summary
 from .ui.logview import LogView, widgets_available
@@ -32,11 +32,11 @@ from .ui.tensorboard import show_tensorboard
 SUBCOMMANDS = tuple(options.COMMANDS)
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(options.SuggestingParser):
     """argparse that reports mistakes as one UsageError sentence instead of exiting."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message}. See %tfcluster --help.")
+    def fail(self, sentence: str) -> None:
+        raise UsageError(sentence)
 
     def exit(self, status: int = 0, message: str | None = None) -> None:  # type: ignore[override]
         if message:
@@ -93,9 +93,7 @@ class TFClusterMagics(Magics, MagicDefaults):
         if not argv:
             raise UsageError(f"%tfcluster needs a subcommand: one of {', '.join(SUBCOMMANDS)}.")
         if argv[0] not in SUBCOMMANDS and not argv[0].startswith("-"):
-            raise UsageError(
-                f"unknown subcommand {argv[0]!r}: use one of {', '.join(SUBCOMMANDS)} (%tfcluster --help)."
-            )
+            raise UsageError(options.unknown_subcommand(argv[0], SUBCOMMANDS, "%tfcluster") + ".")
         try:
             return self._parser().parse_args(argv)
         except _HelpShown:
@@ -117,7 +115,7 @@ class TFClusterMagics(Magics, MagicDefaults):
             )
         try:
             return getattr(self, f"_cmd_{args.cmd}")(args, cell)
-        except (SpecError, ClusterExists, ClusterNotFound, TaskNotFound) as e:
+        except (SpecError, ClusterExists, ClusterNotFound, NoPreviousRun, TaskNotFound) as e:
             raise UsageError(str(e)) from None
 
     # -- subcommands ---------------------------------------------------------
@@ -145,7 +143,8 @@ class TFClusterMagics(Magics, MagicDefaults):
         if spec.mode == "in-graph":
             cluster.wait_ready(self.ready_timeout)
             print(f"{spec.name}: every server is ready; `strategy = %tfcluster connect {spec.name}` "
-                  "makes this kernel the client.")
+                  "makes this kernel the client, or — for code that builds its own strategy (as "
+                  f"TensorFlow's tutorial does) — `resolver = %tfcluster resolver {spec.name}`.")
         return None
 
     def _cmd_render(self, args, cell):
@@ -178,10 +177,13 @@ class TFClusterMagics(Magics, MagicDefaults):
         return api.resolver(args.name, args.backend, timeout=args.timeout or self.ready_timeout)
 
     def _cmd_list(self, args, cell):
+        backend = api.resolve_backend(args.backend)
         if widgets_available():
-            cluster_list.show(api.resolve_backend(args.backend))
-            return None
-        display(ListView(api.list_clusters(args.backend)))
+            cluster_list.show(backend)
+        else:
+            display(ListView(api.list_clusters(backend)))
+        if backend.name == "local" and (line := local_pool.memory_line()):
+            print(line)  # what the warm pools of this user hold: they are not shown anywhere else
         return None
 
     def _cmd_status(self, args, cell):
@@ -200,6 +202,9 @@ class TFClusterMagics(Magics, MagicDefaults):
             cluster.spec.task(args.task)  # raises TaskNotFound with the valid names
         if args.tail is not None:  # no --tail: every line
             options.OPTIONS["tail"].validate(args.tail)
+        if args.previous:
+            print(cluster.logs(args.task, args.tail, previous=True))
+            return None
         if args.follow:
             LogView(cluster.backend, cluster.name, max_lines=self.log_lines,
                     tasks=[args.task] if args.task else None, announce_status=False).show()

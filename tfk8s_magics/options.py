@@ -24,6 +24,7 @@ traitlet is set; the parsers only convert types.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -179,6 +180,11 @@ def count(low: int, high: int) -> Callable[[str, Any], int]:
         return value
 
     return check
+
+
+def _optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+    """``check``, letting ``None`` (not set) through."""
+    return lambda flag, value: None if value is None else check(flag, value)
 
 
 def seconds(high: float, zero_means: str) -> Callable[[str, Any], float]:
@@ -409,6 +415,14 @@ _OPTIONS = (
            commands=SPEC_COMMANDS, metavar="NAME"),
     Option("active_deadline", _seconds, None, "seconds a run may last before the cluster fails "
            "(kubernetes)", commands=SPEC_COMMANDS, metavar="S"),
+    Option("ttl", _seconds, None, "seconds JobSet keeps a finished cluster's pods and JobSet before "
+           "deleting them (ttlSecondsAfterFinished; the record and volumes stay; kubernetes)",
+           env="TFK8S_TTL", hub_trait="default_ttl", check=_optional(seconds(
+               365 * 86400, "delete at once")), commands=SPEC_COMMANDS, metavar="S"),
+    Option("detached_ttl", _seconds, 86400.0, "the --ttl of a --detach'ed launch that gives none, so "
+           "finished detached runs do not pile up (an administrator's default; kubernetes)",
+           env="TFK8S_DETACHED_TTL", hub_trait="detached_ttl", check=seconds(
+               365 * 86400, "delete at once")),
     Option("spread", str, None, "spread this role's pods across nodes (repeatable; kubernetes)",
            commands=SPEC_COMMANDS, action="append", metavar="ROLE"),
     Option("node_affinity", _placement, None, "a node label this role needs: ROLE:key=value, "
@@ -482,6 +496,8 @@ _OPTIONS = (
            commands=("logs",), metavar="N"),
     Option("follow", parse_bool, False, "keep streaming new lines", commands=("logs",),
            action="store_true", aliases=("-f",)),
+    Option("previous", parse_bool, False, "the run this one replaced (a re-run launch keeps it)",
+           commands=("logs",), action="store_true", aliases=("-p",)),
     # -- where (every subcommand) ---------------------------------------------
     Option("backend", str, _backend_default,
            "backend: 'local' (processes on 127.0.0.1) or 'kubernetes' (default: $TFK8S_BACKEND, "
@@ -600,6 +616,64 @@ COMMANDS: Mapping[str, Command] = {
 }
 
 
+class SuggestingParser(argparse.ArgumentParser):
+    """argparse whose mistakes are one sentence naming the closest flag or subcommand
+    ("did you mean --workers?") and where to read the rest (``PROG SUBCOMMAND --help``).
+
+    :meth:`error` raises or prints: front ends override :meth:`fail` (the magic raises a
+    ``UsageError``, the CLI prints ``tfk8s: ...`` and exits 2, with no usage block).
+    """
+
+    commands: dict[str, argparse.ArgumentParser]
+    root: str = ""
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """Parse ``args``; a word no subcommand takes is :meth:`fail`'s one sentence."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.fail(self._unknown(getattr(ns, "cmd", None), extras))
+        return ns
+
+    def _unknown(self, cmd: str | None, extras: list[str]) -> str:
+        sub = getattr(self, "commands", {}).get(cmd) if cmd else None
+        flags = [f for a in (sub or self)._actions for f in a.option_strings]
+        where = f"{self.root or self.prog} {cmd}" if cmd else (self.root or self.prog)
+        for token in extras:
+            if token.startswith("-"):
+                flag = token.split("=", 1)[0]
+                # Compared without the dashes, which every flag shares ("--bogus" is not "--gpus").
+                names = {f.lstrip("-"): f for f in flags}
+                close = difflib.get_close_matches(flag.lstrip("-"), list(names), n=1, cutoff=0.75)
+                hint = f"; did you mean {names[close[0]]}?" if close else ""
+                return f"{where}: unknown option {flag}{hint} ({where} --help lists its options)"
+        return (f"{where}: unexpected argument {extras[0]!r} ({where} --help shows what it takes)")
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        """argparse's own mistakes, as one sentence (an unknown subcommand names the closest)."""
+        m = re.search(r"invalid choice: '([^']*)'", message)
+        if m and "SUBCOMMAND" in message:
+            self.fail(unknown_subcommand(m.group(1), getattr(self, "commands", {}), self.root or self.prog))
+        where = self.prog
+        self.fail(f"{where}: {message} ({self.root or self.prog} {self._cmd_name()}--help shows how)")
+
+    def _cmd_name(self) -> str:
+        root = self.root or self.prog
+        rest = self.prog[len(root):].strip() if self.prog.startswith(root) else ""
+        return f"{rest} " if rest else ""
+
+    def fail(self, sentence: str) -> None:
+        """Report ``sentence`` (one sentence, no usage block) and end the parse."""
+        self.exit(2, f"{sentence}\n")
+
+
+def unknown_subcommand(word: str, commands: Iterable[str], prog: str) -> str:
+    """The sentence for a subcommand that does not exist (with the closest one, if any)."""
+    names = list(commands)
+    close = difflib.get_close_matches(word, names, n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"unknown subcommand {word!r}{hint} The subcommands: {', '.join(names)} ({prog} --help)"
+
+
 def add_option(parser: argparse.ArgumentParser, opt: Option, default: Any) -> None:
     """Add ``opt`` to ``parser`` with ``default`` (typed by ``opt.type``)."""
     kwargs: dict[str, Any] = {"help": opt.help}
@@ -632,12 +706,18 @@ def build_parser(
     ``commands`` limits the subcommands; ``extra`` are options only this
     front end has.
     """
-    parser = parser_class(prog=prog, description="Launch and manage TensorFlow clusters.")
+    parser = parser_class(prog=prog, description="Launch and manage TensorFlow clusters.",
+                          epilog=f"`{prog} SUBCOMMAND --help` lists a subcommand's options.")
     sub = parser.add_subparsers(dest="cmd", metavar="SUBCOMMAND", parser_class=parser_class)
+    if isinstance(parser, SuggestingParser):
+        parser.commands, parser.root = {}, prog
     for cmd in COMMANDS.values():
         if commands is not None and cmd.name not in commands:
             continue
         sp = sub.add_parser(cmd.name, help=cmd.help)
+        if isinstance(parser, SuggestingParser):
+            parser.commands[cmd.name] = sp
+            sp.root = prog
         for opt in [*for_command(cmd.name), *(o for o in extra if cmd.name in o.commands)]:
             add_option(sp, opt, cmd.defaults.get(opt.name, defaults.get(opt.name, opt.builtin_default())))
     return parser
@@ -675,7 +755,8 @@ def defaults_class(class_name: str, doc: str, attr: str = "trait", read_env: boo
             continue
         kind = getattr(traitlets, _TRAIT_TYPES[opt.type])
         text = opt.help[:1].upper() + opt.help[1:] + (f" (${opt.env})." if opt.env else ".")
-        namespace[trait] = kind(help=text).tag(config=True)
+        # An option without a default (None: not set) is a trait that may be None.
+        namespace[trait] = kind(help=text, allow_none=opt.default is None).tag(config=True)
         namespace[f"_default_{trait}"] = traitlets.default(trait)(
             lambda self, o=opt: o.from_env() if read_env else o.builtin_default()
         )

@@ -292,6 +292,10 @@ class ClusterFeed:
 
     def _remember(self, chunk: LogChunk) -> None:
         """Keep ``chunk``'s newest lines in the history (caller holds ``_lock``)."""
+        if any("\r" in t for t in chunk.texts[-2:]):  # a bar's updates (a read's last texts) are not history
+            chunk = chunk._replace(texts=[t for t in chunk.texts if "\r" not in t])
+            if not chunk.texts:
+                return
         chunks, count = self._recent.setdefault(chunk.task, (collections.deque(), [0]))
         kept = chunk if len(chunk.texts) <= HISTORY_LINES else chunk._replace(
             texts=chunk.texts[-HISTORY_LINES:])

@@ -7,9 +7,10 @@ policy.  The functions here build those objects as plain dicts from one typed
 are tested against literal dicts and validated against the Kubernetes
 schemas.  :mod:`tfk8s_hub.spawner` applies them.
 
-The Role is the extension's own (``tfk8s_magics.backends.kubernetes.rbac``):
-the backend that needs the permissions is the one place that lists them.
-Nothing here is cluster-scoped.
+The backend's rules are the extension's own (``tfk8s_magics.backends.kubernetes.rbac``):
+the backend that needs the permissions is the one place that lists them.  The
+chart ships them as one ClusterRole; here a RoleBinding grants it in one
+namespace.  Nothing here is cluster-scoped.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tfk8s_magics.backends.kubernetes.rbac import backend_role, backend_role_binding
+from tfk8s_magics.backends.kubernetes.rbac import backend_role_binding
 
 Manifest = dict[str, Any]
 
@@ -118,16 +119,12 @@ def service_account(spec: BootstrapSpec, namespace: str) -> Manifest:
     }
 
 
-def role(spec: BootstrapSpec, namespace: str) -> Manifest:
-    """The backend's Role, limited to ``namespace``."""
-    obj = backend_role(namespace, name=spec.role_name)
-    obj["metadata"]["labels"] = {**obj["metadata"].get("labels", {}), **BOOTSTRAP_LABELS}
-    return obj
-
-
 def role_binding(spec: BootstrapSpec, namespace: str) -> Manifest:
-    """Binds the backend's Role to the user's ServiceAccount, in ``namespace`` only."""
-    obj = backend_role_binding(namespace, spec.service_account, role_name=spec.role_name)
+    """Binds the backend's ClusterRole (the chart's, named ``role_name``) to the user's
+    ServiceAccount, in ``namespace`` only.  The hub needs only ``bind`` on that ClusterRole
+    to create it, not the rules themselves."""
+    obj = backend_role_binding(namespace, spec.service_account, role_name=spec.role_name,
+                               role_kind="ClusterRole")
     obj["metadata"]["labels"] = {**obj["metadata"].get("labels", {}), **BOOTSTRAP_LABELS}
     return obj
 
@@ -248,12 +245,11 @@ def _egress(spec: BootstrapSpec) -> list[dict[str, Any]]:
 def bootstrap_objects(spec: BootstrapSpec, namespace: str) -> list[Manifest]:
     """Every object of a user namespace, in the order they must be applied.
 
-    The ServiceAccount comes before the pod that names it, the Role before
-    its binding, the quota's LimitRange before any pod that relies on defaults.
+    The ServiceAccount comes before the pod that names it and the binding that
+    names it, the quota's LimitRange before any pod that relies on defaults.
     """
     built = [
         service_account(spec, namespace),
-        role(spec, namespace),
         role_binding(spec, namespace),
         limit_range(spec, namespace),
         resource_quota(spec, namespace),

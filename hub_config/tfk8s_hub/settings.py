@@ -96,7 +96,9 @@ class LabSettings(ExtensionDefaults):
 
     role_name = Unicode(
         "tfk8s-backend",
-        help="Name of the Role (and RoleBinding) the Kubernetes backend needs in a user namespace.",
+        help="""Name of the ClusterRole holding the Kubernetes backend's rules (the chart's,
+        which names it <role_name>-<release namespace>), and of the RoleBinding that grants it in
+        each user namespace.""",
     ).tag(config=True)
 
     # --- storage ------------------------------------------------------------
@@ -226,7 +228,8 @@ class LabSettings(ExtensionDefaults):
     stop_clusters_on_stop = Bool(
         True,
         help="""When the hub stops or culls a user's server, stop that user's running
-        TensorFlow clusters too (detached ones included).  Logs and volumes are kept.""",
+        TensorFlow clusters too, except detached ones (they end by their TTL,
+        ``detached_ttl``) and served models.  Logs and volumes are kept.""",
     ).tag(config=True)
 
     cluster_label_selector = Unicode(
@@ -256,7 +259,8 @@ class LabSettings(ExtensionDefaults):
         with legacy Keras: TensorFlow reads it at the notebook's own first
         ``tf.keras``.  ``extra_environment`` comes last and wins.
         """
-        env = {o.env: o.to_env(getattr(self, o.hub_trait)) for o in options.hub_options()}
+        env = {o.env: o.to_env(getattr(self, o.hub_trait)) for o in options.hub_options()
+               if getattr(self, o.hub_trait) is not None}  # None: not set, the built-in rules
         if self.legacy_keras:
             env["TF_USE_LEGACY_KERAS"] = "1"
         env.update(self.extra_environment)

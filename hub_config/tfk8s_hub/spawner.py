@@ -37,8 +37,9 @@ KINDS: dict[str, tuple[str, str]] = {
 
 def _status(exc: BaseException) -> int | None:
     # kubernetes and kubernetes_asyncio raise distinct ApiException classes
-    # with the same shape; both carry the HTTP status.
-    return getattr(exc, "status", None) if type(exc).__name__ == "ApiException" else None
+    # with the same shape (and the newer client raises subclasses: ConflictException, ...).
+    is_api = any(c.__name__ == "ApiException" for c in type(exc).__mro__)
+    return getattr(exc, "status", None) if is_api else None
 
 
 async def _call(method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -60,7 +61,8 @@ class Applier:
         self.api = api
 
     async def apply(self, obj: Manifest) -> str:
-        """Create or replace ``obj``; return ``"created"`` or ``"replaced"``."""
+        """Create or replace ``obj``; return ``"created"``, ``"replaced"`` or ``"recreated"``
+        (a RoleBinding whose roleRef changed: it cannot be replaced)."""
         kind = obj["kind"]
         if kind not in KINDS:
             raise ValueError(f"cannot apply a {kind}: the bootstrap applies {', '.join(KINDS)}.")
@@ -73,7 +75,16 @@ class Applier:
         except Exception as e:
             if _status(e) != 409:
                 raise
-        await _call(getattr(api, f"replace_namespaced_{noun}"), name, namespace, obj)
+        try:
+            await _call(getattr(api, f"replace_namespaced_{noun}"), name, namespace, obj)
+        except Exception as e:
+            # A RoleBinding's roleRef cannot change (422): one made by an older hub binds the
+            # per-namespace Role it then made; delete it and bind the chart's ClusterRole.
+            if kind != "RoleBinding" or _status(e) != 422:
+                raise
+            await _call(getattr(api, f"delete_namespaced_{noun}"), name, namespace)
+            await _call(getattr(api, f"create_namespaced_{noun}"), namespace, obj)
+            return "recreated"
         return "replaced"
 
     async def apply_all(self, objs: Iterable[Manifest]) -> list[tuple[str, str, str]]:
@@ -111,19 +122,39 @@ def make_modify_pod_hook(
     return bootstrap_user_namespace
 
 
+#: The label a ``--detach``'ed cluster's JobSet carries (the backend's ``DETACHED_ANNOTATION``).
+DETACHED_LABEL = "tfk8s.io/detached"
+#: The component label of TF Serving Deployments (the backend's ``serving.COMPONENT``).
+SERVING_COMPONENT = "serving"
+
+
+def stop_selectors(selector: str) -> tuple[str, str]:
+    """The label selectors of what a server's stop ends: (Deployments, JobSets).
+
+    Detached clusters and served models are meant to outlive the notebook (the
+    "close the laptop" workflow): the JobSets labelled detached and the
+    serving Deployments are left alone; a detached run ends by its TTL.
+    ``!=`` also selects objects without the label (clusters launched before it).
+    """
+    return (f"{selector},tfk8s.io/component!={SERVING_COMPONENT}",
+            f"{selector},{DETACHED_LABEL}!=true")
+
+
 async def stop_clusters(api: Callable[[str], Any], namespace: str, selector: str) -> None:
-    """Stop every TensorFlow cluster in ``namespace``: TensorBoards, then the JobSets.
+    """Stop the user's attached TensorFlow clusters in ``namespace``: TensorBoards, then JobSets.
 
     Deleting a cluster's JobSet ends its Jobs and pods (deleting the pods
     alone would have JobSet replace them).  ConfigMaps and volumes are kept:
     the user's logs and records survive; in-graph clusters are owned by the
-    notebook pod and go with it.
+    notebook pod and go with it.  Detached clusters and served models stay
+    (:func:`stop_selectors`).
     """
     apps, custom = api("AppsV1Api"), api("CustomObjectsApi")
+    deployments, jobsets = stop_selectors(selector)
     await _call(
         apps.delete_collection_namespaced_deployment,
         namespace,
-        label_selector=selector,
+        label_selector=deployments,
         propagation_policy="Background",
     )
     await _call(
@@ -132,7 +163,7 @@ async def stop_clusters(api: Callable[[str], Any], namespace: str, selector: str
         "v1alpha2",
         namespace,
         "jobsets",
-        label_selector=selector,
+        label_selector=jobsets,
         propagation_policy="Foreground",
     )
 

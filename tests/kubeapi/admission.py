@@ -74,6 +74,24 @@ def default_job(job: dict, uid: str) -> None:
     spec.setdefault("suspend", False)
 
 
+#: The PriorityClasses every cluster has (the Priority plugin's built-ins).
+SYSTEM_PRIORITY = {"system-cluster-critical": 2000000000, "system-node-critical": 2000001000}
+
+
+def _admit_priority(store: Store, pod: dict) -> None:
+    """The Priority admission plugin: resolve ``priorityClassName``, or refuse the pod (403)
+    with the real sentence (plugin/pkg/admission/priority/admission.go)."""
+    spec = pod["spec"]
+    name = spec.get("priorityClassName")
+    if not name:
+        return
+    found = store.get(lookup("priorityclasses"), None, name)
+    if found is None and name not in SYSTEM_PRIORITY:
+        raise errors.forbidden(lookup("pods"), pod["metadata"].get("name", ""),
+                               f"no PriorityClass with name {name} was found")
+    spec["priority"] = found["value"] if found else SYSTEM_PRIORITY[name]
+
+
 def admit_pod(store: Store, namespace: dict, pod: dict) -> None:
     """A pod's way through the real server: defaults, mutation, validation, validating plugins.
 
@@ -83,6 +101,7 @@ def admit_pod(store: Store, namespace: dict, pod: dict) -> None:
     (403); ResourceQuota runs last, in :func:`admit_create`.
     """
     default_pod(pod)
+    _admit_priority(store, pod)
     limit_ranges = store.objects(lookup("limitranges"), namespace["metadata"]["name"])
     limitranger.default_requests_to_limits(pod)
     limitranger.mutate(limit_ranges, pod)

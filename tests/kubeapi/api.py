@@ -10,6 +10,7 @@ plus ``pods/log``. The HTTP layer is ``server.py``.
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
 import threading
 import time
@@ -138,6 +139,10 @@ def _list_item(obj: dict) -> dict:
     return {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
 
 
+#: Where SelfSubjectAccessReviews are created.
+SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+
+
 class KubeAPI:
     """The API server's brain: routing, authorization, admission, verbs."""
 
@@ -149,6 +154,7 @@ class KubeAPI:
         self.requests: list[RecordedRequest] = []
         self._requests_lock = threading.Lock()
         self.stopping = threading.Event()
+        self.log_epoch = 0  # bumped by drop_log_streams(): followed logs end
         #: API groups this cluster does not serve (e.g. ``jobset.x-k8s.io``: no JobSet installed).
         self.disabled_groups: set[str] = set()
 
@@ -168,6 +174,8 @@ class KubeAPI:
             listing = self._discovery(req)
             if listing is not None:
                 return listing
+            if req.method == "POST" and req.path.rstrip("/") == SSAR_PATH:
+                return self._self_review(req)
             if len(req.body) > MAX_REQUEST_BODY:
                 raise errors.ApiError(413, "RequestEntityTooLarge",
                                       f"Request entity too large: limit is {MAX_REQUEST_BODY}")
@@ -185,6 +193,21 @@ class KubeAPI:
         if record is not None:
             record.code = response.code
         return response
+
+    def _self_review(self, req: Request) -> Response:
+        """A SelfSubjectAccessReview: "may I?" answered by the authorizer, for the asker.
+
+        Every authenticated user may create one (``system:basic-user``); it is not a
+        resource request, so it is neither authorized nor recorded.
+        """
+        review = json.loads(req.body or b"{}")
+        ra = (review.get("spec") or {}).get("resourceAttributes") or {}
+        attrs = RequestAttributes(ra.get("verb", ""), ra.get("group", ""), ra.get("resource", ""),
+                                  ra.get("subresource") or None, ra.get("namespace") or None,
+                                  ra.get("name") or None)
+        admin = req.token == ADMIN_TOKEN or self.authorizer is None
+        allowed = admin or self.authorizer.allows(attrs)
+        return Response(201, {**review, "status": {"allowed": allowed}})
 
     def _discovery(self, req: Request) -> Response | None:
         """``GET /apis`` (APIGroupList) and ``GET /apis/G/V`` (APIResourceList), or None.
@@ -515,6 +538,17 @@ class KubeAPI:
         tail = query.get("tailLines")
         shown = lines[-int(tail):] if tail is not None and int(tail) > 0 else (
             [] if tail is not None else lines)
+        since = query.get("sinceTime")
+        if since:
+            # The API server hands sinceTime on to the kubelet as RFC 3339 to the second
+            # (registry/core/pod/strategy.go LogLocation), and the kubelet shows the lines
+            # stamped at or after it: a re-opened stream repeats the rest of that second.
+            try:
+                floor = dt.datetime.fromisoformat(since.replace("Z", "+00:00")[:19] + "+00:00")
+            except ValueError:
+                raise errors.bad_request(f"invalid sinceTime {since!r}") from None
+            shown = [e for e in shown
+                     if dt.datetime.fromisoformat(e[0][:19] + "+00:00") >= floor]
         stamps = query.get("timestamps") in ("true", "1")
         limit = int(query["limitBytes"]) if query.get("limitBytes") else None
 
@@ -538,11 +572,16 @@ class KubeAPI:
                 return cs.get("state") or {}
         return None
 
+    def drop_log_streams(self) -> None:
+        """End every followed log stream now (a connection the network or a restart cut)."""
+        self.log_epoch += 1
+
     def _follow(self, route: Route, uid: str, container: str, segment: int, seen: int,
                 first: bytes, render) -> Iterator[bytes]:
+        epoch = self.log_epoch
         if first:
             yield first
-        while not self.stopping.is_set():
+        while not self.stopping.is_set() and self.log_epoch == epoch:
             found = self.kubelet.log_lines(uid, container)
             lines, current = found if found else ([], segment)
             if current != segment:

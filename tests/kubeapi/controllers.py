@@ -102,7 +102,8 @@ class _Controller:
         return [p for p in self.store.objects(self.pods, owner["metadata"]["namespace"])
                 if _owned_by(p, owner["metadata"]["uid"])]
 
-    def _create_pod(self, owner: dict, name: str, extra_labels: dict) -> dict | None:
+    def _create_pod(self, owner: dict, name: str, extra_labels: dict,
+                    event_on: dict | None = None) -> dict | None:
         template = copy.deepcopy(owner["spec"].get("template") or {})
         meta = template.get("metadata") or {}
         ns = owner["metadata"]["namespace"]
@@ -113,8 +114,9 @@ class _Controller:
         try:
             admission.admit_create(self.store, self.pods, ns, pod)
         except errors.ApiError as exc:
-            record_event(self.store, owner, "FailedCreate", f"Error creating: {exc.message}",
-                         type_="Warning", component=self.component)
+            record_event(self.store, event_on or owner, "FailedCreate",
+                         f"Error creating: {exc.message}", type_="Warning",
+                         component="job-controller" if event_on else self.component)
             return None
         created = self.store.create(self.pods, pod)
         record_event(self.store, owner, "SuccessfulCreate", f"Created pod: {name}",

@@ -142,10 +142,12 @@ class KubeHarness:
 
     # -- RBAC and the request log --------------------------------------------------
 
-    def set_role(self, role: dict, namespace: str, service_account: str = "default") -> None:
+    def set_role(self, role: dict, namespace: str, service_account: str = "default",
+                 cluster_rules: list[dict] | None = None) -> None:
         """Enforce ``role`` (a rbac/v1 Role dict) bound to ``service_account`` in
-        ``namespace`` for every non-admin request from now on."""
-        self.api.authorizer = RoleAuthorizer(role, namespace, service_account)
+        ``namespace`` for every non-admin request from now on; ``cluster_rules``: the rules
+        of a ClusterRoleBinding of the same account (cluster-scoped requests only)."""
+        self.api.authorizer = RoleAuthorizer(role, namespace, service_account, cluster_rules)
 
     def clear_role(self) -> None:
         """Stop enforcing RBAC (every request is allowed again)."""

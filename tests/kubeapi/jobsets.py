@@ -163,7 +163,12 @@ class JobSetPods(_Controller):
         template["spec"] = spec
         owner = {"spec": {"template": template}, "metadata": js["metadata"],
                  "apiVersion": js["apiVersion"], "kind": js["kind"]}
-        self._create_pod(owner, f"{host}-{random_suffix()}", {})
+        # JobSet's pods are the Job controller's: a refused pod is a FailedCreate Event on
+        # the Job <jobset>-<replicated job>-<index> (the double makes no Job objects).
+        job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+            "name": f"{js['metadata']['name']}-{rjob['name']}-{job_index}",
+            "namespace": js["metadata"]["namespace"]}}
+        self._create_pod(owner, f"{host}-{random_suffix()}", {}, event_on=job)
 
 
 class JobSetDriver:

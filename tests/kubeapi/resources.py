@@ -98,6 +98,7 @@ KINDS: tuple[ResourceKind, ...] = (
     _kind("Role", "rbac.authorization.k8s.io", "v1", "roles", True),
     _kind("RoleBinding", "rbac.authorization.k8s.io", "v1", "rolebindings", True),
     _kind("StorageClass", "storage.k8s.io", "v1", "storageclasses", False),
+    _kind("PriorityClass", "scheduling.k8s.io", "v1", "priorityclasses", False),
     # A custom resource (CRD), validated against its schema (crd.py); see jobsets.py.
     _kind("JobSet", "jobset.x-k8s.io", "v1alpha2", "jobsets", True, subresources={"status"},
           has_status_subresource=True),

@@ -31,6 +31,7 @@ class Phase:
     RUNNING = "running"  # ready: server listening, or script running
     SUCCEEDED = "succeeded"  # exited 0 (parameter servers: recycled after the workers)
     FAILED = "failed"  # crashed past the restart budget, or could not start
+    STOPPING = "stopping"  # asked to stop; some task has not ended yet (not terminal)
     STOPPED = "stopped"  # ended by the user (stop/delete) or by its owner exiting
     UNKNOWN = "unknown"  # its state cannot be read (the reason says why); not terminal
 
@@ -360,6 +361,21 @@ class Backend(abc.ABC):
 
         Returns where the logs were kept (``keep_logs``), else None.
         """
+
+    def retire_for_rerun(self, name: str) -> Any:
+        """Remove ended cluster ``name`` so a launch of the same name can run; return what of its
+        logs :meth:`attach_previous` hands to the new run (None: nothing kept)."""
+        self.delete(name)
+        return None
+
+    def attach_previous(self, name: str, kept: Any) -> None:
+        """Make ``kept`` (from :meth:`retire_for_rerun`) the previous run of new cluster ``name``."""
+        return None  # nothing was kept by the default retire_for_rerun
+
+    def read_previous_logs(self, name: str, task: str | None = None,
+                           tail: int | None = None) -> list[LogLine] | None:
+        """The previous run's logs of cluster ``name`` (None: no previous run is kept)."""
+        return None
 
     @abc.abstractmethod
     def addresses(self, name: str) -> dict[str, list[str]]:

@@ -97,6 +97,16 @@ def host_network_note(why: str, shim: str | None) -> str:
     )
 
 
+def kernel_path_first(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the kernel's own interpreter's folder first on ``PATH``: a notebook's ``!pip
+    install x`` (a shell command) then runs this environment's pip, and the next ``import x`` in
+    the kernel — and in the local backend's tasks, which run this interpreter — finds it."""
+    here = os.path.dirname(sys.executable)
+    rest = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != here]
+    env["PATH"] = os.pathsep.join([here, *rest])
+    return env
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the kernel in a sandbox if its connection file allows it, else on the host."""
     argv = sys.argv[1:] if argv is None else argv
@@ -108,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     shim = isolation.shim_path()
-    env = dict(os.environ)
+    env = kernel_path_first(dict(os.environ))
     isolation.preload_env(env, str(shim) if shim else None)
     why = why_not_sandboxed(conn_file)
     if why is None:

@@ -27,6 +27,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import records
+
+#: The longest progress record read (a record is a step, a total, a rate and a few metrics).
+MAX_RECORD = 16 * 1024
+
 #: Prefix of progress records carried in a task's log stream.
 STDOUT_MARKER = "@tfk8s-progress "
 #: At most this many records per second reach the sink; the last step is always written.
@@ -53,8 +58,9 @@ class _Reporter:
     def _task(self) -> str:
         return self.redirect[1] if self.redirect else os.environ.get("TFK8S_TASK", "")
 
-    def report(self, step: int, total: int | None, metrics: dict[str, Any]) -> bool:
-        """Write (or hold, rate-limited) one record; whether it was written at once."""
+    def report(self, step: int, total: int | None, metrics: dict[str, Any], force: bool = False) -> bool:
+        """Write (or hold, rate-limited) one record; whether it was written at once.  ``force``:
+        write now (a caller that paces itself, such as :func:`progress_callback`)."""
         if not (self.redirect or self._sink_path() or os.environ.get("TFK8S_TASK")):
             return False
         now = time.time()
@@ -74,7 +80,7 @@ class _Reporter:
             line = json.dumps(record, separators=(",", ":"))
             done = total is not None and step >= total
             wait = 1.0 / MAX_RATE_HZ - (now - self._last_write)
-            if done or wait <= 0:
+            if done or wait <= 0 or force:
                 self._write(line, now)
                 return True
             # Rate-limited: keep the newest record and write it when the limit allows,
@@ -168,54 +174,130 @@ def parse_record(line: str) -> dict[str, Any] | None:
     if line.startswith(STDOUT_MARKER):
         line = line[len(STDOUT_MARKER) :]
     try:
-        record = json.loads(line)
-    except ValueError:
+        record = records.loads(line, MAX_RECORD)
+    except ValueError:  # not JSON, too long, nested too deep
         return None
     return record if isinstance(record, dict) and "step" in record else None
 
 
+def replica_sum_divisor(model) -> int:
+    """How many times tf-keras counted each value in a *batch*-level log of ``model``'s ``fit``.
+
+    tf-keras reduces a training step's outputs with ``distribute_reduction_method`` ``"auto"``,
+    which is ``"sum"`` off TPUs: the metrics' results (already the same on every replica) are
+    added up over the local replicas and, under ``MultiWorkerMirroredStrategy``, over every
+    worker.  So a batch log reads ``num_replicas_in_sync`` times the value Keras reports for the
+    epoch (``History``, TensorBoard).  Keras 3 reduces with ``"mean"`` (nothing to undo).
+    """
+    keras2 = sys.modules.get("tf_keras")
+    strategy = getattr(model, "distribute_strategy", None)
+    if keras2 is None or strategy is None or not isinstance(model, keras2.Model):
+        return 1
+    if getattr(model, "distribute_reduction_method", "auto") not in ("auto", "sum"):
+        return 1
+    if "TPU" in type(strategy).__name__:  # "auto" is "first" on TPUs
+        return 1
+    return max(1, int(getattr(strategy, "num_replicas_in_sync", 1) or 1))
+
+
+class _ProgressLogic:
+    """What :func:`progress_callback`'s callback does, apart from Keras's base class (which
+    needs TensorFlow imported): mixed in before it, so these hooks are the ones Keras calls."""
+
+    def _setup(self, total: int | None, metric_names: tuple[str, ...]) -> None:
+        self._supports_tf_logs = True  # Keras hands over its tensors as they are
+        self._metric_names = metric_names
+        self._step = 0
+        self._total = total
+        self._latest: tuple[int, Any] | None = None  # (step, batch logs): the main thread's
+        self._written = -1
+        self._divisor = 1
+        self._metrics: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._write_lock = threading.Lock()
+
+    def metrics_of(self, logs, divisor: int = 1) -> dict[str, float]:
+        """The chosen metrics of a Keras log as floats, divided by ``divisor``."""
+        metrics = {}
+        for k in self._metric_names:
+            if logs and k in logs:
+                try:
+                    metrics[k] = float(logs[k]) / divisor
+                except (TypeError, ValueError):
+                    pass
+        return metrics
+
+    def _write(self, step: int, logs, divisor: int) -> None:
+        with self._write_lock:
+            if step < self._written:  # the reader thread lost a race with an epoch's end
+                return
+            metrics = self.metrics_of(logs, divisor)
+            self._metrics = metrics or self._metrics
+            self._written = step
+            _reporter.report(step, self._total, self._metrics, force=True)
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(1.0 / MAX_RATE_HZ):
+            latest = self._latest
+            if latest is not None and latest[0] > self._written:
+                self._write(latest[0], latest[1], self._divisor)
+
+    def on_train_begin(self, logs=None):
+        if self._total is None:
+            params = getattr(self, "params", None) or {}
+            epochs, steps = params.get("epochs"), params.get("steps")
+            if epochs and steps:
+                self._total = int(epochs) * int(steps)
+        self._divisor = replica_sum_divisor(getattr(self, "model", None))
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._flush_loop, name="tfk8s-progress", daemon=True)
+        self._thread.start()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._step += 1
+        self._latest = (self._step, logs)  # one assignment: read by the flush thread
+
+    def on_epoch_end(self, epoch, logs=None):
+        # Epoch logs are the metrics' results (already reduced): what History records.
+        self._write(self._step, logs, 1)
+
+    def on_train_end(self, logs=None):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        latest = self._latest
+        if latest is not None and latest[0] > self._written:  # no epoch end wrote it
+            self._write(latest[0], latest[1], self._divisor)
+        if self._total is None:  # the end: this step was the last
+            _reporter.report(self._step, self._step, self._metrics, force=True)
+        _reporter.flush()
+
+
 def progress_callback(total: int | None = None, metric_names: tuple[str, ...] = ("loss",)):
-    """A Keras callback that reports every training batch to the lab.
+    """A Keras callback that reports training progress to the lab.
 
     Works with tf-keras (``TF_USE_LEGACY_KERAS=1``, the lab's default) and
     with Keras 3.  ``total`` defaults to ``epochs * steps_per_epoch`` when
-    Keras knows them.
+    Keras knows them.  The values are Keras's own: those of ``History`` and
+    TensorBoard under every strategy (tf-keras's batch logs, summed over the
+    replicas, are divided back: ``replica_sum_divisor``).
+
+    Cheap by design (``bench/progress_callback.py`` measures it): a batch only
+    records the step and Keras's log object (no tensor is read, so Keras does
+    not convert its logs for us either); a thread reads the newest one at most
+    5 times a second, and the end of each epoch is written
+    with the epoch's logs.
     """
     import tensorflow as tf
 
     base = tf.keras.callbacks.Callback
 
-    class ProgressCallback(base):  # type: ignore[misc, valid-type]
+    class ProgressCallback(_ProgressLogic, base):  # type: ignore[misc, valid-type]
         """Reports the global batch count and chosen metrics via :func:`report_progress`."""
 
         def __init__(self) -> None:
-            super().__init__()
-            self._step = 0
-            self._total = total
-            self._metrics: dict[str, float] = {}
-
-        def on_train_begin(self, logs=None):
-            if self._total is None:
-                params = getattr(self, "params", None) or {}
-                epochs, steps = params.get("epochs"), params.get("steps")
-                if epochs and steps:
-                    self._total = int(epochs) * int(steps)
-
-        def on_train_batch_end(self, batch, logs=None):
-            self._step += 1
-            logs = logs or {}
-            metrics = {}
-            for k in metric_names:
-                if k in logs:
-                    try:
-                        metrics[k] = float(logs[k])
-                    except (TypeError, ValueError):
-                        pass
-            self._metrics = metrics
-            report_progress(self._step, self._total, **metrics)
-
-        def on_train_end(self, logs=None):
-            report_progress(self._step, self._total or self._step, **self._metrics)
-            _reporter.flush()
+            base.__init__(self)
+            self._setup(total, metric_names)
 
     return ProgressCallback()

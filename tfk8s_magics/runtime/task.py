@@ -39,6 +39,7 @@ import os
 import runpy
 import socket
 import sys
+import tempfile
 import traceback
 from collections.abc import MutableMapping
 
@@ -46,6 +47,7 @@ from .. import tfconfig
 from ..scriptcheck import COLLECTIVE_WITH_PS
 from ..spec import Task
 from ..taskenv import import_tensorflow
+from . import stopsignal
 from .exitcodes import (
     BROKEN_MARK,
     EXIT_PEER_LOST,
@@ -225,6 +227,8 @@ def run_script(path: str) -> int:
         return port_lost(port)
 
     guard_collective_strategy()
+    stopsignal.install()  # a stop (SIGTERM) ends the script cleanly, even under TensorFlow's notifier
+    stopsignal.watch_tensorflow()
     # As `python path/script.py` does: the script's own folder comes first (for a
     # cell body, the kernel's working folder), in place of the folder `-m` put there.
     script_dir = os.environ.get("TFK8S_SCRIPT_DIR") or os.path.dirname(os.path.abspath(path))
@@ -248,12 +252,12 @@ def run_script(path: str) -> int:
     except StrategyDoesNotFit as e:
         return broken(str(e))
     except ImportError as e:
-        traceback.print_exc()
+        print_user_traceback(e, path)
         if not import_at_top_level(e, path):
             return 1  # a late import (inside a function, mid-training) is the script raising
         return broken("the training script failed on an import; restarting cannot fix it.")
     except BaseException as e:  # noqa: BLE001 - report any failure of user code as exit 1
-        traceback.print_exc()
+        print_user_traceback(e, path)
         port = own_port(json.loads(os.environ.get("TF_CONFIG") or "{}"))
         if "gRPC server" in str(e) and port_taken(port):  # the strategy could not start our server
             return port_lost(port)
@@ -263,6 +267,24 @@ def run_script(path: str) -> int:
             return EXIT_PEER_LOST
         return 1
     return 0
+
+
+def print_user_traceback(e: BaseException, path: str) -> None:
+    """Print ``e``'s traceback from the script's first frame on (this runtime's and runpy's
+    frames say nothing about the user's code), then a hint where one helps: a NameError in a
+    cell body is most often a notebook variable, which the task's own process does not have."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != path:
+        tb = tb.tb_next
+    if tb is None:  # raised before the script ran a line (or outside it): the whole story
+        tb = e.__traceback__
+    traceback.print_exception(type(e), e, tb)
+    if isinstance(e, NameError) and os.environ.get("TFK8S_SCRIPT_IS_CELL") == "1":
+        name = getattr(e, "name", None) or str(e)
+        print(f"tfk8s: {name!r} is not defined in this task. The cell body runs as a script in each "
+              "task's own process, not in the notebook kernel, so the notebook's variables and imports "
+              "are not there: define or import it in the cell, pass a value with --env NAME=VALUE, or "
+              "a module with --file.", file=sys.stderr, flush=True)
 
 
 def import_at_top_level(e: BaseException, path: str) -> bool:
@@ -285,6 +307,31 @@ def _lost_a_peer(e: BaseException) -> bool:
     return isinstance(e, (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError))
 
 
+def log_dir_problem(path: str | None) -> str | None:
+    """Why this task cannot write its log directory (checkpoints, TensorBoard, logs), or None.
+
+    On Kubernetes the claim is writable by the task only when its storage applies the pod's
+    ``fsGroup``: most CSI drivers do only with ``fsGroupPolicy: File``.  Without it the
+    first checkpoint would fail with a traceback deep in TensorFlow; here it is one sentence
+    at start, and the task is not restarted (nothing a restart does can fix the storage).
+    """
+    if not path:
+        return None
+    try:
+        os.makedirs(path, exist_ok=True)
+        # a unique name: every task of the cluster (pid 1 in each pod) probes the same claim
+        fd, probe = tempfile.mkstemp(prefix=".tfk8s-write-check-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return (f"the log directory {path} is not writable by this task (uid {os.getuid()}, "
+                f"gid {os.getgid()}, groups {sorted(os.getgroups())}): {e.strerror}. Its storage "
+                "must let the pod's fsGroup write (a CSI driver with fsGroupPolicy File, or "
+                "files group-writable by that group): ask your administrator "
+                "(docs/admins/kubernetes.md, Storage).")
+    return None
+
+
 def main() -> int:
     """Run this task according to its environment."""
     try:
@@ -292,6 +339,9 @@ def main() -> int:
     except (KeyError, ValueError) as e:
         return broken(f"this task cannot tell which task it is: set {e} (a broken pod "
                       "template; restarting cannot fix it).")
+    unwritable = log_dir_problem(os.environ.get("TFK8S_LOG_DIR"))
+    if unwritable:
+        return broken(unwritable)
     tf_config = json.loads(os.environ["TF_CONFIG"])
     script = os.environ.get("TFK8S_SCRIPT")
     code = run_script(script) if script else run_server(tf_config)

@@ -72,6 +72,73 @@ def _needed_globals(cls: type, module: types.ModuleType | None) -> list[str]:
     return lines
 
 
+#: What the platform calls on a Trainer, with the arguments it passes (besides ``self``).
+CALLED = {"build_model": (), "dataset": ("input_context",), "compute_loss": ("labels", "predictions"),
+          "after_train": ("model",), "train": ("model", "optimizer")}
+#: What a Trainer must override.
+REQUIRED = ("build_model", "dataset")
+
+
+def _wrong_signature(cls_name: str, method: str, shown: str) -> SpecError:
+    wanted = ", ".join(("self", *CALLED[method]))
+    return SpecError(f"{cls_name}.{method}{shown} does not take what the platform passes it: define it as "
+                     f"{method}({wanted}).")
+
+
+def check_trainer_class(cls: type) -> None:
+    """Refuse (one sentence, before anything is created) a Trainer that leaves ``build_model`` or
+    ``dataset`` unimplemented, or overrides a method with a signature the platform cannot call."""
+    for method in REQUIRED:
+        if getattr(cls, method, None) is getattr(Trainer, method):
+            raise SpecError(f"{cls.__name__} does not override {method}(): a Trainer must define "
+                            f"{method}({', '.join(('self', *CALLED[method]))}).")
+    for method, args in CALLED.items():
+        fn = getattr(cls, method, None)
+        if fn is None or fn is getattr(Trainer, method):
+            continue
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            continue
+        try:
+            sig.bind(None, *args)
+        except TypeError:
+            raise _wrong_signature(cls.__name__, method, str(sig)) from None
+
+
+def _ast_signature_fits(f: ast.FunctionDef | ast.AsyncFunctionDef, args: tuple) -> str | None:
+    """None when ``f`` accepts ``self`` + ``args``; else its parameters, shown as ``(a, b)``."""
+    a = f.args
+    positional = [*a.posonlyargs, *a.args]
+    required = len(positional) - len(a.defaults)
+    given = 1 + len(args)  # self + what the platform passes
+    if given < required or (given > len(positional) and a.vararg is None):
+        names = [p.arg for p in positional] + ([f"*{a.vararg.arg}"] if a.vararg else [])
+        return "(" + ", ".join(names) + ")"
+    return None
+
+
+def check_trainer_source(cell: str, name: str) -> None:
+    """:func:`check_trainer_class` on the source of a cell that defines class ``name``: its
+    methods' parameters are read from the syntax tree (the class is not run here)."""
+    tree = ast.parse(cell)
+    node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
+    if node is None:
+        return  # an assignment (Trainer = ...): nothing to read
+    methods = {f.name: f for f in node.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)}
+    for method, args in CALLED.items():
+        shown = _ast_signature_fits(methods[method], args) if method in methods else None
+        if shown is not None:
+            raise _wrong_signature(name, method, shown)
+    bases = {b.id for b in node.bases if isinstance(b, ast.Name)} | {
+        b.attr for b in node.bases if isinstance(b, ast.Attribute)}
+    missing = [m for m in REQUIRED if m not in methods] if "Trainer" in bases else []
+    if missing:
+        method = missing[0]
+        raise SpecError(f"{name} does not override {method}(): a Trainer must define "
+                        f"{method}({', '.join(('self', *CALLED[method]))}).")
+
+
 def trainer_script(trainer: str | type, options: TrainerOptions, cell: str | None = None) -> str:
     """The script every task runs: the class's definition, then the call of the Trainer runtime."""
     if isinstance(trainer, str):
@@ -87,10 +154,12 @@ def trainer_script(trainer: str | type, options: TrainerOptions, cell: str | Non
         if trainer not in classes | assigned:
             raise SpecError(f"--trainer {trainer}: the cell defines no class {trainer} "
                             f"(its classes: {', '.join(sorted(classes)) or 'none'}); check the name.")
+        check_trainer_source(cell, trainer)
         return cell + _FOOTER.format(name=trainer, options=json.dumps(options.to_dict()))
     if not (isinstance(trainer, type) and issubclass(trainer, Trainer)):
         raise SpecError(f"trainer={trainer!r} is not a subclass of tfk8s_magics.Trainer: subclass it and "
                         "override build_model() and dataset().")
+    check_trainer_class(trainer)
     name = trainer.__name__
     module_name = trainer.__module__
     if cell is not None:

@@ -403,9 +403,9 @@ class Dashboard:
                 self._table_at = now
                 self.tasks.value = tasks_html(st, deleted=self.deleted)
                 self._draw_progress(st)
-            if self._history is not None and self._history.version != self._curve_version:
+            if self._history is not None and (self._history.version != self._curve_version or ended):
                 self._curve_version = self._history.version
-                self.curves.value = curves_html(self._history.points())
+                self.curves.value = curves_html(self._history.points(), ended=ended)
             if events_changed:
                 self._draw_events()
             for task, lines in pending.items():
@@ -510,8 +510,8 @@ class Dashboard:
         points = self._history.points() if self._history is not None else {}
         with self._lock:
             tails = {t: list(q)[-10:] for t, q in self.lines.items()}
-        return dashboard_html(st, deleted=self.deleted, curves=curves_html(points), events=self.events,
-                              log_tails=tails)
+        return dashboard_html(st, deleted=self.deleted, curves=curves_html(points, ended=st.terminal),
+                              events=self.events, log_tails=tails)
 
     def __repr__(self) -> str:
         st = self._snapshot()

@@ -19,6 +19,8 @@ import time
 import traceback
 from collections.abc import Callable
 
+from .stream import Overwrites, finished
+
 
 class ViewEnd(enum.Enum):
     """Where a live view is in its life: one value instead of a flag per ending.
@@ -227,6 +229,7 @@ class LogOutput:
         self.output = output
         self.max_lines = max_lines
         self.shown = 0
+        self.stream = Overwrites()  # a progress bar's updates rewrite its line in place
 
     def append(self, lines: list[str], tail: Callable[[], list[str]], head: Callable[[], str],
                skipped: int = 0) -> None:
@@ -235,14 +238,16 @@ class LogOutput:
         ``skipped``: lines that came before ``lines`` and were never formatted
         (a flood): the widget must not show a silent gap, so it re-bases.
         """
-        self.shown += len(lines) + skipped
+        self.shown += len(finished(lines)) + skipped
         if skipped or self.shown > 2 * self.max_lines:
-            newest = tail()
-            self.replace(head() + "\n".join(newest) + "\n", len(newest))
+            newest = finished(tail())
+            self.stream = Overwrites()
+            self.replace(head() + self.stream.render(newest), len(newest))
         else:
-            self.output.append_stdout("\n".join(lines) + "\n")
+            self.output.append_stdout(self.stream.render(lines))
 
     def replace(self, text: str, shown: int) -> None:
         """Show ``text`` instead of everything; count ``shown`` lines towards the next re-base."""
+        self.stream = Overwrites()
         self.output.outputs = ({"output_type": "stream", "name": "stdout", "text": text},)
         self.shown = shown

@@ -18,6 +18,7 @@ import threading
 from ..backends import ClusterStatus, LogLine
 from ..watch import ClusterFeed
 from .live import LogOutput, ViewEnd
+from .stream import Overwrites, finished
 
 
 def widgets_available() -> bool:
@@ -45,6 +46,7 @@ class LogView:
         self.tasks = set(tasks) if tasks else None
         self.announce_status = announce_status
         self.lines: collections.deque[str] = collections.deque(maxlen=max_lines)
+        self._stream = Overwrites()  # printed (no widgets): a progress bar rewrites its line
         self.dropped = 0
         self._last_phase: str | None = None
         self._lock = threading.Lock()
@@ -105,10 +107,11 @@ class LogView:
         if not texts:
             return
         with self._lock:
-            self.dropped += max(0, len(self.lines) + skipped + len(texts) - self.max_lines)
-            self.lines.extend(texts)
+            kept = finished(texts)  # an update is transient: its finished line is what stays
+            self.dropped += max(0, len(self.lines) + skipped + len(kept) - self.max_lines)
+            self.lines.extend(kept)
             if self._output is None:
-                sys.stdout.write("\n".join(texts) + "\n")
+                sys.stdout.write(self._stream.render(texts))
                 sys.stdout.flush()
                 return
             self._output.append(

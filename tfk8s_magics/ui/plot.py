@@ -145,11 +145,13 @@ def sparkline_svg(
 _COLOURS = ("#268bd2", "#dc322f", "#859900", "#6c71c4")
 
 
-def curves_html(points: dict[str, list[tuple[int, float]]]) -> str:
-    """Every metric's sparkline side by side (at most :data:`MAX_METRICS`)."""
+def curves_html(points: dict[str, list[tuple[int, float]]], ended: bool = False) -> str:
+    """Every metric's sparkline side by side (at most :data:`MAX_METRICS`); ``ended``: the
+    cluster has ended (no "yet" about what will not come)."""
     if not points:
         # Where to report them is said on the progress line (the script, or in-graph the kernel).
-        return '<div class="tfk8s-curves tfk8s-muted" style="color:#888">no metrics reported yet</div>'
+        text = "no metrics were reported" if ended else "no metrics reported yet"
+        return f'<div class="tfk8s-curves tfk8s-muted" style="color:#888">{text}</div>'
     names = list(points)[:MAX_METRICS]
     return (
         '<div class="tfk8s-curves" style="display:flex;flex-wrap:wrap">'

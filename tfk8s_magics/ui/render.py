@@ -10,6 +10,7 @@ unless ``now`` is left out.  Every value is escaped.
 
 from __future__ import annotations
 
+import collections
 import html
 import time
 
@@ -28,6 +29,7 @@ _PHASE_COLOURS = {
     "stalled": "#cb4b16",
     Phase.SUCCEEDED: "#2aa198",
     Phase.FAILED: "#dc322f",
+    Phase.STOPPING: "#6c71c4",
     Phase.STOPPED: "#6c71c4",
 }
 #: The ipywidgets progress-bar style of a cluster in each phase.
@@ -86,7 +88,11 @@ def bar_style(phase: str | None) -> str:
 
 
 def tasks_running(st: ClusterStatus) -> str:
-    """``running/all`` tasks, e.g. ``3/4``."""
+    """``running/all`` tasks, e.g. ``3/4``; once the cluster has ended, how its tasks ended
+    (``1 succeeded``): "0/1" read as "nothing ran" on a cluster that succeeded."""
+    if st.phase in Phase.TERMINAL:
+        ended = collections.Counter(t.phase for t in st.tasks)
+        return ", ".join(f"{n} {phase}" for phase, n in sorted(ended.items())) or "-"
     running = sum(1 for t in st.tasks if t.phase == Phase.RUNNING)
     return f"{running}/{len(st.tasks)}"
 

@@ -29,6 +29,11 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- define "tfk8s-lab.secret.name" -}}{{ include "tfk8s-lab.fullname" . }}-hub-secret{{- end -}}
 
 {{/* The hub's values file: {"lab": LabSettings traits, "hub": what tfk8s_hub.hub.configure_hub reads}. */}}
+{{/* The ClusterRole of the extension's backend rules, bound per user namespace by the hub. */}}
+{{- define "tfk8s-lab.backendRole.name" -}}
+{{- printf "%s-%s" .Values.lab.role_name .Release.Namespace | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "tfk8s-lab.hubValues" -}}
 {{- $hub := dict
       "hubService" (include "tfk8s-lab.hub.name" .)
@@ -41,6 +46,7 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
       "auth" (dict "class" .Values.auth.class "adminUsers" .Values.auth.adminUsers "allowedUsers" .Values.auth.allowedUsers "allowAll" .Values.auth.allowAll) -}}
 {{- $lab := deepCopy .Values.lab -}}
 {{- $_ := set $lab "hub_namespace" .Release.Namespace -}}
+{{- $_ := set $lab "role_name" (include "tfk8s-lab.backendRole.name" .) -}}
 {{- dict "lab" $lab "hub" $hub | toPrettyJson -}}
 {{- end -}}
 

@@ -18,9 +18,17 @@ from kubernetes.client.rest import ApiException
 from ...errors import LaunchFailed
 from .client import Api, api_reason
 from .manifests import owner_reference, with_owner
-from .quota import admitted, limit_problems, node_problems, quota_problems
+from .quota import admitted, limit_problems, node_problems, pending_pods, quota_problems
 
 Manifest = dict[str, Any]
+#: What a JobSet CRD older than v0.7 (no ``failurePolicy.restartStrategy``) makes a launch say.
+JOBSET_TOO_OLD = (
+    "this cluster runs JobSet older than v0.7, which tfk8s needs (v0.6 keeps parameter "
+    "servers and a failed cluster's survivors running until its TTL expires): ask your "
+    "administrator to upgrade JobSet to v0.7 or newer (docs/admins); nothing was created"
+)
+#: The JobSet API (the same as :data:`.jobset.API_VERSION`).
+JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 
 
 def _what(m: Manifest) -> str:
@@ -31,6 +39,9 @@ def failure_sentence(e: ApiException, manifest: Manifest, namespace: str) -> str
     """One sentence saying why the API refused ``manifest``, and what to do."""
     reason = api_reason(e)
     what = _what(manifest)
+    if manifest["kind"] == "JobSet" and "restartStrategy" in reason and (
+            "unknown field" in reason or "not declared" in reason):
+        return JOBSET_TOO_OLD + f" ({reason})"
     admission = _admission_sentence(e.status, reason, what)
     if admission:
         return admission
@@ -48,6 +59,14 @@ def failure_sentence(e: ApiException, manifest: Manifest, namespace: str) -> str
 
 def _admission_sentence(status: int | None, reason: str, what: str) -> str | None:
     """The sentence for a refusal by an admission plugin (quota, LimitRange, Pod Security)."""
+    if "admission webhook" in reason:  # JobSet's or Kueue's webhook, not RBAC
+        webhook = reason.split('"')[1] if reason.count('"') >= 2 else "an"
+        return (f"the {webhook} admission webhook refused {what} ({reason}): the object is not "
+                "valid for that controller; check the launch options it names, or ask your "
+                "administrator whether the controller's version matches (docs/admins).")
+    if "ValidatingAdmissionPolicy" in reason:
+        return (f"the namespace's admission policy refused {what} ({reason}); "
+                "ask your administrator (docs/admins).")
     if status == 403 and "must specify" in reason:
         return (f"the namespace's ResourceQuota needs every pod to state its resources and "
                 f"{what} does not ({reason}): give --cpu and --memory for every role, or ask "
@@ -86,16 +105,31 @@ def preflight(api: Api, manifests: list[Manifest], check_nodes: bool = False) ->
         ranges = api.list_objects("v1", "LimitRange").get("items", [])
         quotas = api.list_objects("v1", "ResourceQuota").get("items", [])
         problems = limit_problems(manifests, ranges)
-        problems += quota_problems(admitted(manifests, ranges), quotas)
-        if check_nodes:
-            nodes = api.core.list_node(_preload_content=False, _request_timeout=api.timeout)
-            problems += node_problems(manifests, api._json(nodes).get("items", []))
+        pending: list[Manifest] = []
+        if quotas:  # the pods other clusters are still to create count as used
+            jobsets = api.list_objects(JOBSET_API, "JobSet").get("items", [])
+            pods = api.list_objects("v1", "Pod", "jobset.sigs.k8s.io/jobset-name").get("items", [])
+            pending = admitted(pending_pods(jobsets, pods), ranges)
+        problems += quota_problems(admitted(manifests, ranges), quotas, pending)
     except ApiException as e:
         raise LaunchFailed(
             f"could not read the quota and limit ranges of namespace {api.namespace!r} "
             "before launching: "
             f"{api_reason(e)}."
         ) from e
+    if check_nodes:
+        try:
+            nodes = api.core.list_node(_preload_content=False, _request_timeout=api.timeout)
+        except ApiException as e:
+            if e.status == 403:
+                raise LaunchFailed(
+                    "the node check (check_nodes) needs to list the cluster's nodes, which the "
+                    f"notebook's service account may not ({api_reason(e)}): ask your "
+                    "administrator for a ClusterRole with list on nodes, or launch without "
+                    "the node check; nothing was created.") from e
+            raise LaunchFailed(f"could not list the cluster's nodes before launching: "
+                               f"{api_reason(e)}.") from e
+        problems += node_problems(manifests, api._json(nodes).get("items", []))
     if problems:
         raise LaunchFailed(
             "the cluster would not fit, so nothing was created: " + " ".join(problems)

@@ -27,18 +27,23 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
+from ... import options
 from ...errors import BackendError, ClusterExists, ClusterNotFound, LaunchFailed, SpecError
+from ...lifecycle import LifecyclePolicy
 from ...ports import free_port
 from ...runtime.progress import parse_record
 from ...scriptcheck import check_files_travel, script_dir
 from ...spec import IN_GRAPH, ClusterSpec
-from ..base import Backend, ClusterStatus, Coordinator, Event, LogLine, LogLocation, TensorBoardInfo
+from ..base import Backend, ClusterStatus, Coordinator, Event, LogLine, LogLocation, Phase, TensorBoardInfo
 from . import logs as logs_mod
 from . import state
 from .apply import apply, failure_sentence, preflight
 from .client import Api, api_reason
+from .feed import NamespaceFeed
+from .feed import events as watch_events
 from .jobset import API_VERSION, KIND, cluster_addresses, cluster_manifests, render_yaml
 from .manifests import (
     CLUSTER_LABEL,
@@ -64,17 +69,30 @@ from .serving import (
     serving_options,
 )
 from .settings import K8sSettings, label_value, settings_from_env
+from .storage_pods import BACKUP_GRACE
 from .watch import ClusterWatch
-from .watch import events as watch_events
 
 #: What to install when the cluster has no JobSet API (one sentence, at launch).
 INSTALL_JOBSET = (
     "this cluster does not serve the JobSet API (jobset.x-k8s.io/v1alpha2), which runs "
-    "tfk8s clusters: ask your administrator to install JobSet v0.6 or newer (its release "
+    "tfk8s clusters: ask your administrator to install JobSet v0.7 or newer (its release "
     "manifest or Helm chart; see helm/README.md), then launch again."
 )
-#: Seconds ``delete`` waits for a cluster's objects to be gone.
+#: The PriorityClasses every cluster has (the Priority admission plugin's own).
+SYSTEM_PRIORITY_CLASSES = ("system-cluster-critical", "system-node-critical")
+#: Least seconds ``delete`` waits for a cluster's objects to be gone.
 DELETE_TIMEOUT = 120.0
+#: Seconds ``delete`` waits beyond the longest termination grace of the cluster's pods.
+DELETE_MARGIN = 60.0
+
+
+def delete_wait(spec: ClusterSpec) -> float:
+    """How long ``delete`` waits: past the longest grace any of the cluster's pods may take
+    to end (a backup step drains for up to :data:`~.storage_pods.BACKUP_GRACE` seconds)."""
+    graces = [LifecyclePolicy.of(spec).grace_period]
+    if spec.backup_url:
+        graces.append(BACKUP_GRACE)
+    return max(DELETE_TIMEOUT, max(graces) + DELETE_MARGIN)
 
 
 class KubernetesBackend(Backend):
@@ -125,6 +143,7 @@ class KubernetesBackend(Backend):
         self.check_nodes = check_nodes
         self.request_timeout = request_timeout
         self._watches: dict[str, ClusterWatch] = {}  # cluster → its read-only watch
+        self._feed: NamespaceFeed | None = None  # the namespace's shared watches (see .feed)
         self._lock = threading.RLock()  # guards _watches and _stop_at_exit; no request under it
         self._stop_at_exit: set[str] = set()  # clusters launched here, not detached
         self._exit_hook = False
@@ -169,14 +188,21 @@ class KubernetesBackend(Backend):
         pod, so stopping or culling the server deletes it server-side.
         """
         spec = self._owned(spec)
+        spec = with_detached_ttl(spec, detach)
         if spec.script is not None:
             # Its folder is importable in the pods only through the files that travel with it.
             check_files_travel(spec.script, script_dir(spec), list(spec.files))
         manifests = cluster_manifests(spec, self.settings)
         manifests[0]["metadata"]["annotations"][DETACHED_ANNOTATION] = str(detach).lower()
+        if detach:  # a label too: the hub's stop hook selects the JobSets it may stop by it
+            for m in manifests:
+                if m["kind"] == KIND:
+                    m["metadata"]["labels"][DETACHED_ANNOTATION] = "true"
         self._check_free(spec.name)
+        self._check_service_name(spec.name)
         self._check_jobset_api()
         self._check_secret(spec)
+        self._check_priority(spec)
         if spec.mode == IN_GRAPH:
             owner = self._notebook_pod_owner()
             if owner is not None:
@@ -204,6 +230,63 @@ class KubernetesBackend(Backend):
             f"{self.settings.namespace!r}: launch with --replace to delete it and launch "
             f"again, choose another name, or `%tfcluster delete {name}` first."
         )
+
+    def _check_service_name(self, name: str) -> None:
+        """Refuse a name another Service has: JobSet would take that Service as the cluster's
+        headless one (it adopts any Service named like the JobSet, whoever owns it), and the
+        tasks' host names would never resolve."""
+        try:
+            service = self.api.get("v1", "Service", name)
+        except ApiException as e:
+            raise LaunchFailed(f"could not check the cluster name {name!r} against the "
+                               f"namespace's Services: {api_reason(e)}.") from e
+        if service is None:
+            return
+        labels = service["metadata"].get("labels") or {}
+        what = (f"the {labels[COMPONENT_LABEL]} Service of cluster {labels[CLUSTER_LABEL]!r}"
+                if labels.get(CLUSTER_LABEL) and labels.get(COMPONENT_LABEL) else "a Service")
+        raise LaunchFailed(
+            f"cluster name {name!r} is taken by {what} in namespace {self.settings.namespace!r}: "
+            "JobSet would use that Service for the cluster's host names, which would never "
+            "resolve; choose another name, so nothing was created."
+        )
+
+    def _check_priority(self, spec: ClusterSpec) -> None:
+        """Refuse a ``--priority`` no PriorityClass has: the Priority admission plugin would
+        refuse every task pod, and the Job controller would retry for ever with no pod shown.
+        Where the service account may not read PriorityClasses (the chart grants it:
+        ``rbac.readPriorityClasses``), the tasks' status says it instead (``FailedCreate``)."""
+        if not spec.priority or spec.priority in SYSTEM_PRIORITY_CLASSES:
+            return
+        if not self._may("get", "scheduling.k8s.io", "priorityclasses", spec.priority):
+            return  # asked first: no denied request in the API server's audit log
+        try:
+            k8s.SchedulingV1Api(self.api.api_client).read_priority_class(
+                spec.priority, _preload_content=False, _request_timeout=self.api.timeout)
+        except ApiException as e:
+            if e.status == 403:
+                return
+            if e.status == 404:
+                raise LaunchFailed(
+                    f"--priority {spec.priority!r}: the cluster has no PriorityClass of that "
+                    "name, so no task pod could be created; `kubectl get priorityclasses` lists "
+                    "them (ask your administrator), or launch without --priority. Nothing was "
+                    "created.") from e
+            raise LaunchFailed(f"could not check --priority {spec.priority!r}: "
+                               f"{api_reason(e)}.") from e
+
+    def _may(self, verb: str, group: str, resource: str, name: str) -> bool:
+        """Whether this service account may ``verb`` the cluster-scoped object (one
+        SelfSubjectAccessReview, which every user may make); False when it cannot tell."""
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                  "spec": {"resourceAttributes": {"verb": verb, "group": group,
+                                                  "resource": resource, "name": name}}}
+        try:
+            answer = k8s.AuthorizationV1Api(self.api.api_client).create_self_subject_access_review(
+                review, _preload_content=False, _request_timeout=self.api.timeout)
+        except ApiException:
+            return False
+        return bool((Api._json(answer).get("status") or {}).get("allowed"))
 
     def _check_jobset_api(self) -> None:
         try:
@@ -311,12 +394,20 @@ class KubernetesBackend(Backend):
             current = self._watches.get(spec.name)
         if current is not None and current.alive and current.root["metadata"]["uid"] == uid:
             return current
-        new = ClusterWatch(self.api, spec, root).start()  # waits for the first listings
+        # waits for the first listings
+        new = ClusterWatch(self.api, spec, root, feed=self._namespace_feed()).start()
         with self._lock:
             current, self._watches[spec.name] = self._watches.get(spec.name), new
         if current is not None and current is not new:
             current.close()
         return new
+
+    def _namespace_feed(self) -> NamespaceFeed:
+        """The namespace's two shared watches (one pair per backend, started on first use)."""
+        with self._lock:
+            if self._feed is None or not self._feed.alive:
+                self._feed = NamespaceFeed(self.api).start()
+            return self._feed
 
     def _forget(self, name: str) -> None:
         with self._lock:
@@ -367,8 +458,26 @@ class KubernetesBackend(Backend):
                               stopped=bool(annotations.get(STOPPED_ANNOTATION)),
                               steps=state.latest_steps(mine))
             out.append(state.cluster_status(view, root))
+        self._explain_no_pod(out, jobsets)
         out.sort(key=lambda s: s.created, reverse=True)
         return out
+
+    def _explain_no_pod(self, clusters: list[ClusterStatus], jobsets: dict[str, Any]) -> None:
+        """Tasks without a pod: the Job controller's FailedCreate, from one Event listing made
+        only when some task has no pod."""
+        if not any(t.reason == "no pod" for c in clusters for t in c.tasks):
+            return
+        try:
+            events = self.api.list_objects("v1", "Event").get("items", [])
+        except ApiException:
+            return  # the reason stays "no pod": listing must not fail for it
+        for c in clusters:
+            born = state.parse_time((jobsets.get(c.name) or {}).get("metadata", {}).get(
+                "creationTimestamp")) or 0.0
+            state.explain_no_pod(c.tasks, events, c.name, born)
+            if c.phase == Phase.PENDING and c.reason.endswith(": no pod"):
+                waiting = next(t for t in c.tasks if t.phase == Phase.PENDING)
+                c.reason = f"{waiting.name}: {waiting.reason}"
 
     def spec(self, name: str) -> ClusterSpec:
         return self._spec_of(self._require_root(name))
@@ -465,7 +574,7 @@ class KubernetesBackend(Backend):
                                {"metadata": {"ownerReferences": None}})
             self.api.delete("v1", "ConfigMap", name, propagation="Foreground")
             if wait:
-                self._wait_gone(name, root["metadata"]["uid"])
+                self._wait_gone(name, root["metadata"]["uid"], delete_wait(spec))
         except ApiException as e:
             raise BackendError(f"could not delete cluster {name!r}: {api_reason(e)}.") from e
         return LogLocation(LOG_MOUNT, log_claim_name(spec)) if keep_logs else None
@@ -599,8 +708,11 @@ class KubernetesBackend(Backend):
         with self._lock:
             watches = list(self._watches.values())
             self._watches.clear()
+            feed, self._feed = self._feed, None
         for w in watches:
             w.close()
+        if feed is not None:
+            feed.close()
 
 
 def _own_ip() -> str:
@@ -609,6 +721,18 @@ def _own_ip() -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+def with_detached_ttl(spec: ClusterSpec, detach: bool) -> ClusterSpec:
+    """``spec`` with the administrator's TTL of detached runs (``$TFK8S_DETACHED_TTL``,
+    the hub's ``detached_ttl``) when it is launched detached without a ``--ttl`` of its own:
+    no notebook stops a detached run, and finished ones would pile up."""
+    if not detach or spec.ttl_after_finished is not None:
+        return spec
+    ttl = options.get("detached_ttl")
+    if ttl is None:
+        return spec
+    return ClusterSpec.from_dict({**spec.to_dict(), "ttl_after_finished": float(ttl)})
 
 
 def _stop_all(ref: weakref.ref) -> None:

@@ -72,10 +72,12 @@ class Api:
     def create(self, manifest: Manifest) -> Manifest:
         """Create ``manifest`` in the namespace; return the created object."""
         if manifest["apiVersion"] in _CUSTOM:
+            # Strict: a field the cluster's CRD does not know is an error, not silently
+            # dropped (an older JobSet would run without the policy it was given).
             return self._json(self.custom.create_namespaced_custom_object(
                 *self._gvp(manifest["apiVersion"])[:2], self.namespace,
-                _CUSTOM[manifest["apiVersion"]], manifest, _preload_content=False,
-                _request_timeout=self.timeout))
+                _CUSTOM[manifest["apiVersion"]], manifest, field_validation="Strict",
+                _preload_content=False, _request_timeout=self.timeout))
         api = self._typed(manifest["apiVersion"])
         method = getattr(api, f"create_namespaced_{_snake(manifest['kind'])}")
         return self._json(
@@ -164,25 +166,48 @@ class Api:
                    _request_timeout=self.timeout)
         )
 
-    def pod_log(self, name: str, *, follow: bool = False, tail: int | None = None,
-                timeout: float | None = None, timestamps: bool = False,
-                container: str | None = None):
-        """The pod's log (of ``container``, for a pod of several): text, or (``follow``) the raw
-        streaming response."""
-        kwargs: dict[str, Any] = {"_preload_content": False}
+    def pod_log(self, name: str, *, tail: int | None = None, timestamps: bool = False,
+                container: str | None = None) -> str:
+        """The pod's log (of ``container``, for a pod of several) as text."""
+        kwargs: dict[str, Any] = {"_preload_content": False, "_request_timeout": self.timeout}
         if container:
             kwargs["container"] = container
         if tail is not None:
             kwargs["tail_lines"] = tail
         if timestamps:
             kwargs["timestamps"] = True
-        if follow:
-            kwargs["follow"] = True
-            kwargs["_request_timeout"] = (self.timeout, timeout) if timeout else self.timeout
-            return self.core.read_namespaced_pod_log(name, self.namespace, **kwargs)
-        kwargs["_request_timeout"] = self.timeout
         resp = self.core.read_namespaced_pod_log(name, self.namespace, **kwargs)
         return resp.data.decode("utf-8", "replace")
+
+    def follow_log(self, name: str, *, since: str | None = None, tail: int | None = None,
+                   container: str | None = None):
+        """The raw streaming response of the pod's log, followed, every line stamped.
+
+        The request has a connect timeout only: a quiet task sends nothing for
+        as long as it is quiet, and a read timeout would end the stream (the
+        client turns one number into ``urllib3.Timeout(total=...)``).  ``since``
+        (an RFC 3339 time, the last stamp read) re-opens a stream where it
+        stopped; the typed client has no ``sinceTime``, so the request is
+        built here with the client's own serialiser and authentication.
+        """
+        query: list[tuple[str, str]] = [("follow", "true"), ("timestamps", "true")]
+        if container:
+            query.append(("container", container))
+        if tail is not None:
+            query.append(("tailLines", str(tail)))
+        if since:
+            query.append(("sinceTime", since))
+        request = self.api_client.param_serialize(
+            "GET", "/api/v1/namespaces/{namespace}/pods/{name}/log",
+            path_params={"namespace": self.namespace, "name": name}, query_params=query,
+            # "text/plain" is what the stream is, but the API server refuses it as an Accept
+            # (406: only its serializers' media types are negotiable); "*/*" is what kubectl sends
+            header_params={"Accept": "*/*"}, auth_settings=["BearerToken"])
+        resp = self.api_client.call_api(*request, _request_timeout=(self.timeout, None))
+        if not 200 <= resp.status <= 299:
+            resp.read()
+            raise ApiException.from_response(http_resp=resp, body=None, data=None)
+        return resp.response
 
 
 def api_reason(e: ApiException) -> str:

@@ -238,7 +238,10 @@ def failure_policy(spec: ClusterSpec, policy: LifecyclePolicy) -> Manifest:
         rules.append(
             {"name": RULE_DEADLINE, "action": "FailJobSet", "onJobFailureReasons": ["DeadlineExceeded"]}
         )
-    return {"maxRestarts": policy.restart_budget, "rules": rules}
+    # restartStrategy is JobSet's default, written out: the field exists since JobSet v0.7
+    # (the minimum: v0.6 keeps active Jobs running until a TTL expires, jobset#667), and a
+    # JobSet created with fieldValidation=Strict is refused by an older CRD (apply.py says so).
+    return {"maxRestarts": policy.restart_budget, "restartStrategy": "Recreate", "rules": rules}
 
 
 def success_policy(spec: ClusterSpec, policy: LifecyclePolicy) -> Manifest:

@@ -26,6 +26,61 @@ from .watch import ClusterWatch
 _STARTED = ("Running", "Succeeded", "Failed")
 
 
+def container_terminated(pod: dict) -> bool:
+    """Whether the pod's (first) container has terminated, or the pod has ended."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return True
+    containers = status.get("containerStatuses") or []
+    return bool(containers) and "terminated" in (containers[0].get("state") or {})
+
+
+def stamp_key(stamp: str) -> tuple[str, int]:
+    """An RFC 3339 log stamp as a sortable key: (the time to the second, nanoseconds).
+
+    The kubelet writes RFC3339Nano (trailing zeros trimmed), so the fraction is
+    padded to nine digits; the API server sends ``sinceTime`` on to the
+    kubelet to the second only, so a re-opened stream repeats that second.
+    """
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    digits = "".join(c for c in frac if c.isdigit())[:9]
+    return head, int(digits.ljust(9, "0")) if digits else 0
+
+
+class LogCursor:
+    """Where a followed log stopped: its last stamp, and how many lines carried it.
+
+    A re-opened stream (``sinceTime`` = the last stamp) starts at or before
+    that stamp; :meth:`fresh` lets through only the lines after it, so none
+    is shown twice and none is lost.
+    """
+
+    def __init__(self) -> None:
+        self.since: str | None = None
+        self._last: tuple[str, int] | None = None
+        self._at_last = 0  # lines with the last stamp, already taken
+        self._seen_at_last = 0  # lines with the last stamp, in the stream being read
+
+    def fresh(self, stamp: str) -> bool:
+        """Whether the line stamped ``stamp`` has not been taken yet (and take it)."""
+        key = stamp_key(stamp)
+        if self._last is not None and key < self._last:
+            return False
+        if key == self._last:
+            self._seen_at_last += 1
+            if self._seen_at_last <= self._at_last:
+                return False
+            self._at_last += 1
+            return True
+        self._last, self._at_last, self._seen_at_last = key, 1, 1
+        self.since = stamp
+        return True
+
+    def reopened(self) -> None:
+        """A new stream starts: count the lines of the last stamp afresh."""
+        self._seen_at_last = 0
+
+
 def progress_of(record: dict, task: str) -> Progress:
     """A parsed progress record as :class:`Progress` (``task``: who sent it, if it does not say)."""
     return Progress(
@@ -157,36 +212,78 @@ class _Reader:
                     return
                 name = pod["metadata"]["name"]
                 done.add(name)
-                self._stream(name)
+                self._follow_pod(name)
         finally:
             self.out.put(None)
 
-    def _stream(self, pod: str) -> None:
+    def _ended(self, pod: str) -> bool:
+        """Whether pod ``pod``'s log can grow no more: its container terminated, or it is gone."""
+        current = self.watcher.pod_named(pod)
+        if current is None or self.watcher.deleted:
+            return True
+        return container_terminated(current)
+
+    def _follow_pod(self, pod: str) -> None:
+        """Stream one pod's log until its container has terminated and every line is read.
+
+        A stream that ends or drops while the container still runs is opened
+        again from the last stamp read (``sinceTime``); the cursor skips the
+        lines already shown, so none is shown twice and none is lost.
+        """
+        cursor = LogCursor()
         tail = None if self.from_start else 0
         self.from_start = True  # later attempts are new output: read them whole
-        try:
-            self.response = resp = self.watcher.api.pod_log(pod, follow=True, tail=tail)
-        except ApiException as e:
-            if e.status in (400, 404):
+        backoff = 0.2
+        while not self.halt.is_set():
+            ended_before = self._ended(pod)
+            outcome = self._stream(pod, cursor, tail)
+            tail = None  # a re-opened stream starts at the cursor, never at the tail
+            if self.halt.is_set() or outcome == "gone":
                 return
+            if outcome == "eof" and ended_before:
+                return  # the stream of a terminated container is complete
+            if outcome == "eof" and self._ended(pod):
+                backoff = 0.0  # once more: the lines written just before the end
+            self.halt.wait(backoff)
+            backoff = min(max(backoff * 2, 0.2), 5.0)
+
+    def _stream(self, pod: str, cursor: LogCursor, tail: int | None) -> str:
+        """One follow request: ``eof`` (the server ended it), ``dropped`` or ``gone``."""
+        cursor.reopened()
+        try:
+            self.response = resp = self.watcher.api.follow_log(
+                pod, since=cursor.since, tail=tail)
+        except ApiException as e:
+            if e.status == 404:
+                return "gone"
+            if e.status == 400:  # not started, or no longer readable: the pod's state decides
+                return "gone" if self._ended(pod) else "dropped"
             self.out.put(LogLine(self.task, f"[tfk8s: cannot read the log of {pod}: {e.reason}]"))
-            return
+            return "gone"
+        except Exception:  # noqa: BLE001 - the connection failed: try again
+            return "dropped"
         buffer = b""
         try:
             for chunk in resp.stream(4096, decode_content=True):
                 if self.halt.is_set():
-                    return
+                    return "dropped"
                 buffer += chunk
                 *complete, buffer = buffer.split(b"\n")
                 for raw in complete:
-                    self._emit(raw)
+                    self._take(cursor, raw)
             if buffer:
-                self._emit(buffer)
+                self._take(cursor, buffer)
         except Exception:  # noqa: BLE001 - the stream was closed (stop) or dropped
-            return
+            return "dropped"
         finally:
             self.response = None
             resp.release_conn()
+        return "eof"
+
+    def _take(self, cursor: LogCursor, raw: bytes) -> None:
+        stamp, _, text = raw.decode("utf-8", "replace").partition(" ")
+        if cursor.fresh(stamp):
+            self._emit(text.encode())
 
     def _emit(self, raw: bytes) -> None:
         line = split_progress(self.watcher, self.task, raw.decode("utf-8", "replace").rstrip("\r"))

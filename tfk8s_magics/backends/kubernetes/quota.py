@@ -138,9 +138,53 @@ def _fmt(key: str, value: Decimal) -> str:
     return f"{value.normalize():f}"
 
 
-def quota_problems(manifests: list[Manifest], quotas: list[Manifest]) -> list[str]:
-    """Why ``manifests`` would not fit ``quotas`` (ResourceQuota dicts); empty if they fit."""
+_JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+_RJOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+
+
+def _unfinished(jobset: Manifest) -> bool:
+    """Whether a JobSet may still create pods: not ended, not being deleted, not suspended
+    (Kueue holds a suspended one's quota in its own ClusterQueue, not the namespace's)."""
+    meta, spec = jobset.get("metadata") or {}, jobset.get("spec") or {}
+    ended = any(c.get("type") in ("Completed", "Failed") and c.get("status") == "True"
+                for c in (jobset.get("status") or {}).get("conditions") or [])
+    return not (ended or meta.get("deletionTimestamp") or spec.get("suspend"))
+
+
+def pending_pods(jobsets: list[Manifest], pods: list[Manifest]) -> list[Manifest]:
+    """The pods the namespace's unfinished JobSets are still to create, as Pod manifests.
+
+    A ResourceQuota's ``status.used`` counts existing pods only: pods held back by
+    ``startupPolicy: InOrder``, between restart attempts, or refused and retried by the
+    Job controller are not in it, yet they will take their share when created.  So two
+    launches in quick succession would both pass a check on ``used`` alone.
+    """
+    out = []
+    for js in jobsets:
+        if js.get("kind", "JobSet") != "JobSet" or not _unfinished(js):
+            continue
+        name = js["metadata"]["name"]
+        attempt = str(int((js.get("status") or {}).get("restarts") or 0))
+        for group, pod_spec, n in _pod_groups({**js, "kind": "JobSet"}):
+            rjob = group[len(name) + 1:]
+            made = sum(1 for p in pods
+                       if (labels := (p.get("metadata") or {}).get("labels") or {}).get(
+                           _JOBSET_LABEL) == name and labels.get(_RJOB_LABEL) == rjob
+                       and labels.get(_ATTEMPT_LABEL, "0") == attempt)
+            out += [{"kind": "Pod", "metadata": {"name": group}, "spec": copy.deepcopy(pod_spec)}
+                    for _ in range(max(0, n - made))]
+    return out
+
+
+def quota_problems(manifests: list[Manifest], quotas: list[Manifest],
+                   pending: list[Manifest] = ()) -> list[str]:
+    """Why ``manifests`` would not fit ``quotas`` (ResourceQuota dicts); empty if they fit.
+
+    ``pending``: pods other clusters are still to create (:func:`pending_pods`, admitted),
+    counted as used."""
     need = demand(manifests)
+    held = demand(pending)
     problems = []
     for quota in quotas:
         name = quota.get("metadata", {}).get("name", "?")
@@ -156,12 +200,17 @@ def quota_problems(manifests: list[Manifest], quotas: list[Manifest]) -> list[st
                     problems.append(_must_specify(name, key, section, res, missing))
                     continue
             wanted = need.get(key, Decimal(0))
+            waiting = held.get(key, Decimal(0))
+            left -= waiting
             if wanted > left:
+                others = (f", and {_fmt(key, waiting)} for pods other clusters are still to "
+                          "create" if waiting else "")
                 problems.append(
                     f"the cluster needs {key} {_fmt(key, wanted)} but ResourceQuota {name} "
                     f"leaves {_fmt(key, max(left, Decimal(0)))} "
-                    f"(hard {limit}, used {used.get(key, '0')}): ask for fewer tasks or "
-                    "resources, or delete finished clusters."
+                    f"(hard {limit}, used {used.get(key, '0')}{others}): ask for fewer tasks or "
+                    "resources, or delete finished clusters; --queue (Kueue) admits a cluster "
+                    "all at once or not at all."
                 )
     return problems
 

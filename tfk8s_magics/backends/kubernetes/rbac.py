@@ -1,8 +1,12 @@
-"""The least-privilege Role the Kubernetes backend needs in a user's namespace.
+"""The least-privilege rules the Kubernetes backend needs in a user's namespace.
 
-Pure functions, no I/O: the hub's per-user bootstrap creates these objects,
-and the tests prove that every request the backend makes is allowed by
-:func:`role_rules` (and stays inside the user's namespace).
+Pure functions, no I/O.  The rules ship once, as a ClusterRole of the chart
+(``helm/tfk8s-lab/templates/hub-rbac.yaml``, :func:`backend_cluster_role`);
+the hub's per-user bootstrap binds it in each user namespace with a
+RoleBinding (:func:`backend_role_binding`), which needs only ``bind`` on that
+one ClusterRole — the hub holds none of these rules itself.  The tests
+prove that every request the backend makes is allowed by :func:`role_rules`
+(and stays inside the user's namespace).
 
 What is *not* granted, on purpose: ``secrets`` (nothing here reads them),
 ``pods/exec`` and ``pods/attach`` (logs are read, never a shell), ``nodes``
@@ -31,12 +35,14 @@ def role_rules() -> list[dict[str, Any]]:
       Jobs, pods and headless Service.  ``delete`` is stop.
     * ``pods`` (read) — task status, and the notebook's own pod (the owner
       of its in-graph clusters); ``pods/log`` streams logs.
-    * ``services`` — TensorBoard's.
+    * ``services`` — TensorBoard's and TF Serving's (``ClusterIP`` only: the
+      lab's ValidatingAdmissionPolicy refuses other types and ``externalIPs``).
     * ``persistentvolumeclaims`` — ``/data`` and ``/log``; ``patch`` drops the
       owner reference of the log claim when a delete keeps the logs.
-    * ``events`` (read) — why a pod is pending; ``resourcequotas`` and
-      ``limitranges`` (read) — the launch pre-flight check applies the
+    * ``events`` (get, list) — why a pod is pending; ``resourcequotas`` and
+      ``limitranges`` (get, list) — the launch pre-flight check applies the
       LimitRange defaults as admission will, then compares with the quota.
+      Nothing watches them.
     * ``deployments`` — TensorBoard.
 
     No ``networkpolicies``: the namespace's isolation policy is the
@@ -56,17 +62,18 @@ def role_rules() -> list[dict[str, Any]]:
         {
             "apiGroups": ["jobset.x-k8s.io"],
             "resources": ["jobsets"],
-            "verbs": [*_READ, "create", "patch", "delete"],
+            "verbs": [*_READ, "create", "delete"],
         },
         {
             "apiGroups": [""],
-            "resources": ["services", "persistentvolumeclaims"],
+            "resources": ["persistentvolumeclaims"],
             "verbs": [*_READ, "create", "patch", "delete"],
         },
+        {"apiGroups": [""], "resources": ["services"], "verbs": [*_READ, "create", "delete"]},
         {
             "apiGroups": [""],
             "resources": ["events", "resourcequotas", "limitranges"],
-            "verbs": _READ,
+            "verbs": ["get", "list"],
         },
         {
             "apiGroups": ["apps"],
@@ -90,17 +97,29 @@ def backend_role(namespace: str, name: str = "tfk8s-backend") -> dict[str, Any]:
     }
 
 
+def backend_cluster_role(name: str = "tfk8s-backend") -> dict[str, Any]:
+    """The ClusterRole holding :func:`role_rules`, bound per namespace (never cluster-wide)."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name, "labels": _labels()},
+        "rules": role_rules(),
+    }
+
+
 def backend_role_binding(
-    namespace: str, service_account: str, role_name: str = "tfk8s-backend"
+    namespace: str, service_account: str, role_name: str = "tfk8s-backend", role_kind: str = "Role"
 ) -> dict[str, Any]:
-    """The RoleBinding giving the notebook's ServiceAccount the backend Role in ``namespace``."""
+    """The RoleBinding giving the notebook's ServiceAccount the backend rules in ``namespace``:
+    those of the Role ``role_name``, or (``role_kind="ClusterRole"``) of the chart's ClusterRole,
+    granted in ``namespace`` only."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
         "metadata": {"name": role_name, "namespace": namespace, "labels": _labels()},
         "roleRef": {
             "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "Role",
+            "kind": role_kind,
             "name": role_name,
         },
         "subjects": [

@@ -236,6 +236,69 @@ def admission_message(events: list[dict[str, Any]], cluster: str) -> str | None:
     return max(pending, key=event_time).get("message") or None
 
 
+#: Seconds the Job controller may fail to create a cluster's pods before the cluster says so.
+CREATE_GRACE = 30.0
+
+
+def job_name(cluster: str, role: str) -> str:
+    """The Job JobSet makes for ``role`` (one replicated Job per role, one replica)."""
+    return f"{cluster}-{role}-0"
+
+
+def failed_creates(events: list[dict[str, Any]], cluster: str, role: str,
+                   since: float = 0.0) -> list[dict[str, Any]]:
+    """The ``FailedCreate`` Warnings of ``role``'s Job newer than ``since`` (the JobSet's birth).
+
+    Task pods are created by the Job controller, so a quota, LimitRange or
+    PriorityClass refusal is an Event on the Job (``Error creating: pods ... is
+    forbidden: ...``), retried with backoff for as long as the Job lives.
+    """
+    name = job_name(cluster, role)
+    return [e for e in events
+            if e.get("reason") == "FailedCreate" and e.get("type") == "Warning"
+            and (e.get("involvedObject") or {}).get("kind") == "Job"
+            and (e.get("involvedObject") or {}).get("name") == name
+            and event_time(e) >= since]
+
+
+def explain_no_pod(tasks: list[TaskStatus], events: list[dict[str, Any]], cluster: str,
+                   since: float = 0.0) -> None:
+    """Give each pending task without a pod its Job's newest ``FailedCreate`` as the reason."""
+    for t in tasks:
+        if t.phase != Phase.PENDING or t.reason != "no pod":
+            continue
+        refused = failed_creates(events, cluster, t.name.rpartition("-")[0], since)
+        if refused:  # the Job controller's own sentence: quota, LimitRange, priority
+            newest = max(refused, key=event_time)
+            t.reason = f"FailedCreate: {newest.get('message', '')}".rstrip(": ")
+
+
+def first_time(e: dict[str, Any]) -> float:
+    """When an Event's series began (its ``firstTimestamp``, else its newest time)."""
+    return parse_time(e.get("firstTimestamp")) or parse_time(e.get("eventTime")) or event_time(e)
+
+
+def create_blocked(tasks: list[TaskStatus], events: list[dict[str, Any]], cluster: str,
+                   since: float, now: float, grace: float | None = None) -> str | None:
+    """The cluster's condition when the Job controller has failed to create a task's pod for
+    longer than ``grace`` seconds (default :data:`CREATE_GRACE`; like the stall rule: a state
+    no pod leaves on its own)."""
+    grace = CREATE_GRACE if grace is None else grace
+    for t in tasks:
+        if t.phase != Phase.PENDING or not t.reason.startswith("FailedCreate"):
+            continue
+        failures = failed_creates(events, cluster, t.name.rpartition("-")[0], since)
+        if not failures:
+            continue
+        began = min(first_time(e) for e in failures)
+        if now - began >= grace:
+            newest = max(failures, key=event_time)
+            return (f"pods cannot be created for {now - began:.0f} s: {t.name}: "
+                    f"{newest.get('message', '')}; fix what it names (quota, --priority, "
+                    "LimitRange) or stop the cluster; --queue admits a cluster all at once")
+    return None
+
+
 @dataclass
 class View:
     """What the watch knows about one cluster at one instant."""

@@ -1,28 +1,26 @@
-"""One read-only watch per cluster: its JobSet and its pods, Events and progress.
+"""One read-only view per cluster: its JobSet and its pods, Events and progress.
 
-A :class:`ClusterWatch` lists the cluster's JobSet and pods once, then keeps
-two watches open (the JobSet by name, the pods by the cluster's label),
-each re-opened from its last resourceVersion when the server ends it: about
-two requests a minute whatever the number of tasks.  It never acts on the
-cluster: the lifecycle (restarts, success, the end of parameter servers, the
-TTL) is JobSet's, in the cluster, whether or not a notebook watches.
+A :class:`ClusterWatch` holds one cluster's JobSet and pods as the namespace's
+shared watches (:class:`~.feed.NamespaceFeed`: one watch of the JobSets, one
+of the task pods, for every cluster a backend watches) deliver them.  It
+never acts on the cluster: the lifecycle (restarts, success, the end of
+parameter servers, the TTL) is JobSet's, in the cluster, whether or not a
+notebook watches.
 
 While a task is pending without a precise reason, the namespace's Events
 are listed at most every :data:`EVENT_PERIOD` seconds (one request for all
 tasks) to surface FailedScheduling, ImagePullBackOff and the like, and
 while Kueue holds the JobSet, the ``Pending`` Event of its Workload.
 
-Threads: the two watch threads write ``pods``/``jobset``/``progress``/
+Threads: the feed's two watch threads write ``pods``/``jobset``/``progress``/
 ``api_events``/``events`` under ``_cond``; every reader copies them under it
 (:meth:`latest_pods`, :meth:`view`) before iterating.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 from kubernetes.client.rest import ApiException
@@ -31,13 +29,11 @@ from ...spec import ClusterSpec
 from ...stall import timeout_from_env
 from ..base import ClusterStatus, Event, Phase, Progress, TaskStatus
 from . import state
-from .client import Api, abort, api_reason
-from .jobset import API_VERSION, KIND
-from .manifests import STOPPED_ANNOTATION, selector
+from .client import Api, api_reason
+from .feed import NamespaceFeed
+from .manifests import STOPPED_ANNOTATION
 from .stallcheck import StallCheck
 
-#: Longest a single watch request stays open (the server ends it; we reopen).
-WATCH_SECONDS = 60
 #: Least seconds between two Event listings while a task waits unexplained.
 EVENT_PERIOD = 10.0
 #: Seconds between two reads of a working step's last log line (its progress).
@@ -49,8 +45,9 @@ _VAGUE = ("waiting to be scheduled", "no pod", "ContainerCreating", "PodInitiali
 class ClusterWatch:
     """Keeps one cluster's JobSet and pod state current, in daemon threads; never changes it."""
 
-    def __init__(self, api: Api, spec: ClusterSpec, root: dict[str, Any]) -> None:
+    def __init__(self, api: Api, spec: ClusterSpec, root: dict[str, Any], feed: NamespaceFeed) -> None:
         self.api = api
+        self.feed = feed  # the namespace's shared watches bring this cluster's objects
         self.spec = spec
         self.root = root
         annotations = root["metadata"].get("annotations") or {}
@@ -67,26 +64,15 @@ class ClusterWatch:
         self._cond = threading.Condition()
         self._version = 0
         self._halt = threading.Event()
-        self._synced = {"pods": threading.Event(), "jobset": threading.Event()}
         self._events_at = 0.0
         self._step_at, self._step_line = 0.0, ""
-        self._responses: dict[str, Any] = {}  # the open watch requests, closed by close()
-        self._threads = [
-            threading.Thread(target=self._loop, args=("pods",), daemon=True,
-                             name=f"tfk8s-watch-{spec.name}-pods"),
-            threading.Thread(target=self._loop, args=("jobset",), daemon=True,
-                             name=f"tfk8s-watch-{spec.name}-jobset"),
-        ]
         self.stalls = StallCheck(timeout_from_env())
+        self.blocked = ""  # the condition of pods that cannot be created (see _check_blocked)
 
     # -- the watches --------------------------------------------------------------
     def start(self, sync_timeout: float = 30.0) -> ClusterWatch:
         """Start watching; return once the first listings are in (or ``sync_timeout``)."""
-        for thread in self._threads:
-            thread.start()
-        deadline = time.monotonic() + sync_timeout
-        for synced in self._synced.values():
-            synced.wait(max(0.0, deadline - time.monotonic()))
+        self.feed.subscribe(self, sync_timeout)
         return self
 
     def close(self, deleted: bool = False) -> None:
@@ -94,107 +80,14 @@ class ClusterWatch:
         if deleted:
             self.deleted = True
         self._halt.set()
-        for response in list(self._responses.values()):
-            abort(response)  # ends the blocked read in the watch thread
+        self.feed.unsubscribe(self)
         with self._cond:
             self._cond.notify_all()
-        for thread in self._threads:
-            if thread.is_alive() and thread is not threading.current_thread():
-                thread.join(timeout=5.0)
 
     @property
     def alive(self) -> bool:
-        """Whether the watch threads run and have not been asked to stop."""
-        return all(t.is_alive() for t in self._threads) and not self._halt.is_set()
-
-    def _loop(self, what: str) -> None:
-        relist, opener, apply = {
-            "pods": (self._relist_pods, self._open_pods, self._apply_pod),
-            "jobset": (self._relist_jobset, self._open_jobset, self._apply_jobset),
-        }[what]
-        resource_version = None
-        backoff = 0.5
-        while not self._halt.is_set() and not self.deleted:
-            try:
-                if resource_version is None:
-                    resource_version = relist()
-                    self._synced[what].set()
-                    self._after_change()
-                resource_version = self._follow(what, opener, apply, resource_version)
-                backoff = 0.5
-            except ApiException as e:
-                self.error = "" if e.status == 410 else api_reason(e)
-                resource_version = None
-                if e.status != 410:
-                    backoff = self._pause(backoff)
-            except Exception as e:  # noqa: BLE001 - connection drops: retry, keep the reason
-                self.error = str(e)
-                resource_version = None
-                backoff = self._pause(backoff)
-
-    def _pause(self, backoff: float) -> float:
-        self._halt.wait(backoff)
-        return min(backoff * 2, 30.0)
-
-    def _follow(self, what: str, opener: Callable, apply: Callable,
-                resource_version: str) -> str | None:
-        """One watch request: apply its events; the version to resume from (None: list again)."""
-        self.requests += 1
-        response = self._responses[what] = opener(resource_version)
-        if self._halt.is_set():  # close() ran while the request was being opened
-            abort(response)
-            return resource_version
-        for event in events(response):
-            if self._halt.is_set():
-                return resource_version
-            obj = event.get("object") or {}
-            kind = event.get("type")
-            if kind == "ERROR":
-                if obj.get("code") == 410:  # history compacted: list again
-                    return None
-                raise RuntimeError(obj.get("message", "watch error"))
-            resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
-            if kind != "BOOKMARK":
-                apply(kind, obj)
-                self._after_change()
-        return resource_version
-
-    def _watch_args(self, resource_version: str) -> dict[str, Any]:
-        return {"resource_version": resource_version, "timeout_seconds": WATCH_SECONDS,
-                "allow_watch_bookmarks": True, "watch": True, "_preload_content": False,
-                "_request_timeout": (self.api.timeout, WATCH_SECONDS + 15)}
-
-    def _open_pods(self, resource_version: str):
-        return self.api.core.list_namespaced_pod(
-            self.api.namespace, label_selector=self._selector(),
-            **self._watch_args(resource_version))
-
-    def _open_jobset(self, resource_version: str):
-        group, version = API_VERSION.split("/")
-        return self.api.custom.list_namespaced_custom_object(
-            group, version, self.api.namespace, "jobsets",
-            field_selector=f"metadata.name={self.spec.name}", **self._watch_args(resource_version))
-
-    def _selector(self) -> str:
-        return selector(self.spec.name, "task")
-
-    def _relist_pods(self) -> str:
-        self.requests += 1
-        listing = self.api.list_objects("v1", "Pod", self._selector())
-        with self._cond:
-            self.pods = {p["metadata"]["name"]: p for p in listing.get("items", [])}
-            self._changed()
-        return listing.get("metadata", {}).get("resourceVersion", "")
-
-    def _relist_jobset(self) -> str:
-        self.requests += 1
-        listing = self.api.list_objects(API_VERSION, KIND, selector(self.spec.name, "jobset"))
-        mine = [j for j in listing.get("items", []) if j["metadata"]["name"] == self.spec.name]
-        with self._cond:
-            self.jobset = mine[0] if mine else None
-            self.jobset_seen = True
-            self._changed()
-        return listing.get("metadata", {}).get("resourceVersion", "")
+        """Whether the namespace feed runs and this view has not been asked to stop."""
+        return self.feed.alive and not self._halt.is_set()
 
     def _apply_pod(self, kind: str | None, pod: dict[str, Any]) -> None:
         name = pod.get("metadata", {}).get("name", "")
@@ -214,6 +107,29 @@ class ClusterWatch:
                 self.record_event("", "Restarted", f"JobSet restart {restarts} of at most "
                                   f"{self.spec.restart_budget}", "Warning")
             self._changed()
+
+    # -- what the namespace feed calls (on its threads) ----------------------------------
+    def replace_state(self, pods: list[dict[str, Any]], jobset: dict[str, Any] | None,
+                      listed: bool) -> None:
+        """A (re-)listing of this cluster's pods and JobSet (``listed``: JobSets were listed)."""
+        with self._cond:
+            self.pods = {p["metadata"]["name"]: p for p in pods}
+            if listed:
+                self.jobset = jobset
+                self.jobset_seen = True
+            self._changed()
+
+    def apply_pod(self, kind: str | None, pod: dict[str, Any]) -> None:
+        """One watch event of a pod of this cluster."""
+        self._apply_pod(kind, pod)
+
+    def apply_jobset(self, kind: str | None, jobset: dict[str, Any]) -> None:
+        """One watch event of this cluster's JobSet."""
+        self._apply_jobset(kind, jobset)
+
+    def after_change(self) -> None:
+        """Called by the feed after it changed this cluster's state."""
+        self._after_change()
 
     def _changed(self) -> None:
         self._version += 1
@@ -309,7 +225,29 @@ class ClusterWatch:
         self._explain_pending(tasks)
         snap = state.cluster_status(view, self.root, tasks, self.progress)
         self._check_stall(snap)
+        self._check_blocked(snap, view)
         return snap
+
+    def _born(self, view: state.View) -> float:
+        """When this incarnation of the cluster was made (older Events are of a deleted one)."""
+        meta = (view.jobset or {}).get("metadata") or self.root["metadata"]
+        return state.parse_time(meta.get("creationTimestamp")) or 0.0
+
+    def _check_blocked(self, snap: ClusterStatus, view: state.View) -> None:
+        """Say when the Job controller cannot create pods past the grace, and record it once."""
+        if snap.phase != Phase.PENDING:
+            self.blocked = ""
+            return
+        with self._cond:
+            events = list(self.api_events)
+        # Event times are the API server's, to the second: compare with the wall clock.
+        blocked = state.create_blocked(snap.tasks, events, self.spec.name, self._born(view),
+                                       time.time()) or ""
+        if blocked:
+            snap.reason = blocked
+            if not self.blocked:
+                self.record_event("", "FailedCreate", blocked, "Warning")
+        self.blocked = blocked
 
     def _working_step_line(self, view: state.View) -> str:
         """The newest log line of the step at work (the fetch's or upload's progress), read at
@@ -348,6 +286,7 @@ class ClusterWatch:
             return
         latest = self.latest_pods()
         queued = state.admission_message(events, self.spec.name)
+        state.explain_no_pod(tasks, events, self.spec.name, self._born(self.view()))
         for t in tasks:
             pod = latest.get(t.name)
             if t.phase == Phase.PENDING and pod is None and queued and \
@@ -374,17 +313,3 @@ class ClusterWatch:
     def version(self) -> int:
         """A counter bumped at every change of the watched state (see :meth:`wait_change`)."""
         return self._version
-
-
-def events(response) -> Iterator[dict[str, Any]]:
-    """The watch events of a streaming response, one JSON object per line."""
-    buffer = b""
-    try:
-        for chunk in response.stream(65536, decode_content=True):
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                if line.strip():
-                    yield json.loads(line)
-    finally:
-        response.release_conn()

@@ -16,7 +16,6 @@ that is refused behind the loopback shim.
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import re
 import select
@@ -30,7 +29,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from ... import scriptcheck, stall, storage
+from ... import records, scriptcheck, stall, storage
 from ...errors import BackendError, ClusterExists, ClusterNotFound, LaunchFailed, SpecError
 from ...lifeline import open_pidfd, pid_alive, same_process, start_time
 from ...ports import free_ports, port_open
@@ -56,6 +55,8 @@ from .layout import (
     ClusterDir,
     UnreadableState,
     default_state_dir,
+    open_for_reading,
+    read_bounded,
     read_json,
     read_mapping,
     task_log_path,
@@ -69,11 +70,18 @@ from .watchdog import CLUSTER_ID_ENV, cluster_processes, describe
 SUPERVISOR_START_TIMEOUT = 30.0
 #: Seconds to wait for a stopped cluster's processes to end.
 STOP_TIMEOUT = 20.0
+#: Where a re-run keeps the previous run's logs: a folder of the new run's log dir (TensorBoard
+#: shows its runs as ``previous-run/...``).
+PREVIOUS_RUN = "previous-run"
 #: How often watchers look at status.json where inotify is unavailable.
 WATCH_INTERVAL = 0.1
 #: Longest sleep of a watcher between inotify wake-ups (it wakes at once on a change).
 IDLE_WAKEUP = 1.0
 TENSORBOARD_START_TIMEOUT = 90.0
+#: ``events`` reads at most this much of the end of ``events.jsonl`` (~20,000 events).
+MAX_EVENTS_BYTES = 4 * 1024 * 1024
+#: The longest line of ``events.jsonl`` read as an event.
+MAX_EVENT_LINE = 64 * 1024
 #: The task name an in-graph client reports progress as.
 COORDINATOR = "chief-0"
 
@@ -105,7 +113,7 @@ class LocalBackend(Backend):
         cdir = ClusterDir(self.clusters_dir / name)
         if not (cdir.root.is_dir() and not cdir.root.is_symlink()):
             known = sorted(c.name for c in self._cluster_dirs())
-            hint = f" Known clusters: {', '.join(known)}." if known else " There are none yet."
+            hint = f" Known clusters: {', '.join(known)}." if known else " There are none now."
             raise ClusterNotFound(
                 f"no local cluster named {name!r}.{hint} Launch one with %tfcluster launch {name} ..."
             )
@@ -117,8 +125,21 @@ class LocalBackend(Backend):
         if record is None:
             raise UnreadableState("no cluster.json (an interrupted launch, or not a cluster)")
         missing = [k for k in ("spec", "addresses", "cluster", "log_dir", "created") if k not in record]
-        if missing or not isinstance(record["spec"], dict) or not isinstance(record["addresses"], dict):
-            raise UnreadableState(f"cluster.json lacks {', '.join(missing) or 'a valid spec'}")
+        if missing:
+            raise UnreadableState(f"cluster.json lacks {', '.join(missing)}")
+        spec, addresses = record["spec"], record["addresses"]
+        wrong = [what for what, ok in (
+            ("spec", isinstance(spec, dict) and isinstance(spec.get("name"), str)
+             and isinstance(spec.get("mode"), str)),
+            ("addresses", isinstance(addresses, dict)
+             and all(isinstance(v, str) for v in addresses.values())),
+            ("cluster", isinstance(record["cluster"], dict)),
+            ("log_dir", isinstance(record["log_dir"], str)),
+            ("created", records.number(record["created"]) is not None),
+            ("id", isinstance(record.get("id", ""), str)),
+        ) if not ok]
+        if wrong:
+            raise UnreadableState(f"cluster.json has a malformed {', '.join(wrong)}")
         return record
 
     def _record(self, name: str) -> dict:
@@ -130,11 +151,13 @@ class LocalBackend(Backend):
 
     def _raw_status(self, cdir: ClusterDir, record: dict) -> dict:
         """``status.json`` when it is this cluster's (same id); {} before the supervisor wrote it."""
-        raw = read_mapping(cdir.status) or {}
-        if raw and raw.get("id", "") != record.get("id", ""):
+        raw = read_mapping(cdir.status)
+        if raw is None:
+            return {}
+        if not isinstance(raw.get("tasks"), list) or not isinstance(raw.get("id", ""), str):
+            raise UnreadableState("status.json has no task list, or a cluster id that is no string")
+        if raw.get("id", "") != record.get("id", ""):
             raise UnreadableState("status.json belongs to another cluster (its id differs)")
-        if not isinstance(raw.get("tasks", []), list):
-            raise UnreadableState("status.json has no task list")
         return raw
 
     def check_exists(self, name: str) -> None:
@@ -229,21 +252,20 @@ class LocalBackend(Backend):
                     "logs stay)."
                 )
 
-    def _make_dirs(self, cdir: ClusterDir, spec: ClusterSpec, log_dir: Path, data_dir: Path) -> list[Path]:
-        """Create the log, data and progress dirs (0700); return the outermost ones created outside
-        the cluster dir.  A dir that cannot be made is a SpecError naming it and the cause."""
-        created = []
+    def _make_dirs(self, cdir: ClusterDir, log_dir: Path, data_dir: Path, created: list[Path]) -> None:
+        """Create the log, data and progress dirs (0700), adding to ``created`` the outermost ones
+        made outside the cluster dir as soon as each is made (a later failure removes them too).
+        A dir that cannot be made is a SpecError naming it and the cause."""
         for d in (log_dir / "tasks", log_dir / "checkpoints", data_dir, cdir.progress_dir):
             top = _first_missing(d)
+            if top is not None and not _inside(top, cdir.root):
+                created.append(top)  # before it is made: a part made before a failure goes too
             try:
                 _mkdir_private(d)
             except OSError as e:
                 flag = "--data-dir" if d == data_dir else "--log-dir"
                 raise SpecError(f"{flag} cannot be used: cannot create {e.filename or d}: {e.strerror}. "
                                 "Give a directory you can write.") from None
-            if top is not None and not _inside(top, cdir.root):
-                created.append(top)
-        return created
 
     def launch(self, spec: ClusterSpec, *, detach: bool = False) -> ClusterStatus:
         self.preflight(spec)
@@ -254,7 +276,7 @@ class LocalBackend(Backend):
             log_dir = Path(spec.log_dir).expanduser().resolve() if spec.log_dir else cdir.default_log_dir
             data_dir = Path(spec.data_dir).expanduser().resolve() if spec.data_dir else cdir.default_data_dir
             self._check_log_dir(log_dir, spec.log_dir)
-            created += self._make_dirs(cdir, spec, log_dir, data_dir)
+            self._make_dirs(cdir, log_dir, data_dir, created)
             cluster_id = uuid.uuid4().hex
             tasks = spec.tasks()
             ports = dict(zip((t.name for t in tasks), free_ports(len(tasks)), strict=True))
@@ -325,7 +347,7 @@ class LocalBackend(Backend):
         says why (and how to remove it), never an exception."""
         try:
             return self._status_from(cdir, self._read_record(cdir))
-        except (UnreadableState, KeyError, TypeError, ValueError, AttributeError) as e:
+        except (UnreadableState, KeyError, TypeError, ValueError, AttributeError, RecursionError) as e:
             try:
                 created = cdir.root.lstat().st_mtime
             except OSError:
@@ -341,6 +363,8 @@ class LocalBackend(Backend):
         ]
         phase = raw.get("phase", Phase.PENDING)
         reason = raw.get("reason", "")
+        if not isinstance(phase, str) or not isinstance(reason, str):
+            raise UnreadableState("status.json has a malformed phase or reason")
         if raw and not raw.get("supervisor_done") and not _supervisor_alive(raw):
             # The supervisor was killed: its tasks died with it (parent-death signal).
             if phase not in Phase.TERMINAL:
@@ -354,10 +378,10 @@ class LocalBackend(Backend):
             mode=spec["mode"],
             phase=phase,
             reason=reason,
-            created=record["created"],
-            finished=raw.get("finished"),
-            owner=record.get("owner", ""),
-            detached=record.get("detached", False),
+            created=float(record["created"]),
+            finished=records.number(raw.get("finished")),
+            owner=record.get("owner") if isinstance(record.get("owner"), str) else "",
+            detached=record.get("detached") is True,
             log_dir=LogLocation(record["log_dir"]),
             tasks=tasks,
             progress=self._progress(cdir, tasks),
@@ -374,11 +398,13 @@ class LocalBackend(Backend):
         # else whoever is furthest.
         preferred = [n for n in (COORDINATOR, "worker-0") if n in names or n == COORDINATOR]
         for name in preferred + [n for n in names if n not in preferred]:
-            lines = logtail.tail_lines(cdir.progress_file(name), 1)
-            record = parse_record(lines[-1]) if lines else None
-            if record is None:
+            try:
+                lines = logtail.tail_lines(cdir.progress_file(name), 1)
+            except OSError:  # not a regular file of ours (a symlink, a FIFO): not read
                 continue
-            p = Progress(**{k: record[k] for k in ("step", "total", "rate", "metrics", "task", "time")})
+            p = _progress_from(parse_record(lines[-1])) if lines else None
+            if p is None:
+                continue
             if name in preferred:
                 return p
             if best is None or p.step > best.step:
@@ -457,6 +483,42 @@ class LocalBackend(Backend):
             out += [LogLine(t, line) for line in logtail.tail_lines(path, tail)]
         return out
 
+    def retire_for_rerun(self, name: str) -> Path | None:
+        """Delete ended cluster ``name``, keeping its default log dir (minus its own previous run:
+        one previous run is kept) for :meth:`attach_previous`; a log dir the user named stays."""
+        location = self.delete(name, keep_logs=True)
+        kept = None if location is None else Path(location.path)
+        if kept is None or kept.parent != self.state_dir / "kept-logs":
+            return None  # a --log-dir the user named: it stays where it is
+        shutil.rmtree(kept / PREVIOUS_RUN, ignore_errors=True)
+        return kept
+
+    def attach_previous(self, name: str, kept: Path | None) -> None:
+        """Move the previous run's logs into the new run's log dir as ``previous-run/`` (so its
+        TensorBoard shows both runs and ``logs --previous`` reads them)."""
+        if kept is None or not kept.exists():
+            return
+        target = Path(self._record(name)["log_dir"]) / PREVIOUS_RUN
+        try:
+            shutil.move(str(kept), str(target))
+        except OSError as e:
+            raise BackendError(f"the previous run's logs stay in {kept}: they could not be moved to "
+                               f"{target} ({e.strerror or e})") from e
+
+    def read_previous_logs(self, name: str, task: str | None = None,
+                           tail: int | None = None) -> list[LogLine] | None:
+        record = self._record(name)
+        previous = Path(record["log_dir"]) / PREVIOUS_RUN
+        if not previous.is_dir():
+            return None
+        spec = ClusterSpec.from_dict(record["spec"])
+        names = [spec.task(task).name] if task else sorted(
+            p.name[:-4] for p in (previous / "tasks").glob("*.log"))
+        out: list[LogLine] = []
+        for t in names:
+            out += [LogLine(t, line) for line in logtail.tail_lines(task_log_path(previous, t), tail)]
+        return out
+
     def follow_logs(
         self,
         name: str,
@@ -481,16 +543,32 @@ class LocalBackend(Backend):
                                       wake_dirs=[cdir.root])
 
     def events(self, name: str) -> list[Event]:
+        """The cluster's events, oldest first: the last :data:`MAX_EVENTS_BYTES` of ``events.jsonl``;
+        a line that is no event (a torn write, garbage) is skipped, and a last Warning event says
+        how many were."""
         cdir = self._dir(name)
-        out = []
         try:
-            with open(cdir.events, encoding="utf-8") as f:
-                for line in f:
-                    if line.strip():
-                        out.append(Event(**json.loads(line)))
+            fd = open_for_reading(cdir.events)
         except FileNotFoundError:
-            pass
-        return out
+            return []
+        except OSError as e:
+            return [_note(f"events.jsonl was not read: {e.strerror}")]
+        with os.fdopen(fd, "rb") as f:
+            start = max(0, os.fstat(fd).st_size - MAX_EVENTS_BYTES)
+            f.seek(start)
+            lines = f.read(MAX_EVENTS_BYTES).split(b"\n")
+        if start:
+            lines = lines[1:]  # the first is the end of a line cut in two
+        out = [_event_from(line) for line in lines if line.strip()]
+        events = [e for e in out if e is not None]
+        notes = []
+        if start:
+            notes.append(f"only the last {MAX_EVENTS_BYTES} bytes of events.jsonl are read ({start} "
+                         "earlier bytes not shown)")
+        if len(events) < len(out):
+            notes.append(f"{len(out) - len(events)} line(s) of events.jsonl are not events (a torn or "
+                         "damaged write) and were skipped")
+        return events + ([_note("; ".join(notes))] if notes else [])
 
     def addresses(self, name: str) -> dict[str, list[str]]:
         return self._record(name)["cluster"]
@@ -589,7 +667,7 @@ class LocalBackend(Backend):
     # -- TensorBoard -----------------------------------------------------------
     def tensorboard(self, name: str) -> TensorBoardInfo:
         cdir = self._dir(name)
-        record = read_json(cdir.record)
+        record = self._record(name)
         info = _tb_info(cdir)
         if info and same_process(info.get("pid"), info.get("start")) and port_open(info["port"]):
             return TensorBoardInfo(info["port"], _tb_url(info["port"]), record["log_dir"], True, info["pid"])
@@ -687,11 +765,52 @@ def _coordinator_lost(cdir: ClusterDir, status: ClusterStatus) -> str:
         return ""
     if not isinstance(info, dict) or not pid_alive(info.get("pid")):  # display only: nothing is signalled
         return ""
-    lost = status.restarted_since(float(info.get("connected") or 0))
+    lost = status.restarted_since(records.number(info.get("connected")) or 0.0)
     if not lost:
         return ""
     return (f"the coordinator's connection is lost: {', '.join(lost)} restarted after it connected "
             "(its variables are gone); connect() again and restore from the last checkpoint")
+
+
+def _event_from(line: bytes) -> Event | None:
+    """One line of ``events.jsonl`` as an :class:`Event`, or None when it is not one."""
+    try:
+        d = records.loads(line, MAX_EVENT_LINE)
+    except ValueError:
+        return None
+    if not isinstance(d, dict) or records.number(d.get("time")) is None:
+        return None
+    texts = [d.get(k) for k in ("task", "reason", "message")]
+    type_ = d.get("type", "Normal")
+    if not all(isinstance(t, str) for t in [*texts, type_]):
+        return None
+    return Event(float(d["time"]), *texts, type_)
+
+
+def _note(message: str) -> Event:
+    """A Warning event about the events file itself (shown last)."""
+    return Event(time.time(), "", "EventsUnreadable", message, "Warning")
+
+
+def _progress_from(record: dict | None) -> Progress | None:
+    """A progress record as :class:`Progress`, or None when it has no integer step; a field of the
+    wrong type is dropped."""
+    if record is None:
+        return None
+    step = record.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        return None
+    total = record.get("total")
+    metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
+    return Progress(
+        step=step,
+        total=total if isinstance(total, int) and not isinstance(total, bool) else None,
+        rate=records.number(record.get("rate")),
+        metrics={k: float(v) for k, v in metrics.items()
+                 if isinstance(k, str) and records.number(v) is not None},
+        task=record.get("task") if isinstance(record.get("task"), str) else "",
+        time=records.number(record.get("time")) or 0.0,
+    )
 
 
 def _write_script(cdir: ClusterDir, spec: ClusterSpec) -> None:
@@ -779,17 +898,19 @@ def _wait_exit(pid: int, timeout: float) -> bool:
 
 def _tb_info(cdir: ClusterDir) -> dict | None:
     try:
-        return read_mapping(cdir.tensorboard)
+        info = read_mapping(cdir.tensorboard)
     except UnreadableState:
         return None
+    ok = info is not None and all(isinstance(info.get(k), int) and not isinstance(info.get(k), bool)
+                                  for k in ("pid", "port"))
+    return info if ok and 0 < info["port"] < 65536 else None
 
 
 def _salvage_id(cdir: ClusterDir) -> str | None:
     """The cluster id from an unreadable record's or status's text, when it can still be found."""
     for path in (cdir.record, cdir.status):
         try:
-            with open(path, "rb") as f:
-                found = re.search(rb'"id": "([0-9a-f]{32})"', f.read(MAX_SALVAGE))
+            found = re.search(rb'"id": "([0-9a-f]{32})"', read_bounded(path, MAX_SALVAGE) or b"")
         except OSError:
             continue
         if found:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ... import options
+from ... import options, records
 
 
 def default_state_dir() -> Path:
@@ -64,14 +64,17 @@ def write_json_atomic(path: Path, data: Any, dir_fd: int | None = None) -> None:
         raise
 
 
-def open_private_append(name: str, dir_fd: int):
+def open_private_append(name: str, dir_fd: int, readable: bool = False):
     """Open ``name`` in the directory ``dir_fd`` for appending (binary), created 0600.
 
     Never through a symlink (``O_NOFOLLOW``: ELOOP), and only a regular file
     of ours with one link: a file planted in a shared dir (a hard link to
-    someone's secret, a FIFO) is refused with EPERM naming it.
+    someone's secret, a FIFO) is refused with EPERM naming it.  ``readable``
+    opens it for reading too (the supervisor reads its tasks' logs through the
+    descriptor it holds, never by name).
     """
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    flags = os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    flags |= os.O_RDWR if readable else os.O_WRONLY
     fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
@@ -100,33 +103,91 @@ class UnreadableState(ValueError):
     """A state file exists but cannot be read as what it should be; the message says why."""
 
 
+class NotOurFile(OSError):
+    """A path the cluster reads is not a regular file of ours (a symlink, FIFO, device, hard link)."""
+
+
+def open_for_reading(path: str | os.PathLike, dir_fd: int | None = None) -> int:
+    """Open a file of the cluster's for reading the way it was written: never through a symlink,
+    never waiting on a FIFO or a device (``O_NOFOLLOW | O_NONBLOCK``), and only a regular file of
+    ours with one link (``fstat``).  Returns a blocking descriptor; raises FileNotFoundError when
+    there is no file, :class:`NotOurFile` (naming the path and what it is) for anything else there.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    try:
+        fd = os.open(path, flags, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        what = "a symlink (not followed)" if e.errno == errno.ELOOP else (e.strerror or str(e))
+        raise NotOurFile(e.errno, what, str(path)) from None
+    try:
+        check_ours(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    os.set_blocking(fd, True)
+    return fd
+
+
+def check_ours(fd: int, path: str | os.PathLike) -> os.stat_result:
+    """``fstat`` ``fd``: raise :class:`NotOurFile` unless it is a regular file of ours with one link."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode)
+                or stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a file")
+        raise NotOurFile(errno.EPERM, f"{kind}, not a regular file (not read)", str(path))
+    if st.st_nlink != 1 or st.st_uid != os.geteuid():
+        raise NotOurFile(errno.EPERM, "not a file of this user's with a single link (not read)", str(path))
+    return st
+
+
+def read_bounded(path: str | os.PathLike, limit: int) -> bytes | None:
+    """At most ``limit + 1`` bytes of a file of ours (:func:`open_for_reading`); None when absent."""
+    try:
+        fd = open_for_reading(path)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read(limit + 1)
+
+
 def read_json(path: Path) -> Any:
     """Read a JSON file (None when it does not exist).
 
     Raises :class:`UnreadableState` (naming the file and the cause) for a
-    file that is not a regular file, too big, unreadable, or not JSON.
+    file that is not a regular file of ours, too big, nested too deep, unreadable, or not JSON.
     """
+    found, data = _load(path)
+    return data if found else None
+
+
+def _load(path: Path) -> tuple[bool, Any]:
+    """(whether the file exists, its JSON value); UnreadableState for anything unreadable."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
+        raw = read_bounded(path, MAX_STATE_BYTES)
     except OSError as e:
         raise UnreadableState(f"{path.name}: {e.strerror or e}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_STATE_BYTES:
-            raise UnreadableState(f"{path.name} is not a regular file under {MAX_STATE_BYTES} bytes")
-        try:
-            return json.loads(f.read(MAX_STATE_BYTES + 1).decode("utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            raise UnreadableState(f"{path.name} is not valid JSON ({e})") from None
+    if raw is None:
+        return False, None
+    try:
+        return True, records.loads(raw, MAX_STATE_BYTES)
+    except ValueError as e:
+        what = "valid JSON" if isinstance(e, json.JSONDecodeError) else "a record of ours"
+        raise UnreadableState(f"{path.name} is not {what} ({str(e)[:200]})") from None
+
+
+_JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+               type(None): "null"}
 
 
 def read_mapping(path: Path) -> dict | None:
-    """:func:`read_json` for a file that must hold a JSON object (None when absent)."""
-    data = read_json(path)
-    if data is not None and not isinstance(data, dict):
-        raise UnreadableState(f"{path.name} holds a JSON {type(data).__name__}, not an object")
+    """:func:`read_json` for a file that must hold a JSON object (None when absent; a file holding
+    anything else, ``null`` included, is :class:`UnreadableState`)."""
+    found, data = _load(path)
+    if found and not isinstance(data, dict):
+        kind = _JSON_TYPES.get(type(data), "value")
+        raise UnreadableState(f"{path.name} holds a JSON {kind}, not an object")
     return data
 
 

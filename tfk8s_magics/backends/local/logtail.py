@@ -11,6 +11,7 @@ from pathlib import Path
 from ..base import LogChunk, LogLine
 from ..pacing import Pacer
 from .inotify import DirWatcher
+from .layout import open_for_reading
 
 #: Longest pause between reads that found output, reached only while the
 #: tasks keep writing (a flood is taken in batches, not in a busy loop).
@@ -33,37 +34,66 @@ CATCHUP_KEEP = 64 * 1024
 
 #: ``--tail`` reads at most this many bytes from the end of a file, whatever the line count.
 MAX_TAIL_BYTES = 1024 * 1024
+#: Without ``--tail``, at most this many bytes are read (the newest; the file keeps everything).
+MAX_READ_BYTES = 32 * 1024 * 1024
+
+
+def refused(path: Path, e: OSError) -> str:
+    """The line shown in place of a file that is not read (a symlink, a FIFO, a device...)."""
+    return (f"tfk8s: {path} was not read: {e.strerror or e}. A task's log is a regular file the "
+            "cluster made; remove what is there instead.")
 
 
 def tail_lines(path: Path, n: int | None, max_bytes: int = MAX_TAIL_BYTES) -> list[str]:
-    """The last ``n`` lines of a file (all of it when ``n`` is None), read from the end.
+    """The last ``n`` lines of a file (all of it, up to :data:`MAX_READ_BYTES`, when ``n`` is None),
+    read from the end.
 
-    Linear in what it reads: blocks are read backwards once each and newlines
-    counted per block.  With ``n``, at most ``max_bytes`` are read (an earlier
-    part is announced, not shown); any line is cut at :data:`MAX_LINE` bytes.
+    Opened as it was written (:func:`.layout.open_for_reading`: no symlink, FIFO or device is
+    opened or waited on; one line says so instead).  Linear in what it reads: blocks are read
+    backwards once each and newlines counted per block.  At most ``max_bytes`` are read (an
+    earlier part is announced, not shown); any line is cut at :data:`MAX_LINE` bytes.
     """
+    if n is None:
+        max_bytes = max(max_bytes, MAX_READ_BYTES)
     try:
-        with open(path, "rb") as f:
-            if n is None:
-                data, skipped = f.read(), 0
-            else:
-                data, skipped = _read_tail(f, n, max_bytes)
+        with _open(path) as f:
+            data, skipped = _read_tail(f, n, max_bytes)
     except FileNotFoundError:
         return []
+    except OSError as e:
+        return [refused(path, e)]
     lines = [_cut(line) for line in data.split(b"\n")]
     if lines and lines[-1] == "":
         lines.pop()  # the file ends with a newline
     if n is not None:
         lines = lines[-n:] if n else []
     if skipped and lines:
-        lines.insert(0, f"tfk8s: ... {skipped} earlier bytes not shown (--tail reads at most {max_bytes} "
+        how = "--tail reads" if n is not None else "logs read"
+        lines.insert(0, f"tfk8s: ... {skipped} earlier bytes not shown ({how} at most {max_bytes} "
                         f"bytes); the file keeps everything ({path})")
     return lines
 
 
-def _read_tail(f, n: int, max_bytes: int) -> tuple[bytes, int]:
-    """The bytes holding the last ``n`` lines (or the last ``max_bytes``), and how many came before."""
+def _open(path: Path):
+    """The one way a log is opened here: :func:`.layout.open_for_reading`, as a binary file."""
+    return os.fdopen(open_for_reading(path), "rb")
+
+
+def last_line(fd: int, max_bytes: int = 65536) -> str:
+    """The last line of the open file ``fd`` (read with ``pread`` from its end: the descriptor's
+    offset is left alone), cut at :data:`MAX_LINE`; "" for an empty file."""
+    size = os.fstat(fd).st_size
+    start = max(0, size - max_bytes)
+    data = os.pread(fd, size - start, start).rstrip(b"\n")
+    return _cut(data.rpartition(b"\n")[2]) if data else ""
+
+
+def _read_tail(f, n: int | None, max_bytes: int) -> tuple[bytes, int]:
+    """The bytes holding the last ``n`` lines (every line when None) or the last ``max_bytes``,
+    and how many came before."""
     end = f.seek(0, os.SEEK_END)
+    if n is None:
+        n = end  # more newlines than the file can hold: read back to max_bytes
     pos, chunks, newlines, block = end, [], 0, 65536
     limit = max(0, end - max_bytes)
     while pos > limit and newlines <= n:
@@ -82,8 +112,19 @@ def _read_tail(f, n: int, max_bytes: int) -> tuple[bytes, int]:
 
 
 def _cut(line: bytes) -> str:
-    text = line[:MAX_LINE].decode("utf-8", "replace").rstrip("\r")
+    text = overwritten(line[:MAX_LINE].decode("utf-8", "replace"))
     return text + f" [... line cut: {len(line)} bytes]" if len(line) > MAX_LINE else text
+
+
+def overwritten(text: str) -> str:
+    """What a terminal (and Jupyter) shows of a line that carriage returns rewrote: the text after
+    the last ``\r`` that has any (a progress bar's last state)."""
+    if "\r" not in text:
+        return text
+    for part in reversed(text.split("\r")):
+        if part:
+            return part
+    return ""
 
 
 class _FileCursor:
@@ -92,28 +133,40 @@ class _FileCursor:
         self.path = path
         self.offset = 0
         self.partial = b""
+        self.updated = b""  # the unfinished line's state last handed out as an update
+        #: Why the file at ``path`` is not read (said once, until it changes).
+        self.refused = ""
         if not from_start:
             try:
-                self.offset = path.stat().st_size
+                self.offset = path.lstat().st_size
             except FileNotFoundError:
                 self.offset = 0
 
     def read(self) -> list[str]:
-        """The lines written since the last read (a note in place of a skipped flood)."""
+        """The lines written since the last read (a note in place of a skipped flood, or of a file
+        that is not read: :func:`.layout.open_for_reading`)."""
         try:
-            size = self.path.stat().st_size
+            f = _open(self.path)
         except FileNotFoundError:
             return []
-        if size < self.offset:  # truncated: start over
-            self.offset = 0
-        if size == self.offset:
-            return []
-        skipped = 0
-        if size - self.offset > MAX_BACKLOG:
-            skipped = size - CATCHUP_KEEP - self.offset
-            self.offset = size - CATCHUP_KEEP
-            self.partial = b""
-        with open(self.path, "rb") as f:
+        except OSError as e:
+            note = refused(self.path, e)
+            if note == self.refused:
+                return []
+            self.refused = note
+            return [note]
+        self.refused = ""
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            if size < self.offset:  # truncated: start over
+                self.offset = 0
+            if size == self.offset:
+                return []
+            skipped = 0
+            if size - self.offset > MAX_BACKLOG:
+                skipped = size - CATCHUP_KEEP - self.offset
+                self.offset = size - CATCHUP_KEEP
+                self.partial = b""
             f.seek(self.offset)
             data = f.read(size - self.offset)
         self.offset += len(data)
@@ -143,18 +196,37 @@ class _FileCursor:
         if len(whole) > MAX_LINE and max(map(len, texts)) > MAX_LINE // 4:
             # Some line may be longer than MAX_LINE bytes: cut each in bytes, as the rule says.
             texts = [line[:MAX_LINE].decode("utf-8", "replace") for line in whole.split(b"\n")]
+        if cut >= 0:
+            self.updated = b""
+        if b"\r" in whole:
+            texts = [overwritten(t) for t in texts]
+        if b"\r" in self.partial:
+            texts.extend(self._update())
         if len(self.partial) > MAX_LINE:  # one endless line: show its start now
             texts.append(self.partial[:MAX_LINE].decode("utf-8", "replace"))
             self.partial = b""
-        if b"\r" in data:
-            texts = [t.rstrip("\r") for t in texts]
         return texts
+
+    def _update(self) -> list[str]:
+        """The unfinished line, rewritten by carriage returns (a progress bar), as an update: a text
+        that starts with ``\r``, which a view shows in place of the previous one (the finished line
+        replaces it).  Only what the last ``\r`` left is kept (a bar redrawn for an hour is one
+        state, not an hour of them)."""
+        head, _, last = self.partial.rpartition(b"\r")
+        ends = not last
+        if ends:  # it ends with "\r": the state before it is shown until more comes
+            last = head.rpartition(b"\r")[2]
+        self.partial = b"\r" + last + (b"\r" if ends else b"")
+        if not last or last == self.updated:
+            return []
+        self.updated = last
+        return ["\r" + last[:MAX_LINE].decode("utf-8", "replace")]
 
     def drain(self) -> list[str]:
         """Read to the end, the unfinished last line included (the task has ended)."""
         out = self.read()
         if self.partial:
-            out.append(self.partial.decode("utf-8", "replace"))
+            out.append(overwritten(self.partial.decode("utf-8", "replace")))
             self.partial = b""
         return out
 

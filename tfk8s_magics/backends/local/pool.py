@@ -82,10 +82,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ... import ingraph, options, taskenv
+from ... import ingraph, options, records, taskenv
 from ...lifeline import open_pidfd, pid_alive, set_parent_death_signal
 from ...runtime import task
-from . import isolation
+from . import isolation, logtail
+from .layout import read_bounded
 
 #: Largest message on the pool's sockets (an assignment carries the task's environment).
 MAX_MESSAGE = 1 << 20
@@ -118,6 +119,7 @@ LATE = frozenset({
     "TF_CONFIG", "TFK8S_TASK", "TFK8S_CLUSTER", "TFK8S_LOG_DIR", "TFK8S_DATA_DIR",
     "TFK8S_CHECKPOINT_DIR", "TFK8S_PROGRESS_FILE", "TFK8S_SCRIPT", "TFK8S_SCRIPT_DIR",
     "TFK8S_FILES_DIR", "TFK8S_READY_FD", "TFK8S_CLUSTER_ID", "TFK8S_TERMINATION_FILE",
+    "TFK8S_SCRIPT_IS_CELL",
 })
 #: Variables a task may add (``--env``) that something could read at interpreter start or at
 #: ``import tensorflow``: such a task runs cold unless the pool has the same value.
@@ -205,6 +207,15 @@ def runtime_dir() -> Path:
     return path
 
 
+def _message(data: bytes) -> dict:
+    """A pool message or record (a JSON object of at most :data:`MAX_MESSAGE` bytes, nested at most
+    :data:`records.MAX_DEPTH` deep); ValueError for anything else."""
+    message = records.loads(data, MAX_MESSAGE)
+    if not isinstance(message, dict):
+        raise ValueError("a pool message is not a JSON object")
+    return message
+
+
 class Interrupted(Exception):
     """One of the caller's interrupt descriptors became readable before the pool answered."""
 
@@ -232,7 +243,7 @@ def _request(sock_path: str, message: dict, fds: list[int] = (), timeout: float 
         data = s.recv(MAX_MESSAGE)
     if not data:
         raise ConnectionError("the pool closed the connection without answering")
-    return json.loads(data)
+    return _message(data)
 
 
 def info(sock_path: str, with_memory: bool = True) -> dict | None:
@@ -280,6 +291,23 @@ def describe(found: dict) -> str:
         lines.append(f"  idle memory: {pss / len(idle) / 2**20:.0f} MiB PSS ({rss / len(idle) / 2**20:.0f} "
                      f"MiB RSS) per process, {pss / 2**20:.0f} MiB PSS in total")
     return "\n".join(lines)
+
+
+def memory_line(found: list[dict] | None = None) -> str:
+    """One line for ``%tfcluster list``: what this user's warm pools hold (one per kernel), in
+    processes and PSS; "" when there is none."""
+    found = pools() if found is None else found
+    if not found:
+        return ""
+    procs = [p for f in found for p in f["processes"]]
+    pss = sum(p.get("pss", 0) for p in procs)
+    mine = current()
+    own = next((f for f in found if mine and f.get("socket") == mine), None)
+    kernels = f"{len(found)} kernel" + ("s" if len(found) != 1 else "")
+    mine_pss = sum(p.get("pss", 0) for p in own["processes"]) if own else 0
+    return (f"warm pools of this user: {kernels}, {len(procs)} TensorFlow processes waiting, "
+            f"{pss / 2**20:.0f} MiB PSS" + (f" (this kernel's: {mine_pss / 2**20:.0f} MiB)" if own else "")
+            + "; %tfcluster pool --size 0 frees this kernel's")
 
 
 def status_text() -> str:
@@ -390,7 +418,7 @@ def _start(size: int, env: dict[str, str], cwd: str, shim: str | None, kind: str
         ok = r.read(8)  # the daemon writes once its socket listens (or exits: EOF)
     if not ok:
         proc.wait()
-        log = (pool_dir / "pool.log").read_text(errors="replace")[-2000:]
+        log = "\n".join(logtail.tail_lines(pool_dir / "pool.log", 20))
         shutil.rmtree(pool_dir, ignore_errors=True)
         raise OSError(f"the pool daemon exited at start (code {proc.returncode}): {log}")
     _handle = _Handle(proc, sock, env, cwd)
@@ -467,7 +495,7 @@ def adopt(sock_path: str, env: Mapping[str, str]) -> tuple[str | None, list[int]
             s.connect(sock_path)
             s.send(json.dumps({"op": "adopt", "env": dict(env)}).encode())
             data, fds, _, _ = socket.recv_fds(s, MAX_MESSAGE, 2)
-            answer = json.loads(data)
+            answer = _message(data)
         except (OSError, ValueError) as e:
             return None, [], f"the pool did not answer ({e})"
     if "ns" not in answer or len(fds) != answer.get("fds"):
@@ -607,7 +635,7 @@ class Daemon:
     """The pool daemon's loop: keep ``size`` processes warm, hand them out, report their ends."""
 
     def __init__(self, pool_dir: Path) -> None:
-        config = json.loads((pool_dir / "config.json").read_text())
+        config = _message(read_bounded(pool_dir / "config.json", MAX_MESSAGE) or b"")
         self.dir = pool_dir
         self.env: dict[str, str] = config["env"]
         self.shim: str | None = config.get("shim")
@@ -822,7 +850,7 @@ class Daemon:
         fds: list[int] = []
         try:
             data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 3)
-            message = json.loads(data)
+            message = _message(data)
             pid, uid, _gid = array.array("i", conn.getsockopt(
                 socket.SOL_SOCKET, socket.SO_PEERCRED, 12)).tolist()
         except (OSError, ValueError):
@@ -1050,7 +1078,10 @@ def worker(fd: int) -> int:
     data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 2)
     if not data or len(fds) != 2:
         return 0  # the pool closed: nothing was assigned
-    assignment = json.loads(data)
+    try:
+        assignment = _message(data)
+    except ValueError:
+        return 0  # not an assignment: nothing was assigned
     log_fd, ready_fd = fds
     # A refill imported at low priority (its session's autogroup): a task runs at the cold one's.
     if autogroup_nice() not in (None, 0) and not _autogroup_nice(0):

@@ -11,6 +11,7 @@ first new line clears the stall at once.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from ...stall import Stall, TaskActivity, detect, next_check
@@ -21,8 +22,13 @@ from .inotify import DirWatcher
 class StallWatch:
     """Stall state of one local cluster, driven by its supervisor's loop."""
 
-    def __init__(self, log_files: dict[str, Path], progress_dir: Path, timeout: float) -> None:
+    def __init__(self, log_files: dict[str, Path], log_fds: Mapping[str, int], progress_dir: Path,
+                 timeout: float) -> None:
+        #: Where the logs are (their dirs are watched after a stall); they are never opened by name:
+        #: a FIFO or symlink put there meanwhile would be waited on or followed.
         self.log_files = log_files
+        #: The supervisor's own descriptor of each task's log (task → fd), read with fstat/pread.
+        self.log_fds = log_fds
         self.progress_dir = progress_dir
         self.timeout = timeout
         self.deadline: float | None = None
@@ -32,17 +38,15 @@ class StallWatch:
     def activity(self) -> tuple[list[TaskActivity], list[float]]:
         """Each task's last log line and its time, and the progress files' times."""
         tasks = []
-        for task, path in self.log_files.items():
+        for task, fd in list(self.log_fds.items()):
             try:
-                mtime = path.stat().st_mtime
-            except FileNotFoundError:
+                tasks.append(TaskActivity(task, os.fstat(fd).st_mtime, logtail.last_line(fd)))
+            except OSError:
                 continue
-            lines = logtail.tail_lines(path, 1)
-            tasks.append(TaskActivity(task, mtime, lines[-1] if lines else ""))
         progress = []
         for p in self.progress_dir.glob("*.jsonl"):
             try:
-                progress.append(p.stat().st_mtime)
+                progress.append(p.lstat().st_mtime)  # lstat: nothing there is followed or opened
             except FileNotFoundError:
                 pass
         return tasks, progress

@@ -48,6 +48,7 @@ from ...lifeline import (
     children_of,
     kill_marked,
     open_pidfd,
+    process_state,
     set_parent_death_signal,
     start_time,
 )
@@ -73,6 +74,19 @@ IDENTITY_CHECK = 1.0
 PORT_MOVES = 3
 
 
+def _how_it_ended(st: LocalTaskStatus, asked: float | None) -> str:
+    """One line for a stopped task's end: how (exit code or signal) and how long after SIGTERM."""
+    how = f"killed by {st.signal}" if st.signal else f"exited with code {st.exit_code}"
+    if asked is not None and st.finished is not None:
+        how += f" {max(0.0, st.finished - asked):.1f} s after SIGTERM"
+    return how
+
+
+#: How a peer that ended a moment before the task that lost it is described (a zombie: its end is
+#: not handled yet).
+ZOMBIE = "had ended (its end not handled yet)"
+
+
 class DirReplaced(Exception):
     """The cluster's directory was removed or now belongs to another cluster."""
 
@@ -87,6 +101,7 @@ class _Task:
     pidfd: int | None = None
     stopping: str = ""  # why we are ending it: "stop", "recycle", "" (not by us)
     kill_at: float | None = None
+    stopped_at: float | None = None  # when we sent SIGTERM
     history: list[dict] = field(default_factory=list)
 
 
@@ -124,6 +139,9 @@ class Supervisor:
         #: The open incident: until when, "task: why" of its first retryable end, and the
         #: tasks already restarted in it (a second end of one of those is a new failure).
         self.incident: tuple[float, str, set[str]] | None = None
+        #: Tasks named as the cause of an incident (task → what was wrong with it): a stopped,
+        #: zombie or vanished process whose peer noticed first (see :meth:`peer_at_fault`).
+        self.blamed: dict[str, str] = {}
         #: Restarted tasks waiting for the rest of their group to end: a new process never
         #: meets an old peer (JobSet likewise deletes every Job before it recreates them).
         self.deferred: list[_Task] = []
@@ -136,8 +154,12 @@ class Supervisor:
         self.pool_why = "no warm pool"
         #: --data-sync before the tasks, --backup after them (issue 15).
         self.storage = ClusterStorage(self)
+        #: Each task's log as the supervisor opened it (read and write; the stall check reads it
+        #: through this descriptor, never by name).
+        self.log_fds: dict[str, int] = {}
         self.stalls = StallWatch(
             {t: task_log_path(self.record["log_dir"], t) for t in self.tasks},
+            self.log_fds,
             cdir.progress_dir,
             float(self.record.get("stall_timeout", DEFAULT_STALL_TIMEOUT)),
         )
@@ -197,6 +219,8 @@ class Supervisor:
         if t.runs_script:
             reserved["TFK8S_SCRIPT"] = str(self.cdir.script)
             reserved["TFK8S_SCRIPT_DIR"] = rec.get("script_dir") or rec["workdir"]
+            name = self.spec.script_name or ""
+            reserved["TFK8S_SCRIPT_IS_CELL"] = "1" if not name or name.startswith("<") else "0"
             if self.spec.files:
                 reserved["TFK8S_FILES_DIR"] = str(self.cdir.files)
         reserved.update(self.storage.task_env())  # streaming: TFK8S_DATA_URL + storage credentials
@@ -237,7 +261,7 @@ class Supervisor:
         except OSError as e:
             raise OSError(e.errno, e.strerror, str(log_path.parent)) from None
         try:
-            log = open_private_append(log_path.name, dfd)
+            log = open_private_append(log_path.name, dfd, readable=True)
         except OSError as e:
             raise OSError(e.errno, e.strerror, str(log_path)) from None
         finally:
@@ -301,6 +325,10 @@ class Supervisor:
             self._termination_file(t).unlink(missing_ok=True)
         except OSError:
             pass
+        old = self.log_fds.pop(t.task.name, None)
+        if old is not None:
+            os.close(old)
+        self.log_fds[t.task.name] = os.dup(log.fileno())  # not inheritable (os.dup): no task gets it
         read_fd, write_fd = os.pipe()
         env = self._env(t)
         env["TFK8S_READY_FD"] = str(write_fd)
@@ -406,8 +434,10 @@ class Supervisor:
         if t.stopping:
             return
         t.stopping = why
-        t.kill_at = time.time() + STOP_TIMEOUT
+        t.stopped_at = time.time()
+        t.kill_at = t.stopped_at + STOP_TIMEOUT
         self.signal_task(t, signal.SIGTERM)
+        self.signal_task(t, signal.SIGCONT)  # a stopped task handles its SIGTERM only once continued
 
     def _reap(self, t: _Task) -> int:
         """Collect a task's return code and release what watched it."""
@@ -471,32 +501,94 @@ class Supervisor:
             self._restart(t, f"{self.policy.classify(end).reason}; same incident as {self.incident[1]}")
             return
         decision = self.policy.decide(end, self.restarts_used)
+        # A peer that is stopped, a zombie or gone is the cause of a retryable end, not its bystander.
+        culprit = self.peer_at_fault(t) if self.policy.classify(end).action == lifecycle.RESTART else None
+        if culprit is not None:
+            self.blamed[culprit[0]] = culprit[1]
+            self.event(culprit[0], "Culprit", f"{culprit[1]}; {t.task.name} lost it ({decision.reason})",
+                       "Warning")
         if decision.action == lifecycle.SUCCEED:
             st.phase, st.reason = Phase.SUCCEEDED, decision.reason
             self.event(t.task.name, "Completed", "exited with code 0")
         elif decision.action == lifecycle.RESTART and not self.stop_reason:
             self.restarts_used += 1
-            self.incident = (time.time() + self.policy.incident_window, f"{t.task.name}: {decision.reason}",
-                             set())
+            cause = f"{culprit[0]}: {culprit[1]}" if culprit else f"{t.task.name}: {decision.reason}"
+            self.incident = (time.time() + self.policy.incident_window, cause, set())
             budget = self.policy.restart_budget
             self._restart_group(t)
-            self._restart(t, f"{decision.reason}; restart {self.restarts_used} of {budget}")
+            if culprit is not None:  # the cause restarts too, in the group or not
+                self.end_task(self.tasks[culprit[0]], "restart")
+            lost = f"lost {culprit[0]} ({decision.reason})" if culprit else decision.reason
+            self._restart(t, f"{lost}; restart {self.restarts_used} of {budget}")
+        elif culprit is not None:
+            st.phase, st.reason = Phase.FAILED, f"lost {culprit[0]} ({decision.reason})"
+            self.fail(f"{culprit[0]} failed: {culprit[1]}; {t.task.name} lost it ({decision.reason})")
+            self.event(t.task.name, "Failed", st.reason, "Warning")
         else:
-            st.phase, st.reason = Phase.FAILED, decision.reason + self._disk_note()
+            st.phase, st.reason = Phase.FAILED, self._failure_reason(decision.reason)
             self.fail(f"{t.task.name} failed: {st.reason}")
             self.event(t.task.name, "Failed", st.reason, "Warning")
+
+    def _failure_reason(self, reason: str) -> str:
+        """``reason`` with the disk's part in it: a full log dir is named, and a traceback is not
+        promised in a log that could not be written."""
+        note = self._disk_note()
+        if note and reason.endswith("; the traceback is in its log"):
+            reason = reason.removesuffix("; the traceback is in its log") + (
+                "; its traceback may be missing from its log")
+        return reason + note
+
+    def peer_at_fault(self, t: _Task) -> tuple[str, str] | None:
+        """The task whose process is the cause of ``t``'s end, with what was wrong with it: one that
+        is stopped (SIGSTOP, a debugger), a zombie (it ended; its exit is not handled yet) or gone,
+        while its row says it runs.  None when every peer's process is well (``t`` is the cause)."""
+        now = time.time()
+        for other in self.tasks.values():
+            if other is t or other.proc is None or other.proc.returncode is not None or other.stopping:
+                continue
+            state = process_state(other.proc.pid)
+            if state in ("T", "t"):
+                how = "stopped (SIGSTOP or SIGTSTP)" if state == "T" else "stopped by a debugger (traced)"
+                silent = self._silent_for(other, now)
+                return other.task.name, f"{other.task.name} was {how}" + (
+                    f", silent for {silent:.0f} s" if silent is not None else "")
+            if state in ("Z", "X"):
+                return other.task.name, f"{other.task.name} {ZOMBIE}"
+            if state is None:
+                return other.task.name, f"{other.task.name}'s process was gone"
+        return None
+
+    def _silent_for(self, t: _Task, now: float) -> float | None:
+        """Seconds since ``t`` last wrote to its log (or started), through the supervisor's descriptor."""
+        times = [t.status.started] if t.status.started is not None else []
+        fd = self.log_fds.get(t.task.name)
+        if fd is not None:
+            try:
+                times.append(os.fstat(fd).st_mtime)
+            except OSError:
+                pass
+        return max(0.0, now - max(times)) if times else None
 
     def _ended_by_us(self, t: _Task) -> bool:
         """Settle the end of a task we ended (stop, recycle, a group restart, new ports); False
         when it ended on its own, for the lifecycle policy to judge."""
         st = t.status
-        if t.stopping == "stop" or (t.stopping in ("restart", "ports") and self.stop_reason):
+        if t.task.name in self.blamed and self.phase == Phase.FAILED and t.stopping:
+            st.phase, st.reason = Phase.FAILED, self.blamed.pop(t.task.name)  # the cause, not a bystander
+        elif t.stopping == "stop" or (t.stopping in ("restart", "ports") and self.stop_reason):
             st.phase, st.reason = Phase.STOPPED, self.stop_reason
+            self.event(t.task.name, "TaskStopped", _how_it_ended(st, t.stopped_at))
         elif t.stopping == "recycle":
             st.phase, st.reason = Phase.SUCCEEDED, lifecycle.RECYCLED
             self.event(t.task.name, "Recycled", st.reason)
         elif t.stopping == "ports":  # the cluster's addresses changed
             self._restart(t, "restarted with the cluster's new addresses (not counted)")
+        elif t.stopping == "restart" and t.task.name in self.blamed:  # the cause of the incident
+            why = self.blamed.pop(t.task.name)
+            if why.endswith(ZOMBIE):  # it had ended on its own: say how, now that it is reaped
+                why = self.policy.classify(lifecycle.TaskEnd(exit_code=st.exit_code, signal=st.signal)).reason
+            self._restart(t, f"{why}; restart {self.restarts_used} of {self.policy.restart_budget} "
+                          "(the cause of this incident)")
         elif t.stopping == "restart":  # its group restarts after another's end
             self._restart(t, f"restarted with its group ({self.incident[1]})")
         else:
@@ -691,14 +783,21 @@ class Supervisor:
         self.stop_reason = self.stop_reason or reason
         self.grace_deadline = None  # a stop ends the PS grace period too: nothing is left to wait for
         self.event("", "Stopping", reason)
+        if self.phase not in Phase.TERMINAL:  # "stopped" once every task has ended (update_phase)
+            self.phase, self.reason = Phase.STOPPING, f"{reason}; waiting for the tasks to end"
+            self.dirty = True
         for t in self.tasks.values():
             self.end_task(t, "stop")
-        if self.phase not in Phase.TERMINAL:
-            self.phase, self.reason, self.finished = Phase.STOPPED, reason, time.time()
 
     def update_phase(self) -> None:
         """Recompute the cluster's phase from its tasks; start the PS grace period when the workers finish."""
         if self.phase in Phase.TERMINAL:
+            return
+        if self.phase == Phase.STOPPING:
+            if not self.alive():
+                self.phase, self.reason, self.finished = Phase.STOPPED, self.stop_reason, time.time()
+                self.event("", "Stopped", f"every task has ended ({self.reason})")
+                self.dirty = True
             return
         states = [t.status.phase for t in self.tasks.values()]
         script_tasks = [self.tasks[t.name] for t in self.policy.success_tasks(self.spec)]
@@ -718,7 +817,8 @@ class Supervisor:
         new = Phase.RUNNING if all(s in (Phase.RUNNING, Phase.SUCCEEDED) for s in states) else Phase.STARTING
         if new != self.phase:
             self.phase = new
-            self.reason = "every task is ready" if new == Phase.RUNNING else ""
+            self.reason = ("every task is ready" if new == Phase.RUNNING
+                           else f"restarting after {self.incident[1]}" if self.incident else "")
             self.dirty = True
 
     def tick(self) -> None:
@@ -728,6 +828,9 @@ class Supervisor:
             self.grace_deadline = None
             # After success what runs on is recycled; after a failure it is stopped.
             how = "recycle" if self.phase == Phase.SUCCEEDED else "stop"
+            if how == "recycle" and "grace period" in self.reason:  # no longer "will stop": did
+                self.reason = "the workers finished; the parameter servers were recycled"
+                self.dirty = True
             for t in self.tasks.values():
                 if t.status.phase not in Phase.TERMINAL:
                     self.end_task(t, how)
@@ -735,6 +838,8 @@ class Supervisor:
             if t.kill_at is not None and now >= t.kill_at and t.proc and t.proc.returncode is None:
                 self.signal_task(t, signal.SIGKILL)
                 t.kill_at = None
+                self.event(t.task.name, "Killed", f"still running {STOP_TIMEOUT:g} s after SIGTERM: "
+                           "sent SIGKILL", "Warning")
         if now >= self.identity_at:
             self.check_identity()
         self.check_stall(now)
