@@ -16,6 +16,7 @@ from kubernetes import client
 from tests.realkube import wait_for
 from tfk8s_magics.backends.base import Phase
 from tfk8s_magics.backends.kubernetes import KubernetesBackend
+from tfk8s_magics.backends.kubernetes.rbac import backend_role
 from tfk8s_magics.errors import ClusterExists, LaunchFailed
 from tfk8s_magics.spec import ClusterSpec, Resources
 
@@ -212,13 +213,20 @@ def test_conflict_midway_rolls_back_with_the_api_reason(realkube, user):
 
 def test_forbidden_is_reported_and_rolled_back(realkube, user):
     ns, _ = user
+    # the shipped Role without create on JobSets, bound instead of the chart's ClusterRole
     rbac = client.RbacAuthorizationV1Api(realkube.admin)
-    (role,) = rbac.list_namespaced_role(ns.name).items
-    body = realkube.admin.sanitize_for_serialization(role)
-    body["rules"] = [r for r in body["rules"] if "jobsets" not in r.get("resources", [])]
-    body["rules"].append({"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"],
+    role = backend_role(ns.name)
+    role["rules"] = [r for r in role["rules"] if "jobsets" not in r["resources"]]
+    role["rules"].append({"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"],
                           "verbs": ["get", "list", "watch"]})
-    rbac.replace_namespaced_role(role.metadata.name, ns.name, body)
+    role["metadata"]["name"] = "no-jobsets"
+    rbac.create_namespaced_role(ns.name, role)
+    for rb in rbac.list_namespaced_role_binding(ns.name).items:
+        rbac.delete_namespaced_role_binding(rb.metadata.name, ns.name)
+    rbac.create_namespaced_role_binding(ns.name, {
+        "metadata": {"name": "no-jobsets"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "no-jobsets"},
+        "subjects": [{"kind": "ServiceAccount", "name": ns.service_account, "namespace": ns.name}]})
     backend = KubernetesBackend(namespace=ns.name, api_client=ns.api_client, user="alice",
                                 storage_class="standard")
     try:
