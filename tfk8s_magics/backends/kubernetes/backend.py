@@ -10,7 +10,7 @@ The lifecycle — restarts, success, the end of parameter servers, the TTL —
 is JobSet's, in the cluster, with or without a notebook attached.  This
 process only reads: ``status``/``watch``/``logs``/``events`` keep one
 read-only :class:`~.watch.ClusterWatch` (the JobSet and its pods) per
-cluster.  It acts only when asked: ``launch``, ``stop`` (deletes the JobSet;
+cluster, all fed by the namespace's two watches (:class:`~.feed.NamespaceFeed`).  It acts only when asked: ``launch``, ``stop`` (deletes the JobSet;
 the record and volumes stay), ``delete`` (Foreground: returns when the
 objects are gone), ``tensorboard``.
 """
