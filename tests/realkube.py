@@ -83,9 +83,12 @@ class UserNamespace:
         """The ServiceAccount's user name as the API server authenticates it."""
         return f"system:serviceaccount:{self.name}:{self.service_account}"
 
-    def requests(self) -> list[AuditRecord]:
-        """Every request this ServiceAccount made since the namespace was made, oldest first."""
-        return [r for r in self.kube.audit(self.audit_offset) if r.user == self.username]
+    def requests(self, stage: str = "ResponseComplete") -> list[AuditRecord]:
+        """Every request this ServiceAccount made since the namespace was made, oldest first.
+
+        ``stage="ResponseStarted"``: the watches that are open (a watch completes when it ends).
+        """
+        return [r for r in self.kube.audit(self.audit_offset, stage) if r.user == self.username]
 
 
 class RealKube:
@@ -145,6 +148,16 @@ class RealKube:
         self.apply(bootstrap_objects(spec, name))
         token = self.token(name, spec.service_account)
         return UserNamespace(self, name, spec.service_account, self.client_with_token(token), offset)
+
+    def namespace(self, prefix: str = "ns", labels: dict | None = None) -> str:
+        """A bare namespace (no bootstrap objects, pods land on kwok nodes), deleted at cleanup."""
+        name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        annotations = {"scheduler.alpha.kubernetes.io/defaultTolerations": json.dumps(KWOK_TOLERATION)}
+        self.core.create_namespace(
+            {"metadata": {"name": name, "labels": labels or {}, "annotations": annotations}}
+        )
+        self._namespaces.append(name)
+        return name
 
     def token(self, namespace: str, service_account: str, seconds: int = 3600) -> str:
         """A bound token of the ServiceAccount (TokenRequest), as a projected volume would get."""
@@ -207,8 +220,8 @@ class RealKube:
         except OSError:
             return 0
 
-    def audit(self, offset: int = 0) -> list[AuditRecord]:
-        """Audit records written after ``offset`` (ResponseComplete stage only)."""
+    def audit(self, offset: int = 0, stage: str = "ResponseComplete") -> list[AuditRecord]:
+        """Audit records of one ``stage`` written after ``offset``."""
         if not self.audit_log:
             raise AssertionError("this cluster has no audit log (not a devcluster?)")
         out = []
@@ -219,7 +232,7 @@ class RealKube:
                     ev = json.loads(line)
                 except ValueError:
                     continue
-                if ev.get("stage") != "ResponseComplete":
+                if ev.get("stage") != stage:
                     continue
                 ref = ev.get("objectRef") or {}
                 out.append(
