@@ -196,6 +196,15 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"build_images: unknown image {unknown[0]!r}; choose from {', '.join(IMAGES)}", file=sys.stderr)
         return 2
+    # One build at a time on this machine: scripts/test builds the node's images in the background
+    # while the container tests build theirs, and two podman builds of one image race in its
+    # storage ("committing container for step ..."). The second waits, then finds the image built.
+    import fcntl
+
+    lock_path = Path(os.environ.get("TFK8S_CACHE") or Path.home() / ".cache" / "tfk8s") / "build_images.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(lock_path, "w")  # noqa: SIM115 - held until the process ends
+    fcntl.flock(lock, fcntl.LOCK_EX)
     start = time.monotonic()
     if "notebook" in names:  # it ships the sidebar prebuilt: build it (a no-op when up to date)
         subprocess.run([str(REPO / "scripts" / "bootstrap"), "lab"], check=True)

@@ -234,7 +234,8 @@ def test_sidebar_end_to_end(lab, page, state_dir):
     error = form.locator(".tfk8s-form-error")
     _wait(lambda: error.inner_text().strip(), 30, "the form's error", page)
     assert error.inner_text().strip() == (
-        "%tfcluster launch: argument --workers: 'x' is not a whole number. See %tfcluster --help.")
+        "%tfcluster launch: argument --workers: 'x' is not a whole number "
+        "(%tfcluster launch --help shows how)")
     assert not [c.name for c in tk.list_clusters() if c.name == "form1"]  # nothing launched
     form.locator('input[name="workers"]').fill("1")
     form.locator(".tfk8s-form-submit").click()

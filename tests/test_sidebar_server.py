@@ -140,6 +140,7 @@ def test_a_check_mistake_is_the_apis_sentence(tmp_path):
 def test_launch_prepares_the_client_only_when_asked(monkeypatch):
     """api.launch(prepare_client=False): the server's form launch imports no TensorFlow."""
     from tfk8s_magics import ingraph
+    from tfk8s_magics.errors import ClusterNotFound
 
     imported, launched = [], []
     monkeypatch.setattr(ingraph, "preimport", lambda legacy: imported.append(legacy))
@@ -149,6 +150,12 @@ def test_launch_prepares_the_client_only_when_asked(monkeypatch):
 
         def launch(self, spec, detach=False):
             launched.append((spec.name, spec.mode, detach))
+
+        def status(self, name):  # api.launch asks whether an ended cluster of that name exists
+            raise ClusterNotFound(name)
+
+        def attach_previous(self, name, kept):  # no earlier run was kept
+            pass
 
     monkeypatch.setattr(api, "resolve_backend", lambda backend=None: Recorder())
     api.launch("ig", mode="in-graph", ps=1, workers=1, detach=True, prepare_client=False)
@@ -276,7 +283,8 @@ def test_a_cookie_login_needs_the_xsrf_token_to_change_anything(lab):
     status, text = post({"X-XSRFToken": xsrf})
     assert status == 400, text  # past XSRF: the form's own sentence
     assert json.loads(text)["message"] == (
-        "%tfcluster launch: argument --workers: 'x' is not a whole number. See %tfcluster --help.")
+        "%tfcluster launch: argument --workers: 'x' is not a whole number "
+        "(%tfcluster launch --help shows how)")
     with opener.open(f"{lab.base}/tfk8s/clusters", timeout=60) as r:
         assert json.loads(r.read())["clusters"] == []
 

@@ -286,6 +286,18 @@ def _first_line(e: BaseException) -> str:
     return text[0][:200] if text else ""
 
 
+class _CoordinatorInfoFilter(logging.Filter):
+    """Drops the INFO lines of TensorFlow's distributed coordinator ("Stopping cluster, starting
+    with failure handler", "ClusterCoordinator destructor: ..."), which it prints when a
+    coordinator is garbage-collected: after connect() returned, or at the kernel's exit."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or "coordinator" not in record.pathname.replace("\\", "/")
+
+
+_COORDINATOR_FILTER = _CoordinatorInfoFilter()
+
+
 @contextlib.contextmanager
 def _tensorflow_info_hidden():
     """Hide the INFO lines TensorFlow's logger prints while the strategy is built (six lines on
@@ -293,8 +305,11 @@ def _tensorflow_info_hidden():
     the lab is quiet (option ``quiet``); warnings and errors still show."""
     logger = logging.getLogger("tensorflow")
     old = logger.level
-    if quiet_enabled() and logger.getEffectiveLevel() < logging.WARNING:
-        logger.setLevel(logging.WARNING)
+    if quiet_enabled():
+        if _COORDINATOR_FILTER not in logger.filters:
+            logger.addFilter(_COORDINATOR_FILTER)  # stays: the destructors' lines come later
+        if logger.getEffectiveLevel() < logging.WARNING:
+            logger.setLevel(logging.WARNING)
     try:
         yield
     finally:

@@ -27,7 +27,8 @@ class _FormParser(argparse.ArgumentParser):
     """The registry's parser, with a mistake raised as one SpecError sentence instead of an exit."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise SpecError(f"{self.prog}: {message}. See %tfcluster --help.")
+        # the magic's own sentence (options.ArgumentParser.error), so the form says what it says
+        raise SpecError(f"{self.prog}: {message} ({self.prog} --help shows how)")
 
     def exit(self, status: int = 0, message: str | None = None) -> None:  # type: ignore[override]
         raise SpecError((message or f"{self.prog}: cannot parse the form.").strip())
