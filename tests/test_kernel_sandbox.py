@@ -83,6 +83,10 @@ def wait_ready(kc, proc, stderr: Path, timeout: float) -> None:
         try:
             while kc.get_shell_msg(timeout=2)["parent_header"].get("msg_id") != msg_id:
                 pass
+            # IOPub is a PUB/SUB socket: what the kernel publishes before our subscription is
+            # joined is lost ("slow joiner"). Ready means the kernel_info's own status arrived.
+            while kc.get_iopub_msg(timeout=2)["parent_header"].get("msg_id") != msg_id:
+                pass
             return
         except Empty:
             continue
