@@ -615,21 +615,8 @@ class Cluster:
             "metrics": {"bindAddress": "0"},
             "health": {"healthProbeBindAddress": f"127.0.0.1:{st['jobset_health_port']}"},
         }
-        (self.root / "jobset-config.yaml").write_text(yaml.safe_dump(conf))
-        env = {"KUBECONFIG": str(self.kubeconfig)}
-        self.procs.start(
-            "jobset",
-            [
-                str(comp.path("jobset")),
-                "--config",
-                str(self.root / "jobset-config.yaml"),
-                "--zap-log-level",
-                "info",
-            ],
-            env=env,
-        )
-        self.apply(hooks)
-        self._wait(lambda: self._webhook_roundtrip(_probe_jobset()), "jobset", timeout, proc="jobset")
+        self._run_controller("jobset", comp, conf, ["--zap-log-level", "info"], hooks, _probe_jobset(),
+                             timeout)
 
     def _start_kueue(self, comp: build.Component, timeout: float) -> None:
         st = self.state()
@@ -678,20 +665,19 @@ class Cluster:
             "manageJobsWithoutQueueName": False,
             "integrations": {"frameworks": ["jobset.x-k8s.io/jobset"]},
         }
-        (self.root / "kueue-config.yaml").write_text(yaml.safe_dump(conf))
-        env = {"KUBECONFIG": str(self.kubeconfig)}
-        self.procs.start(
-            "kueue",
-            [
-                str(comp.path("kueue")),
-                "--config",
-                str(self.root / "kueue-config.yaml"),
-                "--feature-gates=VisibilityOnDemand=false",
-            ],
-            env=env,
-        )
+        self._run_controller("kueue", comp, conf, ["--feature-gates=VisibilityOnDemand=false"], hooks,
+                             _probe_resource_flavor(), timeout)
+
+    def _run_controller(self, name: str, comp: build.Component, conf: dict, args: list[str],
+                        hooks: list[dict], probe: dict, timeout: float) -> None:
+        """Start a controller-runtime controller (JobSet, Kueue) with its config file, register its
+        webhooks, and wait until a dry-run of ``probe`` has passed through them."""
+        path = self.root / f"{name}-config.yaml"
+        path.write_text(yaml.safe_dump(conf))
+        self.procs.start(name, [str(comp.path(name)), "--config", str(path), *args],
+                         env={"KUBECONFIG": str(self.kubeconfig)})
         self.apply(hooks)
-        self._wait(lambda: self._webhook_roundtrip(_probe_resource_flavor()), "kueue", timeout, proc="kueue")
+        self._wait(lambda: self._webhook_roundtrip(probe), name, timeout, proc=name)
 
     def _established(self, crds: list[dict]) -> None:
         """Wait until the API server serves each CRD (a controller started earlier finds no kind)."""
