@@ -64,6 +64,7 @@ from .layout import (
     write_record,
 )
 from .status import LocalTaskStatus
+from .warmpool import LocalWarmPool
 from .watchdog import CLUSTER_ID_ENV, cluster_processes, describe
 
 #: Seconds to wait for a new supervisor to report in.
@@ -94,6 +95,9 @@ class LocalBackend(Backend):
     """
 
     name = "local"
+    capabilities = frozenset({"serving", "pool", "in_graph"})
+    #: The local model server is a child of the process that started it.
+    serving_ends_with_caller = True
 
     def __init__(self, state_dir: str | os.PathLike | None = None) -> None:
         self.state_dir = Path(state_dir) if state_dir else default_state_dir()
@@ -736,6 +740,10 @@ class LocalBackend(Backend):
     def serving(self, name: str):
         """The model this cluster serves, or None."""
         return serving.current(name, self._dir(name).root)
+
+    def warm_pool(self) -> LocalWarmPool:
+        """This process's warm pool of task processes (:mod:`.pool`)."""
+        return LocalWarmPool()
 
     def stop_serving(self, name: str) -> bool:
         """Stop serving the cluster's model; return whether a server was running."""
