@@ -70,7 +70,7 @@ def backend_class(name: str) -> type[Backend]:
 
     Registration is where a backend's author learns what it lacks: a class that misses an
     abstract method, or declares a capability without its methods (or the reverse), is refused
-    here in one sentence (:func:`~.base.check_backend`), before any user calls it.
+    here in one sentence (:func:`check_backend`), before any user calls it.
     """
     registry = _registry()
     if name not in registry:

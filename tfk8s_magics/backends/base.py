@@ -72,7 +72,7 @@ class TaskStatus:
 
 @dataclass
 class Progress:
-    """Training progress as reported by the script (see :mod:`.progress`)."""
+    """Training progress as reported by the script (see :func:`~tfk8s_magics.report_progress`)."""
 
     step: int
     total: int | None = None
@@ -317,7 +317,7 @@ _TOGETHER: Mapping[tuple[str, str], tuple[str, ...]] = {("render", "serving"): (
 def check_backend(cls: Any, entry: str = "") -> None:
     """Raise :class:`~tfk8s_magics.errors.BackendError` in one sentence unless ``cls`` keeps the
     Backend contract: a :class:`Backend` subclass with a ``name``, every abstract method defined,
-    and exactly the methods of the optional :data:`CAPABILITIES` it declares.
+    and exactly the methods of the optional :data:`~tfk8s_magics.backends.CAPABILITIES` it declares.
 
     :func:`~tfk8s_magics.backends.get_backend` calls it when it loads a backend (``entry``: the entry
     point's value), so a backend's author learns there what it lacks, not at a user's first call.
@@ -362,15 +362,16 @@ class Backend(abc.ABC):
     A launch that fails part-way rolls back what it created and raises
     :class:`~tfk8s_magics.errors.LaunchFailed`.
 
-    The abstract methods are required.  The rest is optional, in capabilities a backend declares in
-    :attr:`capabilities` (see :data:`CAPABILITIES`); a method of a capability the backend does not
-    declare answers for it (one sentence saying the backend cannot, or "nothing").  Callers ask
+    The abstract methods are required.  The rest is optional, in capabilities a backend
+    declares in :attr:`capabilities` (see :data:`~tfk8s_magics.backends.CAPABILITIES`); a method
+    of a capability the backend does not declare answers for it (one sentence saying the backend
+    cannot, or "nothing").  Callers ask
     :meth:`supports`, never ``hasattr`` or the backend's name.
     """
 
     #: The name users give with ``--backend``.
     name: ClassVar[str]
-    #: The optional capabilities this backend has (keys of :data:`CAPABILITIES`).
+    #: The optional capabilities this backend has (keys of :data:`~tfk8s_magics.backends.CAPABILITIES`).
     capabilities: ClassVar[frozenset[str]] = frozenset()
     #: With ``serving``: whether a model server lives only as long as the process that started it
     #: (a command-line ``serve`` then waits until Ctrl-C instead of returning).
@@ -378,7 +379,8 @@ class Backend(abc.ABC):
 
     @classmethod
     def supports(cls, capability: str) -> bool:
-        """Whether this backend has the optional ``capability`` (a key of :data:`CAPABILITIES`)."""
+        """Whether this backend has the optional ``capability`` (a key of
+        :data:`~tfk8s_magics.backends.CAPABILITIES`)."""
         if capability not in CAPABILITIES:
             raise ValueError(f"unknown capability {capability!r}: one of {', '.join(sorted(CAPABILITIES))}")
         return capability in cls.capabilities
