@@ -31,6 +31,8 @@ from pathlib import Path
 
 from ... import records, scriptcheck, stall, storage
 from ...errors import BackendError, ClusterExists, ClusterNotFound, LaunchFailed, SpecError
+from ...isolation import guard, hostside
+from ...isolation.shim import shim_path
 from ...lifeline import open_pidfd, pid_alive, same_process, start_time
 from ...ports import free_ports, port_open
 from ...runtime.progress import append_to, parse_record
@@ -49,7 +51,7 @@ from ..base import (
     Progress,
     TensorBoardInfo,
 )
-from . import guard, hostside, isolation, logtail, pool
+from . import logtail, pool
 from .inotify import DirWatcher
 from .layout import (
     ClusterDir,
@@ -299,7 +301,7 @@ class LocalBackend(Backend):
                 "workdir": os.getcwd(),
                 "script_dir": scriptcheck.script_dir(spec),
                 "stall_timeout": stall.timeout_from_env(),
-                "loopback_shim": str(shim) if (shim := isolation.shim_path()) else None,
+                "loopback_shim": str(shim) if (shim := shim_path()) else None,
                 # Detached: it outlives our pool, so cold.  The pool starts with the kind this launch needs.
                 "pool": None if detach else pool.ensure(pool.default_kind(spec.mode == IN_GRAPH)),
                 "log_dir": str(log_dir),
