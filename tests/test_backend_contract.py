@@ -174,3 +174,23 @@ def test_the_front_ends_reach_a_backend_only_through_the_contract():
                     for side in (node.left, *node.comparators)):
                 wrong.append(f"{file}:{node.lineno} branches on a backend's name")
     assert not wrong, "\n".join(wrong)
+
+
+def test_every_package_says_what_it_offers():
+    """Each package's ``__init__`` has an explicit ``__all__`` (empty: internal only), and every
+    name in it exists, so what is public is written down, not guessed from leading underscores."""
+    import importlib
+
+    missing, wrong = [], []
+    for init in sorted(PKG.rglob("__init__.py")):
+        package = ".".join(init.relative_to(PKG.parent).parent.parts)
+        tree = ast.parse(init.read_text(encoding="utf-8"))
+        if not any(isinstance(n, ast.Assign | ast.AnnAssign)
+                   and "__all__" in ast.unparse(n.targets[0] if isinstance(n, ast.Assign) else n.target)
+                   for n in tree.body):
+            missing.append(package)
+            continue
+        module = importlib.import_module(package)
+        wrong += [f"{package}.{name}" for name in module.__all__ if not hasattr(module, name)]
+    assert not missing, f"packages without __all__: {missing}"
+    assert not wrong, f"__all__ names that do not exist: {wrong}"
