@@ -664,15 +664,38 @@ def podman_image_id(image: str) -> str | None:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
+def image_targets(lay: Layout) -> dict[str, str]:
+    """Every image record of containerd's k8s.io namespace -> the digest of its manifest (index)."""
+    rows = ctr(lay, "images", "ls").stdout.decode().splitlines()[1:]
+    return {cols[0]: cols[2] for cols in (row.split() for row in rows) if len(cols) > 2}
+
+
+def stale_records(image: str, targets: dict[str, str]) -> list[str]:
+    """The records to delete so that nothing keeps ``image``'s content (pure).
+
+    The kubelet's image service (CRI) adds a record named by the image's id (``sha256:<config
+    digest>``) beside every name it sees; that record alone keeps every blob and snapshot of
+    the image alive. It goes with the name unless another name still points at the same content.
+    """
+    if image not in targets:
+        return []
+    target = targets[image]
+    names = [r for r, t in targets.items() if t == target and r != image and not r.startswith("sha256:")]
+    ids = [r for r, t in targets.items() if t == target and r.startswith("sha256:")]
+    return [image, *([] if names else sorted(ids))]
+
+
 def remove_image(lay: Layout, image: str) -> bool:
     """Remove ``image`` from containerd and collect its content and snapshots now; False if absent.
 
-    ``--sync`` makes containerd run its garbage collector before answering, so the blobs and the
-    unpacked layers no other image references are gone when this returns (not at some later GC).
+    Its id record (:func:`stale_records`) goes too, and ``--sync`` makes containerd run its
+    garbage collector before answering, so the blobs and unpacked layers no other image
+    references are gone when this returns (not at some later GC).
     """
-    if image not in containerd_images(lay):
+    records = stale_records(image, image_targets(lay))
+    if not records:
         return False
-    ctr(lay, "images", "rm", "--sync", image)
+    ctr(lay, "images", "rm", "--sync", *records)
     return True
 
 

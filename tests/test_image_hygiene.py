@@ -60,6 +60,23 @@ def test_a_new_hash_tag_supersedes_the_repositorys_other_hash_tags_in_containerd
     )  # the release tag is replaced in place
 
 
+def test_a_removed_name_takes_the_kubelets_id_record_with_it_unless_another_name_shares_it():
+    targets = {
+        "localhost/tfk8s/notebook:0.1.0": "sha256:m1",
+        "sha256:id1": "sha256:m1",  # the CRI's record of the same image, by id
+        "localhost/tfk8s/notebook:h-aaa": "sha256:m2",
+        "localhost/tfk8s/notebook:h-bbb": "sha256:m2",
+        "sha256:id2": "sha256:m2",
+    }
+    assert node.stale_records("localhost/tfk8s/notebook:0.1.0", targets) == [
+        "localhost/tfk8s/notebook:0.1.0",
+        "sha256:id1",
+    ]
+    # h-bbb still names that content: only the one name goes
+    assert node.stale_records("localhost/tfk8s/notebook:h-aaa", targets) == ["localhost/tfk8s/notebook:h-aaa"]
+    assert node.stale_records("localhost/tfk8s/absent:1", targets) == []
+
+
 def _podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     r = subprocess.run([*build_images.podman_base(), *args], capture_output=True, text=True, timeout=300)
     if check and r.returncode:

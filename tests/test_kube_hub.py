@@ -86,9 +86,16 @@ def lab_images(images, tmp_path_factory):
     finally:
         pods.cleanup()
     refs = {"hub": built["hub"], "notebook": built["notebook"], "proxy": chp}
+    # the release tag first when it is the same build: containerd then replaces its 0.1.0 (which
+    # `up` imported) and gives the h- tag the same content by name, instead of a second copy
+    releases = tuple(
+        f"{ref.rsplit(':', 1)[0]}:0.1.0"
+        for ref in (built["hub"], built["notebook"])
+        if node.podman_image_id(f"{ref.rsplit(':', 1)[0]}:0.1.0") == node.podman_image_id(ref)
+    )
     t0 = time.monotonic()
-    imported = node.import_images(cluster, tuple(refs.values()))
-    assert sorted(imported) == sorted(refs.values()), imported
+    imported = node.import_images(cluster, (*releases, *refs.values()))
+    assert set(refs.values()) <= set(imported), imported
     print(f"images in the node's containerd in {time.monotonic() - t0:.0f} s: {refs}")
     return refs
 
