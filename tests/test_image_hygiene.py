@@ -91,7 +91,12 @@ def _scratch_image(ref: str, content: str, tmp: Path) -> str:
     (ctx / "f").write_text(content)
     (ctx / "Containerfile").write_text("FROM scratch\nCOPY f /f\n")
     _podman("build", "-q", "-f", str(ctx / "Containerfile"), "-t", ref, str(ctx))
-    return _podman("image", "inspect", "--format", "{{.Id}}", ref).stdout.strip()
+    image = _podman("image", "inspect", "--format", "{{.Id}}", ref).stdout.strip()
+    _BUILT.append(image)
+    return image
+
+
+_BUILT: list[str] = []  # every image id made here (a retagged one is left without a name)
 
 
 @pytest.fixture
@@ -106,7 +111,12 @@ def repo():
     refs = _podman("images", "--format", "{{.Repository}}:{{.Tag}}", name).stdout.split()
     if refs:
         _podman("rmi", "--force", *refs, check=False)
+    for image in _BUILT:
+        _podman("rmi", "--force", image, check=False)
     assert not _podman("images", "-q", name).stdout.strip(), f"{name} left in podman"
+    left = [i for i in _BUILT if _podman("image", "exists", i, check=False).returncode == 0]
+    _BUILT.clear()
+    assert not left, f"images left in podman: {left}"
 
 
 @pytest.mark.containers
