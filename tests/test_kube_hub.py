@@ -238,10 +238,15 @@ class Hub:
             timeout=60,
         )
         if r.status_code == 302:  # logged in: the hub's cookie can now make the user a token
+            # a logged-in page carries the session's xsrf token (the login's one was anonymous)
+            home = self.s.get(f"{self.url}/hub/home", timeout=60)
+            home.raise_for_status()
+            xsrf = re.search(r'name="_xsrf" value="([^"]+)"|xsrf_token: "([^"]+)"', home.text)
+            assert xsrf, home.text[-2000:]
             t = self.s.post(
                 f"{self.url}/hub/api/users/{user}/tokens",
                 json={"note": "test_kube_hub"},
-                headers={"X-XSRFToken": xsrf, "Referer": f"{self.url}/hub/"},
+                headers={"X-XSRFToken": xsrf.group(1) or xsrf.group(2), "Referer": f"{self.url}/hub/home"},
                 timeout=60,
             )
             assert t.status_code == 201, t.text
@@ -346,10 +351,10 @@ def test_a_user_logs_in_and_kubespawner_starts_their_notebook_on_the_real_node(r
     assert labels["tfk8s.io/hub-namespace"] == HUB_NS and labels["hub.jupyter.org/username"] == USER, labels
     assert core.read_namespaced_service_account("tfk8s-user", USER_NS)
     rbac = __import__("kubernetes").client.RbacAuthorizationV1Api(kube.admin)
-    (binding,) = [
-        b for b in rbac.list_namespaced_role_binding(USER_NS).items if b.metadata.name == "tfk8s-backend"
-    ]
+    (binding,) = rbac.list_namespaced_role_binding(USER_NS).items
     assert [(s.kind, s.name) for s in binding.subjects] == [("ServiceAccount", "tfk8s-user")]
+    # the chart's backend ClusterRole, bound in this namespace only
+    assert (binding.role_ref.kind, binding.role_ref.name) == ("ClusterRole", f"tfk8s-backend-{HUB_NS}")
     (quota,) = core.list_namespaced_resource_quota(USER_NS).items
     assert quota.spec.hard["pods"] == "40", quota.spec.hard
     (limits,) = core.list_namespaced_limit_range(USER_NS).items
@@ -370,7 +375,8 @@ def test_a_user_logs_in_and_kubespawner_starts_their_notebook_on_the_real_node(r
     bad = {"metadata": {"name": "root"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
     with pytest.raises(ApiException) as e:
         core.create_namespaced_pod(USER_NS, bad, dry_run="All")
-    assert e.value.status == 403 and 'violates PodSecurity "restricted' in e.value.body, e.value.body
+    message = json.loads(e.value.body)["message"]
+    assert e.value.status == 403 and 'violates PodSecurity "restricted:latest"' in message, message
 
     # the user's server answers through the proxy
     r = hub.api("GET", f"/user/{USER}/api")
