@@ -61,8 +61,8 @@ images = test_containers.images  # the lab's images, built once per session from
 
 
 @pytest.fixture(scope="module")
-def lab_images(images, tmp_path_factory):
-    """The hub, notebook and proxy stand-in images, from podman into the real node's containerd."""
+def real_node(realkube):
+    """The devcluster's real node runs (checked before any image is built)."""
     import shutil
 
     from devcluster.cluster import Cluster
@@ -74,6 +74,13 @@ def lab_images(images, tmp_path_factory):
         require_or_skip(
             f"the real node of {cluster.root} is not running: start it with scripts/kube up --pods"
         )
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def lab_images(real_node, images, tmp_path_factory):
+    """The hub, notebook and proxy stand-in images, from podman into the real node's containerd."""
+    cluster = real_node
     from test_container_hub import base_image, proxy_standin
 
     from tests.containers.podman import PodmanRun
