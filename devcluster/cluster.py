@@ -286,6 +286,8 @@ class Cluster:
 
     def _volumes(self, n: int) -> list[dict]:
         base = self.root / "volumes"
+        for i in range(n):
+            fresh_volume_dir(base / f"pv-{i:03d}")
         return [
             {
                 "apiVersion": "v1",
@@ -296,7 +298,7 @@ class Cluster:
                     "capacity": {"storage": "100Gi"},
                     "accessModes": ["ReadWriteMany", "ReadWriteOnce"],
                     "persistentVolumeReclaimPolicy": "Retain",
-                    "hostPath": {"path": str(base / f"pv-{i:03d}"), "type": "DirectoryOrCreate"},
+                    "hostPath": {"path": str(base / f"pv-{i:03d}"), "type": "Directory"},
                 },
             }
             for i in range(n)
@@ -743,6 +745,17 @@ STORAGE_CLASS = {
     "volumeBindingMode": "Immediate",
 }
 PV_POOL = 400
+#: the mode of every pool directory: a hostPath volume ignores the pod's fsGroup, and the lab's pods
+#: run as non-root users (the hub as 1000:1000, notebooks as 1000:100), so the volume's root must
+#: be writable by any uid, as a fresh NFS export for ReadWriteMany would be (sticky, like /tmp).
+VOLUME_MODE = 0o1777
+
+
+def fresh_volume_dir(path: Path) -> Path:
+    """Make ``path`` an empty pool directory writable by a non-root pod (:data:`VOLUME_MODE`)."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(VOLUME_MODE)  # explicit: mkdir's mode is masked by the umask
+    return path
 
 
 def _other_kwok_running() -> bool:

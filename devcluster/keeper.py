@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from .cluster import fresh_volume_dir
 from .procs import Procs
 
 RECYCLE_PERIOD = 5.0
@@ -53,6 +54,7 @@ class Recycler:
             if not path.is_relative_to(self.root / "volumes"):
                 continue  # only our own pool's directories are ever emptied
             shutil.rmtree(path, ignore_errors=True)
+            fresh_volume_dir(path)  # the PV says type Directory: it must exist, writable by non-root
             subprocess.run(
                 [
                     *self.kubectl,

@@ -75,7 +75,11 @@ RESTORED = (
     "net/ipv4/conf/all/route_localnet",
 )
 #: the lab's images the tests run, imported from podman (scripts/build_images.py tags them so)
-LAB_IMAGES = ("localhost/tfk8s/tensorflow-task:0.1.0", "localhost/tfk8s/notebook:0.1.0")
+LAB_IMAGES = (
+    "localhost/tfk8s/tensorflow-task:0.1.0",
+    "localhost/tfk8s/notebook:0.1.0",
+    "localhost/tfk8s/hub:0.1.0",
+)
 
 
 NODE_PROCESSES = ("containerd", "kubelet", "kube-proxy", "coredns")
@@ -660,24 +664,99 @@ def podman_image_id(image: str) -> str | None:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
+def image_targets(lay: Layout) -> dict[str, str]:
+    """Every image record of containerd's k8s.io namespace -> the digest of its manifest (index)."""
+    rows = ctr(lay, "images", "ls").stdout.decode().splitlines()[1:]
+    return {cols[0]: cols[2] for cols in (row.split() for row in rows) if len(cols) > 2}
+
+
+def stale_records(image: str, targets: dict[str, str]) -> list[str]:
+    """The records to delete so that nothing keeps ``image``'s content (pure).
+
+    The kubelet's image service (CRI) adds a record named by the image's id (``sha256:<config
+    digest>``) beside every name it sees; that record alone keeps every blob and snapshot of
+    the image alive. It goes with the name unless another name still points at the same content.
+    """
+    if image not in targets:
+        return []
+    target = targets[image]
+    names = [r for r, t in targets.items() if t == target and r != image and not r.startswith("sha256:")]
+    ids = [r for r, t in targets.items() if t == target and r.startswith("sha256:")]
+    return [image, *([] if names else sorted(ids))]
+
+
+def remove_image(lay: Layout, image: str) -> bool:
+    """Remove ``image`` from containerd and collect its content and snapshots now; False if absent.
+
+    Its id record (:func:`stale_records`) goes too, and ``--sync`` makes containerd run its
+    garbage collector before answering, so the blobs and unpacked layers no other image
+    references are gone when this returns (not at some later GC).
+    """
+    records = stale_records(image, image_targets(lay))
+    if not records:
+        return False
+    ctr(lay, "images", "rm", "--sync", *records)
+    return True
+
+
+def _marker(lay: Layout, image: str) -> Path:
+    return lay.images / "imported" / hashlib.sha256(image.encode()).hexdigest()
+
+
+def _imported_id(lay: Layout, image: str) -> str | None:
+    marker = _marker(lay, image)
+    return marker.read_text() if marker.is_file() else None
+
+
+def superseded(image: str, have: set[str] | list[str]) -> list[str]:
+    """The images of ``have`` that importing ``image`` makes stale (pure).
+
+    ``scripts/build_images.py`` tags every build ``<repo>:h-<hash of its inputs>``: a new ``h-``
+    tag of a repository supersedes that repository's other ``h-`` tags (other tags stay).
+    """
+    repo, _, tag = image.rpartition(":")
+    if not tag.startswith("h-"):
+        return []
+    return sorted(n for n in have if n != image and n.startswith(f"{repo}:h-"))
+
+
 def import_podman_images(lay: Layout, images: tuple[str, ...], log) -> list[str]:
     """Copy podman images into containerd (``podman save --format docker-archive`` -> ``ctr import``).
 
     An image already in containerd with podman's id is not copied again; one podman lacks is
-    skipped with a line (the tests that need it say so). Returns the images imported or present.
+    skipped with a line (the tests that need it say so). When podman's id of a tag changed, the
+    old image is removed (and its content collected) before the new one is imported, so the store
+    holds one copy per tag, not one per build. Returns the images imported or present.
     """
-    have = containerd_images(lay)
     out = []
     for image in images:
+        have = containerd_images(lay)
         pid = podman_image_id(image)
         if pid is None:
             log(f"devcluster: podman has no {image}; build it with scripts/build_images.py (not imported)")
             continue
-        marker = lay.images / "imported" / hashlib.sha256(image.encode()).hexdigest()
+        marker = _marker(lay, image)
         if image in have and marker.is_file() and marker.read_text() == pid:
             out.append(image)
             continue
         t0 = time.monotonic()
+        marker.unlink(missing_ok=True)
+        if image in have:
+            remove_image(lay, image)
+            log(f"devcluster: removed the previous {image} from containerd (podman's id changed)")
+        same = [n for n in sorted(have) if n != image and _imported_id(lay, n) == pid]
+        if same:  # the same podman image under another name: a new name, no copy
+            ctr(lay, "images", "tag", "--force", same[0], image)
+        for stale in superseded(image, have):
+            remove_image(lay, stale)
+            _marker(lay, stale).unlink(missing_ok=True)
+            log(f"devcluster: removed {stale} from containerd (superseded by {image})")
+        if same:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(pid)
+            out.append(image)
+            log(f"devcluster: {image} is {same[0]} in containerd (the same podman image): tagged")
+            continue
         with tempfile.NamedTemporaryFile(suffix=".tar", dir=lay.images) as tmp:
             r = _run(
                 [
@@ -701,6 +780,20 @@ def import_podman_images(lay: Layout, images: tuple[str, ...], log) -> list[str]
         out.append(image)
         log(f"devcluster: imported {image} into containerd in {time.monotonic() - t0:.0f} s")
     return out
+
+
+def import_images(cluster, images: tuple[str, ...], log=print) -> list[str]:
+    """:func:`import_podman_images` on the running node of ``cluster`` (for a test's own images)."""
+    if not running(cluster):
+        raise NodeError(
+            f"the real node of {cluster.root} is not running: start it with scripts/kube up --pods"
+        )
+    return import_podman_images(_layout(cluster, bins()), images, log)
+
+
+def layout(cluster) -> Layout:
+    """The running node's layout (where its sockets, state and binaries are)."""
+    return _layout(cluster, bins())
 
 
 def _wait(what: str, check, timeout: float, procs: Procs, name: str, interval: float = 0.5) -> None:

@@ -9,6 +9,8 @@ every file its ``COPY`` lines take from the repository), so a rerun with
 nothing changed finds the image and builds nothing, and a changed input
 gives a new tag.  Each image is also tagged with the release tag the
 manifests and the chart name (``localhost/tfk8s/tensorflow-task:0.1.0`` …).
+After a build, the repository's older ``h-`` tags that no container uses are
+removed (:func:`prune`): each one holds several GB.
 
 Podman on these machines needs ``--runtime /usr/sbin/runc`` (crun fails on
 hybrid cgroups) and ulimits at or under the host's hard limits: see
@@ -182,6 +184,47 @@ def build(name: str, base: str, log=sys.stderr) -> tuple[str, float]:
     return ref, seconds
 
 
+def stale_tags(repo: str, tags: dict[str, str], keep: str, in_use: set[str]) -> list[str]:
+    """The refs of ``repo`` a build leaves behind (pure): its ``h-`` tags other than ``keep``.
+
+    ``tags`` maps each ``repo:tag`` podman holds to its image id; a ref whose image a container
+    uses (``in_use``: image ids) is kept, and so is every tag that is not an ``h-`` hash tag (the
+    release tag ``0.1.0`` and anything a person tagged by hand).
+    """
+    return sorted(
+        ref
+        for ref, image in tags.items()
+        if ref.startswith(f"{repo}:h-") and ref != keep and image not in in_use
+    )
+
+
+def prune(repo: str, keep: str, log=sys.stderr) -> list[str]:
+    """Remove ``repo``'s older ``h-`` tags (:func:`stale_tags`) from podman; the refs removed.
+
+    Each build of a changed tree adds a tag of several GB; without this they pile up until the
+    disk is full. Untagging the last tag of an image removes the image and the layers only it had.
+    """
+    fmt = "{{.Repository}}:{{.Tag}} {{.ID}}"
+    out = subprocess.run([*podman_base(), "images", "--no-trunc", "--format", fmt, repo],
+                         capture_output=True, text=True, check=True).stdout
+    tags = {}
+    for line in out.splitlines():
+        ref, _, image = line.partition(" ")
+        tags[ref] = image.removeprefix("sha256:")
+    used = subprocess.run([*podman_base(), "ps", "--all", "--no-trunc", "--format", "{{.ImageID}}"],
+                          capture_output=True, text=True, check=True).stdout
+    in_use = {i.removeprefix("sha256:") for i in used.split()}
+    removed = []
+    for ref in stale_tags(repo, tags, keep, in_use):
+        # never --force: podman refuses an image a container started since the listing uses
+        r = subprocess.run([*podman_base(), "rmi", ref], capture_output=True, text=True)
+        if r.returncode == 0:
+            removed.append(ref)
+        else:
+            print(f"build_images: kept {ref}: {r.stderr.strip()}", file=log)
+    return removed
+
+
 def size_mb(ref: str) -> float:
     """The image's size in MB (podman's count of its layers)."""
     out = subprocess.run([*podman_base(), "image", "inspect", "--format", "{{.Size}}", ref],
@@ -213,6 +256,8 @@ def main(argv: list[str]) -> int:
                        "mb": round(size_mb(base))}}
     for name in names:
         ref, seconds = build(name, base)
+        for gone in prune(IMAGES[name][2], keep=ref):
+            print(f"build_images: removed the older {gone}", file=sys.stderr)
         report[name] = {"image": ref, "seconds": round(seconds, 1), "mb": round(size_mb(ref))}
         print(name, ref, flush=True)
     print(json.dumps(report), file=sys.stderr)

@@ -212,3 +212,26 @@ def test_pods_reach_the_api_server_through_the_kubernetes_service_address(node):
         "--to-destination",
         "127.0.0.1:6443",
     ]
+
+
+def test_the_pool_volumes_are_directories_a_non_root_pod_can_write(tmp_path):
+    """A hostPath volume ignores fsGroup: the pool's directories must be writable by any uid
+    (the hub runs as 1000:1000, notebooks as 1000:100), and exist before a pod mounts them."""
+    import os
+    import stat
+
+    from devcluster.cluster import VOLUME_MODE, Cluster, fresh_volume_dir
+
+    old = os.umask(0o022)
+    try:
+        pvs = Cluster(root=tmp_path)._volumes(3)
+    finally:
+        os.umask(old)
+    for pv in pvs:
+        path = pv["spec"]["hostPath"]["path"]
+        assert pv["spec"]["hostPath"]["type"] == "Directory"
+        assert stat.S_IMODE(os.stat(path).st_mode) == VOLUME_MODE == 0o1777
+    # what the kubelet's DirectoryOrCreate used to leave (root, 0755) is made writable again
+    made = tmp_path / "volumes" / "pv-100"
+    made.mkdir(mode=0o755)
+    assert stat.S_IMODE(fresh_volume_dir(made).stat().st_mode) == 0o1777

@@ -24,6 +24,14 @@ from .watch import ClusterWatch
 
 #: Pod phases whose log can be read.
 _STARTED = ("Running", "Succeeded", "Failed")
+#: Answers to a follow request that a moment later may be different: the API server overloaded
+#: or starting. A restarted kube-apiserver also answers 401/403 until its authenticator's and
+#: RBAC authorizer's caches are filled (seen on the real cluster: ``cannot get resource
+#: "pods/log"`` for a second after ``/readyz``), so those are retried too once the same stream
+#: was open before. Either is retried with backoff for :data:`REFUSAL_WINDOW` seconds at most.
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+AUTH_STATUSES = frozenset({401, 403})
+REFUSAL_WINDOW = 30.0
 
 
 def container_terminated(pod: dict) -> bool:
@@ -179,6 +187,8 @@ class _Reader:
         self.halt = halt
         self.from_start = from_start
         self.response = None
+        self.opened = False  # the last follow request got a stream
+        self.refusal: tuple[int | None, str] = (None, "")
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"tfk8s-log-{watcher.spec.name}-{task}")
 
@@ -234,9 +244,21 @@ class _Reader:
         tail = None if self.from_start else 0
         self.from_start = True  # later attempts are new output: read them whole
         backoff = 0.2
+        opened = False  # a stream of this pod was open once: a later 401/403 is the server's restart
+        refused_since: float | None = None
         while not self.halt.is_set():
             ended_before = self._ended(pod)
             outcome = self._stream(pod, cursor, tail)
+            if outcome == "refused":
+                status, reason = self.refusal
+                refused_since = refused_since or time.monotonic()
+                retry = status in TRANSIENT_STATUSES or (status in AUTH_STATUSES and opened)
+                if not retry or time.monotonic() - refused_since > REFUSAL_WINDOW:
+                    self.out.put(LogLine(self.task, f"[tfk8s: cannot read the log of {pod}: {reason}]"))
+                    return
+            else:
+                refused_since = None
+                opened = opened or self.opened
             tail = None  # a re-opened stream starts at the cursor, never at the tail
             if self.halt.is_set() or outcome == "gone":
                 return
@@ -248,8 +270,10 @@ class _Reader:
             backoff = min(max(backoff * 2, 0.2), 5.0)
 
     def _stream(self, pod: str, cursor: LogCursor, tail: int | None) -> str:
-        """One follow request: ``eof`` (the server ended it), ``dropped`` or ``gone``."""
+        """One follow request: ``eof`` (the server ended it), ``dropped``, ``gone`` or ``refused``
+        (an error status, kept in ``self.refusal``)."""
         cursor.reopened()
+        self.opened = False
         try:
             self.response = resp = self.watcher.api.follow_log(
                 pod, since=cursor.since, tail=tail)
@@ -258,10 +282,11 @@ class _Reader:
                 return "gone"
             if e.status == 400:  # not started, or no longer readable: the pod's state decides
                 return "gone" if self._ended(pod) else "dropped"
-            self.out.put(LogLine(self.task, f"[tfk8s: cannot read the log of {pod}: {e.reason}]"))
-            return "gone"
+            self.refusal = (e.status, e.reason)  # _follow_pod decides: retried or said
+            return "refused"
         except Exception:  # noqa: BLE001 - the connection failed: try again
             return "dropped"
+        self.opened = True
         buffer = b""
         try:
             for chunk in resp.stream(4096, decode_content=True):
