@@ -1,12 +1,12 @@
 """Object storage on Kubernetes (issue 15): the ``sync`` and ``backup`` steps and the Secret.
 
 Layers: the pure builders against literal dicts, the JobSet CRD schema (strict)
-and the 1.29/1.37 Job schemas (``kubernetes-validate --strict``), the restricted
-Pod Security checks; then the backend against the API test double (a missing
-Secret, a Secret referenced by name only, the steps in the status, a failed
-upload); the in-pod commands (``steps.py``, the marker ``logcopy`` leaves) run
-for real as processes.  The real-cluster test is ``tests/test_k8s_real.py``'s
-sibling at the end of this file (marker ``k8s``).
+and the 1.29/1.37 Job schemas (``kubernetes-validate --strict``); the restricted
+Pod Security profile by the real API server's dry-run (``k8s``); then the backend
+against the API test double (a missing Secret, a Secret referenced by name only, the
+steps in the status, a failed upload); the in-pod commands (``steps.py``, the marker ``logcopy`` leaves) run
+for real as processes.  The real-cluster test (marker ``k8s``, ``scripts/kube up``) is at the
+end of this file.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 
-from tests.kubeapi import crd, podsecurity
-from tests.test_k8s_real import real  # noqa: F401 - the real-cluster fixture, shared
+from tests import jobset_schema as crd
 from tests.test_lifecycle import TABLE as LIFECYCLE_TABLE
 from tests.test_lifecycle import _what_jobset_does as what_jobset_does
 from tfk8s_magics.backends.base import Phase
@@ -297,18 +296,22 @@ def test_every_step_and_task_job_is_strictly_valid(version, which):
                                      version, strict=True)
 
 
+@pytest.mark.k8s
 @pytest.mark.parametrize("which", sorted(VARIANTS))
-def test_every_pod_passes_the_restricted_pod_security_profile(which):
+def test_every_pod_passes_the_restricted_pod_security_profile(realkube, which):
+    """Each step's and task's pod, dry-run on the real API server under "restricted"."""
     js = build(VARIANTS[which]())
     for r in js["spec"]["replicatedJobs"]:
-        assert podsecurity.violations(r["template"]["spec"]["template"]["spec"], "restricted") == []
+        assert realkube.restricted_refusal(r["template"]["spec"]["template"]["spec"]) == "", r["name"]
 
 
-def test_the_pod_security_check_sees_init_containers():
+@pytest.mark.k8s
+def test_the_pod_security_check_sees_init_containers(realkube):
     """The check above is not vacuous: a privileged init container fails it."""
     pod = copy.deepcopy(pod_spec(build(synced_and_backed_up()), "sync"))
     pod["initContainers"][0]["securityContext"] = {"privileged": True}
-    assert podsecurity.violations(pod, "restricted")
+    assert 'container "fetch" must not set securityContext.privileged=true' in \
+        realkube.restricted_refusal(pod)
 
 
 def test_exit_code_rules_name_containers_that_exist():
@@ -454,25 +457,6 @@ def _ours(kube) -> list[tuple[str, str]]:
         for o in kube.list_objects(kind, NS, "tfk8s.io/cluster=mnist"))
 
 
-def test_a_missing_secret_is_one_sentence_and_nothing_is_created(restricted):
-    kube = restricted
-    kube.set_role(_role_with_secret_get(), NS, service_account="jupyter")
-    backend = _backend(kube)
-    try:
-        with pytest.raises(LaunchFailed) as err:
-            backend.launch(synced_and_backed_up(), detach=True)
-    finally:
-        backend.close()
-    assert str(err.value) == (
-        f"--credentials-secret '{SECRET}': there is no Secret of that name in namespace 'alice'; "
-        f"create it there first (e.g. `kubectl create secret generic {SECRET} "
-        "--from-literal=AWS_ACCESS_KEY_ID=...`), then launch again.")
-    assert _ours(kube) == []
-    assert not [r for r in kube.requests if r.verb == "create"]
-    asked = [r for r in kube.requests if r.resource == "secrets"]
-    assert [(r.verb, r.name, r.code) for r in asked] == [("get", SECRET, 404)]
-
-
 def test_with_the_secret_pods_name_it_and_no_value_leaves_it(restricted):
     """Launch with sync + backup in a restricted namespace: the steps pass Pod Security
     admission, reference the Secret by name only, and its values appear nowhere the
@@ -521,23 +505,6 @@ def test_with_the_secret_pods_name_it_and_no_value_leaves_it(restricted):
                 (f"shown[{i}]", s) for i, s in enumerate(shown))):
             assert value not in text, f"a Secret value leaked into {where}"
     assert "AWS_" not in written  # not even the keys: only the Secret's name travels
-
-
-def test_the_existence_check_never_receives_the_values(restricted):
-    """The metadata-only request: the API server answers PartialObjectMetadata, no data."""
-    from tfk8s_magics.backends.kubernetes.client import METADATA_ONLY
-
-    kube = restricted
-    kube.create_object(_secret())
-    kube.set_role(_role_with_secret_get(), NS, service_account="jupyter")
-    backend = _backend(kube)
-    raw = backend.api.core.read_namespaced_secret(
-        SECRET, NS, _headers={"Accept": METADATA_ONLY}, _preload_content=False)
-    body = json.loads(raw.data)
-    assert body["kind"] == "PartialObjectMetadata" and "data" not in body
-    assert backend.api.secret_metadata(SECRET)["metadata"]["name"] == SECRET
-    assert backend.api.secret_metadata("other") is None
-    backend.close()
 
 
 def test_the_shipped_role_cannot_read_secrets_so_the_kubelet_says_it(restricted):
@@ -698,29 +665,48 @@ def test_the_double_starts_init_containers_before_the_app_containers(restricted)
 # -- a real cluster (marker k8s) -----------------------------------------------------------
 
 @pytest.mark.k8s
-def test_real_cluster_refuses_a_missing_secret_and_names_an_existing_one(request):
-    """On a real cluster with JobSet: a missing Secret refused before anything is made
-    (the Role plus ``get`` on secrets), then a launch with it whose step pods the API
-    server admits and whose JobSet carries the Secret's name only."""
-    backend, core, ns, admin = request.getfixturevalue("real")
-    from kubernetes import client
+def test_real_cluster_refuses_a_missing_secret_and_names_an_existing_one(realkube, kube_user):
+    """On the real cluster (``scripts/kube up``), as the user's ServiceAccount given ``get`` on
+    secrets: a missing Secret refused before anything is made, then a launch with it whose step
+    pods the API server admits under "restricted" and whose JobSet carries the Secret's name only."""
+    from tests.realkube import wait_for
 
-    role = client.RbacAuthorizationV1Api(admin)
-    rules = backend_role(ns)["rules"] + [{"apiGroups": [""], "resources": ["secrets"],
-                                          "verbs": ["get"]}]
-    role.patch_namespaced_role("tfk8s-backend", ns, {"rules": rules})
+    ns, backend = kube_user("stor")
+    ns.grant("secret-get", [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}])
     spec = ClusterSpec(name="stor", script=SCRIPT, workers=1, data_url=DATA, data_sync=True,
-                       credentials_secret=SECRET, log_claim="logs", data_claim="data")
-    with pytest.raises(LaunchFailed, match="there is no Secret of that name"):
+                       credentials_secret=SECRET)
+    before = len(ns.requests())
+    with pytest.raises(LaunchFailed) as err:
         backend.launch(spec, detach=True)
-    assert core.list_namespaced_config_map(ns, label_selector="tfk8s.io/cluster=stor").items == []
-    core.create_namespaced_secret(ns, {"metadata": {"name": SECRET},
-                                       "stringData": dict(SECRET_VALUES)})
+    assert str(err.value) == (
+        f"--credentials-secret '{SECRET}': there is no Secret of that name in namespace "
+        f"'{ns.name}'; create it there first (e.g. `kubectl create secret generic {SECRET} "
+        "--from-literal=AWS_ACCESS_KEY_ID=...`), then launch again.")
+    assert not [r for r in ns.requests()[before:] if r.verb == "create"]
+    assert realkube.core.list_namespaced_config_map(
+        ns.name, label_selector="tfk8s.io/cluster=stor").items == []
+    asked = [(r.verb, r.code) for r in ns.requests()[before:] if r.resource == "secrets"]
+    assert asked == [("get", 404)]
+    realkube.core.create_namespaced_secret(ns.name, {"metadata": {"name": SECRET},
+                                                     "stringData": dict(SECRET_VALUES)})
+    # the existence check is a metadata-only read: the server answers without the data
+    from tfk8s_magics.backends.kubernetes.client import METADATA_ONLY
+
+    raw = backend.api.core.read_namespaced_secret(
+        SECRET, ns.name, _headers={"Accept": METADATA_ONLY}, _preload_content=False)
+    body = json.loads(raw.data)
+    assert body["kind"] == "PartialObjectMetadata" and "data" not in body
+    assert backend.api.secret_metadata(SECRET)["metadata"]["name"] == SECRET
+    assert backend.api.secret_metadata("other") is None
     backend.launch(spec, detach=True)
-    js = client.CustomObjectsApi(admin).get_namespaced_custom_object(
-        "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", "stor")
+    js = realkube.custom.get_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", ns.name, "jobsets", "stor")
     text = json.dumps(js)
     assert SECRET in text and not any(v in text for v in SECRET_VALUES.values())
+    # the sync pod (init container fetch, envFrom the Secret) admitted under "restricted"
+    sync = wait_for(lambda: realkube.pods(ns.name, "tfk8s.io/cluster=stor,tfk8s.io/role=sync"), 90,
+                    message="the sync pod, made by the Job controller through admission")
+    assert [c.name for c in sync[0].spec.init_containers] == ["fetch"]
     backend.delete("stor")
 
 

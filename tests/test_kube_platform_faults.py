@@ -16,7 +16,6 @@ import pytest
 from tests.realkube import wait_for
 from tests.test_kube_controlplane import jobset, spec, task_pods, wait_phase
 from tfk8s_magics.backends.base import Phase
-from tfk8s_magics.backends.kubernetes import KubernetesBackend
 
 pytestmark = pytest.mark.k8s
 
@@ -35,13 +34,9 @@ def devcluster():
 
 
 @pytest.fixture
-def user(realkube):
-    ns = realkube.user_namespace("fault")
-    backend = KubernetesBackend(
-        namespace=ns.name, api_client=ns.api_client, user="fault", storage_class="standard"
-    )
-    yield ns, backend
-    backend.close()
+def user(kube_user):
+    # not strict: a request cut by the restarted API server is this module's point
+    return kube_user("fault", user="fault", strict=False)
 
 
 def _running(realkube, ns, name, n=3):

@@ -17,7 +17,6 @@ import kubernetes.client
 
 from . import api as api_module
 from .api import ADMIN_TOKEN, KubeAPI, RecordedRequest, Request
-from .controllers import DeploymentController, JobController
 from .errors import ApiError
 from .jobsets import JobSetDriver, JobSetPods
 from .kubelet import SimulatedKubelet
@@ -38,22 +37,18 @@ class KubeHarness:
     def __init__(self, *, kubernetes_version: str = "1.29",
                  nodes: tuple[str, ...] = ("node-1",), history_size: int = 1000,
                  strict_validation: bool = True, jobset: bool = True,
-                 graceful_pods: bool = False, kueue: bool = False,
                  jobset_in_order: bool = False):
         self.store = Store(history_size=history_size)
         self.kubelet = SimulatedKubelet(self.store, nodes)
         self.validator = Validator(kubernetes_version, strict=strict_validation)
         self.api = KubeAPI(self.store, self.kubelet, self.validator)
         jobset_pods = JobSetPods(self.store, in_order=jobset_in_order)
-        for observer in (QuotaController(self.store), DeploymentController(self.store),
-                         JobController(self.store), jobset_pods):
+        for observer in (QuotaController(self.store), jobset_pods):
             self.store.add_observer(observer)
-        #: What a test says JobSet did (restart, finish); see :mod:`.jobsets`.
+        #: What a test says JobSet did (finish); see :mod:`.jobsets`.
         self.jobsets = JobSetDriver(self.store, jobset_pods)
         if not jobset:
             self.api.disabled_groups.add("jobset.x-k8s.io")
-        self.store.hold_pod_deletion = graceful_pods
-        self.store.kueue = kueue
         self._server = FakeKubeServer(self.api)
         self._clients: list[kubernetes.client.ApiClient] = []
         self._api_client: kubernetes.client.ApiClient | None = None
@@ -180,10 +175,6 @@ class KubeHarness:
             body = response.body
             raise ApiError(response.code, body["reason"], body["message"], body.get("details"))
         return response.body
-
-    def finish_pod_termination(self, namespace: str | None = None) -> int:
-        """With ``graceful_pods``: the kubelet finished stopping every Terminating pod."""
-        return self.store.finish_pod_termination(namespace)
 
     def create_namespace(self, name: str, labels: dict[str, str] | None = None) -> dict:
         """Create a namespace (status Active, ``kubernetes.io/metadata.name`` label)."""
