@@ -441,3 +441,20 @@ def test_watch_requests_do_not_grow_with_tasks_or_clusters(realkube, user):
         assert lists == [("jobsets", "list"), ("pods", "list")], n
         assert all("tfk8s.io%2Fcluster" not in r.uri and "tfk8s.io/cluster" not in r.uri
                    for r in reads("ResponseStarted")), n
+
+
+def test_launch_without_the_jobset_api_says_what_to_install(realkube, user, monkeypatch):
+    """A cluster that does not serve the JobSet API: the real API server's discovery answers 404 for
+    an API it does not serve (asked here for a JobSet version no release serves); one sentence,
+    nothing created."""
+    from tfk8s_magics.backends.kubernetes import backend as kb
+
+    ns, backend = user
+    monkeypatch.setattr(kb, "API_VERSION", "jobset.x-k8s.io/v1alpha9")
+    before = len(ns.requests())
+    with pytest.raises(LaunchFailed, match=r"does not serve the JobSet API .* install JobSet v0.7"):
+        backend.launch(spec(), detach=True)
+    asked = [(r.verb, r.uri, r.code) for r in ns.requests()[before:]]
+    assert ("get", "/apis/jobset.x-k8s.io/v1alpha9", 404) in asked, asked
+    assert not [a for a in asked if a[0] == "create"]
+    assert objects(realkube, ns.name, "mnist", with_pods=True) == []

@@ -117,20 +117,6 @@ def test_discovery_lists_the_jobset_group(kube):
     assert GROUP in [g.name for g in groups.groups]
 
 
-def test_a_cluster_without_jobset_answers_404(make_kube):
-    kube = make_kube(jobset=False)
-    kube.create_namespace(NS)
-    groups = client.ApisApi(kube.api_client).get_api_versions()
-    assert GROUP not in [g.name for g in groups.groups]
-    with pytest.raises(ApiException) as info:
-        client.CustomObjectsApi(kube.api_client).get_api_resources(GROUP, VERSION)
-    assert info.value.status == 404
-    with pytest.raises(ApiException) as info:
-        client.CustomObjectsApi(kube.api_client).create_namespaced_custom_object(
-            GROUP, VERSION, NS, PLURAL, jobset_manifest())
-    assert info.value.status == 404
-
-
 def test_pods_and_service_as_jobset_and_the_job_controller_make_them(kube, custom):
     created = create(custom, jobset_manifest())
     pods = kube.jobsets.pods(NS, "mnist")

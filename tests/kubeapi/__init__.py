@@ -8,13 +8,10 @@ tests/test_k8s_pods.py on the tier-2 node). This double stays only where the rea
 cluster cannot produce the case on demand, or not in tier 1:
 
 * pod logs written line by line at a test's command (kwok's pods write none):
-  progress lines, ``follow_logs`` ending with the cluster, kept logs, a stall
-  from log timestamps (tests/test_k8s_backend.py), and the storage steps'
-  ``fetch`` progress (tests/test_k8s_storage.py);
+  the storage steps' ``fetch`` progress (tests/test_k8s_storage.py);
 * a log stream the server drops in the middle of a follow
   (``drop_log_streams``), re-opened with ``sinceTime``;
-* a cluster that does not serve the JobSet API, and a JobSet CRD older than
-  v0.7 (the test cluster runs one JobSet, v0.12);
+* a JobSet CRD older than v0.7 (the test cluster runs one JobSet, v0.12);
 * JobSet's InOrder start held at a chosen step (``jobset_in_order``): the
   pods an unfinished JobSet is still to create, a sync step's init container
   running while no task pod exists;
@@ -81,10 +78,9 @@ Harness API (``kube``)
   kubelet would and emits the Events it would (Scheduled, Pulling, Pulled,
   Created, Started, Killing).
 * ``make_kube(kubernetes_version="1.29", nodes=("node-1",), history_size=1000,
-  strict_validation=True, jobset=True, jobset_in_order=False)`` —
+  strict_validation=True, jobset_in_order=False)`` —
   fixture factory for
-  non-default options (``jobset=False``: a cluster without JobSet installed;
-  ``jobset_in_order``: a JobSet with ``startupPolicy: InOrder`` gets a replicated
+  non-default options (``jobset_in_order``: a JobSet with ``startupPolicy: InOrder`` gets a replicated
   Job's pods only once every pod of the ones before is ready or ended).
 * ``jobsets`` — :class:`~tests.kubeapi.jobsets.JobSetDriver`: ``pods(ns, name,
   attempt=None)``, ``pod_name(ns, name, role, index)``, and what a test says

@@ -36,7 +36,7 @@ class KubeHarness:
 
     def __init__(self, *, kubernetes_version: str = "1.29",
                  nodes: tuple[str, ...] = ("node-1",), history_size: int = 1000,
-                 strict_validation: bool = True, jobset: bool = True,
+                 strict_validation: bool = True,
                  jobset_in_order: bool = False):
         self.store = Store(history_size=history_size)
         self.kubelet = SimulatedKubelet(self.store, nodes)
@@ -47,8 +47,6 @@ class KubeHarness:
             self.store.add_observer(observer)
         #: What a test says JobSet did (finish); see :mod:`.jobsets`.
         self.jobsets = JobSetDriver(self.store, jobset_pods)
-        if not jobset:
-            self.api.disabled_groups.add("jobset.x-k8s.io")
         self._server = FakeKubeServer(self.api)
         self._clients: list[kubernetes.client.ApiClient] = []
         self._api_client: kubernetes.client.ApiClient | None = None
