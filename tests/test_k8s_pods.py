@@ -594,3 +594,27 @@ def test_a_stalled_cluster_is_reported_from_real_pod_log_timestamps(user, monkey
     finally:
         (user.paths["data"] / "go").touch()
         backend.close()
+
+
+def test_a_missing_secret_is_the_real_kubelets_sentence_in_the_status(user):
+    """Without ``get`` on secrets (the shipped Role) the backend cannot check the Secret first: the
+    real kubelet leaves the sync pod waiting in CreateContainerConfigError, and the status and
+    `%tfcluster events` carry its words."""
+    from tfk8s_magics.backends.base import Phase
+    from tfk8s_magics.spec import ClusterSpec
+
+    backend = user.backend()
+    # it asks (a 403 for the shipped Role: the check is skipped, not the launch)
+    user.expect_denied.add(f"/api/v1/namespaces/{user.ns}/secrets/s3-creds")
+    try:
+        backend.launch(ClusterSpec(name="nosecret", workers=1, script="print(1)\n",
+                                   data_url="s3://bucket/datasets/mnist", data_sync=True,
+                                   credentials_secret="s3-creds", **_claims()), detach=True)
+        status = _wait(backend, "nosecret", lambda s: "secret" in s.reason or s.terminal)
+        assert (status.phase, status.reason) == (
+            Phase.PENDING, 'sync: CreateContainerConfigError: secret "s3-creds" not found')
+        events = [(e.task, e.reason, e.message) for e in backend.events("nosecret")]
+        assert ("sync", "Failed", 'Error: secret "s3-creds" not found') in events, events
+        backend.delete("nosecret")
+    finally:
+        backend.close()

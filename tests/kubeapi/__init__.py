@@ -15,8 +15,7 @@ cluster cannot produce the case on demand, or not in tier 1:
 * JobSet's InOrder start held at a chosen step (``jobset_in_order``): the
   pods an unfinished JobSet is still to create, a sync step's init container
   running while no task pod exists;
-* init containers and a missing Secret at the kubelet
-  (``CreateContainerConfigError``), a failed ``fetch`` (kwok's pods have no
+* init containers: a failed or progressing ``fetch`` (kwok's pods have no
   init-container stages);
 * a notebook that may not read PriorityClasses (the test cluster's chart
   may grant it cluster-wide);
@@ -142,9 +141,7 @@ What it models
   in the namespace "other"``.
 * Admission, in the real server's order: pod defaults (restartPolicy,
   imagePullPolicy, qosClass, requests default to limits, ``status.phase:
-  Pending``); a request above its limit → 422; Pod
-  Security ``baseline``/``restricted`` from the namespace's ``enforce`` label
-  → 403 ``violates PodSecurity "restricted:latest": ...`` (``podsecurity.py``);
+  Pending``); a request above its limit → 422;
   ConfigMap/Secret data over 1 MiB → 422 ``Too long``; a request body over
   3 MiB → 413; ResourceQuota on ``pods``,
   ``cpu``, ``memory``, ``requests.*``, ``limits.*`` (incl.
@@ -165,7 +162,7 @@ What it does NOT model
   documents, protobuf/CBOR, server-side apply (415), real strategic merge
   (strategic merge patch is treated as a JSON merge patch: lists are replaced,
   not merged by key), immutability of most pod spec fields, finalizers other
-  than ``foregroundDeletion``, graceful termination, LimitRanger, Kueue,
+  than ``foregroundDeletion``, graceful termination, LimitRanger, Pod Security, Kueue,
   the Deployment and Job controllers, JobSet's restarts, watch bookmarks, ``/exec``/``/attach``/
   ``/portforward``, ReplicaSets/StatefulSets/CronJobs, Service endpoints or
   DNS, network policy enforcement, PVC binding (claims stay as created),

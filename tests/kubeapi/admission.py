@@ -4,9 +4,10 @@ What happens to an object between "the request body was valid" and "it was
 stored", for API requests and controller-created pods alike: the defaults a
 backend would see on the stored object (pod ``restartPolicy``, ``status.phase
 Pending``, a Job's selector and labels, a request defaulted to its limit), the
-``requests <= limits`` validation, Pod Security (``podsecurity.py``) and
-ResourceQuota admission. No LimitRanger and no Kueue webhook: the real API server
-and Kueue run those (tests/test_kube_admission.py, tests/test_kube_controlplane.py).
+``requests <= limits`` validation and ResourceQuota admission. No LimitRanger, no Pod
+Security and no Kueue webhook: the real API server and Kueue run those
+(tests/test_kube_admission.py, tests/test_kube_controlplane.py, the dry-runs of
+``RealKube.restricted_refusal``).
 Call :func:`admit_create` with ``store.lock`` held, together with the create.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 
-from . import errors, podsecurity, quota
+from . import errors, quota
 from .resources import ResourceKind, lookup
 from .store import Store
 
@@ -126,7 +127,7 @@ def admit_pod(store: Store, namespace: dict, pod: dict) -> None:
     """A pod's way through the real server: defaults, mutation, validation, validating plugins.
 
     Decoding defaults requests to limits; validation refuses a request above its
-    limit (422); then PodSecurity (403); ResourceQuota runs last, in :func:`admit_create`.
+    limit (422); ResourceQuota runs last, in :func:`admit_create`.
     """
     default_pod(pod)
     _admit_priority(store, pod)
@@ -134,7 +135,6 @@ def admit_pod(store: Store, namespace: dict, pod: dict) -> None:
     problems = _request_limit_problems(pod)
     if problems:
         raise errors.invalid(lookup("pods"), pod["metadata"].get("name", ""), problems)
-    podsecurity.admit(namespace, pod)
     pod["status"]["qosClass"] = _qos_class(pod["spec"])
 
 

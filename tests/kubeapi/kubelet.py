@@ -133,49 +133,6 @@ class SimulatedKubelet:
                        component="default-scheduler")
             return pod
 
-    def _missing_secret(self, pod: dict) -> tuple[str, str, bool] | None:
-        """The first (container, Secret, is-init) whose non-optional Secret does not exist.
-
-        What the kubelet checks before it creates a container: every
-        ``envFrom.secretRef`` and ``env[].valueFrom.secretKeyRef`` (the pod stays
-        Pending, the container waiting ``CreateContainerConfigError``).
-        """
-        ns = pod["metadata"]["namespace"]
-        kind = lookup("secrets")
-        for init, containers in ((True, pod["spec"].get("initContainers") or []),
-                                 (False, pod["spec"].get("containers") or [])):
-            for c in containers:
-                refs = [e["secretRef"] for e in c.get("envFrom") or [] if "secretRef" in e]
-                refs += [e["valueFrom"]["secretKeyRef"] for e in c.get("env") or []
-                         if "secretKeyRef" in (e.get("valueFrom") or {})]
-                for ref in refs:
-                    if not ref.get("optional") and self.store.get(kind, ns, ref["name"]) is None:
-                        return c["name"], ref["name"], init
-        return None
-
-    def _config_error(self, pod: dict, container: str, secret: str, init: bool) -> dict:
-        """The kubelet cannot build a container's config: it waits, the pod stays Pending."""
-        message = f'secret "{secret}" not found'
-        waiting = {"waiting": {"reason": "CreateContainerConfigError", "message": message}}
-        inits = self._init_statuses(pod)
-        statuses = self._statuses(pod)
-        if init:
-            inits[container]["state"] = waiting
-            for cs in statuses.values():
-                cs["state"] = {"waiting": {"reason": "PodInitializing"}}
-            self._set_condition(pod["status"], "Initialized", False, "ContainersNotInitialized",
-                                f"containers with incomplete status: [{container}]")
-        else:
-            statuses[container]["state"] = waiting
-        if inits:
-            pod["status"]["initContainerStatuses"] = list(inits.values())
-        self._store_statuses(pod, statuses)
-        pod = self._write_status(pod)
-        kind = "initContainers" if init else "containers"
-        self.event(pod, "Failed", f"Error: {message}", type_="Warning",
-                   field_path=f"spec.{kind}{{{container}}}")
-        return pod
-
     def _init_statuses(self, pod: dict) -> dict[str, dict]:
         existing = {s["name"]: s for s in pod["status"].get("initContainerStatuses") or []}
         return {c["name"]: existing.get(c["name"]) or {
@@ -191,9 +148,6 @@ class SimulatedKubelet:
             pod = self._pod(namespace, name)
             if not pod["spec"].get("nodeName"):
                 pod = self.schedule(namespace, name)
-            missing = self._missing_secret(pod)
-            if missing is not None:
-                return self._config_error(pod, *missing)
             inits = self._init_statuses(pod)
             first = next(iter(inits))
             inits[first].update(started=True, state={"running": {"startedAt": now()}})
@@ -232,16 +186,13 @@ class SimulatedKubelet:
     def run(self, namespace: str, name: str, node: str | None = None) -> dict:
         """Start every container: phase Running, containers running and ready, a pod IP.
 
-        Init containers first run to completion (exit 0).  A container whose
-        Secret does not exist is not started (see :meth:`_missing_secret`).
+        Init containers first run to completion (exit 0).  (A Secret that does not
+        exist is the real kubelet's: tests/test_k8s_pods.py.)
         """
         with self.store.lock:
             pod = self._pod(namespace, name)
             if not pod["spec"].get("nodeName"):
                 pod = self.schedule(namespace, name, node)
-            missing = self._missing_secret(pod)
-            if missing is not None:
-                return self._config_error(pod, *missing)
             inits = self._init_statuses(pod)
             for cs in inits.values():
                 if "terminated" not in cs["state"]:
