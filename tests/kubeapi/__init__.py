@@ -15,8 +15,8 @@ cluster cannot produce the case on demand, or not in tier 1:
 * JobSet's InOrder start held at a chosen step (``jobset_in_order``): the
   pods an unfinished JobSet is still to create, a sync step's init container
   running while no task pod exists;
-* init containers: a failed or progressing ``fetch`` (kwok's pods have no
-  init-container stages);
+* init containers: a failed or progressing ``fetch`` (the test cluster's kwok
+  stages make a pod ready at once);
 * a notebook that may not read PriorityClasses (the test cluster's chart
   may grant it cluster-wide);
 * the podman "kubelet" (tests/containers/kubelet.py) that runs the double's
