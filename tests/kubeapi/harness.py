@@ -135,12 +135,11 @@ class KubeHarness:
 
     # -- RBAC and the request log --------------------------------------------------
 
-    def set_role(self, role: dict, namespace: str, service_account: str = "default",
-                 cluster_rules: list[dict] | None = None) -> None:
+    def set_role(self, role: dict, namespace: str, service_account: str = "default") -> None:
         """Enforce ``role`` (a rbac/v1 Role dict) bound to ``service_account`` in
-        ``namespace`` for every non-admin request from now on; ``cluster_rules``: the rules
-        of a ClusterRoleBinding of the same account (cluster-scoped requests only)."""
-        self.api.authorizer = RoleAuthorizer(role, namespace, service_account, cluster_rules)
+        ``namespace`` for every non-admin request from now on (cluster-scoped requests are
+        refused: the real authorizer's ClusterRoles are tests/test_k8s_issue23_real.py's)."""
+        self.api.authorizer = RoleAuthorizer(role, namespace, service_account)
 
     def clear_role(self) -> None:
         """Stop enforcing RBAC (every request is allowed again)."""
