@@ -353,8 +353,10 @@ def test_stop_deletes_the_jobset_keeps_record_and_volumes(realkube, user):
     backend.launch(spec("other", ps=0, workers=1), detach=True)
     status = backend.stop("mnist")
     assert status.phase == Phase.STOPPED
-    assert [k for k, _ in objects(realkube, ns.name, "mnist", with_pods=True)] == [
-        "configmaps", "persistentvolumeclaims", "persistentvolumeclaims"]
+    # the JobSet goes at once; its Jobs and pods after it, by the garbage collector
+    wait_for(lambda: [k for k, _ in objects(realkube, ns.name, "mnist", with_pods=True)] == [
+        "configmaps", "persistentvolumeclaims", "persistentvolumeclaims"], 90,
+        message="only the record and the claims left")
     assert backend.status("mnist").phase == Phase.STOPPED
     fresh = KubernetesBackend(namespace=ns.name, api_client=ns.api_client, user="alice")
     try:
