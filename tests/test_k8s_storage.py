@@ -433,13 +433,6 @@ def _secret() -> dict:
             "data": {k: base64.b64encode(v.encode()).decode() for k, v in SECRET_VALUES.items()}}
 
 
-def _role_with_secret_get() -> dict:
-    """The shipped Role plus ``get`` on secrets: what an administrator grants for the check."""
-    role = backend_role(NS)
-    role["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})
-    return role
-
-
 @pytest.fixture
 def restricted(kube):
     kube.create_namespace(NS, labels={"pod-security.kubernetes.io/enforce": "restricted"})
@@ -449,62 +442,6 @@ def restricted(kube):
 def _backend(kube) -> KubernetesBackend:
     return KubernetesBackend(namespace=NS, api_client=kube.api_client, user="alice",
                              storage_class="standard")
-
-
-def _ours(kube) -> list[tuple[str, str]]:
-    return sorted((kind, o["metadata"]["name"]) for kind in (
-        "configmaps", "persistentvolumeclaims", "pods", "jobsets", "services")
-        for o in kube.list_objects(kind, NS, "tfk8s.io/cluster=mnist"))
-
-
-def test_with_the_secret_pods_name_it_and_no_value_leaves_it(restricted):
-    """Launch with sync + backup: the steps reference the Secret by name only, and its values
-    appear nowhere the backend writes or shows: the JobSet, the root ConfigMap (spec), the
-    pods, Events, the status, the rendered YAML. (Their Pod Security: the real server's
-    dry-run, test_every_pod_passes_the_restricted_pod_security_profile.)"""
-    kube = restricted
-    kube.create_object(_secret())
-    kube.set_role(_role_with_secret_get(), NS, service_account="jupyter")
-    backend = _backend(kube)
-    spec = synced_and_backed_up()
-    try:
-        status = backend.launch(spec, detach=True)
-        sync_pod = kube.jobsets.pod_name(NS, "mnist", "sync", 0)
-        assert status.phase == Phase.PENDING
-        assert backend.status("mnist").reason.startswith("sync: ")
-        kube.kubelet.run(NS, sync_pod)  # the init container ran, "synced" runs
-        kube.kubelet.succeed(NS, sync_pod)
-        for p in kube.jobsets.pods(NS, "mnist"):
-            if p["metadata"]["labels"]["tfk8s.io/role"] == "worker":
-                kube.kubelet.run(NS, p["metadata"]["name"])
-                kube.kubelet.succeed(NS, p["metadata"]["name"])
-        backup_pod = kube.jobsets.pod_name(NS, "mnist", "backup", 0)
-        kube.kubelet.run(NS, backup_pod)
-        uploading = f"backup: uploading checkpoints and models to {OUT}"
-        deadline = time.monotonic() + 30
-        while (status := backend.status("mnist")).reason != uploading and \
-                time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert (status.phase, status.reason) == (Phase.RUNNING, uploading)
-        shown = [repr(backend.status("mnist")), repr(backend.list_clusters()),
-                 repr(backend.events("mnist")), repr(backend.spec("mnist"))]
-    finally:
-        backend.close()
-    pods = kube.jobsets.pods(NS, "mnist")
-    refs = {c["name"]: c.get("envFrom") for p in pods
-            for c in [*p["spec"].get("initContainers", []), *p["spec"]["containers"]]}
-    assert refs["fetch"] == refs["backup"] == [{"secretRef": {"name": SECRET}}]
-    assert refs["tensorflow"] is None and refs["synced"] is None
-    written = json.dumps([kube.get_object("jobsets", "mnist", NS),
-                          kube.get_object("configmaps", "mnist", NS), pods,
-                          kube.list_objects("events", NS)])
-    rendered = backend.render_yaml(spec)
-    for value in [*SECRET_VALUES.values(), *(base64.b64encode(v.encode()).decode()
-                                             for v in SECRET_VALUES.values())]:
-        for where, text in (("objects", written), ("render", rendered), *(
-                (f"shown[{i}]", s) for i, s in enumerate(shown))):
-            assert value not in text, f"a Secret value leaked into {where}"
-    assert "AWS_" not in written  # not even the keys: only the Secret's name travels
 
 
 def test_a_failed_fetch_and_a_failed_upload_are_visible(restricted):
@@ -764,3 +701,68 @@ def test_a_url_with_a_password_is_refused_before_it_is_recorded_anywhere(field):
     with pytest.raises(SpecError) as err:
         mnist(**{field: url})
     assert "hunter2" not in str(err.value) and "carries a password" in str(err.value)
+
+
+@pytest.mark.k8s
+def test_with_the_secret_on_the_real_cluster_no_value_leaves_it(realkube, kube_user):
+    """Launch with sync + backup as the user's ServiceAccount: JobSet's own InOrder start and
+    successPolicy take the run to its backup step (``backup: uploading …`` once the workers
+    succeeded); the steps reference the Secret by name only, and its values (plain and base64)
+    appear nowhere the backend writes or shows: the JobSet, the root ConfigMap, the pods, Events,
+    the status, list, events, spec, the rendered YAML."""
+    from tests.realkube import wait_for
+
+    ns, backend = kube_user("stor")
+    ns.grant("secret-get", [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}])
+    realkube.core.create_namespaced_secret(ns.name, {
+        "metadata": {"name": SECRET}, "type": "Opaque",
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in SECRET_VALUES.items()}})
+    spec = synced_and_backed_up()
+    status = backend.launch(spec, detach=True)
+    assert status.phase == Phase.PENDING and status.reason.startswith("sync: "), status
+
+    def pods(role=None):
+        sel = "tfk8s.io/cluster=mnist" + (f",tfk8s.io/role={role}" if role else "")
+        return [p for p in realkube.pods(ns.name, sel) if not p.metadata.deletion_timestamp]
+
+    # the sync step: its init container fetched (kwok: at once), "synced" ends with exit 0
+    (sync,) = wait_for(lambda: [p for p in pods("sync") if p.status.phase == "Running"], 120,
+                       message="the sync pod running")
+    realkube.exit_pod(ns.name, sync.metadata.name, 0)
+    workers = wait_for(lambda: len(p := pods("worker")) == 2
+                       and all(x.status.phase == "Running" for x in p) and p, 120,
+                       message="the workers, started by JobSet after the sync step")
+    for p in workers:
+        realkube.exit_pod(ns.name, p.metadata.name, 0)
+    uploading = f"backup: uploading checkpoints and models to {OUT}"
+    seen = []
+    try:
+        status = wait_for(lambda: (s := backend.status("mnist")).reason == uploading and s
+                          or seen.append((s.phase, s.reason, [(p.metadata.name, p.status.phase)
+                                                              for p in pods()])), 120,
+                          message="the backup step running after the workers succeeded")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; last seen {seen[-1:]}") from None
+    assert status.phase == Phase.RUNNING
+    shown = [repr(backend.status("mnist")), repr(backend.list_clusters()),
+             repr(backend.events("mnist")), repr(backend.spec("mnist"))]
+    every = pods()
+    refs = {c.name: c.env_from for p in every
+            for c in [*(p.spec.init_containers or []), *p.spec.containers]}
+    assert [(r.secret_ref.name) for r in refs["fetch"]] == [SECRET]
+    assert [(r.secret_ref.name) for r in refs["backup"]] == [SECRET]
+    assert refs["tensorflow"] is None and refs["synced"] is None
+    ser = realkube.admin.sanitize_for_serialization
+    written = json.dumps([
+        realkube.custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", ns.name,
+                                                     "jobsets", "mnist"),
+        ser(realkube.core.read_namespaced_config_map("mnist", ns.name)), ser(every),
+        ser(realkube.events(ns.name))])
+    rendered = backend.render_yaml(spec)
+    for value in [*SECRET_VALUES.values(), *(base64.b64encode(v.encode()).decode()
+                                             for v in SECRET_VALUES.values())]:
+        for where, text in (("objects", written), ("render", rendered), *(
+                (f"shown[{i}]", s) for i, s in enumerate(shown))):
+            assert value not in text, f"a Secret value leaked into {where}"
+    assert "AWS_" not in written  # not even the keys: only the Secret's name travels
+    backend.delete("mnist")
