@@ -46,7 +46,7 @@ def _private_targets() -> str:
 
 nitpick_ignore_regex = [
     # the standard library's and third parties' types in signatures: no intersphinx (offline build)
-    (r"py:.*", r"(collections\.abc|pathlib|threading|typing|tf|tensorflow|np|numpy|IPython|traitlets"
+    (r"py:.*", r"(abc|collections\.abc|pathlib|threading|typing|tf|tensorflow|np|numpy|IPython|traitlets"
      r"|kubernetes|ipywidgets)\..*"),
     # the public API's docstrings name private types it returns (ClusterStatus, Event, ...):
     # everything not in tfk8s_magics.__all__ is private and has no page to link to

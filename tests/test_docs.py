@@ -250,5 +250,12 @@ def test_the_api_reference_documents_exactly_the_public_api(html):
     assert top_level == set(tfk8s_magics.__all__), (
         f"documented but not exported: {sorted(top_level - set(tfk8s_magics.__all__))}; "
         f"exported but not documented: {sorted(set(tfk8s_magics.__all__) - top_level)}")
-    members = {i for i in ids if i.count(".") > 1}
+    # The Backend contract (for writing a backend) is public too, under tfk8s_magics.backends.
+    from tfk8s_magics import backends
+
+    prefix = "tfk8s_magics.backends."
+    contract = {i.removeprefix(prefix) for i in ids if i.startswith(prefix)}
+    assert {c.partition(".")[0] for c in contract} == set(backends.__all__), (
+        f"backends: documented {sorted(contract)}, exported {sorted(backends.__all__)}")
+    members = {i for i in ids if i.count(".") > 1 and not i.startswith("tfk8s_magics.backends.")}
     assert all(m.split(".")[1] in tfk8s_magics.__all__ for m in members), sorted(members)

@@ -214,7 +214,7 @@ def test_an_in_graph_cluster_of_a_sandboxed_kernel_is_out_of_other_users_reach(r
     no slirp4netns, supervisor, task or TensorBoard process."""
     import psutil
 
-    from tfk8s_magics.backends.local.supervisor import IN_GRAPH_KERNEL_NETNS
+    from tfk8s_magics.isolation.plan import IN_GRAPH_KERNEL_NETNS
 
     ns = nameserver()
     with socket.create_server(("127.0.0.1", 0)) as host_only:
@@ -354,8 +354,8 @@ def test_a_tcp_connection_file_runs_the_kernel_on_the_host_with_the_shim_and_say
     its chief still binds 127.0.0.1 (the shim) rather than every interface."""
     import psutil
 
-    from tfk8s_magics.backends.local import isolation
-    from tfk8s_magics.backends.local.supervisor import IN_GRAPH_NO_NETNS
+    from tfk8s_magics.isolation import shim as isolation
+    from tfk8s_magics.isolation.plan import IN_GRAPH_NO_NETNS
     from tfk8s_magics.kernel import sandbox
 
     km, kc = start_kernel(runtime, "tcp")
@@ -476,7 +476,7 @@ def test_the_host_side_hands_out_loopback_listeners_only(tmp_path, monkeypatch):
     away a request that is not a list of ports in one sentence."""
     import threading
 
-    from tfk8s_magics.backends.local import hostside
+    from tfk8s_magics.isolation import hostside
 
     path = str(tmp_path / "h.sock")
     server = hostside.make_server(path)
@@ -494,7 +494,7 @@ def test_the_host_side_hands_out_loopback_listeners_only(tmp_path, monkeypatch):
         assert socks[0].getsockname()[0] == "127.0.0.1" and len(tables) == 2
         client = socket.create_connection(socks[0].getsockname())
         conn, peer = socks[0].accept()
-        from tfk8s_magics.backends.local.isolation import socket_owner
+        from tfk8s_magics.isolation.netns import socket_owner
 
         assert socket_owner(tables, peer[1], socks[0].getsockname()[1]) == os.geteuid()
         client.close()

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tfk8s_magics import api
 
 PKG = Path(__file__).resolve().parent.parent / "tfk8s_magics"
@@ -18,8 +20,14 @@ FORBIDDEN = {
     "cli": {"magics"},
     "api": {"ui", "magics", "cli"},
     "backends": {"api", "ui", "magics", "cli", "watch", "kernel"},
-    # the kernel launcher runs before ipykernel, on the backends' isolation primitives only
-    "kernel": {"api", "ui", "magics", "cli", "watch", "spec", "runtime", "trainer", "serving", "storage"},
+    # the kernel launcher runs before ipykernel, on the isolation layer only
+    "kernel": {"api", "ui", "magics", "cli", "watch", "spec", "runtime", "trainer", "serving", "storage",
+               "backends"},
+    # isolation sits just above the process primitives (lifeline, ports) and the option registry:
+    # the relay, the guard and the kernel launcher load it without the rest of the package
+    "isolation": {"api", "ui", "magics", "cli", "watch", "kernel", "backends", "spec", "runtime", "trainer",
+                  "serving", "storage", "sidebar", "ingraph", "lifecycle", "taskenv", "scriptcheck", "stall",
+                  "records", "tfconfig", "yamltext"},
     "watch": {"api", "ui", "magics", "cli"},
     "spec": {"api", "ui", "magics", "cli", "backends", "watch"},
     "options": {"api", "ui", "magics", "cli", "backends", "watch", "spec"},
@@ -41,20 +49,60 @@ def _imports(path: Path) -> list[tuple[str, ast.stmt, bool]]:
         if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
         for n in ast.walk(fn)
     }
+    never_run = {id(n) for block in ast.walk(tree) if _type_checking_only(block) for n in ast.walk(block)}
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else ()
             module = ".".join([*base, *(node.module or "").split(".")]).strip(".")
-            names = [module] if node.module else [f"{module}.{a.name}" for a in node.names]
+            # `from pkg import sub` imports the submodule pkg.sub too (a name that is not a module
+            # is only an attribute of pkg)
+            subs = [f"{module}.{a.name}" for a in node.names if _module_file(f"{module}.{a.name}")]
+            names = [module, *subs] if node.module else [f"{module}.{a.name}" for a in node.names]
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         else:
+            continue
+        if id(node) in never_run:
             continue
         for name in names:
             if name.startswith("tfk8s_magics"):
                 found.append((name, node, id(node) in in_function))
     return found
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    """An ``if TYPE_CHECKING:`` block: its imports never run."""
+    return isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+
+
+def _module_file(module: str) -> Path | None:
+    """The file of project module ``module`` (a package's ``__init__.py``), or None (a name)."""
+    path = PKG.parent.joinpath(*module.split("."))
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _loaded_at_import(module: str) -> set[str]:
+    """Every project module that importing ``module`` loads, transitively: the imports run at
+    import time (not the deferred ones inside functions), and each module's parent packages."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__ and a/b/__init__ first
+            current = ".".join(parts[:i])
+            path = _module_file(current)
+            if path is None or current in seen:
+                continue
+            seen.add(current)
+            for imported, _, in_function in _imports(path):
+                if not in_function:
+                    todo.append(imported if _module_file(imported) else imported.rpartition(".")[0])
+    return seen
 
 
 def _layer(module: str) -> str:
@@ -70,6 +118,47 @@ def test_layers_import_only_downwards():
             if _layer(module) in FORBIDDEN.get(layer, set()):
                 wrong.append(f"{path.relative_to(PKG.parent)}:{node.lineno} imports {module}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_layers_import_only_downwards_transitively():
+    """What a module loads when it is imported, not only what it names: a module may not reach a
+    forbidden layer through a permitted one (the kernel launcher through a backend package that
+    loads the task runtime)."""
+    wrong = []
+    for path in PKG.rglob("*.py"):
+        module = ".".join(path.relative_to(PKG.parent).with_suffix("").parts).removesuffix(".__init__")
+        forbidden = FORBIDDEN.get(_layer(module), set())
+        reached = sorted(m for m in _loaded_at_import(module) if _layer(m) in forbidden)
+        if reached:
+            wrong.append(f"{module} loads {', '.join(reached)}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_transitive_check_follows_every_hop():
+    """The check sees through permitted hops: the local backend's package reaches the task
+    runtime only through its own modules, and the package itself loads nothing."""
+    assert "tfk8s_magics.runtime.task" in _loaded_at_import("tfk8s_magics.backends.local")
+    assert "tfk8s_magics.runtime.task" not in {m for m, _, _ in _imports(PKG / "backends/local/__init__.py")}
+    assert _loaded_at_import("tfk8s_magics") == {"tfk8s_magics"}
+
+
+#: How many project modules a security component loads (issue 25: 54 and 52 before the isolation
+#: layer).  Change a number only on purpose, and say in the commit what the new module is for.
+LOADED = {"tfk8s_magics.kernel.sandbox": 13, "tfk8s_magics.isolation.relay": 5,
+          "tfk8s_magics.isolation.guard": 11}
+
+
+@pytest.mark.parametrize("module", sorted(LOADED))
+def test_a_security_component_loads_only_what_it_runs(module):
+    """Counted in a fresh interpreter, as the component starts (``python -m``), and checked
+    against the static count (so the transitive layer test sees what really loads)."""
+    probe = (f"import sys, {module}; "
+             "print(' '.join(sorted(m for m in sys.modules if m.startswith('tfk8s_magics'))))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         timeout=60)
+    loaded = set(out.stdout.split())
+    assert len(loaded) == LOADED[module], sorted(loaded)
+    assert loaded == _loaded_at_import(module)
 
 
 def test_project_modules_are_imported_at_the_top_unless_a_comment_says_why():

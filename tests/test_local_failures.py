@@ -72,7 +72,7 @@ def test_cli_submit_is_detached_and_logs_follow(state_dir, workdir):
 
 
 def test_loopback_shim_is_built_once_and_can_be_turned_off(tmp_path, monkeypatch):
-    from tfk8s_magics.backends.local import isolation
+    from tfk8s_magics.isolation import shim as isolation
 
     lib = isolation.shim_path(tmp_path)
     assert lib is not None and lib.exists() and lib.parent == tmp_path

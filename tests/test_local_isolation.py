@@ -23,7 +23,7 @@ import pytest
 
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"
-ISOLATION_PY = Path(__file__).resolve().parent.parent / "tfk8s_magics/backends/local/isolation.py"
+ISOLATION_PY = Path(__file__).resolve().parent.parent / "tfk8s_magics/isolation/netns.py"
 
 pytestmark = [
     pytest.mark.faults,
@@ -176,7 +176,7 @@ def test_an_in_graph_cluster_shares_the_hosts_loopback_behind_the_shim(local):
     import psutil
 
     import tfk8s_magics as tk
-    from tfk8s_magics.backends.local.supervisor import IN_GRAPH_NO_NETNS
+    from tfk8s_magics.isolation.plan import IN_GRAPH_NO_NETNS
 
     tk.launch("ig", mode="in-graph", ps=1, workers=1, backend=local, wait_ready=240)
     raw = json.loads((local.clusters_dir / "ig" / "status.json").read_text())
@@ -240,7 +240,7 @@ def test_the_model_server_answers_its_owner_only(local, workdir):
         assert json.loads(r.read())["predictions"] == [[3.0]]
     server = psutil.Process(info.pid)
     assert os.readlink(f"/proc/{info.pid}/ns/net") != os.readlink("/proc/self/ns/net")
-    relay = [p for p in server.children() if "tfk8s_magics.backends.local.relay" in " ".join(p.cmdline())]
+    relay = [p for p in server.children() if "tfk8s_magics.isolation.relay" in " ".join(p.cmdline())]
     assert len(relay) == 1, server.children()
     assert cluster.serve(stop=True) is True
     psutil.wait_procs([server, *relay], timeout=10)

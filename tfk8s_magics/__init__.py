@@ -11,36 +11,72 @@ things are one call each of the Python API, usable without IPython::
 Training scripts report progress with :func:`report_progress` or
 :func:`progress_callback`, or subclass :class:`Trainer` and let the
 platform do it; :func:`serve` serves what a cluster exported.  Heavy modules (TensorFlow, IPython, the
-Kubernetes client) are imported only when used.
+Kubernetes client) are imported only when used, and so is each public name: importing the
+package loads no other module of it until one of its names is used.
 """
 
 from __future__ import annotations
 
-from .api import (
-    Cluster,
-    connect,
-    get,
-    launch,
-    list_clusters,
-    make_spec,
-    render,
-    render_objects,
-    resolver,
-    serve,
-    train,
-)
-from .errors import (
-    ClusterExists,
-    ClusterNotFound,
-    ClusterTimeout,
-    LaunchFailed,
-    SpecError,
-    TaskNotFound,
-    TFClusterError,
-)
-from .runtime.progress import progress_callback, report_progress
-from .spec import ClusterSpec, Resources, Task
-from .trainer import Trainer, TrainerOptions
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the names below are, for type checkers; at run time they load on first use
+    from .api import (
+        Cluster,
+        connect,
+        get,
+        launch,
+        list_clusters,
+        make_spec,
+        render,
+        render_objects,
+        resolver,
+        serve,
+        train,
+    )
+    from .errors import (
+        ClusterExists,
+        ClusterNotFound,
+        ClusterTimeout,
+        LaunchFailed,
+        SpecError,
+        TaskNotFound,
+        TFClusterError,
+    )
+    from .runtime.progress import progress_callback, report_progress
+    from .spec import ClusterSpec, Resources, Task
+    from .trainer import Trainer, TrainerOptions
+
+#: Each public name → the module that defines it, imported at the name's first use (PEP 562):
+#: ``import tfk8s_magics`` loads nothing else, so a security component that imports one
+#: submodule (the kernel launcher, the owner-only relay) loads only what that submodule needs.
+_LAZY = {
+    **dict.fromkeys(("Cluster", "connect", "get", "launch", "list_clusters", "make_spec", "render",
+                     "render_objects", "resolver", "serve", "train"), ".api"),
+    **dict.fromkeys(("ClusterExists", "ClusterNotFound", "ClusterTimeout", "LaunchFailed", "SpecError",
+                     "TaskNotFound", "TFClusterError"), ".errors"),
+    **dict.fromkeys(("progress_callback", "report_progress"), ".runtime.progress"),
+    **dict.fromkeys(("ClusterSpec", "Resources", "Task"), ".spec"),
+    **dict.fromkeys(("Trainer", "TrainerOptions"), ".trainer"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name (or a submodule, ``tk.api``) at its first use."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    elif not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __version__ = "0.1.0"
 
@@ -99,6 +135,7 @@ def load_ipython_extension(ipython) -> None:
     if getattr(ipython, "_tfk8s_magics_loaded", False):
         return
     # Deferred: the magics import IPython's magic machinery, which a task or script never needs.
+    from .api import Cluster
     from .magics import TFClusterMagics, cluster_html
     from .taskenv import install_quiet_import
 

@@ -20,8 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from . import ingraph, options, storage
-from .backends import Backend, ClusterStatus, Event, LogLine, Phase, TensorBoardInfo, get_backend
-from .backends.kubernetes.manifests import dump_yaml
+from .backends import (
+    Backend,
+    ClusterStatus,
+    Event,
+    LogLine,
+    Phase,
+    TensorBoardInfo,
+    WarmPool,
+    get_backend,
+)
 from .errors import (
     BackendError,
     ClusterExists,
@@ -38,6 +46,7 @@ from .trainer import launch as trainer_launch
 from .trainer import runtime as trainer_runtime
 from .trainer.options import NAMES
 from .watch import ClusterFeed, announce_deleted
+from .yamltext import dump_yaml
 
 _backends: dict[str, Backend] = {}
 _lock = threading.Lock()
@@ -335,10 +344,7 @@ def serving_secret_apart(spec_kwargs: dict[str, Any], source_url: str | None) ->
 def render_serving(spec: ClusterSpec, model: str, backend: str | Backend = "kubernetes",
                    **serving: Any) -> list[dict]:
     """The objects that would serve ``model`` of ``spec`` (TF Serving Deployment + Service)."""
-    be = resolve_backend(backend)
-    if not hasattr(be, "render_serving"):
-        raise SpecError(f"the {be.name} backend has nothing to render; use --backend kubernetes.")
-    return be.render_serving(spec, model, **serving)
+    return resolve_backend(backend).render_serving(spec, model, **serving)
 
 
 def serve(name: str, backend: str | Backend | None = None, *, model: str | None = None,
@@ -352,6 +358,12 @@ def serve(name: str, backend: str | Backend | None = None, *, model: str | None 
     the cluster's ``--backup`` URL, instead of its log dir (on Kubernetes an init container fetches it).
     """
     return get(name, backend).serve(model=model, stop=stop, **serving)
+
+
+def warm_pool(backend: str | Backend | None = None) -> WarmPool:
+    """This process's warm pool of task processes on ``backend`` (default: option ``backend``);
+    a SpecError saying so for a backend that keeps none."""
+    return resolve_backend(backend).warm_pool()
 
 
 def train(name: str, trainer: type, backend: str | Backend | None = None, timeout: float | None = None,
@@ -495,17 +507,14 @@ class Cluster:
 
     def serve(self, model: str | None = None, stop: bool = False, **serving: Any):
         """Serve (or, with ``stop``, stop serving) its newest exported model; see :func:`serve`."""
-        serve_fn = getattr(self.backend, "serve", None)
-        if serve_fn is None:
-            raise SpecError(f"the {self.backend.name} backend cannot serve models; use local or kubernetes.")
         if stop:
             return self.backend.stop_serving(self.name)
-        return serve_fn(self.name, model=model, **{k: v for k, v in serving.items() if v is not None})
+        return self.backend.serve(self.name, model=model,
+                                  **{k: v for k, v in serving.items() if v is not None})
 
     def serving(self):
         """What it serves now (a ServingInfo), or None."""
-        fn = getattr(self.backend, "serving", None)
-        return fn(self.name) if fn is not None else None
+        return self.backend.serving(self.name)
 
     def train(self, trainer: type, trainer_options=None, timeout: float | None = None):
         """In-graph: train ``trainer`` with this process as the coordinator; return the Trainer."""

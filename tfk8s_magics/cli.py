@@ -20,12 +20,11 @@ import threading
 from collections.abc import Callable
 
 from . import api, options
-from .backends.kubernetes.manifests import dump_yaml
-from .backends.local import pool as local_pool
 from .errors import ClusterExists, ClusterNotFound, NoPreviousRun, SpecError, TaskNotFound, TFClusterError
 from .ui.render import events_text, list_text, status_text
 from .ui.serving import serving_text
 from .ui.stream import Overwrites
+from .yamltext import dump_yaml
 
 _ALIASES = {"submit": "launch", "get": "status", "rm": "delete", "ls": "list"}
 #: Mistakes in what the user typed: exit code 2, like argparse's own.
@@ -182,7 +181,7 @@ def _serve(args: argparse.Namespace) -> int:
                          source_url=args.source_url, credentials_secret=args.credentials_secret,
                          memory=args.serving_memory)
     print(serving_text(info))
-    if cluster.backend.name == "local":
+    if cluster.backend.serving_ends_with_caller:
         # The local server lives as long as the process that started it: this one.
         print("serving until Ctrl-C (the local server exits with this command)", flush=True)
         try:
@@ -198,8 +197,8 @@ def _pool(args: argparse.Namespace) -> int:
               "kernel); set TFK8S_POOL_SIZE there or run %tfcluster pool --size N in the notebook.",
               file=sys.stderr)
         return 2
-    found = local_pool.pools()
-    print("\n".join(local_pool.describe(p) for p in found) if found else "no warm pool is running")
+    found = api.warm_pool(args.backend).describe_all()
+    print("\n".join(found) if found else "no warm pool is running")
     return 0
 
 

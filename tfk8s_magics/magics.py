@@ -19,8 +19,6 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 from . import api, options
-from .backends.kubernetes.manifests import dump_yaml
-from .backends.local import pool as local_pool
 from .errors import ClusterExists, ClusterNotFound, NoPreviousRun, SpecError, TaskNotFound
 from .taskenv import import_tensorflow
 from .ui import cluster_list, dashboard, summary
@@ -28,6 +26,7 @@ from .ui.logview import LogView, widgets_available
 from .ui.render import ListView, StatusView, events_text, status_html
 from .ui.serving import show_serving
 from .ui.tensorboard import show_tensorboard
+from .yamltext import dump_yaml
 
 SUBCOMMANDS = tuple(options.COMMANDS)
 
@@ -129,8 +128,10 @@ class TFClusterMagics(Magics, MagicDefaults):
 
     def _cmd_launch(self, args, cell):
         spec = self._spec(args, cell)
-        local_pool.configure(self.pool_size)  # c.TFClusterMagics.pool_size, if an admin set it
-        cluster = api.launch(spec, backend=args.backend, detach=args.detach,
+        backend = api.resolve_backend(args.backend)
+        if backend.supports("pool"):
+            backend.warm_pool().configure(self.pool_size)  # c.TFClusterMagics.pool_size, if an admin set it
+        cluster = api.launch(spec, backend=backend, detach=args.detach,
                              replace=args.replace, force=args.force)
         if args.show_dashboard:
             if widgets_available():
@@ -182,7 +183,7 @@ class TFClusterMagics(Magics, MagicDefaults):
             cluster_list.show(backend)
         else:
             display(ListView(api.list_clusters(backend)))
-        if backend.name == "local" and (line := local_pool.memory_line()):
+        if backend.supports("pool") and (line := backend.warm_pool().memory_line()):
             print(line)  # what the warm pools of this user hold: they are not shown anywhere else
         return None
 
@@ -252,10 +253,11 @@ class TFClusterMagics(Magics, MagicDefaults):
     def _cmd_pool(self, args, cell):
         if args.size is not None:
             self.pool_size = args.size  # checked like c.TFClusterMagics.pool_size
-        local_pool.configure(self.pool_size)
+        pool = api.warm_pool(args.backend)
+        pool.configure(self.pool_size)
         if args.size:
-            local_pool.ensure()
-        print(local_pool.status_text())
+            pool.start()
+        print(pool.status_text())
 
     def _cmd_dashboard(self, args, cell):
         # Shown here, not returned: a returned handle would be displayed a second time.

@@ -11,27 +11,38 @@ from typing import Any
 
 from ..errors import SpecError
 from .base import (
+    CAPABILITIES,
     Backend,
     ClusterStatus,
+    Coordinator,
     Event,
     LogChunk,
     LogLine,
+    LogLocation,
     Phase,
     Progress,
     TaskStatus,
     TensorBoardInfo,
+    WarmPool,
+    check_backend,
 )
 
 __all__ = [
+    "CAPABILITIES",
     "Backend",
     "ClusterStatus",
+    "Coordinator",
     "Event",
     "LogChunk",
     "LogLine",
+    "LogLocation",
     "Phase",
     "Progress",
     "TaskStatus",
     "TensorBoardInfo",
+    "WarmPool",
+    "backend_class",
+    "check_backend",
     "get_backend",
 ]
 
@@ -54,13 +65,31 @@ def _registry() -> dict[str, str]:
     return found
 
 
-def get_backend(name: str, **options: Any) -> Backend:
-    """Make the backend called ``name`` with its ``options``."""
+def backend_class(name: str) -> type[Backend]:
+    """The class of the backend called ``name``, once checked against the Backend contract.
+
+    Registration is where a backend's author learns what it lacks: a class that misses an
+    abstract method, or declares a capability without its methods (or the reverse), is refused
+    here in one sentence (:func:`check_backend`), before any user calls it.
+    """
     registry = _registry()
     if name not in registry:
         raise SpecError(
             f"unknown backend {name!r}: use one of {', '.join(sorted(registry))}."
         )
-    module_name, _, attr = registry[name].partition(":")
-    cls = getattr(importlib.import_module(module_name), attr)
-    return cls(**options)
+    entry = registry[name]
+    if entry not in _checked:
+        module_name, _, attr = entry.partition(":")
+        cls = getattr(importlib.import_module(module_name), attr)
+        check_backend(cls, entry)
+        _checked[entry] = cls
+    return _checked[entry]
+
+
+#: Entry points already checked: entry point value → class.
+_checked: dict[str, type[Backend]] = {}
+
+
+def get_backend(name: str, **options: Any) -> Backend:
+    """Make the backend called ``name`` with its ``options``."""
+    return backend_class(name)(**options)

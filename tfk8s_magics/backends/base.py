@@ -72,7 +72,7 @@ class TaskStatus:
 
 @dataclass
 class Progress:
-    """Training progress as reported by the script (see :mod:`.progress`)."""
+    """Training progress as reported by the script (see :func:`~tfk8s_magics.report_progress`)."""
 
     step: int
     total: int | None = None
@@ -273,6 +273,87 @@ class Coordinator:
     connected: Callable[[float], None] = lambda when: None
 
 
+class WarmPool(abc.ABC):
+    """A backend's warm pool of task processes (the optional capability ``pool``).
+
+    Processes that have imported TensorFlow already wait to become a task, so a launch starts in a
+    second instead of several.  The pool belongs to the process that launches (a notebook kernel).
+    """
+
+    @abc.abstractmethod
+    def configure(self, size: int | None) -> None:
+        """Set this process's pool size (None: the ``pool_size`` option's default; 0: no pool)."""
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Start this process's pool now (a launch starts it otherwise), at the configured size."""
+
+    @abc.abstractmethod
+    def status_text(self) -> str:
+        """This process's pool as text (``%tfcluster pool``), or what its size setting means."""
+
+    @abc.abstractmethod
+    def memory_line(self) -> str:
+        """One line on what every pool of this user holds (``%tfcluster list``); "" for none."""
+
+    @abc.abstractmethod
+    def describe_all(self) -> list[str]:
+        """Every running pool of this user, one text each (``tfk8s pool``)."""
+
+
+#: The optional capabilities a backend may declare in :attr:`Backend.capabilities`, each with the
+#: methods it must then define (and must not define without declaring it).
+CAPABILITIES: Mapping[str, tuple[str, ...]] = {
+    "render": ("render",),
+    "serving": ("serve", "serving", "stop_serving"),
+    "pool": ("warm_pool",),
+    "in_graph": ("coordinator",),
+}
+#: Methods needed by a pair of capabilities together: a backend that renders and serves renders
+#: its serving objects too.
+_TOGETHER: Mapping[tuple[str, str], tuple[str, ...]] = {("render", "serving"): ("render_serving",)}
+
+
+def check_backend(cls: Any, entry: str = "") -> None:
+    """Raise :class:`~tfk8s_magics.errors.BackendError` in one sentence unless ``cls`` keeps the
+    Backend contract: a :class:`Backend` subclass with a ``name``, every abstract method defined,
+    and exactly the methods of the optional :data:`~tfk8s_magics.backends.CAPABILITIES` it declares.
+
+    :func:`~tfk8s_magics.backends.get_backend` calls it when it loads a backend (``entry``: the entry
+    point's value), so a backend's author learns there what it lacks, not at a user's first call.
+    """
+    where = f"backend {entry or getattr(cls, '__qualname__', cls)!r}"
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise BackendError(f"{where} is not a subclass of tfk8s_magics.backends.Backend: "
+                           "subclass it and define its abstract methods.")
+    problems = []
+    if not isinstance(getattr(cls, "name", None), str):
+        problems.append("a `name` (the string users give with --backend)")
+    if cls.__abstractmethods__:
+        problems.append(", ".join(sorted(cls.__abstractmethods__)))
+    caps = cls.capabilities
+    unknown = sorted(set(caps) - set(CAPABILITIES))
+    if unknown:
+        raise BackendError(f"{where} declares the unknown capability {unknown[0]!r}: declare only "
+                           f"{', '.join(sorted(CAPABILITIES))}.")
+    needed = {cap: methods for cap, methods in CAPABILITIES.items()}
+    needed.update({" and ".join(pair): methods for pair, methods in _TOGETHER.items()})
+    declared = set(caps) | {" and ".join(pair) for pair in _TOGETHER if set(pair) <= set(caps)}
+    extra = []
+    for cap, methods in needed.items():
+        defined = [m for m in methods if getattr(cls, m) is not getattr(Backend, m)]
+        if cap in declared:
+            problems += [f"{m} (for {cap})" for m in methods if m not in defined]
+        elif defined:
+            extra.append(f"{', '.join(defined)} without declaring {cap!r}")
+    if problems:
+        raise BackendError(f"{where} lacks {'; '.join(problems)}: define them (see the Backend "
+                           "contract in the API reference), or leave the capability out of `capabilities`.")
+    if extra:
+        raise BackendError(f"{where} defines {'; '.join(extra)}: add it to `capabilities`, or remove "
+                           "the method so the contract's answer (not supported) is given.")
+
+
 class Backend(abc.ABC):
     """Where clusters run.  Implementations: ``local``, ``kubernetes``.
 
@@ -280,10 +361,29 @@ class Backend(abc.ABC):
     :class:`~tfk8s_magics.errors.ClusterNotFound` for an unknown one.
     A launch that fails part-way rolls back what it created and raises
     :class:`~tfk8s_magics.errors.LaunchFailed`.
+
+    The abstract methods are required.  The rest is optional, in capabilities a backend
+    declares in :attr:`capabilities` (see :data:`~tfk8s_magics.backends.CAPABILITIES`); a method
+    of a capability the backend does not declare answers for it (one sentence saying the backend
+    cannot, or "nothing").  Callers ask
+    :meth:`supports`, never ``hasattr`` or the backend's name.
     """
 
     #: The name users give with ``--backend``.
     name: ClassVar[str]
+    #: The optional capabilities this backend has (keys of :data:`~tfk8s_magics.backends.CAPABILITIES`).
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+    #: With ``serving``: whether a model server lives only as long as the process that started it
+    #: (a command-line ``serve`` then waits until Ctrl-C instead of returning).
+    serving_ends_with_caller: ClassVar[bool] = False
+
+    @classmethod
+    def supports(cls, capability: str) -> bool:
+        """Whether this backend has the optional ``capability`` (a key of
+        :data:`~tfk8s_magics.backends.CAPABILITIES`)."""
+        if capability not in CAPABILITIES:
+            raise ValueError(f"unknown capability {capability!r}: one of {', '.join(sorted(CAPABILITIES))}")
+        return capability in cls.capabilities
 
     @abc.abstractmethod
     def launch(self, spec: ClusterSpec, *, detach: bool = False) -> ClusterStatus:
@@ -356,10 +456,11 @@ class Backend(abc.ABC):
         self.spec(name)
 
     @abc.abstractmethod
-    def delete(self, name: str, keep_logs: bool = False) -> LogLocation | None:
+    def delete(self, name: str, keep_logs: bool = False, force: bool = False) -> LogLocation | None:
         """Stop and remove the cluster and all it created; its logs too, unless ``keep_logs``.
 
-        Returns where the logs were kept (``keep_logs``), else None.
+        ``force`` also removes a cluster whose state cannot be read (a backend whose state is
+        always readable ignores it).  Returns where the logs were kept (``keep_logs``), else None.
         """
 
     def retire_for_rerun(self, name: str) -> Any:
@@ -385,18 +486,43 @@ class Backend(abc.ABC):
     def tensorboard(self, name: str) -> TensorBoardInfo:
         """Start (or reuse) a TensorBoard on the cluster's log dir."""
 
+    # -- optional: render -------------------------------------------------------
     def render(self, spec: ClusterSpec, tensorboard: bool = False) -> list[dict[str, Any]]:
-        """The objects :meth:`launch` would create for ``spec``, without touching any cluster.
-
-        Backends that create no declarative objects have nothing to render.
-        """
+        """``render``: the objects :meth:`launch` would create for ``spec``, without touching any
+        cluster.  Backends that create no declarative objects have nothing to render."""
         raise SpecError(
             f"the {self.name} backend has nothing to render (it creates no objects from a spec); "
             "use --backend kubernetes."
         )
 
+    def render_serving(self, spec: ClusterSpec, model: str, **serving: Any) -> list[dict[str, Any]]:
+        """``render`` and ``serving``: the objects that would serve ``model`` of ``spec``."""
+        raise SpecError(f"the {self.name} backend has nothing to render; use --backend kubernetes.")
+
+    # -- optional: serving ------------------------------------------------------
+    def serve(self, name: str, model: str | None = None, **serving: Any) -> Any:
+        """``serving``: serve cluster ``name``'s newest exported ``model`` with TensorFlow Serving's
+        REST and gRPC APIs; return a :class:`~tfk8s_magics.serving.ServingInfo`."""
+        raise SpecError(f"the {self.name} backend cannot serve models; use local or kubernetes.")
+
+    def serving(self, name: str) -> Any:
+        """``serving``: what cluster ``name`` serves now (a ServingInfo), or None."""
+        self.check_exists(name)
+        return None
+
+    def stop_serving(self, name: str) -> bool:
+        """``serving``: stop serving cluster ``name``'s model; return whether a server was running."""
+        raise SpecError(f"the {self.name} backend cannot serve models; use local or kubernetes.")
+
+    # -- optional: the warm pool --------------------------------------------------
+    def warm_pool(self) -> WarmPool:
+        """``pool``: this process's warm pool of task processes."""
+        raise SpecError(f"the {self.name} backend keeps no warm pool of task processes; "
+                        "use --backend local.")
+
+    # -- optional: in-graph ---------------------------------------------------------
     def coordinator(self, name: str) -> Coordinator:
-        """What this process needs to be the in-graph client (chief) of cluster ``name``.
+        """``in_graph``: what this process needs to be the in-graph client (chief) of ``name``.
 
         Backends that cannot reach their servers from here raise
         :class:`~tfk8s_magics.errors.BackendError` saying so.
@@ -407,13 +533,12 @@ class Backend(abc.ABC):
         )
 
     def attach(self, name: str) -> None:
-        """Run the lifecycle of ``name`` from this process (restarts, recycling, TTL).
+        """Check that cluster ``name`` exists, for a process that takes it over.
 
-        A cluster launched here is attached already; call this to take over a
-        cluster launched detached or by a process that has gone (a restarted
-        kernel).  Reading a cluster (:meth:`status`, :meth:`watch`, logs)
-        never acts on it.  Backends whose lifecycle needs no client process
-        (the local supervisor) only check that the cluster exists.
+        No backend runs a cluster's lifecycle in its caller: the local supervisor and the
+        Kubernetes JobSet run it whether or not a client is attached, and reading a cluster
+        (:meth:`status`, :meth:`watch`, logs) never acts on it.  A backend that did need a
+        client process would take the cluster over here.
         """
         self.spec(name)
 

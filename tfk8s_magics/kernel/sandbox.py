@@ -2,28 +2,15 @@
 
 Kernelspec argv: ``python -m tfk8s_magics.kernel.sandbox -f {connection_file}``.
 
-Why: an in-graph cluster's kernel is its chief, and TensorFlow's gRPC servers have no
-authentication.  The kernel's gRPC threads are process-wide and keep the namespace they were
-made in, and a multithreaded non-root process cannot enter a user namespace, so the kernel
-cannot follow a cluster into one: the kernel itself must start inside.  This launcher does it
-while it still has one thread, then ``exec``\\ s ``ipykernel_launcher``; the kernel's in-graph
-clusters (the supervisor is its child) live in the kernel's namespace, which no other process
-on the host can connect into (``status.json``: ``isolation.mode`` ``kernel-netns``).
-
-How (process tree: the Jupyter server → this launcher, the *host side* → the kernel)::
-
-    host side (single-threaded, stays on the host's network)
-      ├─ the kernel: forked, unshare(CLONE_NEWUSER | CLONE_NEWNET) (root: CLONE_NEWNET only;
-      │  identity uid/gid maps, ``lo`` up — :func:`.isolation.enter_private_network`), then
-      │  exec ipykernel with the loopback shim preloaded (its chief binds 127.0.0.1 even inside)
-      └─ slirp4netns (if installed): the kernel's outbound network, no inbound forwards, no
-         access to the host's loopback (``--disable-host-loopback``); ends with the host side
+The launcher asks the isolation layer for the kernel's plan
+(:func:`tfk8s_magics.isolation.plan.plan_kernel`: the setting, the connection file's transport,
+the loopback shim) and performs it: :class:`~tfk8s_magics.isolation.kernelns.KernelSandbox`
+forks the kernel into a namespace of its own while this process still has one thread, then
+``exec``-s ``ipykernel_launcher`` there.
 
 The kernel's Jupyter channels must be unix sockets (``"transport": "ipc"`` in the connection
 file; the lab's servers start kernels so, their sockets in Jupyter's 0700 runtime dir): TCP
-ports in the kernel's namespace would be out of the Jupyter server's reach.  The host side also
-hands out listening sockets on the host's ``127.0.0.1`` (:mod:`..backends.local.hostside`) so a
-cluster's TensorBoard is reachable by the Jupyter server, through the owner-only relay.
+ports in the kernel's namespace would be out of the Jupyter server's reach.
 
 Fallback — a ``tcp`` connection file (plain ``jupyter lab`` elsewhere), ``TFK8S_ISOLATION``
 ``loopback``/``off``, or a kernel that refuses namespaces: the kernel runs on the host's network
@@ -35,21 +22,18 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
-import shutil
-import signal
-import subprocess
 import sys
-import traceback
 
 from .. import options
-from ..backends.local import hostside, isolation
-from ..lifeline import set_parent_death_signal
+from ..isolation.kernelns import KernelSandbox
+from ..isolation.netns import KERNEL_NETNS, KERNEL_NOTE_ENV
+from ..isolation.plan import IsolationPlan, Platform, host_network_note, plan_kernel
+from ..isolation.shim import preload_env, shim_path
+
+__all__ = ["connection_file", "host_network_note", "kernel_path_first", "main", "plan"]
 
 #: What runs once the namespace is made (argv after it: this launcher's own, ``-f FILE`` ...).
 KERNEL = ("-m", "ipykernel_launcher")
-#: How long slirp4netns may take to configure the kernel's tap device.
-SLIRP_START_TIMEOUT = 10.0
 
 
 def _say(text: str) -> None:
@@ -66,35 +50,15 @@ def connection_file(argv: list[str]) -> str | None:
     return None
 
 
-def why_not_sandboxed(conn_file: str) -> str | None:
-    """Why this kernel cannot be sandboxed (one clause), or None if it can be tried."""
-    want = isolation.wanted(options.get("isolation"))
-    if want != "netns":
-        return f"TFK8S_ISOLATION={want}"
+def plan(conn_file: str, platform: Platform) -> IsolationPlan:
+    """The kernel's isolation plan: the ``isolation`` option and the connection file's transport."""
     try:
         with open(conn_file, encoding="utf-8") as f:
             transport = json.load(f).get("transport", "tcp")
     except (OSError, ValueError, AttributeError) as e:
-        return f"its connection file {conn_file} cannot be read ({e})"
-    if transport != "ipc":
-        return (
-            f"its connection file asks for {transport} transport, whose ports the Jupyter server must "
-            "reach on the host (the lab starts kernels with transport ipc)"
-        )
-    return None
-
-
-def host_network_note(why: str, shim: str | None) -> str:
-    """The one sentence a kernel on the host's network says once (and its clusters' status)."""
-    chief = (
-        "the loopback shim keeps its own chief server off other interfaces"
-        if shim
-        else "and its chief server listens on every interface (no loopback shim: no C compiler)"
-    )
-    return (
-        f"this kernel runs on the host's network because {why}, so its in-graph clusters share the "
-        f"host's loopback, where any local user can connect to them; {chief}"
-    )
+        return plan_kernel(platform, options.get("isolation"), None,
+                           refused=f"its connection file {conn_file} cannot be read ({e})")
+    return plan_kernel(platform, options.get("isolation"), transport)
 
 
 def kernel_path_first(env: dict[str, str]) -> dict[str, str]:
@@ -108,7 +72,7 @@ def kernel_path_first(env: dict[str, str]) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the kernel in a sandbox if its connection file allows it, else on the host."""
+    """Run the kernel in a sandbox if its plan says so, else on the host."""
     argv = sys.argv[1:] if argv is None else argv
     conn_file = connection_file(argv)
     if conn_file is None:
@@ -117,193 +81,22 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    shim = isolation.shim_path()
+    shim = shim_path()
+    platform = Platform(shim=str(shim) if shim else None)
+    decided = plan(conn_file, platform)
     env = kernel_path_first(dict(os.environ))
-    isolation.preload_env(env, str(shim) if shim else None)
-    why = why_not_sandboxed(conn_file)
-    if why is None:
-        outcome = _Sandbox(conn_file, argv, env).run()
+    preload_env(env, decided.shim)
+    command = [sys.executable, *KERNEL, *argv]
+    note = decided.reason
+    if decided.kind == KERNEL_NETNS:
+        outcome = KernelSandbox(conn_file, command, env).run()
         if isinstance(outcome, int):
             return outcome
-        why = outcome
-    note = host_network_note(why, str(shim) if shim else None)
+        note = host_network_note(outcome, decided.shim)
     _say(note)
-    env[isolation.KERNEL_NOTE_ENV] = note
-    os.execve(sys.executable, [sys.executable, *KERNEL, *argv], env)
+    env[KERNEL_NOTE_ENV] = note
+    os.execve(sys.executable, command, env)
     return 1  # not reached
-
-
-class _Sandbox:
-    """The host side: fork the kernel into its namespace, give it a network, wait for it."""
-
-    def __init__(self, conn_file: str, argv: list[str], env: dict[str, str]) -> None:
-        self.argv, self.env = argv, env
-        self.sock_path = os.path.splitext(conn_file)[0] + "-tfk8s.sock"
-        self.pid = 0
-        self.slirp: subprocess.Popen | None = None
-        self.exit_w: int | None = None  # slirp4netns exits when this closes
-
-    def run(self) -> int | str:
-        """The kernel's exit code once it ends, or why it could not be sandboxed (nothing left then)."""
-        try:
-            os.unlink(self.sock_path)  # a dead kernel's (same connection file: a restart)
-        except FileNotFoundError:
-            pass
-        try:
-            server = hostside.make_server(self.sock_path)
-        except OSError as e:
-            return f"the host side's socket {self.sock_path} cannot be made ({e.strerror})"
-        status_r, status_w = os.pipe()
-        go_r, go_w = os.pipe()
-        parent = os.getpid()
-        self.pid = os.fork()
-        if self.pid == 0:  # the kernel-to-be
-            os.close(status_r)
-            os.close(go_w)
-            server.close()
-            self._child(status_w, go_r, parent)
-        os.close(status_w)
-        os.close(go_r)
-        answer = _read_all(status_r)
-        if not answer.startswith("ok"):
-            os.waitpid(self.pid, 0)
-            os.close(go_w)
-            self._close_server(server)
-            return f"the kernel refused a private network namespace ({answer[3:] or 'no reason given'})"
-        self._outbound()
-        os.write(go_w, b"go")
-        os.close(go_w)
-        return self._wait(server)
-
-    def _child(self, status_w: int, go_r: int, parent: int) -> None:
-        """Enter the namespace, tell the host side, wait for its go, become the kernel.  Never returns."""
-        try:
-            try:
-                mode = isolation.enter_private_network()
-            except OSError as e:
-                os.write(status_w, f"no {e.strerror or e}".encode())
-                os._exit(0)
-            netns = os.readlink("/proc/self/ns/net")
-            os.write(status_w, f"ok {mode}".encode())
-            os.close(status_w)
-            os.read(go_r, 16)  # slirp4netns has configured the tap device (or there is none)
-            os.close(go_r)
-            # After the namespace is made: a change of credentials would clear it.
-            set_parent_death_signal(signal.SIGKILL, parent)
-            self.env.update({isolation.KERNEL_NETNS_ENV: netns, hostside.ENV: self.sock_path})
-            self.env.pop(isolation.KERNEL_NOTE_ENV, None)
-            os.execve(sys.executable, [sys.executable, *KERNEL, *self.argv], self.env)
-        except BaseException:  # noqa: BLE001 - a forked child must never return into the caller
-            traceback.print_exc()
-        os._exit(1)
-
-    def _outbound(self) -> None:
-        """Start slirp4netns for the kernel's outbound network, or say once why there is none."""
-        exe = shutil.which("slirp4netns")
-        if exe is None:
-            _say(
-                "no slirp4netns on this machine, so this sandboxed kernel has no network (pip, downloads "
-                "fail); install it (Debian: apt-get install slirp4netns) for outbound access"
-            )
-            return
-        ready_r, ready_w = os.pipe()
-        exit_r, self.exit_w = os.pipe()
-        me = os.getpid()
-        # --disable-host-loopback: the kernel gets the outside world only; the host's 127.0.0.1
-        # (the hub's API, servers that trust local callers) stays out of its reach.
-        cmd = [
-            exe,
-            "--configure",
-            "--mtu=65520",
-            "--disable-host-loopback",
-            f"--ready-fd={ready_w}",
-            f"--exit-fd={exit_r}",
-            str(self.pid),
-            "tap0",
-        ]
-        try:
-            self.slirp = subprocess.Popen(
-                cmd,
-                pass_fds=(ready_w, exit_r),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL, me),
-            )
-        finally:
-            os.close(ready_w)
-            os.close(exit_r)
-        sel = selectors.DefaultSelector()
-        sel.register(ready_r, selectors.EVENT_READ)
-        ready = bool(sel.select(SLIRP_START_TIMEOUT)) and os.read(ready_r, 1) == b"1"
-        sel.close()
-        os.close(ready_r)
-        if not ready:
-            self._stop_slirp()
-            _say(
-                f"slirp4netns did not start within {SLIRP_START_TIMEOUT:.0f} s (see above), so this "
-                "sandboxed kernel has no network (pip, downloads fail)"
-            )
-
-    def _stop_slirp(self) -> None:
-        if self.exit_w is not None:
-            os.close(self.exit_w)
-            self.exit_w = None
-        if self.slirp is not None:
-            try:
-                self.slirp.wait(5)
-            except subprocess.TimeoutExpired:
-                self.slirp.kill()
-                self.slirp.wait()
-            self.slirp = None
-
-    def _close_server(self, server) -> None:
-        server.close()
-        try:
-            os.unlink(self.sock_path)
-        except FileNotFoundError:
-            pass
-
-    def _forward(self, sig: int, _frame) -> None:
-        """A signal for the launcher (the pid Jupyter knows) is for the kernel."""
-        try:
-            os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def _wait(self, server) -> int:
-        """Serve host sockets until the kernel exits; then end slirp4netns; the kernel's exit code."""
-        # Jupyter interrupts the kernel's process group: the kernel gets SIGINT itself.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, self._forward)
-        pidfd = os.pidfd_open(self.pid)
-        sel = selectors.DefaultSelector()
-        sel.register(pidfd, selectors.EVENT_READ, "kernel")
-        sel.register(server, selectors.EVENT_READ, "server")
-        try:
-            done = False
-            while not done:
-                for key, _ in sel.select():
-                    if key.data == "kernel":
-                        done = True
-                    else:
-                        hostside.serve_one(server)
-        finally:
-            sel.close()
-            os.close(pidfd)
-            _, status = os.waitpid(self.pid, 0)
-            self._stop_slirp()
-            self._close_server(server)
-        code = os.waitstatus_to_exitcode(status)
-        return 128 - code if code < 0 else code
-
-
-def _read_all(fd: int) -> str:
-    chunks = []
-    while chunk := os.read(fd, 4096):
-        chunks.append(chunk)
-    os.close(fd)
-    return b"".join(chunks).decode("utf-8", "replace")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: What other packages use; the servers and model loading are internal.
+__all__ = ["MODELS_SUBDIR", "ServingInfo"]
+
 #: Where exported models live under a cluster's log dir.
 MODELS_SUBDIR = "models"
 

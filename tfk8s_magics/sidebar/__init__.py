@@ -18,6 +18,9 @@ from pathlib import Path
 from traitlets import Float
 from traitlets.config import Configurable
 
+#: The server extension's setting (``c.TFClusterSidebar``); the rest is Jupyter's discovery hooks.
+__all__ = ["TFClusterSidebar"]
+
 HERE = Path(__file__).parent
 
 

@@ -43,3 +43,6 @@ So that these never corrupt a widget nor stall one another:
 5. A view's life is one :class:`~.live.ViewEnd` value, and its ``finished``
    event is set once the final state is drawn; its threads end then.
 """
+
+#: Internal: nothing here is public API (the public API is ``tfk8s_magics.__all__``).
+__all__: list[str] = []

@@ -119,6 +119,7 @@ class KubernetesBackend(Backend):
     """
 
     name = "kubernetes"
+    capabilities = frozenset({"render", "serving", "in_graph"})
 
     def __init__(
         self,
@@ -350,7 +351,7 @@ class KubernetesBackend(Backend):
         atexit.register(_stop_all, weakref.ref(self))
 
     def attach(self, name: str) -> None:
-        """Nothing to take over: the cluster's JobSet runs its lifecycle in the cluster."""
+        """Check that the cluster exists: its JobSet runs its lifecycle in the cluster."""
         self._require_root(name)
 
     # -- state from the API ---------------------------------------------------
@@ -553,14 +554,15 @@ class KubernetesBackend(Backend):
             raise BackendError(f"could not stop cluster {name!r}: {api_reason(e)}.") from e
         return watch.snapshot()
 
-    def delete(self, name: str, keep_logs: bool = False, wait: bool = True) -> LogLocation | None:
+    def delete(self, name: str, keep_logs: bool = False, force: bool = False,
+               wait: bool = True) -> LogLocation | None:
         """Delete the root with Foreground propagation: the API deletes every object it owns.
 
         With ``wait`` (the default) this returns once the root is gone — the
         root goes last, after every pod has terminated — so launching the same
         name again works at once.  The log claim survives when ``keep_logs``
         (its owner reference is removed first, and where the logs are is
-        returned).
+        returned).  ``force`` changes nothing here: the API's state is always readable.
         """
         root = self._require_root(name)
         spec = self._spec_of(root)

@@ -66,6 +66,7 @@ from ... import lifecycle
 from ...lifecycle import LifecyclePolicy, TaskEnd
 from ...spec import ROLES, ClusterSpec, Task
 from ...tfconfig import cluster_def
+from ...yamltext import dump_yaml
 from . import manifests as m
 from . import storage_pods as steps_mod
 from .settings import K8sSettings
@@ -307,7 +308,7 @@ def render_yaml(spec: ClusterSpec, settings: K8sSettings, tensorboard: bool = Fa
     created): delete a rendered cluster with
     ``kubectl delete jobset,cm,pvc,deploy,svc -l tfk8s.io/cluster=NAME``.
     """
-    return m.dump_yaml(cluster_manifests(spec, settings, tensorboard=tensorboard))
+    return dump_yaml(cluster_manifests(spec, settings, tensorboard=tensorboard))
 
 
 def task_of_pod(pod_labels: dict[str, str]) -> Task | None:

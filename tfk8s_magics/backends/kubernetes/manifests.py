@@ -34,8 +34,6 @@ import copy
 import json
 from typing import Any
 
-import yaml
-
 from ...errors import SpecError
 from ...spec import ClusterSpec, Task
 from ...taskenv import quiet_env
@@ -449,8 +447,3 @@ def with_owner(manifest: Manifest, owner: Manifest) -> Manifest:
     out = copy.deepcopy(manifest)
     out["metadata"]["ownerReferences"] = [dict(owner)]
     return out
-
-
-def dump_yaml(objects: list[Manifest]) -> str:
-    """Objects as one multi-document YAML string, keys in the order built (the one dumper)."""
-    return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False)

@@ -31,6 +31,8 @@ from pathlib import Path
 
 from ... import records, scriptcheck, stall, storage
 from ...errors import BackendError, ClusterExists, ClusterNotFound, LaunchFailed, SpecError
+from ...isolation import guard, hostside
+from ...isolation.shim import shim_path
 from ...lifeline import open_pidfd, pid_alive, same_process, start_time
 from ...ports import free_ports, port_open
 from ...runtime.progress import append_to, parse_record
@@ -49,7 +51,7 @@ from ..base import (
     Progress,
     TensorBoardInfo,
 )
-from . import guard, hostside, isolation, logtail, pool
+from . import logtail, pool
 from .inotify import DirWatcher
 from .layout import (
     ClusterDir,
@@ -64,6 +66,7 @@ from .layout import (
     write_record,
 )
 from .status import LocalTaskStatus
+from .warmpool import LocalWarmPool
 from .watchdog import CLUSTER_ID_ENV, cluster_processes, describe
 
 #: Seconds to wait for a new supervisor to report in.
@@ -94,6 +97,9 @@ class LocalBackend(Backend):
     """
 
     name = "local"
+    capabilities = frozenset({"serving", "pool", "in_graph"})
+    #: The local model server is a child of the process that started it.
+    serving_ends_with_caller = True
 
     def __init__(self, state_dir: str | os.PathLike | None = None) -> None:
         self.state_dir = Path(state_dir) if state_dir else default_state_dir()
@@ -295,7 +301,7 @@ class LocalBackend(Backend):
                 "workdir": os.getcwd(),
                 "script_dir": scriptcheck.script_dir(spec),
                 "stall_timeout": stall.timeout_from_env(),
-                "loopback_shim": str(shim) if (shim := isolation.shim_path()) else None,
+                "loopback_shim": str(shim) if (shim := shim_path()) else None,
                 # Detached: it outlives our pool, so cold.  The pool starts with the kind this launch needs.
                 "pool": None if detach else pool.ensure(pool.default_kind(spec.mode == IN_GRAPH)),
                 "log_dir": str(log_dir),
@@ -736,6 +742,10 @@ class LocalBackend(Backend):
     def serving(self, name: str):
         """The model this cluster serves, or None."""
         return serving.current(name, self._dir(name).root)
+
+    def warm_pool(self) -> LocalWarmPool:
+        """This process's warm pool of task processes (:mod:`.pool`)."""
+        return LocalWarmPool()
 
     def stop_serving(self, name: str) -> bool:
         """Stop serving the cluster's model; return whether a server was running."""

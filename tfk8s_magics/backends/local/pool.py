@@ -45,7 +45,7 @@ process that imports TensorFlow on the host and joins a cluster's private
 network namespace afterwards keeps the threads the import made in the host's
 namespace (and another user's multithreaded process cannot join a user
 namespace at all).  So a pooled process never changes namespace after its
-import: the pool keeps a **spare namespace** (:func:`isolation.make_namespace`,
+import: the pool keeps a **spare namespace** (:func:`~.netns.make_namespace`,
 held by descriptors, no process) and starts its processes for namespaced
 clusters *inside* it, before they import anything.  A namespaced launch's
 supervisor **adopts** the spare (:func:`adopt`: it enters that namespace
@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import array
 import contextlib
-import ctypes
 import json
 import os
 import re
@@ -83,9 +82,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ... import ingraph, options, records, taskenv
+from ...isolation import netns
+from ...isolation import shim as loopback_shim
+from ...isolation.plan import Platform, plan_cluster, plan_pool
 from ...lifeline import open_pidfd, pid_alive, set_parent_death_signal
 from ...runtime import task
-from . import isolation, logtail
+from . import logtail
 from .layout import read_bounded
 
 #: Largest message on the pool's sockets (an assignment carries the task's environment).
@@ -138,10 +140,8 @@ def pool_shim() -> str | None:
     tasks in a private network namespace have none, and a pooled process switches it off for
     them (:func:`shim_off`), so one pool serves both.
     """
-    if isolation.wanted() == "off":
-        return None
-    shim = isolation.shim_path()
-    return str(shim) if shim else None
+    found = loopback_shim.shim_path()
+    return plan_pool(Platform(shim=str(found) if found else None), None).shim
 
 
 def base_env(source: Mapping[str, str] | None = None, shim: str | None = None) -> dict[str, str]:
@@ -149,7 +149,7 @@ def base_env(source: Mapping[str, str] | None = None, shim: str | None = None) -
     identity, with ``shim`` (:func:`pool_shim`) preloaded."""
     source = os.environ if source is None else source
     env = taskenv.build(source, {}, {}, options.OPTIONS["legacy_keras"].default)
-    isolation.preload_env(env, shim)
+    loopback_shim.preload_env(env, shim)
     return env
 
 
@@ -188,12 +188,6 @@ def mismatch(pool: Mapping[str, str], task: Mapping[str, str], shim: str | None 
     return ""
 
 
-def switch_shim_off(shim: str) -> None:
-    """Make the preloaded loopback shim pass every ``bind()`` through (``loopback_bind.c``)."""
-    ctypes.c_int.in_dll(ctypes.CDLL(shim), "tfk8s_loopback_bind_off").value = 1
-
-
-# -- where pools live -----------------------------------------------------------
 def runtime_dir() -> Path:
     """This user's 0700 directory of pool sockets (``$XDG_RUNTIME_DIR`` or the temp dir)."""
     base = os.environ.get("XDG_RUNTIME_DIR")
@@ -364,7 +358,7 @@ def current() -> str | None:
 def default_kind(in_graph: bool = False) -> str:
     """The kind of pooled process a launch needs: :data:`NS` for a cluster in a private network
     namespace (between-graph, ``isolation`` netns), :data:`HOST` for in-graph and the others."""
-    return NS if isolation.wanted(options.get("isolation")) == "netns" and not in_graph else HOST
+    return NS if plan_cluster(Platform(), options.get("isolation"), in_graph=in_graph).private else HOST
 
 
 def ensure(kind: str | None = None) -> str | None:
@@ -486,7 +480,7 @@ def available(sock_path: str | None, ns: str | None = ANY) -> int:
 
 def adopt(sock_path: str, env: Mapping[str, str]) -> tuple[str | None, list[int], str]:
     """Take the pool's spare network namespace for a cluster whose tasks get environment ``env``:
-    (its id, descriptors for :func:`isolation.join_namespace`, "") or (None, [], why not, e.g.
+    (its id, descriptors for :func:`~.netns.join_namespace`, "") or (None, [], why not, e.g.
     :func:`mismatch`'s reason).  The processes in it are this caller's alone from now on
     (:func:`claim` with ``ns``)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
@@ -565,7 +559,7 @@ def memory(pid: int) -> dict[str, int]:
 # -- the daemon ----------------------------------------------------------------------
 @dataclass(eq=False)
 class _Namespace:
-    """A network namespace of the pool (:func:`isolation.make_namespace`): the spare, or one a
+    """A network namespace of the pool (:func:`~.netns.make_namespace`): the spare, or one a
     cluster's supervisor adopted (``adopter``: its pid; the processes in it are its own)."""
     id: str
     fds: list[int]
@@ -667,7 +661,7 @@ class Daemon:
         """The spare namespace, made now if there is none (None: the kernel refuses them)."""
         if self.spare is None and not self.no_ns:
             try:
-                _mode, fds = isolation.make_namespace()
+                _mode, fds = netns.make_namespace()
             except OSError as e:
                 self.no_ns = f"no private network namespace here ({e.strerror or e})"
                 self.kind = HOST
@@ -737,7 +731,7 @@ class Daemon:
 
         def before_exec() -> None:  # in the child, one thread, before anything is imported
             if fds:
-                isolation.join_namespace(fds)
+                netns.join_namespace(fds)
             if nice:
                 _autogroup_nice(REFILL_NICE)  # its own session: its own autogroup
             set_parent_death_signal(signal.SIGKILL, me)
@@ -1090,7 +1084,7 @@ def worker(fd: int) -> int:
     if assignment.get("shim_off"):
         # A cold task of this cluster has no shim: binds must pass through untouched.
         try:
-            switch_shim_off(assignment["shim_off"])
+            loopback_shim.switch_off(assignment["shim_off"])
         except (OSError, ValueError) as e:
             sock.send(f"cold:cannot switch the loopback shim off ({e})".encode())
             return 0

@@ -43,6 +43,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ... import lifecycle, options, taskenv
+from ...isolation import netns
+from ...isolation.plan import IsolationPlan, Platform, plan_cluster
+from ...isolation.shim import preload_env
 from ...lifeline import (
     become_subreaper,
     children_of,
@@ -58,7 +61,7 @@ from ...spec import ClusterSpec, Task
 from ...stall import DEFAULT_TIMEOUT as DEFAULT_STALL_TIMEOUT
 from ...tfconfig import cluster_def, tf_config
 from ..base import Phase
-from . import isolation, pool
+from . import pool
 from .layout import ClusterDir, open_private_append, read_json, task_log_path, write_json_atomic
 from .stallwatch import StallWatch
 from .status import LocalTaskStatus
@@ -147,7 +150,9 @@ class Supervisor:
         self.deferred: list[_Task] = []
         self.dirty = True
         #: How this cluster is kept from other users (see :meth:`isolate`), for status.json.
-        self.isolation: dict = {"mode": isolation.NONE, "reason": "not isolated yet", "netns": None}
+        self.isolation: dict = {"mode": netns.NONE, "reason": "not isolated yet", "netns": None}
+        #: The plan it performs (:mod:`tfk8s_magics.isolation.plan`), once :meth:`isolate` made it.
+        self.plan: IsolationPlan | None = None
         #: The warm pool's namespace this cluster adopted (its id; see :meth:`isolate`), or None
         #: and why not (then its tasks start cold).
         self.pool_ns: str | None = None
@@ -225,8 +230,7 @@ class Supervisor:
                 reserved["TFK8S_FILES_DIR"] = str(self.cdir.files)
         reserved.update(self.storage.task_env())  # streaming: TFK8S_DATA_URL + storage credentials
         env = taskenv.build(os.environ, self.spec.env, reserved, self.spec.legacy_keras)
-        if self.isolation["mode"] in (isolation.LOOPBACK_SHIM, isolation.KERNEL_NETNS):
-            isolation.preload_env(env, rec.get("loopback_shim"))
+        preload_env(env, self.plan.shim if self.plan else None)
         return env
 
     def _termination_file(self, t: _Task) -> Path:
@@ -676,39 +680,26 @@ class Supervisor:
             if t.task.name in group and running and not t.stopping:
                 self.end_task(t, "restart")
 
-    # -- isolation (the rules are in .isolation) --------------------------------
+    # -- isolation (decided by tfk8s_magics.isolation.plan) ------------------------
     def isolate(self) -> None:
-        """Enter a private network namespace before any task starts (the tasks inherit it).
-
-        An in-graph cluster stays in its kernel's namespace: the kernel is the chief, and the
-        servers dial it (e.g. a checkpoint's file name lives on the chief) while TensorFlow's
-        process-wide gRPC threads in the kernel cannot follow a cluster into a namespace (a
-        second connect() to a relaunched cluster hung).  That namespace is private when the
-        kernel was started sandboxed (:mod:`tfk8s_magics.kernel.sandbox`: ``kernel-netns``),
-        else it is the host's, behind the loopback shim.  Where the kernel refuses a
-        namespace, the loopback shim is the fallback too, and ``status.json`` says why.
-        """
-        want = isolation.wanted(options.get("isolation"))
-        if want == "netns" and not self.policy.success_roles and isolation.in_kernel_netns():
-            self.isolation = {"mode": isolation.KERNEL_NETNS, "reason": IN_GRAPH_KERNEL_NETNS, "netns": None}
-            return
-        if want != "netns" or not self.policy.success_roles or self.storage.streams:
-            shim = (want in ("loopback", "netns")) and self.record.get("loopback_shim")
-            mode = isolation.LOOPBACK_SHIM if shim else isolation.NONE
-            why = (f"TFK8S_ISOLATION={want}" if want != "netns"
-                   else _in_graph_on_host() if not self.policy.success_roles else STREAMS_NO_NETNS)
-            self.isolation = {"mode": mode, "reason": why, "netns": None}
+        """Perform the cluster's isolation plan before any task starts (the tasks inherit it):
+        enter a private network namespace (the warm pool's spare, else a new one), or stay
+        where the plan says; where the kernel refuses a namespace, the plan's fallback, and
+        ``status.json`` says why."""
+        plan = plan_cluster(Platform.here(self.record.get("loopback_shim")), options.get("isolation"),
+                            in_graph=not self.policy.success_roles, streams=bool(self.storage.streams))
+        self.plan = plan
+        if not plan.private:
+            self.isolation = plan.status()
             return
         try:
-            mode = self._adopt_pool_namespace() or isolation.enter_private_network()
-        except isolation.IsolationError as e:
-            shim = isolation.LOOPBACK_SHIM if self.record.get("loopback_shim") else isolation.NONE
-            self.isolation = {"mode": shim, "netns": None,
-                              "reason": f"no private network namespace here ({e.strerror}); {shim} instead"}
+            mode = self._adopt_pool_namespace() or netns.enter_private_network()
+        except netns.IsolationError as e:
+            self.plan = plan.refused(e.strerror)
+            self.isolation = self.plan.status()
             print(f"tfk8s: {self.isolation['reason']}", flush=True)
             return
-        self.isolation = {"mode": mode, "reason": "a private network namespace",
-                          "netns": f"/proc/{os.getpid()}/ns/net"}
+        self.isolation = plan.status(mode, f"/proc/{os.getpid()}/ns/net")
 
     def _adopt_pool_namespace(self) -> str | None:
         """Enter the warm pool's spare namespace, where its processes imported TensorFlow (their
@@ -722,8 +713,8 @@ class Supervisor:
             self.pool_why = why
             return None
         try:
-            mode = isolation.join_namespace(fds)
-        except isolation.IsolationError as e:
+            mode = netns.join_namespace(fds)
+        except netns.IsolationError as e:
             pool.release(sock, ns)
             self.pool_why = f"cannot enter the pool's namespace ({e.strerror})"
             return None  # nothing changed (a refused first setns): a namespace of our own
@@ -973,29 +964,6 @@ class Supervisor:
             kill_marked(CLUSTER_ID_ENV, self.cluster_id, exclude=frozenset({self.watchdog_pid or 0}))
         self.write_status(done=True)
         return 0
-
-
-#: Why an in-graph cluster gets no private network namespace (shown in ``status.json``).
-IN_GRAPH_NO_NETNS = ("in-graph: the notebook kernel is the chief and its servers dial it, so they "
-                     "share the host's loopback (behind the loopback shim), not a private namespace")
-
-
-#: An in-graph cluster started from a sandboxed kernel (``isolation.mode`` ``kernel-netns``).
-IN_GRAPH_KERNEL_NETNS = ("in-graph: its tasks share the sandboxed kernel's private network namespace "
-                         "(the kernel is the chief), which no other process on the host can connect into")
-
-
-def _in_graph_on_host() -> str:
-    """Why an in-graph cluster is on the host's loopback: :data:`IN_GRAPH_NO_NETNS`, and what the
-    kernel sandbox said when it could not run this kernel in a namespace of its own."""
-    note = os.environ.get(isolation.KERNEL_NOTE_ENV, "").strip()
-    return f"{IN_GRAPH_NO_NETNS}; {note}" if note else IN_GRAPH_NO_NETNS
-
-
-#: Why a cluster whose tasks stream from ``$TFK8S_DATA_URL`` gets no private network namespace.
-STREAMS_NO_NETNS = ("its tasks stream --data-dir's URL ($TFK8S_DATA_URL), which needs the host's network, "
-                    "so they share the host's loopback (behind the loopback shim); --data-sync copies the "
-                    "data first and keeps a private namespace")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,86 +1,24 @@
-"""Keep other users away from a local cluster's servers.
+"""Private network namespaces: the strongest isolation one machine gives a cluster without containers.
 
-TensorFlow's gRPC servers have no authentication and listen on every
-interface whatever address TF_CONFIG gives (measured: ``0.0.0.0:PORT``).
-The strong answer is a **private network namespace** per cluster
-(:func:`enter_private_network`, called by the supervisor before it starts
-anything; see the second half of this module and :mod:`.relay`).
+TensorFlow's gRPC servers have no authentication and listen on every interface whatever address
+TF_CONFIG gives (measured: ``0.0.0.0:PORT``).  A cluster's supervisor and tasks live in a network
+namespace of their own (their own loopback), so no other process on the host can connect to a
+task's gRPC server at all.  Root needs only CLONE_NEWNET; any other user makes a user namespace
+with it (identity uid/gid maps: the tasks keep their uid; capabilities only count inside).  Where
+the kernel refuses (user namespaces disabled, seccomp in a container), the plan's fallback (the
+loopback shim, :mod:`.shim`) is used and ``status.json`` says why (:mod:`.plan`).
 
-The fallback, where the kernel refuses namespaces or
-``TFK8S_ISOLATION=loopback``: the supervisor preloads a tiny shim
-(``loopback_bind.c``) into each task that turns a ``bind()`` to a wildcard
-address into a bind to loopback — other hosts are kept out, other local
-users are not.  The shim is compiled once (into ``$XDG_CACHE_HOME/tfk8s``,
-by default ``~/.cache/tfk8s``) with the system C compiler
-(``cc``/``gcc``; the lab's images and Debian have it).  Without a compiler,
-or with ``TFK8S_LOOPBACK_ONLY=0``, there is no shim.
+Standalone on purpose (no project import): tests load this file as-is into another user's
+process.
 """
 
 from __future__ import annotations
 
 import ctypes
 import fcntl
-import hashlib
 import os
-import shutil
 import socket
 import struct
-import subprocess
-from pathlib import Path
-
-SOURCE = Path(__file__).with_name("loopback_bind.c")
-
-
-def enabled() -> bool:
-    """Whether tasks should be confined to loopback (``$TFK8S_LOOPBACK_ONLY``, default on)."""
-    return os.environ.get("TFK8S_LOOPBACK_ONLY", "1").strip().lower() not in ("0", "false", "no")
-
-
-def cache_dir() -> Path:
-    """Where built artefacts are cached: ``$XDG_CACHE_HOME/tfk8s`` or ``~/.cache/tfk8s``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "tfk8s"
-
-
-def shim_path(cache: Path | None = None) -> Path | None:
-    """The compiled shim, built on first use; None if disabled or it cannot be built."""
-    if not enabled():
-        return None
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source).hexdigest()[:12]
-    lib = (cache or cache_dir()) / f"libtfk8s_loopback_bind-{digest}.so"
-    if lib.exists():
-        return lib
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        return None
-    lib.parent.mkdir(parents=True, exist_ok=True)
-    tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-    try:
-        subprocess.run(
-            [compiler, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(SOURCE), "-ldl"],
-            check=True, capture_output=True, timeout=60,
-        )
-        os.replace(tmp, lib)  # atomic: concurrent launches never see half a library
-    except (OSError, subprocess.SubprocessError):
-        tmp.unlink(missing_ok=True)
-        return None
-    return lib
-
-
-def preload_env(env: dict[str, str], lib: str | None) -> None:
-    """Add ``lib`` in front of ``LD_PRELOAD`` in ``env`` (a task's environment)."""
-    if lib:
-        env["LD_PRELOAD"] = " ".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
-
-
-# -- private network namespaces ------------------------------------------------------------------
-# The strongest isolation one machine gives a cluster without containers: its supervisor and tasks
-# live in a network namespace of their own (their own loopback), so no other process on the host
-# can connect to a task's gRPC server at all.  Root needs only CLONE_NEWNET; any other user makes a
-# user namespace with it (identity uid/gid maps: the tasks keep their uid; capabilities only count
-# inside).  Where the kernel refuses (user namespaces disabled, seccomp in a container), the
-# supervisor falls back to the loopback shim above and says why in status.json.
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
@@ -116,16 +54,6 @@ def _libc_call(name: str, *args: int) -> None:
     if getattr(libc, name)(*args) != 0:
         err = ctypes.get_errno()
         raise IsolationError(err, f"{name}() failed: {os.strerror(err)}")
-
-
-def wanted(value: str | None = None) -> str:
-    """What option ``isolation`` (``$TFK8S_ISOLATION``, read here when ``value`` is None) asks
-    for: ``netns`` (default, and for anything unknown: never weaker by a typo), ``loopback``
-    (the shim only) or ``off``."""
-    if value is None:
-        value = os.environ.get("TFK8S_ISOLATION")
-    value = (value or "netns").strip().lower()
-    return value if value in ("netns", "loopback", "off") else "netns"
 
 
 def enter_private_network() -> str:

@@ -1,6 +1,6 @@
 """Carry the owner's traffic into a cluster's private network namespace, and nobody else's.
 
-``python -m tfk8s_magics.backends.local.relay UID TABLE_FDS/LISTENERS... TAG``, started by
+``python -m tfk8s_magics.isolation.relay UID TABLE_FDS/LISTENERS... TAG``, started by
 :mod:`.guard` for a server in a private network namespace (a cluster's TensorBoard).  The guard
 binds ``127.0.0.1:PORT`` before it leaves its namespace and hands the listening socket to this
 process, which runs inside the new namespace and forwards to the same address there.  In a
@@ -25,8 +25,8 @@ import subprocess
 import sys
 import threading
 
-from ...lifeline import set_parent_death_signal
-from .isolation import socket_owner
+from ..lifeline import set_parent_death_signal
+from .netns import socket_owner
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
@@ -125,7 +125,7 @@ def spawn(owner: int, groups: list[tuple[list[socket.socket], list[int]]], tag: 
     me = os.getpid()
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "tfk8s_magics.backends.local.relay", str(owner), *args, tag],
+            [sys.executable, "-m", "tfk8s_magics.isolation.relay", str(owner), *args, tag],
             stdin=subprocess.DEVNULL, pass_fds=fds,
             preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL, me),
         )

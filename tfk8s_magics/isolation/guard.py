@@ -1,12 +1,12 @@
 """Run one server in a private network namespace that only its owner can reach.
 
-``python -m tfk8s_magics.backends.local.guard PORT[,PORT...] TAG -- PYTHON_ARGS...``
+``python -m tfk8s_magics.isolation.guard PORT[,PORT...] TAG -- PYTHON_ARGS...``
 (:func:`command` builds it).
 
 Used for a cluster's TensorBoard and its model server (REST + gRPC): they serve whoever
 connects, and on a shared machine ``127.0.0.1:PORT`` is every local user's.  This process
 binds ``127.0.0.1:PORT`` on the host (where jupyter-server-proxy, running as the owner, dials
-it), leaves for a network namespace of its own (:func:`.isolation.enter_private_network`),
+it), leaves for a network namespace of its own (:func:`.netns.enter_private_network`),
 starts the owner-only
 :mod:`.relay` on that listener, and then becomes the server (``exec``: same pid), which
 listens on the same port inside.  In a sandboxed kernel (whose namespace the Jupyter server
@@ -20,14 +20,15 @@ from __future__ import annotations
 import os
 import sys
 
-from ... import options
-from . import hostside, isolation, relay
+from .. import options
+from . import hostside, netns, relay
+from .plan import plan_server
 
 
 def command(ports: list[int], tag: str, python_args: list[str]) -> list[str]:
     """The command that runs ``python PYTHON_ARGS`` behind this guard on ``ports``; ``tag`` (a
     path) names whose relay it is in ``ps``.  The guard execs the server: same pid."""
-    return [sys.executable, "-m", __spec__.name if __spec__ else "tfk8s_magics.backends.local.guard",
+    return [sys.executable, "-m", __spec__.name if __spec__ else "tfk8s_magics.isolation.guard",
             ",".join(map(str, ports)), tag, "--", *python_args]
 
 
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     """Guard ``127.0.0.1:PORT`` for each port, then exec the server; see the module docstring."""
     argv = sys.argv[1:] if argv is None else argv
     ports, tag, command = [int(p) for p in argv[0].split(",")], argv[1], argv[argv.index("--") + 1:]
-    if isolation.wanted(options.get("isolation")) == "netns":
+    if plan_server(options.get("isolation")).relay:
         try:
             groups = [relay.host_side([("127.0.0.1", port) for port in ports]), *_host_group(ports)]
         except OSError as e:  # HostSocketsError too
@@ -51,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{getattr(e, 'strerror', None) or e}", file=sys.stderr, flush=True)
             return 1
         try:
-            isolation.enter_private_network()
-        except isolation.IsolationError as e:
+            netns.enter_private_network()
+        except netns.IsolationError as e:
             for socks, tables in groups:
                 for sock in socks:
                     sock.close()

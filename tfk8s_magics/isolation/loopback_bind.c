@@ -1,7 +1,7 @@
 /* LD_PRELOAD shim for local tasks: a bind() to a wildcard address (0.0.0.0 or ::) becomes a
  * bind to loopback (127.0.0.1, or ::ffff:127.0.0.1 for a dual-stack socket).  TensorFlow's gRPC
  * servers listen on all interfaces whatever TF_CONFIG says; with this they are reachable from
- * this machine only.  Built by tfk8s_magics.backends.local.isolation.
+ * this machine only.  Built by tfk8s_magics.isolation.shim.
  * A warm-pool process preloads it before it knows its task; a task that must not have it (one in a
  * private network namespace) sets tfk8s_loopback_bind_off to 1: every bind() then passes through. */
 #define _GNU_SOURCE

@@ -24,7 +24,7 @@ import os
 import socket
 import struct
 
-from ...ports import free_ports
+from ..ports import free_ports
 
 #: The variable naming the parent's unix socket (set only inside a sandboxed kernel).
 ENV = "TFK8S_HOST_SOCKETS"
