@@ -333,12 +333,16 @@ def test_serve_from_a_url_on_the_real_cluster(realkube, kube_user, monkeypatch):
                     message="the serving pod admitted under restricted (made by its ReplicaSet)")
     assert [c.name for c in pods[0].spec.init_containers] == ["fetch"]
     assert backend.serve("mnist", source_url=SOURCE).reused is True  # the cluster's Secret: none
-    before = deployment()
+    before, asked = deployment(), len(ns.requests())
     with pytest.raises(SpecError) as err:
         backend.serve("mnist", source_url="s3://runs/other")
     assert str(err.value) == (f"cluster 'mnist' already serves model 'mnist' from {SOURCE}: "
                               "`%tfcluster serve mnist --stop` first, then serve again.")
-    assert deployment()["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    # nothing changed: no write of the user's, the same spec (the controller may write status)
+    assert not [r for r in ns.requests()[asked:] if r.verb not in ("get", "list", "watch")]
+    after = deployment()
+    assert (after["spec"], after["metadata"]["generation"]) == (
+        before["spec"], before["metadata"]["generation"])
     shown = [repr(backend.serving("mnist")), repr(backend.status("mnist")), repr(backend.events("mnist"))]
     written = json.dumps([deployment(),
                           realkube.admin.sanitize_for_serialization(realkube.pods(ns.name)),
