@@ -137,6 +137,37 @@ def realkube():
     kube.cleanup()
 
 
+@pytest.fixture
+def kube_user(realkube):
+    """``kube_user(prefix="alice", user="alice", bootstrap=None, strict=True)``: a namespace on the
+    real cluster bootstrapped as the hub does it, and a KubernetesBackend acting as its own
+    ServiceAccount; returns ``(UserNamespace, backend)``.
+
+    At teardown every backend is closed and, for ``strict`` ones, the audit log must show no request
+    of that ServiceAccount refused (403: the shipped Role lacks it) or outside its namespace. A test
+    whose point is a refusal moves ``ns.audit_offset`` past it (``realkube.audit_size()``).
+    """
+    from tfk8s_magics.backends.kubernetes import KubernetesBackend
+
+    made = []
+
+    def make(prefix: str = "alice", *, user: str = "alice", bootstrap=None, strict: bool = True, **kw):
+        ns = realkube.user_namespace(prefix, bootstrap=bootstrap)
+        kw.setdefault("storage_class", "standard")
+        backend = KubernetesBackend(namespace=ns.name, api_client=ns.api_client, user=user, **kw)
+        made.append((ns, backend, strict))
+        return ns, backend
+
+    yield make
+    for ns, backend, strict in made:
+        backend.close()
+        if not strict:
+            continue
+        for r in ns.requests():
+            assert r.code != 403, f"{r.verb} {r.uri} was denied to the user: the shipped Role lacks it"
+            assert r.namespace in (ns.name, None), f"{r.verb} {r.uri} left the namespace {ns.name}"
+
+
 def _wait_for_kube_up(timeout: float = 75 * 60) -> str:
     """scripts/test starts the cluster in the background: wait for that start (bounded) to end;
     return the last lines it printed."""

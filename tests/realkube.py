@@ -91,6 +91,24 @@ class UserNamespace:
         return [r for r in self.kube.audit(self.audit_offset, stage) if r.user == self.username]
 
 
+    def grant(self, name: str, rules: list[dict]) -> None:
+        """Bind a namespaced Role of ``rules`` to the ServiceAccount too (what an admin adds to the
+        shipped one), and wait until the authorizer applies its first rule."""
+        rbac = kubernetes.client.RbacAuthorizationV1Api(self.kube.admin)
+        rbac.create_namespaced_role(self.name, {"metadata": {"name": name}, "rules": rules})
+        rbac.create_namespaced_role_binding(self.name, {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": self.service_account, "namespace": self.name}]})
+        first = rules[0]
+        review = {"spec": {"resourceAttributes": {
+            "namespace": self.name, "verb": first["verbs"][0], "group": first["apiGroups"][0],
+            "resource": first["resources"][0]}}}
+        auth = kubernetes.client.AuthorizationV1Api(self.api_client)
+        wait_for(lambda: auth.create_self_subject_access_review(review).status.allowed, 30,
+                 message=f"Role {name} in force")
+
+
 class RealKube:
     """The running devcluster, seen as its administrator."""
 
@@ -103,6 +121,7 @@ class RealKube:
         self.audit_log = audit_log
         self._namespaces: list[str] = []
         self._clients: list[kubernetes.client.ApiClient] = []
+        self._restricted = ""  # a namespace for restricted_refusal, made on first use
 
     # -- clients -----------------------------------------------------------------------------
     def client_with_token(self, token: str) -> kubernetes.client.ApiClient:
@@ -185,12 +204,49 @@ class RealKube:
                 if e.status != 404:
                     raise
         self._namespaces.clear()
+        self._restricted = ""
 
     def apply(self, objs: list[dict]) -> None:
         """Server-side apply ``objs`` as admin (the cluster's own kubectl)."""
         from devcluster.cluster import Cluster
 
         Cluster().apply(objs)
+
+    def restricted_refusal(self, pod_spec: dict, namespace: str | None = None) -> str:
+        """The API server's Pod Security refusal of ``pod_spec`` under "restricted" ('' if admitted).
+
+        A server-side dry-run as admin (Pod Security is per namespace, not per user) in
+        ``namespace``, or in a bare namespace of this object labelled to enforce "restricted":
+        admission runs in full, nothing is kept. Any other refusal raises.
+        """
+        if namespace is None:
+            if not self._restricted:
+                self._restricted = self.namespace(
+                    "psa", {"pod-security.kubernetes.io/enforce": "restricted"})
+            namespace = self._restricted
+            account = pod_spec.get("serviceAccountName")
+            if account:  # the ServiceAccount plugin wants it to exist (a user namespace has it)
+                try:
+                    self.core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
+                except ApiException as e:
+                    if e.status != 409:
+                        raise
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"}, "spec": pod_spec}
+        # the body as sent by its maker (quantities may be numbers, as kubernetes_asyncio sends
+        # KubeSpawner's): through the client's transport, not its typed models' checks
+        params = self.admin.param_serialize(
+            method="POST", resource_path=f"/api/v1/namespaces/{namespace}/pods",
+            query_params=[("dryRun", "All")], body=body,
+            header_params={"Content-Type": "application/json", "Accept": "application/json"},
+            auth_settings=["BearerToken"])
+        response = self.admin.call_api(*params)
+        response.read()
+        if response.status < 300:
+            return ""
+        message = json.loads(response.data or b"{}").get("message", "")
+        if response.status == 403 and "PodSecurity" in message:
+            return message
+        raise AssertionError(f"the dry-run of the pod failed otherwise ({response.status}): {message}")
 
     # -- pods and objects --------------------------------------------------------------------
     def pods(self, namespace: str, selector: str = "") -> list[Any]:

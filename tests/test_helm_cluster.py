@@ -1,6 +1,7 @@
 """The chart's multi-tenant and operator parts: the hub's admission fence (its CEL evaluated
 on real request objects), the hub/proxy NetworkPolicies, the idle culler, the image
-pre-puller, Pod Security of the pods the lab runs, and the storage-class examples."""
+pre-puller, Pod Security of the pods the lab runs (dry-run on the real API server, ``k8s``),
+and the storage-class examples."""
 
 from __future__ import annotations
 
@@ -15,8 +16,6 @@ import pytest
 import yaml
 from test_helm import CHART, by_kind, helm_binary, render, run_helm
 from test_hub_spawner import kubeconfig, load_hub, make_spawner  # noqa: F401 - a fixture
-
-from tests.kubeapi import podsecurity
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "hub_config"))
@@ -219,7 +218,14 @@ def test_the_image_pre_puller_is_optional_restricted_and_pulls_the_lab_images(he
         "tfk8s/notebook:0.1.0", "tfk8s/tensorflow-task:0.1.0", "reg/task-gpu:1"]
     assert all(c["command"] == ["python", "-c", "pass"] for c in pod["initContainers"])
     assert [c["image"] for c in pod["containers"]] == ["registry.k8s.io/pause:3.10"]
-    assert podsecurity.violations(pod, "restricted") == []
+
+
+@pytest.mark.k8s
+def test_the_pre_pullers_pod_passes_pod_security_restricted_on_the_real_api_server(helm, realkube):
+    docs = render(helm, "--set", "prePuller.enabled=true",
+                  "--set", "prePuller.extraImages={reg/task-gpu:1,tfk8s/notebook:0.1.0}")
+    (ds,) = by_kind(docs, "DaemonSet")
+    assert realkube.restricted_refusal(ds["spec"]["template"]["spec"]) == ""
 
 
 def test_pre_puller_schema_rejects_typos(helm):
@@ -228,8 +234,11 @@ def test_pre_puller_schema_rejects_typos(helm):
     assert r.returncode != 0 and "enable" in r.stderr
 
 
+@pytest.mark.k8s
 @pytest.mark.usefixtures("kubeconfig")
-def test_the_notebook_pod_kubespawner_builds_passes_pod_security_restricted(tmp_path, monkeypatch):
+def test_the_notebook_pod_kubespawner_builds_passes_pod_security_restricted(realkube, tmp_path,
+                                                                          monkeypatch):
+    """KubeSpawner's own pod manifest, dry-run on the real API server under "restricted"."""
     app = load_hub(REPO / "hub_config" / "jupyterhub_config.py", {}, tmp_path, monkeypatch)
     sp = make_spawner(app, "alice")
 
@@ -239,7 +248,7 @@ def test_the_notebook_pod_kubespawner_builds_passes_pod_security_restricted(tmp_
             return api.sanitize_for_serialization(await sp.get_pod_manifest())
 
     pod = asyncio.run(manifest())
-    assert podsecurity.violations(pod["spec"], "restricted") == []
+    assert realkube.restricted_refusal(pod["spec"]) == ""
     security = pod["spec"]["securityContext"]
     assert (security["fsGroup"], security["fsGroupChangePolicy"]) == (100, "OnRootMismatch")
     assert pod["spec"]["containers"][0]["securityContext"]["runAsUser"] == 1000

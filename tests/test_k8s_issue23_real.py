@@ -34,12 +34,9 @@ HUB_SA = "lab-tfk8s-lab-hub"
 
 
 @pytest.fixture
-def user(realkube):
-    ns = realkube.user_namespace("i23")
-    backend = KubernetesBackend(namespace=ns.name, api_client=ns.api_client, user="alice",
-                                storage_class="standard")
-    yield ns, backend
-    backend.close()
+def user(kube_user):
+    # not strict: refusals by the real authorizer are what several tests here ask for
+    return kube_user("i23", strict=False)
 
 
 def spec(name="mnist", **kw) -> ClusterSpec:
@@ -206,6 +203,14 @@ def test_an_unknown_priority_class_is_the_failed_create_reason_on_the_real_job_c
     assert reason
     listed = {c.name: c for c in backend.list_clusters()}
     assert "no PriorityClass with name does-not-exist" in listed["prio"].task("worker-0").reason
+    # after the grace, the cluster says it (like a stall), and records it once
+    from tfk8s_magics.backends.kubernetes import state
+
+    monkeypatch.setattr(state, "CREATE_GRACE", 0.0)
+    snap = backend.status("prio")
+    assert snap.phase == Phase.PENDING
+    assert snap.reason.startswith("pods cannot be created for ") and "does-not-exist" in snap.reason
+    assert [e.reason for e in backend.events("prio") if e.reason == "FailedCreate" and not e.task]
 
 
 def test_with_the_charts_reader_a_mistyped_priority_is_refused_before_anything(
@@ -215,6 +220,18 @@ def test_with_the_charts_reader_a_mistyped_priority_is_refused_before_anything(
         backend.launch(spec("prio2", priority="hihg"), detach=True)
     assert realkube.core.list_namespaced_config_map(
         ns.name, label_selector="tfk8s.io/cluster=prio2").items == []
+    # an existing class passes the check and the Priority plugin gives the pods its value
+    sched = kubernetes.client.SchedulingV1Api(realkube.admin)
+    high = f"high-{ns.name}"
+    sched.create_priority_class({"metadata": {"name": high}, "value": 1000})
+    try:
+        backend.launch(spec("prio3", priority=high), detach=True)
+        pods = wait_for(lambda: realkube.pods(ns.name, "tfk8s.io/cluster=prio3"), 90,
+                        message="the task pod")
+        assert pods[0].spec.priority == 1000 and pods[0].spec.priority_class_name == high
+        backend.delete("prio3")
+    finally:
+        sched.delete_priority_class(high)
 
 
 # -- 6. a name another Service has -------------------------------------------------------------
@@ -227,6 +244,19 @@ def test_a_cluster_named_like_an_existing_service_is_refused(realkube, user):
         backend.launch(spec("taken"), detach=True)
     assert realkube.core.list_namespaced_config_map(
         ns.name, label_selector="tfk8s.io/cluster=taken").items == []
+    # another cluster's TensorBoard Service: the sentence says whose it is
+    realkube.core.create_namespaced_service(ns.name, {"metadata": {
+        "name": "mnist", "labels": {"tfk8s.io/cluster": "other", "tfk8s.io/component": "tensorboard"}},
+        "spec": {"ports": [{"port": 6006}], "selector": {"app": "tb"}}})
+    with pytest.raises(LaunchFailed, match=r"cluster name 'mnist' is taken by the tensorboard "
+                       r"Service of cluster 'other' .* choose another name"):
+        backend.launch(spec("mnist"), detach=True)
+    assert not [r for r in ns.requests() if r.verb == "create" and r.resource != "services"]
+    sel = "tfk8s.io/cluster=mnist"
+    assert realkube.core.list_namespaced_config_map(ns.name, label_selector=sel).items == []
+    assert realkube.core.list_namespaced_persistent_volume_claim(ns.name, label_selector=sel).items == []
+    assert realkube.custom.list_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", ns.name, "jobsets", label_selector=sel)["items"] == []
 
 
 # -- 8. the JobSet is created strictly; the real CRD (v0.12) knows every field ------------------
@@ -264,8 +294,15 @@ def test_the_stop_hook_keeps_detached_clusters_on_the_real_api_server(realkube, 
     ns, backend = user
     backend.launch(spec("away"), detach=True)
     backend.launch(spec("here"), detach=False)
-    apis = {"AppsV1Api": kubernetes.client.AppsV1Api(realkube.admin),
-            "CustomObjectsApi": realkube.custom}
+    apps = kubernetes.client.AppsV1Api(realkube.admin)
+    for name, component in (("away-serving", "serving"), ("here-tensorboard", "tensorboard")):
+        labels = {"app.kubernetes.io/managed-by": "tfk8s", "tfk8s.io/component": component, "app": name}
+        apps.create_namespaced_deployment(ns.name, {
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"containers": [{"name": "c", "image": "x:1"}]}}}})
+    apis = {"AppsV1Api": apps, "CustomObjectsApi": realkube.custom}
     hook = make_post_stop_hook(LabSettings(), api=apis.__getitem__)
     asyncio.run(hook(SimpleNamespace(namespace=ns.name, log=SimpleNamespace(info=lambda *a: None))))
 
@@ -278,6 +315,39 @@ def test_the_stop_hook_keeps_detached_clusters_on_the_real_api_server(realkube, 
     wait_for(lambda: names() == ["away"], 60, message="only the detached JobSet left")
     st = backend.status("away")
     assert st.detached and st.phase != Phase.STOPPED
+
+    def deployments():
+        return sorted(d.metadata.name for d in apps.list_namespaced_deployment(ns.name).items
+                      if not d.metadata.deletion_timestamp)
+
+    wait_for(lambda: deployments() == ["away-serving"], 60,
+             message="the served model kept, the attached cluster's TensorBoard gone")
+
+
+def test_the_notebook_cannot_list_nodes_and_the_node_check_says_so(user):
+    """The preflight's node check as the user's ServiceAccount: the real 403 on nodes is one
+    sentence about the nodes, not about quota."""
+    from tfk8s_magics.backends.kubernetes.apply import preflight
+
+    ns, backend = user
+    with pytest.raises(LaunchFailed, match=r"the node check \(check_nodes\) needs to list the "
+                       r"cluster's nodes, which the notebook's service account may not") as e:
+        preflight(backend.api, backend.render(spec()), check_nodes=True)
+    assert "quota" not in str(e.value)
+    assert [(r.verb, r.code) for r in ns.requests() if r.resource == "nodes"] == [("list", 403)]
+
+
+def test_detached_runs_get_the_admin_default_ttl_and_an_own_ttl_wins(realkube, user, monkeypatch):
+    ns, backend = user
+    monkeypatch.setenv("TFK8S_DETACHED_TTL", "86400")
+    backend.launch(spec("away"), detach=True)
+    backend.launch(spec("mine", ttl_after_finished=30), detach=True)
+
+    def ttl(name):
+        return realkube.custom.get_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", ns.name, "jobsets", name)["spec"]["ttlSecondsAfterFinished"]
+
+    assert (ttl("away"), ttl("mine")) == (86400, 30)
 
 
 def test_a_binding_an_older_hub_made_to_a_role_is_recreated_to_the_cluster_role(realkube, user):

@@ -8,7 +8,7 @@ import json
 import kubernetes_validate
 import pytest
 
-from tests.kubeapi import crd
+from tests import jobset_schema as crd
 from tfk8s_magics.backends.kubernetes import jobset as j
 from tfk8s_magics.backends.kubernetes import manifests as m
 from tfk8s_magics.backends.kubernetes.settings import K8sSettings

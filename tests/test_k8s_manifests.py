@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.kubeapi import crd
+from tests import jobset_schema as crd
 from tfk8s_magics.backends.kubernetes import jobset as j
 from tfk8s_magics.backends.kubernetes import manifests as m
 from tfk8s_magics.backends.kubernetes.settings import K8sSettings

@@ -79,12 +79,14 @@ class User:
         self.ns_obj = kube.user_namespace("pods", kwok=False)  # pods go to the real node
         self.ns = self.ns_obj.name
         self.pvs: list[str] = []
+        self.paths: dict[str, Path] = {}  # claim → its hostPath on this machine
         self.backends = []
         self.expect_denied: set[str] = set()  # request paths a test makes to prove a refusal
         for claim in ("logs", "data"):
             path = tmp / f"{self.ns}-{claim}"
             path.mkdir()
             os.chown(path, 1000, 1000)  # the tasks run as 1000 (a hostPath ignores fsGroup)
+            self.paths[claim] = path
             pv = f"{self.ns}-{claim}"
             self.core.create_persistent_volume(
                 {
@@ -508,3 +510,111 @@ def test_a_pod_reaches_the_api_server_as_its_service_account(user):
     assert phase == "Succeeded", log[-3000:]
     assert "api 10.96.0.1 ['api']" in log, log[-3000:]
     assert "kube-system refused 403" in log, log[-3000:]
+
+
+PROGRESS = """
+import os
+from tfk8s_magics.runtime.progress import report_progress
+if os.environ["TFK8S_TASK"] == "worker-0":
+    print("epoch 1", flush=True)
+    report_progress(5, total=10, loss=0.5)
+else:
+    print("hello from 1", flush=True)
+"""
+
+
+def test_logs_progress_and_success_are_read_from_real_pods(user):
+    """Followed from before any pod runs, the workers' lines arrive, the progress record is the
+    status's progress and no log line, the parameter server ends when JobSet decides the run
+    succeeded, the follow ends with the cluster, and the kept log holds the worker's line."""
+    from tfk8s_magics.backends.base import Phase
+    from tfk8s_magics.spec import ClusterSpec
+
+    backend = user.backend()
+    stop = threading.Event()
+    lines: list = []
+    try:
+        backend.launch(ClusterSpec(name="prog", ps=1, workers=2, script=PROGRESS, **_claims()),
+                       detach=True)
+        follower = threading.Thread(target=lambda: lines.extend(backend.follow_logs("prog", stop)),
+                                    daemon=True)
+        follower.start()  # asked while every pod is still pending
+        status = _wait(backend, "prog", lambda s: s.terminal)
+        assert status.phase == Phase.SUCCEEDED, (status, [ln.text for ln in lines])
+        assert (status.task("ps-0").phase, status.task("ps-0").reason) == (
+            Phase.SUCCEEDED, "ended when the JobSet succeeded")
+        assert status.progress is not None and (status.progress.step, status.progress.total) == (5, 10)
+        follower.join(120)
+        assert not follower.is_alive(), "follow_logs did not end with the cluster"
+        texts = {(line.task, line.text) for line in lines}
+        assert ("worker-0", "epoch 1") in texts and ("worker-1", "hello from 1") in texts, texts
+        assert not any("@tfk8s-progress" in line.text for line in lines)
+        kept = [(line.task, line.text) for line in backend.read_logs("prog", "worker-0")]
+        assert kept == [("worker-0", "epoch 1")], kept
+        backend.delete("prog")
+    finally:
+        stop.set()
+        backend.close()
+
+
+STALL = """
+import os, pathlib, time
+task = os.environ["TFK8S_TASK"]
+if task == "worker-0":
+    print("waiting for the others", flush=True)
+while not pathlib.Path("/data/go").exists():  # the test says when the run goes on
+    time.sleep(0.5)
+if task == "worker-1":
+    print("and now we go on", flush=True)
+"""
+
+
+def test_a_stalled_cluster_is_reported_from_real_pod_log_timestamps(user, monkeypatch):
+    """Every pod running, no log line for the timeout: status says stalled, events say so; a new
+    line clears it."""
+    from tfk8s_magics.backends.base import Phase
+    from tfk8s_magics.spec import ClusterSpec
+
+    monkeypatch.setenv("TFK8S_STALL_TIMEOUT", "5")
+    backend = user.backend()
+    try:
+        backend.launch(ClusterSpec(name="stall", ps=0, workers=2, script=STALL, **_claims()),
+                       detach=True)
+        backend._watcher("stall").stalls.period = 0.5  # log tails re-read at most this often
+        status = _wait(backend, "stall", lambda s: s.stall is not None or s.terminal)
+        assert status.shown_phase == "stalled" and status.phase == Phase.RUNNING, status
+        assert "worker-0: 'waiting for the others'" in status.stall_text()
+        assert any(e.reason == "Stalled" for e in backend.events("stall"))
+        (user.paths["data"] / "go").touch()
+        status = _wait(backend, "stall", lambda s: s.stall is None)
+        assert any(e.reason == "Resumed" for e in backend.events("stall"))
+        status = _wait(backend, "stall", lambda s: s.terminal)
+        assert status.phase == Phase.SUCCEEDED, status
+        backend.delete("stall")
+    finally:
+        (user.paths["data"] / "go").touch()
+        backend.close()
+
+
+def test_a_missing_secret_is_the_real_kubelets_sentence_in_the_status(user):
+    """Without ``get`` on secrets (the shipped Role) the backend cannot check the Secret first: the
+    real kubelet leaves the sync pod waiting in CreateContainerConfigError, and the status and
+    `%tfcluster events` carry its words."""
+    from tfk8s_magics.backends.base import Phase
+    from tfk8s_magics.spec import ClusterSpec
+
+    backend = user.backend()
+    # it asks (a 403 for the shipped Role: the check is skipped, not the launch)
+    user.expect_denied.add(f"/api/v1/namespaces/{user.ns}/secrets/s3-creds")
+    try:
+        backend.launch(ClusterSpec(name="nosecret", workers=1, script="print(1)\n",
+                                   data_url="s3://bucket/datasets/mnist", data_sync=True,
+                                   credentials_secret="s3-creds", **_claims()), detach=True)
+        status = _wait(backend, "nosecret", lambda s: "secret" in s.reason or s.terminal)
+        assert (status.phase, status.reason) == (
+            Phase.PENDING, 'sync: CreateContainerConfigError: secret "s3-creds" not found')
+        events = [(e.task, e.reason, e.message) for e in backend.events("nosecret")]
+        assert ("sync", "Failed", 'Error: secret "s3-creds" not found') in events, events
+        backend.delete("nosecret")
+    finally:
+        backend.close()

@@ -282,3 +282,23 @@ def test_rbac_objects_validate(version):
     kubernetes_validate.validate(backend_role_binding("alice", "sa"), version, strict=True)
 
 
+
+
+def test_the_task_that_failed_not_the_one_the_failing_jobset_terminated_is_the_cause():
+    """Seen on the real cluster: worker-1's script raised (exit 1), JobSet failed and deleted the
+    worker Job, worker-0 ended SIGTERMed (143). The reason names worker-1, as the double (which
+    removed the other pods outright) did."""
+    def pod(index, code):
+        return {"metadata": {"labels": {"tfk8s.io/role": "worker",
+                                        "batch.kubernetes.io/job-completion-index": str(index)}},
+                "status": {"phase": "Failed", "containerStatuses": [{"name": "c", "state": {
+                    "terminated": {"exitCode": code, "reason": "Error"}}}]}}
+
+    spec = ClusterSpec(name="mnist", workers=2, script="print(1)\n")
+    failed = {"status": {"conditions": [{"type": "Failed", "status": "True", "message":
+                                         "applying FailJobSet failure policy action"}]}}
+    for jobset in (failed, {}):  # JobSet's verdict, and the moment before it
+        view = state.View(spec=spec, jobset=jobset, pods={"worker-0": pod(0, 143),
+                                                          "worker-1": pod(1, 1)})
+        phase, reason = state.cluster_phase(view, state.task_statuses(view))
+        assert "worker-1 failed: the script raised an exception (exit code 1)" in reason, reason

@@ -1,12 +1,12 @@
 """Object storage on Kubernetes (issue 15): the ``sync`` and ``backup`` steps and the Secret.
 
 Layers: the pure builders against literal dicts, the JobSet CRD schema (strict)
-and the 1.29/1.37 Job schemas (``kubernetes-validate --strict``), the restricted
-Pod Security checks; then the backend against the API test double (a missing
-Secret, a Secret referenced by name only, the steps in the status, a failed
-upload); the in-pod commands (``steps.py``, the marker ``logcopy`` leaves) run
-for real as processes.  The real-cluster test is ``tests/test_k8s_real.py``'s
-sibling at the end of this file (marker ``k8s``).
+and the 1.29/1.37 Job schemas (``kubernetes-validate --strict``); the restricted
+Pod Security profile by the real API server's dry-run (``k8s``); then the backend
+against the API test double (a missing Secret, a Secret referenced by name only, the
+steps in the status, a failed upload); the in-pod commands (``steps.py``, the marker ``logcopy`` leaves) run
+for real as processes.  The real-cluster test (marker ``k8s``, ``scripts/kube up``) is at the
+end of this file.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 
-from tests.kubeapi import crd, podsecurity
-from tests.test_k8s_real import real  # noqa: F401 - the real-cluster fixture, shared
+from tests import jobset_schema as crd
 from tests.test_lifecycle import TABLE as LIFECYCLE_TABLE
 from tests.test_lifecycle import _what_jobset_does as what_jobset_does
 from tfk8s_magics.backends.base import Phase
@@ -297,18 +296,22 @@ def test_every_step_and_task_job_is_strictly_valid(version, which):
                                      version, strict=True)
 
 
+@pytest.mark.k8s
 @pytest.mark.parametrize("which", sorted(VARIANTS))
-def test_every_pod_passes_the_restricted_pod_security_profile(which):
+def test_every_pod_passes_the_restricted_pod_security_profile(realkube, which):
+    """Each step's and task's pod, dry-run on the real API server under "restricted"."""
     js = build(VARIANTS[which]())
     for r in js["spec"]["replicatedJobs"]:
-        assert podsecurity.violations(r["template"]["spec"]["template"]["spec"], "restricted") == []
+        assert realkube.restricted_refusal(r["template"]["spec"]["template"]["spec"]) == "", r["name"]
 
 
-def test_the_pod_security_check_sees_init_containers():
+@pytest.mark.k8s
+def test_the_pod_security_check_sees_init_containers(realkube):
     """The check above is not vacuous: a privileged init container fails it."""
     pod = copy.deepcopy(pod_spec(build(synced_and_backed_up()), "sync"))
     pod["initContainers"][0]["securityContext"] = {"privileged": True}
-    assert podsecurity.violations(pod, "restricted")
+    assert 'container "fetch" must not set securityContext.privileged=true' in \
+        realkube.restricted_refusal(pod)
 
 
 def test_exit_code_rules_name_containers_that_exist():
@@ -430,13 +433,6 @@ def _secret() -> dict:
             "data": {k: base64.b64encode(v.encode()).decode() for k, v in SECRET_VALUES.items()}}
 
 
-def _role_with_secret_get() -> dict:
-    """The shipped Role plus ``get`` on secrets: what an administrator grants for the check."""
-    role = backend_role(NS)
-    role["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})
-    return role
-
-
 @pytest.fixture
 def restricted(kube):
     kube.create_namespace(NS, labels={"pod-security.kubernetes.io/enforce": "restricted"})
@@ -446,126 +442,6 @@ def restricted(kube):
 def _backend(kube) -> KubernetesBackend:
     return KubernetesBackend(namespace=NS, api_client=kube.api_client, user="alice",
                              storage_class="standard")
-
-
-def _ours(kube) -> list[tuple[str, str]]:
-    return sorted((kind, o["metadata"]["name"]) for kind in (
-        "configmaps", "persistentvolumeclaims", "pods", "jobsets", "services")
-        for o in kube.list_objects(kind, NS, "tfk8s.io/cluster=mnist"))
-
-
-def test_a_missing_secret_is_one_sentence_and_nothing_is_created(restricted):
-    kube = restricted
-    kube.set_role(_role_with_secret_get(), NS, service_account="jupyter")
-    backend = _backend(kube)
-    try:
-        with pytest.raises(LaunchFailed) as err:
-            backend.launch(synced_and_backed_up(), detach=True)
-    finally:
-        backend.close()
-    assert str(err.value) == (
-        f"--credentials-secret '{SECRET}': there is no Secret of that name in namespace 'alice'; "
-        f"create it there first (e.g. `kubectl create secret generic {SECRET} "
-        "--from-literal=AWS_ACCESS_KEY_ID=...`), then launch again.")
-    assert _ours(kube) == []
-    assert not [r for r in kube.requests if r.verb == "create"]
-    asked = [r for r in kube.requests if r.resource == "secrets"]
-    assert [(r.verb, r.name, r.code) for r in asked] == [("get", SECRET, 404)]
-
-
-def test_with_the_secret_pods_name_it_and_no_value_leaves_it(restricted):
-    """Launch with sync + backup in a restricted namespace: the steps pass Pod Security
-    admission, reference the Secret by name only, and its values appear nowhere the
-    backend writes or shows: the JobSet, the root ConfigMap (spec), the pods, Events,
-    the status, the rendered YAML.  The check read the Secret's metadata only."""
-    kube = restricted
-    kube.create_object(_secret())
-    kube.set_role(_role_with_secret_get(), NS, service_account="jupyter")
-    backend = _backend(kube)
-    spec = synced_and_backed_up()
-    try:
-        status = backend.launch(spec, detach=True)
-        sync_pod = kube.jobsets.pod_name(NS, "mnist", "sync", 0)
-        assert status.phase == Phase.PENDING
-        assert backend.status("mnist").reason.startswith("sync: ")
-        kube.kubelet.run(NS, sync_pod)  # the init container ran, "synced" runs
-        kube.kubelet.succeed(NS, sync_pod)
-        for p in kube.jobsets.pods(NS, "mnist"):
-            if p["metadata"]["labels"]["tfk8s.io/role"] == "worker":
-                kube.kubelet.run(NS, p["metadata"]["name"])
-                kube.kubelet.succeed(NS, p["metadata"]["name"])
-        backup_pod = kube.jobsets.pod_name(NS, "mnist", "backup", 0)
-        kube.kubelet.run(NS, backup_pod)
-        uploading = f"backup: uploading checkpoints and models to {OUT}"
-        deadline = time.monotonic() + 30
-        while (status := backend.status("mnist")).reason != uploading and \
-                time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert (status.phase, status.reason) == (Phase.RUNNING, uploading)
-        shown = [repr(backend.status("mnist")), repr(backend.list_clusters()),
-                 repr(backend.events("mnist")), repr(backend.spec("mnist"))]
-    finally:
-        backend.close()
-    pods = kube.jobsets.pods(NS, "mnist")
-    refs = {c["name"]: c.get("envFrom") for p in pods
-            for c in [*p["spec"].get("initContainers", []), *p["spec"]["containers"]]}
-    assert refs["fetch"] == refs["backup"] == [{"secretRef": {"name": SECRET}}]
-    assert refs["tensorflow"] is None and refs["synced"] is None
-    written = json.dumps([kube.get_object("jobsets", "mnist", NS),
-                          kube.get_object("configmaps", "mnist", NS), pods,
-                          kube.list_objects("events", NS)])
-    rendered = backend.render_yaml(spec)
-    for value in [*SECRET_VALUES.values(), *(base64.b64encode(v.encode()).decode()
-                                             for v in SECRET_VALUES.values())]:
-        for where, text in (("objects", written), ("render", rendered), *(
-                (f"shown[{i}]", s) for i, s in enumerate(shown))):
-            assert value not in text, f"a Secret value leaked into {where}"
-    assert "AWS_" not in written  # not even the keys: only the Secret's name travels
-
-
-def test_the_existence_check_never_receives_the_values(restricted):
-    """The metadata-only request: the API server answers PartialObjectMetadata, no data."""
-    from tfk8s_magics.backends.kubernetes.client import METADATA_ONLY
-
-    kube = restricted
-    kube.create_object(_secret())
-    kube.set_role(_role_with_secret_get(), NS, service_account="jupyter")
-    backend = _backend(kube)
-    raw = backend.api.core.read_namespaced_secret(
-        SECRET, NS, _headers={"Accept": METADATA_ONLY}, _preload_content=False)
-    body = json.loads(raw.data)
-    assert body["kind"] == "PartialObjectMetadata" and "data" not in body
-    assert backend.api.secret_metadata(SECRET)["metadata"]["name"] == SECRET
-    assert backend.api.secret_metadata("other") is None
-    backend.close()
-
-
-def test_the_shipped_role_cannot_read_secrets_so_the_kubelet_says_it(restricted):
-    """Without ``get`` on secrets (the shipped Role: the hub would need it cluster-wide)
-    the check is skipped; a real kubelet then leaves the pod waiting in
-    CreateContainerConfigError, and the status carries its sentence."""
-    kube = restricted
-    kube.set_role(backend_role(NS), NS, service_account="jupyter")
-    backend = _backend(kube)
-    try:
-        backend.launch(mnist(data_url=DATA, data_sync=True, credentials_secret=SECRET), detach=True)
-        sync_pod = kube.jobsets.pod_name(NS, "mnist", "sync", 0)
-        pod = kube.kubelet.run(NS, sync_pod)
-        assert pod["status"]["phase"] == "Pending"
-        deadline = time.monotonic() + 10
-        while "secret" not in (status := backend.status("mnist")).reason and \
-                time.monotonic() < deadline:
-            time.sleep(0.05)
-        # `%tfcluster events` names the step, with the kubelet's words
-        assert ("sync", "Failed", f'Error: secret "{SECRET}" not found') in [
-            (e.task, e.reason, e.message) for e in backend.events("mnist")]
-    finally:
-        backend.close()
-    assert status.phase == Phase.PENDING
-    assert status.reason == f'sync: CreateContainerConfigError: secret "{SECRET}" not found'
-    warnings = kube.events(NS, sync_pod)
-    assert [e["message"] for e in warnings if e["type"] == "Warning"] == [
-        f'Error: secret "{SECRET}" not found']
 
 
 def test_a_failed_fetch_and_a_failed_upload_are_visible(restricted):
@@ -698,29 +574,48 @@ def test_the_double_starts_init_containers_before_the_app_containers(restricted)
 # -- a real cluster (marker k8s) -----------------------------------------------------------
 
 @pytest.mark.k8s
-def test_real_cluster_refuses_a_missing_secret_and_names_an_existing_one(request):
-    """On a real cluster with JobSet: a missing Secret refused before anything is made
-    (the Role plus ``get`` on secrets), then a launch with it whose step pods the API
-    server admits and whose JobSet carries the Secret's name only."""
-    backend, core, ns, admin = request.getfixturevalue("real")
-    from kubernetes import client
+def test_real_cluster_refuses_a_missing_secret_and_names_an_existing_one(realkube, kube_user):
+    """On the real cluster (``scripts/kube up``), as the user's ServiceAccount given ``get`` on
+    secrets: a missing Secret refused before anything is made, then a launch with it whose step
+    pods the API server admits under "restricted" and whose JobSet carries the Secret's name only."""
+    from tests.realkube import wait_for
 
-    role = client.RbacAuthorizationV1Api(admin)
-    rules = backend_role(ns)["rules"] + [{"apiGroups": [""], "resources": ["secrets"],
-                                          "verbs": ["get"]}]
-    role.patch_namespaced_role("tfk8s-backend", ns, {"rules": rules})
+    ns, backend = kube_user("stor")
+    ns.grant("secret-get", [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}])
     spec = ClusterSpec(name="stor", script=SCRIPT, workers=1, data_url=DATA, data_sync=True,
-                       credentials_secret=SECRET, log_claim="logs", data_claim="data")
-    with pytest.raises(LaunchFailed, match="there is no Secret of that name"):
+                       credentials_secret=SECRET)
+    before = len(ns.requests())
+    with pytest.raises(LaunchFailed) as err:
         backend.launch(spec, detach=True)
-    assert core.list_namespaced_config_map(ns, label_selector="tfk8s.io/cluster=stor").items == []
-    core.create_namespaced_secret(ns, {"metadata": {"name": SECRET},
-                                       "stringData": dict(SECRET_VALUES)})
+    assert str(err.value) == (
+        f"--credentials-secret '{SECRET}': there is no Secret of that name in namespace "
+        f"'{ns.name}'; create it there first (e.g. `kubectl create secret generic {SECRET} "
+        "--from-literal=AWS_ACCESS_KEY_ID=...`), then launch again.")
+    assert not [r for r in ns.requests()[before:] if r.verb == "create"]
+    assert realkube.core.list_namespaced_config_map(
+        ns.name, label_selector="tfk8s.io/cluster=stor").items == []
+    asked = [(r.verb, r.code) for r in ns.requests()[before:] if r.resource == "secrets"]
+    assert asked == [("get", 404)]
+    realkube.core.create_namespaced_secret(ns.name, {"metadata": {"name": SECRET},
+                                                     "stringData": dict(SECRET_VALUES)})
+    # the existence check is a metadata-only read: the server answers without the data
+    from tfk8s_magics.backends.kubernetes.client import METADATA_ONLY
+
+    raw = backend.api.core.read_namespaced_secret(
+        SECRET, ns.name, _headers={"Accept": METADATA_ONLY}, _preload_content=False)
+    body = json.loads(raw.data)
+    assert body["kind"] == "PartialObjectMetadata" and "data" not in body
+    assert backend.api.secret_metadata(SECRET)["metadata"]["name"] == SECRET
+    assert backend.api.secret_metadata("other") is None
     backend.launch(spec, detach=True)
-    js = client.CustomObjectsApi(admin).get_namespaced_custom_object(
-        "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", "stor")
+    js = realkube.custom.get_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", ns.name, "jobsets", "stor")
     text = json.dumps(js)
     assert SECRET in text and not any(v in text for v in SECRET_VALUES.values())
+    # the sync pod (init container fetch, envFrom the Secret) admitted under "restricted"
+    sync = wait_for(lambda: realkube.pods(ns.name, "tfk8s.io/cluster=stor,tfk8s.io/role=sync"), 90,
+                    message="the sync pod, made by the Job controller through admission")
+    assert [c.name for c in sync[0].spec.init_containers] == ["fetch"]
     backend.delete("stor")
 
 
@@ -806,3 +701,68 @@ def test_a_url_with_a_password_is_refused_before_it_is_recorded_anywhere(field):
     with pytest.raises(SpecError) as err:
         mnist(**{field: url})
     assert "hunter2" not in str(err.value) and "carries a password" in str(err.value)
+
+
+@pytest.mark.k8s
+def test_with_the_secret_on_the_real_cluster_no_value_leaves_it(realkube, kube_user):
+    """Launch with sync + backup as the user's ServiceAccount: JobSet's own InOrder start and
+    successPolicy take the run to its backup step (``backup: uploading …`` once the workers
+    succeeded); the steps reference the Secret by name only, and its values (plain and base64)
+    appear nowhere the backend writes or shows: the JobSet, the root ConfigMap, the pods, Events,
+    the status, list, events, spec, the rendered YAML."""
+    from tests.realkube import wait_for
+
+    ns, backend = kube_user("stor")
+    ns.grant("secret-get", [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}])
+    realkube.core.create_namespaced_secret(ns.name, {
+        "metadata": {"name": SECRET}, "type": "Opaque",
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in SECRET_VALUES.items()}})
+    spec = synced_and_backed_up()
+    status = backend.launch(spec, detach=True)
+    assert status.phase == Phase.PENDING and status.reason.startswith("sync: "), status
+
+    def pods(role=None):
+        sel = "tfk8s.io/cluster=mnist" + (f",tfk8s.io/role={role}" if role else "")
+        return [p for p in realkube.pods(ns.name, sel) if not p.metadata.deletion_timestamp]
+
+    # the sync step: its init container fetched (kwok: at once), "synced" ends with exit 0
+    (sync,) = wait_for(lambda: [p for p in pods("sync") if p.status.phase == "Running"], 120,
+                       message="the sync pod running")
+    realkube.exit_pod(ns.name, sync.metadata.name, 0)
+    workers = wait_for(lambda: len(p := pods("worker")) == 2
+                       and all(x.status.phase == "Running" for x in p) and p, 120,
+                       message="the workers, started by JobSet after the sync step")
+    for p in workers:
+        realkube.exit_pod(ns.name, p.metadata.name, 0)
+    uploading = f"backup: uploading checkpoints and models to {OUT}"
+    seen = []
+    try:
+        status = wait_for(lambda: (s := backend.status("mnist")).reason == uploading and s
+                          or seen.append((s.phase, s.reason, [(p.metadata.name, p.status.phase)
+                                                              for p in pods()])), 120,
+                          message="the backup step running after the workers succeeded")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; last seen {seen[-1:]}") from None
+    assert status.phase == Phase.RUNNING
+    shown = [repr(backend.status("mnist")), repr(backend.list_clusters()),
+             repr(backend.events("mnist")), repr(backend.spec("mnist"))]
+    every = pods()
+    refs = {c.name: c.env_from for p in every
+            for c in [*(p.spec.init_containers or []), *p.spec.containers]}
+    assert [(r.secret_ref.name) for r in refs["fetch"]] == [SECRET]
+    assert [(r.secret_ref.name) for r in refs["backup"]] == [SECRET]
+    assert refs["tensorflow"] is None and refs["synced"] is None
+    ser = realkube.admin.sanitize_for_serialization
+    written = json.dumps([
+        realkube.custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", ns.name,
+                                                     "jobsets", "mnist"),
+        ser(realkube.core.read_namespaced_config_map("mnist", ns.name)), ser(every),
+        ser(realkube.events(ns.name))])
+    rendered = backend.render_yaml(spec)
+    for value in [*SECRET_VALUES.values(), *(base64.b64encode(v.encode()).decode()
+                                             for v in SECRET_VALUES.values())]:
+        for where, text in (("objects", written), ("render", rendered), *(
+                (f"shown[{i}]", s) for i, s in enumerate(shown))):
+            assert value not in text, f"a Secret value leaked into {where}"
+    assert "AWS_" not in written  # not even the keys: only the Secret's name travels
+    backend.delete("mnist")

@@ -19,7 +19,6 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from tests.realkube import wait_for
-from tfk8s_magics.backends.kubernetes import KubernetesBackend
 from tfk8s_magics.backends.kubernetes import jobset as j
 from tfk8s_magics.backends.kubernetes.quota import admitted
 from tfk8s_magics.backends.kubernetes.settings import K8sSettings
@@ -51,22 +50,6 @@ def pod(name: str, container: dict | None = None, **spec) -> dict:
             **spec,
         },
     }
-
-
-def restricted_refusal(realkube, namespace: str, pod_spec: dict, name: str = "probe") -> str:
-    """The API server's Pod Security refusal of ``pod_spec`` in a "restricted" namespace ('' if admitted).
-
-    A server-side dry-run: admission runs in full (PodSecurity, LimitRanger, quota), nothing is kept.
-    """
-    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": pod_spec}
-    try:
-        realkube.core.create_namespaced_pod(namespace, body, dry_run="All")
-    except ApiException as e:
-        message = status_of(e).get("message", "")
-        if "PodSecurity" in message:
-            return message
-        raise
-    return ""
 
 
 @pytest.fixture
@@ -201,33 +184,23 @@ def test_the_restricted_dry_run_refuses_what_it_must(realkube):
     spec = pod("p")["spec"]
     spec["initContainers"] = [{"name": "fetch", "image": "busybox", "securityContext": {"privileged": True}}]
     assert 'container "fetch" must not set securityContext.privileged=true' in \
-        restricted_refusal(realkube, user.name, spec)
+        realkube.restricted_refusal(spec, user.name)
 
 
 # -- the lab against those rules, as the user ------------------------------------------------
 
 
 @pytest.fixture
-def backend(realkube):
+def backend(kube_user):
     """``make(settings)``: a namespace bootstrapped from ``settings`` and a backend as its ServiceAccount."""
     from tfk8s_hub.bootstrap import BootstrapSpec
     from tfk8s_hub.settings import LabSettings
 
-    made = []
-
     def make(settings=None):
         spec = BootstrapSpec.from_settings(settings or LabSettings(hub_namespace="default"))
-        ns = realkube.user_namespace("alice", bootstrap=spec)
-        b = KubernetesBackend(namespace=ns.name, api_client=ns.api_client, user="alice",
-                              storage_class="standard")
-        made.append((ns, b))
-        return ns, b
+        return kube_user("alice", bootstrap=spec)
 
-    yield make
-    for ns, b in made:
-        b.close()
-        for r in ns.requests():
-            assert r.code != 403, f"{r.verb} {r.uri} was denied to the user by the shipped Role"
+    return make
 
 
 def writes(ns) -> list[str]:

@@ -15,7 +15,6 @@ import pytest
 
 from tests.realkube import wait_for
 from tfk8s_magics.backends.base import Phase
-from tfk8s_magics.backends.kubernetes import KubernetesBackend
 from tfk8s_magics.spec import ClusterSpec
 
 pytestmark = pytest.mark.k8s
@@ -24,17 +23,9 @@ SCRIPT = "print('training')\n"
 
 
 @pytest.fixture
-def user(realkube):
+def user(kube_user):
     """A bootstrapped user namespace and a backend acting as its ServiceAccount."""
-    ns = realkube.user_namespace("alice")
-    backend = KubernetesBackend(
-        namespace=ns.name, api_client=ns.api_client, user="alice", storage_class="standard"
-    )
-    yield ns, backend
-    backend.close()
-    for r in ns.requests():
-        assert r.code != 403, f"{r.verb} {r.uri} was denied to the user: the shipped Role lacks it"
-        assert r.namespace in (ns.name, None), f"{r.verb} {r.uri} left the namespace {ns.name}"
+    return kube_user("alice")
 
 
 def spec(name="mnist", **kw) -> ClusterSpec:
@@ -292,12 +283,20 @@ def test_kueue_admits_a_gang_or_keeps_it_queued(realkube, user):
     )
     st = backend.status("gang2")
     assert not task_pods(realkube, ns.name, "gang2")
-    assert (
-        st.phase in (Phase.PENDING, Phase.QUEUED) if hasattr(Phase, "QUEUED") else st.phase == Phase.PENDING
-    )
+    assert st.phase == Phase.PENDING
+    assert st.reason.startswith("ps-0: waiting for admission by queue team"), st.reason
+    # Kueue's own verdict (its Workload's Pending Event) is the reason of every task and an event
+    st = wait_for(lambda: "insufficient unused quota" in (s := backend.status("gang2")).reason and s,
+                  60, message="Kueue's Pending reason in the status")
+    why = st.task("worker-1").reason.split("waiting for admission by queue team: ", 1)[1]
+    assert "couldn't assign flavors to pod set" in why, why
+    assert any(e.reason == "Pending" and e.message == why and e.type == "Warning"
+               for e in backend.events("gang2"))
     # the first gang ends: the second is admitted as one
     for p in task_pods(realkube, ns.name, "gang1", "worker"):
         realkube.exit_pod(ns.name, p.metadata.name, 0)
     wait_for(
         lambda: len(task_pods(realkube, ns.name, "gang2")) == 3, 120, message="the queued gang to be admitted"
     )
+    assert not jobset(realkube, ns.name, "gang2")["spec"].get("suspend")
+    wait_phase(backend, "gang2", {Phase.RUNNING})  # admitted, running

@@ -16,7 +16,6 @@ import pytest
 from tests.realkube import wait_for
 from tests.test_kube_controlplane import jobset, spec, task_pods, wait_phase
 from tfk8s_magics.backends.base import Phase
-from tfk8s_magics.backends.kubernetes import KubernetesBackend
 
 pytestmark = pytest.mark.k8s
 
@@ -35,13 +34,9 @@ def devcluster():
 
 
 @pytest.fixture
-def user(realkube):
-    ns = realkube.user_namespace("fault")
-    backend = KubernetesBackend(
-        namespace=ns.name, api_client=ns.api_client, user="fault", storage_class="standard"
-    )
-    yield ns, backend
-    backend.close()
+def user(kube_user):
+    # not strict: a request cut by the restarted API server is this module's point
+    return kube_user("fault", user="fault", strict=False)
 
 
 def _running(realkube, ns, name, n=3):
@@ -95,6 +90,11 @@ def test_jobset_down_while_a_worker_dies_restarts_when_it_comes_back(realkube, u
     realkube.exit_pod(ns.name, task_pods(realkube, ns.name, "ctl", "worker")[0].metadata.name, 137)
     time.sleep(3)
     assert jobset(realkube, ns.name, "ctl").get("status", {}).get("restarts", 0) == 0  # nobody decided yet
+    # meanwhile the notebook says what happened and what JobSet will do (the budget left)
+    st = wait_for(lambda: (s := backend.status("ctl")).reason.startswith("restarting") and s, 60,
+                  message="the restarting reason while JobSet is down")
+    assert (st.phase, st.reason) == (
+        Phase.STARTING, "restarting: worker-0 failed: killed by SIGKILL (2 restarts left)")
     devcluster.procs.restart("jobset")
     wait_for(
         lambda: jobset(realkube, ns.name, "ctl").get("status", {}).get("restarts", 0) == 1,

@@ -4,7 +4,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.kubeapi import crd
+from tests import jobset_schema as crd
 
 
 @pytest.fixture

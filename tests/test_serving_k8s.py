@@ -1,11 +1,12 @@
 """TF Serving on Kubernetes: the pure builders against literal dicts, strict schemas, restricted PSS,
-and the backend's serve / stop against the API test double."""
+and the backend's serve / stop as the user's ServiceAccount on the real cluster (``k8s``)."""
 
 from __future__ import annotations
 
 import base64
 import json
 
+import kubernetes.client
 import kubernetes_validate
 import pytest
 import yaml
@@ -170,43 +171,46 @@ def test_render_includes_serving_when_asked():
     assert kinds == [("Deployment", "mnist-serving"), ("Service", "mnist-serving")]
 
 
-def test_backend_serves_and_stops_against_the_api_double(kube, monkeypatch):
-    """serve creates Deployment + Service owned by the root (the shipped Role allows every request),
-    reuses them, stops them, and a cluster delete cascades to them."""
-    from tfk8s_magics.backends.kubernetes import KubernetesBackend
-    from tfk8s_magics.backends.kubernetes.rbac import backend_role
+@pytest.mark.k8s
+def test_backend_serves_and_stops_on_the_real_cluster(realkube, kube_user, monkeypatch):
+    """serve creates Deployment + Service owned by the root (as the user's ServiceAccount, the
+    shipped Role allows every request), reuses them, stops them, and a cluster delete cascades to
+    them through the real garbage collector."""
+    from tests.realkube import wait_for
 
-    ns = "alice"
-    kube.create_namespace(ns)
-    kube.set_role(backend_role(ns), ns, service_account="jupyter")
-    backend = KubernetesBackend(namespace=ns, api_client=kube.api_client, user="alice",
-                                storage_class="standard")
+    ns, backend = kube_user("serve")
+    apps = kubernetes.client.AppsV1Api(realkube.admin)
+
+    def deployment():
+        found = [d for d in apps.list_namespaced_deployment(ns.name).items
+                 if d.metadata.name == "mnist-serving" and not d.metadata.deletion_timestamp]
+        return found[0] if found else None
+
+    def service():
+        found = [x for x in realkube.core.list_namespaced_service(ns.name).items
+                 if x.metadata.name == "mnist-serving" and not x.metadata.deletion_timestamp]
+        return found[0] if found else None
+
     monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/alice/")
-    try:
-        backend.launch(ClusterSpec(name="mnist", workers=1, script="print(1)\n"), detach=True)
-        info = backend.serve("mnist", replicas=2)
-        assert (info.model, info.reused, info.replicas) == ("mnist", False, 2)
-        assert info.rest_url == "/user/alice/proxy/mnist-serving.alice.svc:8501/"
-        assert info.grpc_address == "mnist-serving.alice.svc:8500"
-        assert info.base_path == "/log/models/mnist"
-        dep = kube.get_object("deployments", "mnist-serving", ns)
-        root = kube.get_object("configmaps", "mnist", ns)
-        assert dep["metadata"]["ownerReferences"][0]["uid"] == root["metadata"]["uid"]
-        assert kube.get_object("services", "mnist-serving", ns)["spec"]["type"] == "ClusterIP"
-        assert backend.serve("mnist").reused is True
-        assert backend.serving("mnist").model == "mnist"
-        assert backend.stop_serving("mnist") is True
-        kube.wait_for(lambda: kube.get_object("deployments", "mnist-serving", ns) is None, message="removed")
-        assert kube.get_object("services", "mnist-serving", ns) is None
-        assert backend.stop_serving("mnist") is False and backend.serving("mnist") is None
-        backend.serve("mnist")
-        backend.delete("mnist")
-        kube.wait_for(lambda: kube.get_object("deployments", "mnist-serving", ns) is None,
-                      message="cascade delete of serving")
-    finally:
-        backend.close()
-    for r in kube.requests:
-        assert r.allowed, f"{r.method} {r.path} was denied by the shipped Role"
+    backend.launch(ClusterSpec(name="mnist", workers=1, script="print(1)\n"), detach=True)
+    info = backend.serve("mnist", replicas=2)
+    assert (info.model, info.reused, info.replicas) == ("mnist", False, 2)
+    assert info.rest_url == f"/user/alice/proxy/mnist-serving.{ns.name}.svc:8501/"
+    assert info.grpc_address == f"mnist-serving.{ns.name}.svc:8500"
+    assert info.base_path == "/log/models/mnist"
+    root = realkube.core.read_namespaced_config_map("mnist", ns.name)
+    assert deployment().metadata.owner_references[0].uid == root.metadata.uid
+    assert service().spec.type == "ClusterIP"
+    assert backend.serve("mnist").reused is True
+    assert backend.serving("mnist").model == "mnist"
+    assert backend.stop_serving("mnist") is True
+    wait_for(lambda: deployment() is None, 60, message="the serving Deployment removed")
+    assert service() is None
+    assert backend.stop_serving("mnist") is False and backend.serving("mnist") is None
+    backend.serve("mnist")
+    backend.delete("mnist")
+    wait_for(lambda: deployment() is None and service() is None, 90,
+             message="the cascade delete of serving")
 
 
 # -- serve --from URL: an init container of the task image fetches the models --------------
@@ -295,74 +299,77 @@ def test_render_shows_the_fetch_and_names_the_secret_only(capsys, tmp_path, monk
     assert SECRET_NAME not in spec_text
 
 
-def _served_backend(kube, ns="alice", secret_get=True):
-    from tfk8s_magics.backends.kubernetes import KubernetesBackend
-    from tfk8s_magics.backends.kubernetes.rbac import backend_role
-
-    kube.create_namespace(ns, labels={"pod-security.kubernetes.io/enforce": "restricted"})
-    role = backend_role(ns)
+def _served_backend(kube_user, secret_get=True):
+    """A restricted user namespace on the real cluster; the backend as its ServiceAccount."""
+    ns, backend = kube_user("serve")
     if secret_get:  # what an administrator grants for the existence check
-        role["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})
-    kube.set_role(role, ns, service_account="jupyter")
-    return KubernetesBackend(namespace=ns, api_client=kube.api_client, user="alice", storage_class="standard")
+        ns.grant("secret-get", [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}])
+    return ns, backend
 
 
-def test_serve_from_a_url_against_the_api_double(kube, monkeypatch):
+@pytest.mark.k8s
+def test_serve_from_a_url_on_the_real_cluster(realkube, kube_user, monkeypatch):
     """A restricted namespace admits the serving pod with its fetch; the Secret is named only, its
     values are nowhere (Deployment, pod, events, status, info); the same source is reused, another
     is refused in one sentence with nothing changed; stop removes it."""
-    ns = "alice"
-    backend = _served_backend(kube, ns)
-    kube.create_object({"apiVersion": "v1", "kind": "Secret",
-                        "metadata": {"name": SECRET_NAME, "namespace": ns}, "type": "Opaque",
-                        "data": {k: base64.b64encode(v.encode()).decode() for k, v in SECRET_VALUES.items()}})
+    from tests.realkube import wait_for
+
+    ns, backend = _served_backend(kube_user)
+    apps = kubernetes.client.AppsV1Api(realkube.admin)
+    realkube.core.create_namespaced_secret(ns.name, {
+        "metadata": {"name": SECRET_NAME}, "type": "Opaque",
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in SECRET_VALUES.items()}})
     monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/alice/")
-    try:
-        backend.launch(ClusterSpec(name="mnist", workers=1, script="print(1)\n"), detach=True)
-        info = backend.serve("mnist", source_url=SOURCE, credentials_secret=SECRET_NAME)
-        assert (info.model, info.reused, info.base_path) == ("mnist", False, "/models/mnist")
-        pods = kube.wait_for(lambda: kube.list_objects("pods", ns, "tfk8s.io/component=serving"),
-                             message="the serving pod admitted")
-        pod = pods[0]["metadata"]["name"]
-        kube.kubelet.run_init(ns, pod)
-        kube.kubelet.log(ns, pod, "tfk8s-storage: fetched 1.0 MB of 2.0 MB (50%)\n", container="fetch")
-        kube.kubelet.run(ns, pod)
-        assert backend.serve("mnist", source_url=SOURCE).reused is True  # the cluster's Secret: none
-        before = kube.get_object("deployments", "mnist-serving", ns)
-        with pytest.raises(SpecError) as err:
-            backend.serve("mnist", source_url="s3://runs/other")
-        assert str(err.value) == (f"cluster 'mnist' already serves model 'mnist' from {SOURCE}: "
-                                  "`%tfcluster serve mnist --stop` first, then serve again.")
-        assert kube.get_object("deployments", "mnist-serving", ns) == before
-        shown = [repr(backend.serving("mnist")), repr(backend.status("mnist")), repr(backend.events("mnist"))]
-        written = json.dumps([kube.get_object("deployments", "mnist-serving", ns),
-                              kube.list_objects("pods", ns), kube.list_objects("events", ns),
-                              kube.get_object("configmaps", "mnist", ns)])
-        for value in [*SECRET_VALUES.values(), *(base64.b64encode(v.encode()).decode()
-                                                 for v in SECRET_VALUES.values())]:
-            assert value not in written and not any(value in x for x in shown)
-        assert backend.stop_serving("mnist") is True
-        kube.wait_for(lambda: kube.get_object("deployments", "mnist-serving", ns) is None, message="removed")
-    finally:
-        backend.close()
-    for r in kube.requests:
-        assert r.allowed, f"{r.method} {r.path} was denied by the Role"
+
+    def deployment():
+        found = [d for d in apps.list_namespaced_deployment(ns.name).items
+                 if d.metadata.name == "mnist-serving" and not d.metadata.deletion_timestamp]
+        return realkube.admin.sanitize_for_serialization(found[0]) if found else None
+
+    backend.launch(ClusterSpec(name="mnist", workers=1, script="print(1)\n"), detach=True)
+    info = backend.serve("mnist", source_url=SOURCE, credentials_secret=SECRET_NAME)
+    assert (info.model, info.reused, info.base_path) == ("mnist", False, "/models/mnist")
+    pods = wait_for(lambda: realkube.pods(ns.name, "tfk8s.io/component=serving"), 90,
+                    message="the serving pod admitted under restricted (made by its ReplicaSet)")
+    assert [c.name for c in pods[0].spec.init_containers] == ["fetch"]
+    assert backend.serve("mnist", source_url=SOURCE).reused is True  # the cluster's Secret: none
+    before, asked = deployment(), len(ns.requests())
+    with pytest.raises(SpecError) as err:
+        backend.serve("mnist", source_url="s3://runs/other")
+    assert str(err.value) == (f"cluster 'mnist' already serves model 'mnist' from {SOURCE}: "
+                              "`%tfcluster serve mnist --stop` first, then serve again.")
+    # nothing changed: no write of the user's, the same spec (the controller may write status)
+    assert not [r for r in ns.requests()[asked:] if r.verb not in ("get", "list", "watch")]
+    after = deployment()
+    assert (after["spec"], after["metadata"]["generation"]) == (
+        before["spec"], before["metadata"]["generation"])
+    shown = [repr(backend.serving("mnist")), repr(backend.status("mnist")), repr(backend.events("mnist"))]
+    written = json.dumps([deployment(),
+                          realkube.admin.sanitize_for_serialization(realkube.pods(ns.name)),
+                          realkube.admin.sanitize_for_serialization(realkube.events(ns.name)),
+                          realkube.admin.sanitize_for_serialization(
+                              realkube.core.read_namespaced_config_map("mnist", ns.name))])
+    for value in [*SECRET_VALUES.values(), *(base64.b64encode(v.encode()).decode()
+                                             for v in SECRET_VALUES.values())]:
+        assert value not in written and not any(value in x for x in shown)
+    assert backend.stop_serving("mnist") is True
+    wait_for(lambda: deployment() is None, 60, message="the serving Deployment removed")
 
 
-def test_serve_from_a_url_with_a_missing_secret_is_one_sentence_and_creates_nothing(kube):
-    ns = "alice"
-    backend = _served_backend(kube, ns)
-    try:
-        backend.launch(ClusterSpec(name="mnist", workers=1, script="print(1)\n"), detach=True)
-        created = len([r for r in kube.requests if r.verb == "create"])
-        with pytest.raises(LaunchFailed) as err:
-            backend.serve("mnist", source_url=SOURCE, credentials_secret="nope")
-    finally:
-        backend.close()
+@pytest.mark.k8s
+def test_serve_from_a_url_with_a_missing_secret_is_one_sentence_and_creates_nothing(realkube, kube_user):
+    ns, backend = _served_backend(kube_user)
+    backend.launch(ClusterSpec(name="mnist", workers=1, script="print(1)\n"), detach=True)
+    created = len([r for r in ns.requests() if r.verb == "create"])
+    with pytest.raises(LaunchFailed) as err:
+        backend.serve("mnist", source_url=SOURCE, credentials_secret="nope")
     assert str(err.value) == (
-        "--credentials-secret 'nope': there is no Secret of that name in namespace 'alice'; create it "
-        "there first (e.g. `kubectl create secret generic nope --from-literal=AWS_ACCESS_KEY_ID=...`), "
+        f"--credentials-secret 'nope': there is no Secret of that name in namespace '{ns.name}'; create "
+        "it there first (e.g. `kubectl create secret generic nope --from-literal=AWS_ACCESS_KEY_ID=...`), "
         "then serve again.")
-    assert len([r for r in kube.requests if r.verb == "create"]) == created
-    assert kube.get_object("deployments", "mnist-serving", ns) is None
-    assert kube.get_object("services", "mnist-serving", ns) is None
+    assert len([r for r in ns.requests() if r.verb == "create"]) == created
+    apps = kubernetes.client.AppsV1Api(realkube.admin)
+    assert not [d for d in apps.list_namespaced_deployment(ns.name).items
+                if d.metadata.name == "mnist-serving"]
+    assert not [x for x in realkube.core.list_namespaced_service(ns.name).items
+                if x.metadata.name == "mnist-serving"]

@@ -1,5 +1,27 @@
 '''A fake Kubernetes API server for tests — a TEST DOUBLE, not a cluster.
 
+What it is still for
+====================
+Every behaviour of the lab on Kubernetes is proven on the real cluster of
+``scripts/kube up`` (tests/test_kube_*.py, tests/test_k8s_issue23_real.py, and
+tests/test_k8s_pods.py on the tier-2 node). This double stays only where the real
+cluster cannot produce the case on demand, or not in tier 1:
+
+* pod logs written line by line at a test's command (kwok's pods write none):
+  the storage steps' ``fetch`` progress (tests/test_k8s_storage.py);
+* a log stream the server drops in the middle of a follow
+  (``drop_log_streams``), re-opened with ``sinceTime``;
+* a JobSet CRD older than v0.7 (the test cluster runs one JobSet, v0.12);
+* JobSet's InOrder start held at a chosen step (``jobset_in_order``): the
+  pods an unfinished JobSet is still to create, a sync step's init container
+  running while no task pod exists;
+* init containers: a failed or progressing ``fetch`` (the test cluster's kwok
+  stages make a pod ready at once);
+* a notebook that may not read PriorityClasses (the test cluster's chart
+  may grant it cluster-wide);
+* the podman "kubelet" (tests/containers/kubelet.py) that runs the double's
+  pods as containers (tests/test_containers.py).
+
 ``tests.kubeapi`` runs a real HTTP server on 127.0.0.1 (free port, background
 threads, one per test) that speaks enough of the Kubernetes REST API for the
 *official* ``kubernetes`` Python client to work against it unmodified:
@@ -7,7 +29,7 @@ typed ``CoreV1Api``/``AppsV1Api``/``BatchV1Api``/``NetworkingV1Api``/
 ``RbacAuthorizationV1Api``/``StorageV1Api`` calls, ``kubernetes.watch.Watch()
 .stream(...)`` and ``read_namespaced_pod_log(..., follow=True,
 _preload_content=False)``. Nothing runs: pods move through their lifecycle
-only when a test (or the kubelet's auto mode) says so.
+only when a test says so.
 
 Using it
 ========
@@ -48,41 +70,32 @@ Harness API (``kube``)
   ``wait_for(condition, timeout=5.0, interval=0.02, message=...)``.
   ``kind`` accepts ``Pod``, ``pods``, ``pod`` or ``deployments.apps``.
 * ``kubelet`` — :class:`~tests.kubeapi.kubelet.SimulatedKubelet`:
-  ``schedule(ns, name, node=None)``, ``run(ns, name, node=None)``,
+  ``schedule(ns, name, node=None)``, ``run_init(ns, name)``,
+  ``fail_init(ns, name, exit_code=1)``, ``run(ns, name, node=None)``,
   ``succeed(ns, name, exit_code=0, container=None)``,
-  ``fail(ns, name, exit_code=1, reason="Error", container=None, message=None)``
-  (``reason="OOMKilled"`` → exit 137), ``restart(ns, name, container=None,
-  exit_code=1, reason="Error")``, ``evict(ns, name, message=...)``,
-  ``unschedulable(ns, name, message=...)``, ``image_pull_backoff(ns, name,
-  container=None, message=None)``, ``set_ready(ns, name, ready, container=None)``,
-  ``log(ns, name, text, container=None)``, and ``auto(run_after=0.0,
-  complete_after=None, exit_code=0, node=None, on_run=None)`` (``auto(None)``
-  turns it off). Each step writes the status a kubelet would and emits the
-  Events it would (Scheduled, Pulling, Pulled, Created, Started, Killing,
-  BackOff, Failed, FailedScheduling, Evicted).
+  ``log(ns, name, text, container=None)``. Each step writes the status a
+  kubelet would and emits the Events it would (Scheduled, Pulling, Pulled,
+  Created, Started, Killing).
 * ``make_kube(kubernetes_version="1.29", nodes=("node-1",), history_size=1000,
-  strict_validation=True, jobset=True, graceful_pods=False, jobset_in_order=False)`` —
+  strict_validation=True, jobset_in_order=False)`` —
   fixture factory for
-  non-default options (``jobset=False``: a cluster without JobSet installed;
-  ``jobset_in_order``: a JobSet with ``startupPolicy: InOrder`` gets a replicated
-  Job's pods only once every pod of the ones before is ready or ended;
-  ``graceful_pods``: deleted running pods stay Terminating until
-  ``kube.finish_pod_termination(ns)``).
+  non-default options (``jobset_in_order``: a JobSet with ``startupPolicy: InOrder`` gets a replicated
+  Job's pods only once every pod of the ones before is ready or ended).
 * ``jobsets`` — :class:`~tests.kubeapi.jobsets.JobSetDriver`: ``pods(ns, name,
   attempt=None)``, ``pod_name(ns, name, role, index)``, and what a test says
-  JobSet did: ``restart(ns, name)``, ``finish(ns, name, condition, reason,
-  message)``.
+  JobSet did: ``finish(ns, name, condition, reason, message)``.
 * ``store`` — the raw :class:`~tests.kubeapi.store.Store`, if you must.
 
 What it models
 ==============
 * Kinds (table in ``resources.py``; one line adds one): namespaces, nodes,
   pods (+status, +log), services, configmaps, secrets, serviceaccounts, PVCs,
-  events, resourcequotas, limitranges, apps/v1 deployments, batch/v1 jobs,
+  events, resourcequotas, limitranges (stored, not enforced), apps/v1
+  deployments and batch/v1 jobs (stored, no controller),
   networking/v1 networkpolicies, rbac/v1 roles and rolebindings,
   storage/v1 storageclasses, and the custom resource jobset.x-k8s.io/v1alpha2
   JobSet (validated against its CRD schema with undeclared fields refused,
-  ``crd.py``; discovery of its group at ``/apis`` and ``/apis/G/V``; the
+  ``tests/jobset_schema.py``; discovery of its group at ``/apis`` and ``/apis/G/V``; the
   Service and pods JobSet would create, named and labelled as JobSet and the
   Job controller do — but none of JobSet's lifecycle: ``jobsets.py``).
 * create/get/list/update/patch/delete/deletecollection with uid, a global
@@ -128,12 +141,7 @@ What it models
   in the namespace "other"``.
 * Admission, in the real server's order: pod defaults (restartPolicy,
   imagePullPolicy, qosClass, requests default to limits, ``status.phase:
-  Pending``); LimitRange defaulting of the object itself and the LimitRanger
-  (container ``default``/``defaultRequest``, then ``min``/``max``/
-  ``maxLimitRequestRatio`` per Container and Pod → 403 with the plugin's
-  sentences; ``limitranger.py``); a request above its limit → 422; Pod
-  Security ``baseline``/``restricted`` from the namespace's ``enforce`` label
-  → 403 ``violates PodSecurity "restricted:latest": ...`` (``podsecurity.py``);
+  Pending``); a request above its limit → 422;
   ConfigMap/Secret data over 1 MiB → 422 ``Too long``; a request body over
   3 MiB → 413; ResourceQuota on ``pods``,
   ``cpu``, ``memory``, ``requests.*``, ``limits.*`` (incl.
@@ -141,10 +149,6 @@ What it models
   ``count/<resource>``...) → 403 ``exceeded quota: ...`` or ``failed quota:
   ...: must specify ...``; ``status.used`` kept current (terminal pods free
   their share). Controllers' pods pass the same admission.
-* Controllers: Deployments own their pods directly (no ReplicaSet objects; a
-  template change recreates the pods) and report replica counts; Jobs run
-  ``parallelism`` pods to ``completions``/``backoffLimit`` and set
-  Complete/Failed conditions. Both emit SuccessfulCreate/FailedCreate events.
 * Pod logs: ``container``, ``follow`` (streams until the container
   terminates, restarts, or the pod is deleted), ``tailLines``, ``timestamps``,
   ``previous``, ``limitBytes``; 400 ``container "c" in pod "p" is waiting to
@@ -158,8 +162,8 @@ What it does NOT model
   documents, protobuf/CBOR, server-side apply (415), real strategic merge
   (strategic merge patch is treated as a JSON merge patch: lists are replaced,
   not merged by key), immutability of most pod spec fields, finalizers other
-  than ``foregroundDeletion``, graceful termination (except ``graceful_pods``),
-  watch bookmarks, ``/exec``/``/attach``/
+  than ``foregroundDeletion``, graceful termination, LimitRanger, Pod Security, Kueue,
+  the Deployment and Job controllers, JobSet's restarts, watch bookmarks, ``/exec``/``/attach``/
   ``/portforward``, ReplicaSets/StatefulSets/CronJobs, Service endpoints or
   DNS, network policy enforcement, PVC binding (claims stay as created),
   node capacity in scheduling, quota scopes and storage quotas.

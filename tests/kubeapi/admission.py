@@ -3,22 +3,21 @@
 What happens to an object between "the request body was valid" and "it was
 stored", for API requests and controller-created pods alike: the defaults a
 backend would see on the stored object (pod ``restartPolicy``, ``status.phase
-Pending``, a Job's selector and labels), LimitRange defaulting and bounds
-(``limitranger.py``), Pod Security (``podsecurity.py``) and ResourceQuota
-admission. Call :func:`admit_create` with ``store.lock`` held,
-together with the create.
+Pending``, a Job's selector and labels, a request defaulted to its limit), the
+``requests <= limits`` validation and ResourceQuota admission. No LimitRanger, no Pod
+Security and no Kueue webhook: the real API server and Kueue run those
+(tests/test_kube_admission.py, tests/test_kube_controlplane.py, the dry-runs of
+``RealKube.restricted_refusal``).
+Call :func:`admit_create` with ``store.lock`` held, together with the create.
 """
 
 from __future__ import annotations
 
 import uuid
 
-from . import errors, limitranger, podsecurity, quota
+from . import errors, quota
 from .resources import ResourceKind, lookup
 from .store import Store
-
-#: The label that puts a job in a Kueue LocalQueue.
-KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 
 
 def _image_pull_policy(image: str) -> str:
@@ -92,24 +91,50 @@ def _admit_priority(store: Store, pod: dict) -> None:
     spec["priority"] = found["value"] if found else SYSTEM_PRIORITY[name]
 
 
+def _containers(pod: dict) -> list[dict]:
+    spec = pod.get("spec") or {}
+    return [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+
+
+def _default_requests_to_limits(pod: dict) -> None:
+    """Decoding's defaulting: a container's missing request defaults to its limit."""
+    for c in _containers(pod):
+        res = c.get("resources") or {}
+        for name, value in (res.get("limits") or {}).items():
+            res.setdefault("requests", {}).setdefault(name, value)
+        if res:
+            c["resources"] = res
+
+
+def _request_limit_problems(pod: dict) -> list[tuple[str, str]]:
+    """Validation's ``requests <= limits`` (422 causes)."""
+    problems = []
+    spec = pod.get("spec") or {}
+    for group in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(group) or []):
+            res = c.get("resources") or {}
+            limits = res.get("limits") or {}
+            for name, request in sorted((res.get("requests") or {}).items()):
+                if name in limits and quota.parse_quantity(request) > quota.parse_quantity(limits[name]):
+                    problems.append((
+                        f"spec.{group}[{i}].resources.requests[{name}]",
+                        f'Invalid value: "{request}": must be less than or equal to {name} '
+                        f"limit of {limits[name]}"))
+    return problems
+
+
 def admit_pod(store: Store, namespace: dict, pod: dict) -> None:
     """A pod's way through the real server: defaults, mutation, validation, validating plugins.
 
-    Decoding defaults requests to limits; the LimitRanger fills defaults
-    (mutating); validation refuses a request above its limit (422); then the
-    validating plugins in the real order: LimitRanger bounds, PodSecurity
-    (403); ResourceQuota runs last, in :func:`admit_create`.
+    Decoding defaults requests to limits; validation refuses a request above its
+    limit (422); ResourceQuota runs last, in :func:`admit_create`.
     """
     default_pod(pod)
     _admit_priority(store, pod)
-    limit_ranges = store.objects(lookup("limitranges"), namespace["metadata"]["name"])
-    limitranger.default_requests_to_limits(pod)
-    limitranger.mutate(limit_ranges, pod)
-    problems = limitranger.request_limit_problems(pod)
+    _default_requests_to_limits(pod)
+    problems = _request_limit_problems(pod)
     if problems:
         raise errors.invalid(lookup("pods"), pod["metadata"].get("name", ""), problems)
-    limitranger.validate(limit_ranges, pod)
-    podsecurity.admit(namespace, pod)
     pod["status"]["qosClass"] = _qos_class(pod["spec"])
 
 
@@ -117,9 +142,8 @@ def admit_create(store: Store, kind: ResourceKind, namespace: str | None, obj: d
     """Default and admit ``obj`` for creation; returns a pre-assigned uid or None.
 
     Raises the real server's errors: 404 when the namespace does not exist,
-    403 when it is terminating or a quota, LimitRange or Pod Security level
-    forbids the object, 422 when LimitRange defaults leave a request above
-    its limit.
+    403 when it is terminating or a quota or Pod Security level forbids the
+    object, 422 when a request is above its limit.
     """
     if kind.namespaced:
         ns = store.get(lookup("namespaces"), None, namespace)
@@ -133,15 +157,9 @@ def admit_create(store: Store, kind: ResourceKind, namespace: str | None, obj: d
     uid = None
     if kind.kind == "Pod":
         admit_pod(store, ns, obj)
-    elif kind.kind == "LimitRange":
-        limitranger.default_limit_range(obj)
     elif kind.kind == "Job":
         uid = str(uuid.uuid4())
         default_job(obj, uid)
-    elif kind.kind == "JobSet" and store.kueue and \
-            (obj["metadata"].get("labels") or {}).get(KUEUE_QUEUE):
-        # Kueue's mutating webhook: a queued job starts suspended, until admitted
-        obj["spec"]["suspend"] = True
     elif kind.kind == "Namespace":
         obj["status"] = {"phase": "Active"}
         labels = obj["metadata"].setdefault("labels", {})

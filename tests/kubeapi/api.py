@@ -155,8 +155,6 @@ class KubeAPI:
         self._requests_lock = threading.Lock()
         self.stopping = threading.Event()
         self.log_epoch = 0  # bumped by drop_log_streams(): followed logs end
-        #: API groups this cluster does not serve (e.g. ``jobset.x-k8s.io``: no JobSet installed).
-        self.disabled_groups: set[str] = set()
 
     # -- entry point -------------------------------------------------------
 
@@ -180,8 +178,6 @@ class KubeAPI:
                 raise errors.ApiError(413, "RequestEntityTooLarge",
                                       f"Request entity too large: limit is {MAX_REQUEST_BODY}")
             route = parse_route(req.path)
-            if route.kind.group in self.disabled_groups:
-                raise _NOT_FOUND_PATH
             verb = _verb(req.method, route, req.query)
             attrs = RequestAttributes(verb, route.kind.group, route.kind.plural,
                                       route.subresource, route.namespace, route.name)
@@ -218,7 +214,7 @@ class KubeAPI:
         parts = [p for p in req.path.split("/") if p]
         if req.method != "GET" or parts[:1] != ["apis"] or len(parts) not in (1, 3):
             return None
-        served = [k for k in KINDS if k.group and k.group not in self.disabled_groups]
+        served = [k for k in KINDS if k.group]
         if len(parts) == 1:
             groups: dict[str, list[str]] = {}
             for k in served:

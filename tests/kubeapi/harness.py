@@ -17,7 +17,6 @@ import kubernetes.client
 
 from . import api as api_module
 from .api import ADMIN_TOKEN, KubeAPI, RecordedRequest, Request
-from .controllers import DeploymentController, JobController
 from .errors import ApiError
 from .jobsets import JobSetDriver, JobSetPods
 from .kubelet import SimulatedKubelet
@@ -37,23 +36,17 @@ class KubeHarness:
 
     def __init__(self, *, kubernetes_version: str = "1.29",
                  nodes: tuple[str, ...] = ("node-1",), history_size: int = 1000,
-                 strict_validation: bool = True, jobset: bool = True,
-                 graceful_pods: bool = False, kueue: bool = False,
+                 strict_validation: bool = True,
                  jobset_in_order: bool = False):
         self.store = Store(history_size=history_size)
         self.kubelet = SimulatedKubelet(self.store, nodes)
         self.validator = Validator(kubernetes_version, strict=strict_validation)
         self.api = KubeAPI(self.store, self.kubelet, self.validator)
         jobset_pods = JobSetPods(self.store, in_order=jobset_in_order)
-        for observer in (QuotaController(self.store), DeploymentController(self.store),
-                         JobController(self.store), jobset_pods):
+        for observer in (QuotaController(self.store), jobset_pods):
             self.store.add_observer(observer)
-        #: What a test says JobSet did (restart, finish); see :mod:`.jobsets`.
+        #: What a test says JobSet did (finish); see :mod:`.jobsets`.
         self.jobsets = JobSetDriver(self.store, jobset_pods)
-        if not jobset:
-            self.api.disabled_groups.add("jobset.x-k8s.io")
-        self.store.hold_pod_deletion = graceful_pods
-        self.store.kueue = kueue
         self._server = FakeKubeServer(self.api)
         self._clients: list[kubernetes.client.ApiClient] = []
         self._api_client: kubernetes.client.ApiClient | None = None
@@ -142,12 +135,11 @@ class KubeHarness:
 
     # -- RBAC and the request log --------------------------------------------------
 
-    def set_role(self, role: dict, namespace: str, service_account: str = "default",
-                 cluster_rules: list[dict] | None = None) -> None:
+    def set_role(self, role: dict, namespace: str, service_account: str = "default") -> None:
         """Enforce ``role`` (a rbac/v1 Role dict) bound to ``service_account`` in
-        ``namespace`` for every non-admin request from now on; ``cluster_rules``: the rules
-        of a ClusterRoleBinding of the same account (cluster-scoped requests only)."""
-        self.api.authorizer = RoleAuthorizer(role, namespace, service_account, cluster_rules)
+        ``namespace`` for every non-admin request from now on (cluster-scoped requests are
+        refused: the real authorizer's ClusterRoles are tests/test_k8s_issue23_real.py's)."""
+        self.api.authorizer = RoleAuthorizer(role, namespace, service_account)
 
     def clear_role(self) -> None:
         """Stop enforcing RBAC (every request is allowed again)."""
@@ -180,10 +172,6 @@ class KubeHarness:
             body = response.body
             raise ApiError(response.code, body["reason"], body["message"], body.get("details"))
         return response.body
-
-    def finish_pod_termination(self, namespace: str | None = None) -> int:
-        """With ``graceful_pods``: the kubelet finished stopping every Terminating pod."""
-        return self.store.finish_pod_termination(namespace)
 
     def create_namespace(self, name: str, labels: dict[str, str] | None = None) -> dict:
         """Create a namespace (status Active, ``kubernetes.io/metadata.name`` label)."""

@@ -1,7 +1,7 @@
 """JobSet in the fake API server (a TEST DOUBLE): the kind, and the pods it asks for.
 
 The double serves ``jobset.x-k8s.io/v1alpha2`` JobSets (CRUD, watch, strict
-CRD-schema validation: :mod:`.crd`) and, as a stand-in for the JobSet and
+CRD-schema validation: :mod:`tests.jobset_schema`) and, as a stand-in for the JobSet and
 Job controllers *only where a test needs pods to exist*, it creates:
 
 * the headless Service JobSet creates (named after ``network.subdomain``,
@@ -21,12 +21,10 @@ deletes a pod, never applies successPolicy/failurePolicy or the TTL, and
 never writes JobSet status on its own; ``startupPolicy: InOrder`` only with
 the harness's ``jobset_in_order=True`` (pod creation order, see
 :meth:`JobSetPods.reconcile`).  A test says what JobSet did:
-:meth:`JobSetDriver.restart` (a new attempt's pods, ``status.restarts`` + 1),
 :meth:`JobSetDriver.finish` (the ``Completed``/``Failed`` condition).  Also
 not modelled: the Job objects themselves (pods are owned by the JobSet
-directly; garbage collection ends the same way).  Kueue, with the harness's
-``kueue=True``: its webhook suspends a queued JobSet at creation, and a test
-says what Kueue decided (:meth:`JobSetDriver.kueue_pending`, ``kueue_admit``).
+directly; garbage collection ends the same way).  JobSet's restarts and Kueue's
+admission are proven with their real controllers (tests/test_kube_controlplane.py).
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ import copy
 import hashlib
 
 from .controllers import _Controller, _owner_ref
-from .events import record_event
 from .resources import lookup
 from .store import Store, now, random_suffix
 
@@ -202,41 +199,6 @@ class JobSetDriver:
         if js is None:
             raise KeyError(f"no JobSet {namespace}/{name}")
         return js
-
-    def workload_name(self, namespace: str, name: str) -> str:
-        """The name Kueue gives the Workload of JobSet ``name``: ``jobset-<name>-<5 hex>``."""
-        uid = self._status(namespace, name)["metadata"]["uid"]
-        return f"jobset-{name}-{hashlib.sha1(f'{name}/{uid}'.encode()).hexdigest()[:5]}"
-
-    def kueue_pending(self, namespace: str, name: str, message: str) -> None:
-        """Kueue could not admit JobSet ``name``: the ``Pending`` Event on its Workload."""
-        workload = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
-                    "metadata": {"name": self.workload_name(namespace, name),
-                                 "namespace": namespace}}
-        record_event(self.store, workload, "Pending", message, type_="Warning",
-                     component="kueue-admission")
-
-    def kueue_admit(self, namespace: str, name: str) -> None:
-        """Kueue admitted JobSet ``name``: it unsuspends it, and JobSet makes the pods."""
-        with self.store.lock:
-            js = self._status(namespace, name)
-            js["spec"]["suspend"] = False
-            self.store.update(self.kind, js, check_version=False)
-        self._pods.reconcile(namespace, name)
-
-    def restart(self, namespace: str, name: str) -> None:
-        """JobSet restarted (failurePolicy): old pods go, a new attempt's pods come."""
-        with self.store.lock:
-            js = self._status(namespace, name)
-            status = js.setdefault("status", {})
-            old = int(status.get("restarts", 0))
-            status["restarts"] = old + 1
-            self.store.update(self.kind, js, subresource="status", check_version=False)
-            for pod in self.pods(namespace, name, attempt=old):
-                self.store.delete(lookup("pods"), namespace, pod["metadata"]["name"])
-            record_event(self.store, js, "Restarting", f"restart attempt {old + 1}",
-                         component="jobset-controller")
-        self._pods.reconcile(namespace, name)
 
     def finish(self, namespace: str, name: str, condition: str = "Completed",
                reason: str = "AllJobsCompleted", message: str = "jobset completed successfully",

@@ -1,11 +1,11 @@
 """A scriptable kubelet and scheduler for the fake API server (a TEST DOUBLE).
 
 Nothing runs: a test moves pods through their lifecycle by calling methods
-(``schedule``, ``run``, ``succeed``, ``fail``, ``evict``, ``unschedulable``,
-``image_pull_backoff``, ``restart``) or turns on ``auto`` mode. Each step
+(``schedule``, ``run_init``, ``fail_init``, ``run``, ``succeed``). Each step
 writes the pod status a real kubelet would write and emits the Events a real
 scheduler/kubelet would (Scheduled, Pulling, Pulled, Created, Started,
-Killing, BackOff, FailedScheduling, Evicted, ...). Container logs are lines
+Killing, ...). Failures, restarts, evictions and scheduling refusals come from
+the real kubelet, kwok and scheduler (tests/test_kube_*.py, tests/test_k8s_pods.py). Container logs are lines
 the test appends with ``log``; the API serves them on ``pods/NAME/log``.
 Pod IPs are data only: nothing listens on them.
 """
@@ -17,7 +17,6 @@ import datetime as dt
 import itertools
 import secrets
 import threading
-from collections.abc import Callable
 
 from .events import record_event
 from .resources import lookup
@@ -46,8 +45,6 @@ class SimulatedKubelet:
         # instance, so ``previous=true`` and restarts behave like the real kubelet.
         self._logs: dict[tuple[str, str], list[list[tuple[str, str]]]] = {}
         self._log_changed = threading.Condition()
-        self._timers: list[threading.Timer] = []
-        self._auto: dict | None = None
         self._stopped = False
         store.add_observer(self._observe)
 
@@ -136,49 +133,6 @@ class SimulatedKubelet:
                        component="default-scheduler")
             return pod
 
-    def _missing_secret(self, pod: dict) -> tuple[str, str, bool] | None:
-        """The first (container, Secret, is-init) whose non-optional Secret does not exist.
-
-        What the kubelet checks before it creates a container: every
-        ``envFrom.secretRef`` and ``env[].valueFrom.secretKeyRef`` (the pod stays
-        Pending, the container waiting ``CreateContainerConfigError``).
-        """
-        ns = pod["metadata"]["namespace"]
-        kind = lookup("secrets")
-        for init, containers in ((True, pod["spec"].get("initContainers") or []),
-                                 (False, pod["spec"].get("containers") or [])):
-            for c in containers:
-                refs = [e["secretRef"] for e in c.get("envFrom") or [] if "secretRef" in e]
-                refs += [e["valueFrom"]["secretKeyRef"] for e in c.get("env") or []
-                         if "secretKeyRef" in (e.get("valueFrom") or {})]
-                for ref in refs:
-                    if not ref.get("optional") and self.store.get(kind, ns, ref["name"]) is None:
-                        return c["name"], ref["name"], init
-        return None
-
-    def _config_error(self, pod: dict, container: str, secret: str, init: bool) -> dict:
-        """The kubelet cannot build a container's config: it waits, the pod stays Pending."""
-        message = f'secret "{secret}" not found'
-        waiting = {"waiting": {"reason": "CreateContainerConfigError", "message": message}}
-        inits = self._init_statuses(pod)
-        statuses = self._statuses(pod)
-        if init:
-            inits[container]["state"] = waiting
-            for cs in statuses.values():
-                cs["state"] = {"waiting": {"reason": "PodInitializing"}}
-            self._set_condition(pod["status"], "Initialized", False, "ContainersNotInitialized",
-                                f"containers with incomplete status: [{container}]")
-        else:
-            statuses[container]["state"] = waiting
-        if inits:
-            pod["status"]["initContainerStatuses"] = list(inits.values())
-        self._store_statuses(pod, statuses)
-        pod = self._write_status(pod)
-        kind = "initContainers" if init else "containers"
-        self.event(pod, "Failed", f"Error: {message}", type_="Warning",
-                   field_path=f"spec.{kind}{{{container}}}")
-        return pod
-
     def _init_statuses(self, pod: dict) -> dict[str, dict]:
         existing = {s["name"]: s for s in pod["status"].get("initContainerStatuses") or []}
         return {c["name"]: existing.get(c["name"]) or {
@@ -194,9 +148,6 @@ class SimulatedKubelet:
             pod = self._pod(namespace, name)
             if not pod["spec"].get("nodeName"):
                 pod = self.schedule(namespace, name)
-            missing = self._missing_secret(pod)
-            if missing is not None:
-                return self._config_error(pod, *missing)
             inits = self._init_statuses(pod)
             first = next(iter(inits))
             inits[first].update(started=True, state={"running": {"startedAt": now()}})
@@ -235,16 +186,13 @@ class SimulatedKubelet:
     def run(self, namespace: str, name: str, node: str | None = None) -> dict:
         """Start every container: phase Running, containers running and ready, a pod IP.
 
-        Init containers first run to completion (exit 0).  A container whose
-        Secret does not exist is not started (see :meth:`_missing_secret`).
+        Init containers first run to completion (exit 0).  (A Secret that does not
+        exist is the real kubelet's: tests/test_k8s_pods.py.)
         """
         with self.store.lock:
             pod = self._pod(namespace, name)
             if not pod["spec"].get("nodeName"):
                 pod = self.schedule(namespace, name, node)
-            missing = self._missing_secret(pod)
-            if missing is not None:
-                return self._config_error(pod, *missing)
             inits = self._init_statuses(pod)
             for cs in inits.values():
                 if "terminated" not in cs["state"]:
@@ -315,109 +263,6 @@ class SimulatedKubelet:
         pod becomes Succeeded."""
         return self._terminate(namespace, name, exit_code, "Completed", container)
 
-    def fail(self, namespace: str, name: str, exit_code: int = 1, reason: str = "Error",
-             container: str | None = None, message: str | None = None) -> dict:
-        """Containers exit non-zero (``reason`` e.g. Error or OOMKilled). With
-        restartPolicy Never the pod becomes Failed; otherwise the container goes
-        to CrashLoopBackOff with a BackOff event, as a real kubelet does."""
-        if reason == "OOMKilled" and exit_code == 1:
-            exit_code = 137
-        return self._terminate(namespace, name, exit_code, reason, container, message)
-
-    def restart(self, namespace: str, name: str, container: str | None = None,
-                exit_code: int = 1, reason: str = "Error") -> dict:
-        """The container died and was restarted: restartCount+1, lastState
-        terminated, running again (a new log segment)."""
-        with self.store.lock:
-            pod = self._pod(namespace, name)
-            if pod["status"].get("phase") != "Running":
-                pod = self.run(namespace, name)
-            statuses = self._statuses(pod)
-            for cname in self._container_names(pod, container):
-                cs = statuses[cname]
-                started = (cs["state"].get("running") or {}).get("startedAt", now())
-                cs.update(restartCount=cs["restartCount"] + 1, ready=True, started=True,
-                          lastState={"terminated": {"exitCode": exit_code, "reason": reason,
-                                                    "startedAt": started, "finishedAt": now()}},
-                          state={"running": {"startedAt": now()}})
-                self._open_segment(pod, cname)
-                field = f"spec.containers{{{cname}}}"
-                self.event(pod, "Pulled", f'Container image "{self._image(pod, cname)}" already '
-                                          "present on machine", field_path=field)
-                self.event(pod, "Created", f"Created container: {cname}", field_path=field)
-                self.event(pod, "Started", f"Started container {cname}", field_path=field)
-            self._store_statuses(pod, statuses)
-            return self._write_status(pod)
-
-    def evict(self, namespace: str, name: str,
-              message: str = "The node was low on resource: memory. Threshold quantity: "
-                             "100Mi, available: 50Mi.") -> dict:
-        """Node-pressure eviction: phase Failed, reason Evicted, an Evicted event."""
-        with self.store.lock:
-            pod = self._pod(namespace, name)
-            statuses = self._statuses(pod)
-            for cs in statuses.values():
-                cs.update(ready=False, started=False,
-                          state={"terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown",
-                                                "finishedAt": now()}})
-            pod["status"].update(phase="Failed", reason="Evicted", message=message)
-            self._store_statuses(pod, statuses)
-            pod = self._write_status(pod)
-            self.event(pod, "Evicted", message, type_="Warning")
-            return pod
-
-    def unschedulable(self, namespace: str, name: str,
-                      message: str = "0/1 nodes are available: 1 Insufficient cpu. preemption: "
-                                     "0/1 nodes are available: 1 No preemption victims found "
-                                     "for incoming pod.") -> dict:
-        """The scheduler cannot place the pod: PodScheduled=False/Unschedulable and a
-        FailedScheduling warning event."""
-        with self.store.lock:
-            pod = self._pod(namespace, name)
-            pod["status"]["phase"] = "Pending"
-            self._set_condition(pod["status"], "PodScheduled", False, "Unschedulable", message)
-            pod = self._write_status(pod)
-            self.event(pod, "FailedScheduling", message, type_="Warning",
-                       component="default-scheduler")
-            return pod
-
-    def image_pull_backoff(self, namespace: str, name: str, container: str | None = None,
-                           message: str | None = None) -> dict:
-        """Image pull fails: container waiting ImagePullBackOff, Failed + BackOff events."""
-        with self.store.lock:
-            pod = self._pod(namespace, name)
-            if not pod["spec"].get("nodeName"):
-                pod = self.schedule(namespace, name)
-            statuses = self._statuses(pod)
-            for cname in self._container_names(pod, container):
-                image = self._image(pod, cname)
-                field = f"spec.containers{{{cname}}}"
-                why = message or (f'failed to pull and unpack image "{image}": not found')
-                self.event(pod, "Failed", f'Failed to pull image "{image}": {why}',
-                           type_="Warning", field_path=field)
-                self.event(pod, "Failed", "Error: ErrImagePull", type_="Warning",
-                           field_path=field)
-                self.event(pod, "BackOff", f'Back-off pulling image "{image}"',
-                           field_path=field)
-                statuses[cname].update(ready=False, state={"waiting": {
-                    "reason": "ImagePullBackOff", "message": f'Back-off pulling image "{image}"'}})
-            pod["status"]["phase"] = "Pending"
-            self._store_statuses(pod, statuses)
-            return self._write_status(pod)
-
-    def set_ready(self, namespace: str, name: str, ready: bool,
-                  container: str | None = None) -> dict:
-        """Flip readiness (a readiness probe starting to pass or fail)."""
-        with self.store.lock:
-            pod = self._pod(namespace, name)
-            statuses = self._statuses(pod)
-            for cname in self._container_names(pod, container):
-                statuses[cname]["ready"] = ready
-            self._store_statuses(pod, statuses)
-            return self._write_status(pod)
-
-    # -- logs ------------------------------------------------------------------
-
     def _open_segment(self, pod: dict, container: str) -> None:
         with self._log_changed:
             self._logs.setdefault((pod["metadata"]["uid"], container), []).append([])
@@ -453,65 +298,10 @@ class SimulatedKubelet:
         with self._log_changed:
             self._log_changed.wait_for(changed, timeout)
 
-    # -- auto mode ---------------------------------------------------------------
-
-    def auto(self, run_after: float | None = 0.0, complete_after: float | None = None,
-             exit_code: int = 0, node: str | None = None,
-             on_run: Callable[[dict], None] | None = None) -> None:
-        """Drive new pods automatically: Pending → Running ``run_after`` seconds after
-        creation, then (if ``complete_after`` is set) exit with ``exit_code``.
-        ``on_run(pod)`` is called once a pod runs (e.g. to write log lines).
-        ``auto(None)`` turns auto mode off."""
-        self._auto = None if run_after is None else {
-            "run_after": run_after, "complete_after": complete_after,
-            "exit_code": exit_code, "node": node, "on_run": on_run}
-
-    def _later(self, delay: float, fn: Callable, *args) -> None:
-        if self._stopped:
-            return
-        timer = threading.Timer(delay, self._guarded, args=(fn, *args))
-        timer.name = "kubeapi-kubelet"
-        timer.daemon = True
-        self._timers = [t for t in self._timers if t.is_alive()] + [timer]
-        timer.start()
-
-    def _guarded(self, fn: Callable, namespace: str, name: str, uid: str) -> None:
-        if self._stopped:
-            return
-        try:
-            with self.store.lock:
-                pod = self.store.get(self._pods, namespace, name)
-                if pod is None or pod["metadata"]["uid"] != uid:
-                    return  # deleted (or replaced) meanwhile
-                fn(namespace, name, uid)
-        except Exception as exc:  # noqa: BLE001 - surfaced by the fixture at teardown
-            self.store.observer_errors.append(exc)
-
-    def _auto_run(self, namespace: str, name: str, uid: str) -> None:
-        cfg = self._auto
-        if cfg is None:
-            return
-        pod = self.run(namespace, name, cfg["node"])
-        if cfg["on_run"]:
-            cfg["on_run"](pod)
-        if cfg["complete_after"] is not None:
-            self._later(cfg["complete_after"], self._auto_complete, namespace, name, uid)
-
-    def _auto_complete(self, namespace: str, name: str, uid: str) -> None:
-        cfg = self._auto or {"exit_code": 0}
-        if cfg["exit_code"] == 0:
-            self.succeed(namespace, name)
-        else:
-            self.fail(namespace, name, exit_code=cfg["exit_code"])
-
     def _observe(self, event: WatchEvent) -> None:
         if event.kind is not self._pods:
             return
-        meta = event.obj["metadata"]
-        if event.type == "ADDED" and self._auto is not None:
-            self._later(self._auto["run_after"], self._auto_run, meta["namespace"],
-                        meta["name"], meta["uid"])
-        elif event.type == "DELETED":
+        if event.type == "DELETED":
             with self._log_changed:
                 self._log_changed.notify_all()
             for cs in (event.obj.get("status") or {}).get("containerStatuses") or []:
@@ -521,11 +311,7 @@ class SimulatedKubelet:
                                field_path=f"spec.containers{{{cs['name']}}}")
 
     def stop(self) -> None:
-        """Cancel pending auto-mode timers and wake log followers (harness shutdown)."""
+        """Wake log followers (harness shutdown)."""
         self._stopped = True
-        for timer in self._timers:
-            timer.cancel()
-        for timer in self._timers:
-            timer.join(timeout=5)
         with self._log_changed:
             self._log_changed.notify_all()

@@ -51,13 +51,10 @@ def _rule_allows(rule: dict, attrs: RequestAttributes) -> bool:
 class RoleAuthorizer:
     """Authorizes requests of one ServiceAccount against one bound Role."""
 
-    def __init__(self, role: dict, namespace: str, service_account: str = "default",
-                 cluster_rules: list[dict] | None = None):
+    def __init__(self, role: dict, namespace: str, service_account: str = "default"):
         self.role = role
         self.namespace = namespace
         self.service_account = service_account
-        #: Rules of a ClusterRoleBinding, the only grant of cluster-scoped requests.
-        self.cluster_rules = cluster_rules or []
 
     @property
     def username(self) -> str:
@@ -66,8 +63,6 @@ class RoleAuthorizer:
 
     def allows(self, attrs: RequestAttributes) -> bool:
         """Whether the Role grants the request (a Role never grants cluster scope)."""
-        if not attrs.namespace and self.cluster_rules:
-            return any(_rule_allows(rule, attrs) for rule in self.cluster_rules)
         if attrs.namespace != self.namespace:
             return False
         return any(_rule_allows(rule, attrs) for rule in self.role.get("rules") or [])

@@ -84,10 +84,6 @@ class Store:
         self._observers: list[Callable[[WatchEvent], None]] = []
         self.observer_errors: list[BaseException] = []
         self.closed = False
-        #: Keep deleted running pods Terminating until :meth:`finish_pod_termination`.
-        self.hold_pod_deletion = False
-        #: Kueue's webhook stand-in: JobSets with a queue label are created suspended.
-        self.kueue = False
         # uid → last state of removed objects (what a Foreground DELETE answers with).
         self._finished: dict[str, dict] = {}
 
@@ -232,11 +228,9 @@ class Store:
         ``Foreground``: the object stays, with a ``deletionTimestamp`` and the
         ``foregroundDeletion`` finalizer, until every dependent is gone; then
         it goes.  ``Orphan`` strips the ownerReference from dependents
-        instead.  With :attr:`hold_pod_deletion`, a running pod stays
-        Terminating (``deletionTimestamp`` set) until
-        :meth:`finish_pod_termination` — the kubelet's graceful shutdown — so
-        a Foreground owner waits for it, as on a real cluster.  Namespaces
-        delete their contents first and are marked Terminating meanwhile.
+        instead.  Namespaces delete their contents first and are marked
+        Terminating meanwhile.  (Pods held Terminating by a kubelet's graceful
+        shutdown: tests/test_kube_backend.py on the real cluster.)
         """
         with self.lock:
             key = _key(kind, namespace if kind.namespaced else None, name)
@@ -272,12 +266,6 @@ class Store:
                         self._delete_if_present(dep_kind, dep["metadata"].get("namespace"),
                                                 dep["metadata"]["name"], "Foreground")
                 return copy.deepcopy(self._objects.get(key) or self._finished[uid])
-            if kind.kind == "Pod" and self.hold_pod_deletion and \
-                    (current.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-                terminating = copy.deepcopy(current)
-                terminating["metadata"]["deletionTimestamp"] = now()
-                terminating["metadata"]["deletionGracePeriodSeconds"] = 30
-                return self._write(kind, key, terminating, current)
             return self._remove(kind, key)
 
     def _remove(self, kind: ResourceKind, key: tuple) -> dict:
@@ -313,18 +301,6 @@ class Store:
             meta = owner["metadata"]
             self._remove(kind, _key(kind, meta.get("namespace") if kind.namespaced else None,
                                     meta["name"]))
-
-    def finish_pod_termination(self, namespace: str | None = None) -> int:
-        """The kubelet finished stopping every Terminating pod: remove them; return how many."""
-        with self.lock:
-            pods = lookup("pods")
-            done = [p for p in self.objects(pods, namespace)
-                    if p["metadata"].get("deletionTimestamp")]
-            for pod in done:
-                key = _key(pods, pod["metadata"]["namespace"], pod["metadata"]["name"])
-                if key in self._objects:
-                    self._remove(pods, key)
-            return len(done)
 
     def _delete_if_present(self, kind: ResourceKind, namespace: str | None, name: str,
                            propagation: str = "Background") -> None:

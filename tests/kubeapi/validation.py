@@ -21,7 +21,9 @@ import kubernetes_validate
 from kubernetes_validate import utils as kv_utils
 from referencing import Registry, Resource
 
-from . import crd, errors
+from tests import jobset_schema as crd
+
+from . import errors
 from .resources import ResourceKind, lookup
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

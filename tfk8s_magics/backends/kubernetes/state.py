@@ -26,6 +26,8 @@ from .storage_pods import BACKUP, SYNC, step_of_pod, steps
 Pod = dict[str, Any]
 #: What an ended JobSet's condition says happened to tasks it ended itself.
 ENDED_BY_JOBSET = "ended when the JobSet succeeded"
+#: The exit code of a container stopped by SIGTERM (128 + 15): how a pod deleted by JobSet ends.
+SIGTERM_EXIT = 143
 #: How a task of a JobSet that Kueue holds (suspended, queued) reads; Kueue's reason follows.
 WAITING_FOR_QUEUE = "waiting for admission by queue"
 
@@ -414,8 +416,10 @@ def cluster_phase(view: View, tasks: list[TaskStatus]) -> tuple[str, str]:
     """The cluster's phase and reason: JobSet's verdict, else what its steps and tasks show."""
     if view.stopped:
         return Phase.STOPPED, "stopped by the user"
-    # A task's failure first: a step ended by the JobSet's own end is not its cause.
-    failed = [*(t for t in tasks if t.phase == Phase.FAILED), *failed_steps(view)]
+    # A task's failure first: a step ended by the JobSet's own end is not its cause; nor is a
+    # task or step SIGTERMed (143), which is what a failing or restarting JobSet does to the rest.
+    failed = sorted([*(t for t in tasks if t.phase == Phase.FAILED), *failed_steps(view)],
+                    key=lambda t: t.exit_code == SIGTERM_EXIT)
     ended = jobset_condition(view.jobset)
     if ended is not None:
         return _ended_phase(ended, failed)

@@ -1,4 +1,4 @@
-"""Strict validation of custom resources against their CRD schema (a TEST DOUBLE helper).
+"""Strict validation of custom resources against their CRD schema (pure: no server involved).
 
 A real API server validates a custom resource against the CRD's
 ``openAPIV3Schema`` (types, enums, required fields: a violation is 422
@@ -7,12 +7,14 @@ declare — the JobSet CRD never sets ``additionalProperties: false``.  A
 misspelt field would therefore vanish without a word on a real cluster.
 Here both are refused: :func:`problems` returns the schema violations and
 every undeclared field (except under ``x-kubernetes-preserve-unknown-fields``).
+The builder tests call it on every JobSet we make; the real API server and JobSet's
+CRD prove the same objects are accepted (``tests/test_k8s_issue23_real.py``).
 
 Not evaluated: the CRD's CEL rules (``x-kubernetes-validations``, e.g.
 "Value is immutable" on update) and JobSet's validating webhook.  The pod
 and Job templates inside a JobSet are also validated as ``batch/v1`` Jobs
-by the caller (:class:`~tests.kubeapi.validation.Validator`), as the Jobs
-JobSet creates from them would be.
+by the callers (``kubernetes_validate --strict``), as the Jobs JobSet creates
+from them would be.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 import jsonschema
 
 SCHEMA_DIR = Path(__file__).with_name("schemas")
-#: (apiVersion, kind) → schema file; one line per CRD the double serves.
+#: (apiVersion, kind) → schema file; one line per CRD.
 SCHEMAS = {("jobset.x-k8s.io/v1alpha2", "JobSet"): "jobset-v1alpha2.schema.json"}
 
 
@@ -103,5 +105,5 @@ def problems(obj: dict) -> list[tuple[str, str]]:
 
 
 def is_custom(api_version: str, kind: str) -> bool:
-    """Whether the double validates ``kind`` from a CRD schema."""
+    """Whether ``kind`` is validated from a CRD schema here."""
     return (api_version, kind) in SCHEMAS
