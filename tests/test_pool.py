@@ -131,7 +131,7 @@ def test_an_expired_claim_is_answered_at_once_and_the_daemon_does_not_spin(tmp_p
     loop = threading.Thread(target=daemon.run, args=(ready_w,), daemon=True)
     try:
         loop.start()
-        assert os.read(ready_r, 8) == b"ok"
+        assert os.read(ready_r, 32).startswith(b"ok ")  # "ok PID": it listens
         claimers[0].settimeout(5)
         assert json.loads(claimers[0].recv(4096)) == {"cold": "no warm process became free in time"}
         time.sleep(1.0)
@@ -368,16 +368,16 @@ PROBE = textwrap.dedent('''
 
 
 @pytest.fixture
-def warm(state_dir, monkeypatch):
+def warm(state_dir, xdg_runtime, monkeypatch):
     """A warm pool of size 2 owned by this test process, shut down (and proven gone) after."""
     monkeypatch.setenv("TFK8S_POOL_SIZE", "2")
     pool.configure(None)
     yield
     sock = pool.current()
-    daemon = pool._handle.proc.pid if pool._handle else None
+    daemon = pool.daemon_pid()
     pool.shutdown()
     assert daemon is None or not pid_alive(daemon)
-    assert sock is None or not os.path.exists(os.path.dirname(sock))
+    assert sock is None or not os.path.exists(sock)
 
 
 def _idle(found: dict, kind: str) -> int:
@@ -578,7 +578,7 @@ def test_a_pooled_task_dies_with_its_supervisor(local, workdir, warm):
 
 
 @pytest.mark.slow
-def test_the_pool_dies_with_its_owner_and_leaves_nothing(tmp_path):
+def test_the_pool_dies_with_its_owner_and_leaves_nothing(tmp_path, xdg_runtime):
     owner = textwrap.dedent('''
         import json, os, sys, time
         os.environ["TFK8S_POOL_SIZE"] = "1"
@@ -588,7 +588,7 @@ def test_the_pool_dies_with_its_owner_and_leaves_nothing(tmp_path):
             time.sleep(0.05)
         i = pool.info(sock)
         print(json.dumps({"daemon": i["pid"], "procs": [p["pid"] for p in i["processes"]],
-                          "dir": os.path.dirname(sock), "kind": i["processes"][0]["kind"]}), flush=True)
+                          "dir": i["dir"], "sock": sock, "kind": i["processes"][0]["kind"]}), flush=True)
         time.sleep(600)
     ''')
     proc = subprocess.Popen([sys.executable, "-c", owner], stdout=subprocess.PIPE, text=True,
@@ -608,6 +608,7 @@ def test_the_pool_dies_with_its_owner_and_leaves_nothing(tmp_path):
         for pid in [seen["daemon"], *seen["procs"]]:
             wait_for(lambda pid=pid: not pid_alive(pid), 30, f"pool process {pid} to end with its owner")
         wait_for(lambda: not os.path.exists(seen["dir"]), 10, "the pool's directory to be removed")
+        assert not os.path.exists(seen["sock"])
         if seen["kind"] == pool.NS:  # nothing is in the spare namespace or holds it but us
             assert _holders(spare) == [f"{os.getpid()}/fd/{held}"]
     finally:
@@ -637,7 +638,7 @@ def test_pool_command_shows_size_and_idle_memory(warm):
     assert "size 2" in text and "idle memory:" in text and "MiB PSS" in text
     idle = [p for p in info["processes"] if p["state"] == "idle"]
     assert all(p["pss"] > 50 * 2**20 for p in idle)  # TensorFlow is in there
-    assert pool.status_text().startswith("warm pool of pid")
+    assert pool.status_text().startswith("warm pool of this user (daemon")
     assert any(p["pid"] == info["pid"] for p in pool.pools())
 
 
@@ -668,7 +669,7 @@ def test_an_in_graph_launch_imports_tensorflow_while_the_cluster_starts(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.parametrize("warm_kernel", ["1", "0"])
-def test_a_kernel_with_a_warm_pool_imports_tensorflow_in_the_background(tmp_path, warm_kernel):
+def test_a_kernel_with_a_warm_pool_imports_tensorflow_in_the_background(tmp_path, xdg_runtime, warm_kernel):
     # The owner is the client of its in-graph clusters: with a warm pool it is warm too, so a
     # sub-second warm launch is not followed by seconds of connect importing TensorFlow.
     kernel = textwrap.dedent('''
@@ -704,12 +705,12 @@ def test_tfcluster_list_shows_what_the_warm_pools_of_this_user_hold(warm, capsys
     capsys.readouterr()
     shell.run_line_magic("tfcluster", "list")
     out = capsys.readouterr().out
-    line = next(x for x in out.splitlines() if x.startswith("warm pools of this user:"))
-    assert re.search(r"\d+ kernels?, \d+ TensorFlow processes waiting, \d+ MiB PSS "
-                     r"\(this kernel's: \d+ MiB\)", line), line
+    line = next(x for x in out.splitlines() if x.startswith("warm pool of this user:"))
+    assert re.search(r"\d+ TensorFlow process(es)? waiting, \d+ MiB PSS, shared by 1 kernel "
+                     r"\(this kernel's included\)", line), line
     mine = sum(p["pss"] for p in pool.info(found["socket"])["processes"]) / 2**20
-    assert int(re.search(r"this kernel's: (\d+) MiB", line)[1]) == pytest.approx(mine, rel=0.25, abs=20)
-    assert int(re.search(r"this kernel's: (\d+) MiB", line)[1]) > 100  # TensorFlow imported: hundreds of MiB
+    assert int(re.search(r"waiting, (\d+) MiB PSS", line)[1]) == pytest.approx(mine, rel=0.25, abs=20)
+    assert int(re.search(r"waiting, (\d+) MiB PSS", line)[1]) > 100  # TensorFlow imported: hundreds of MiB
 
 
 def test_every_variable_the_supervisor_gives_a_task_is_read_late_or_the_pools():

@@ -129,7 +129,7 @@ class TFClusterMagics(Magics, MagicDefaults):
 
     def _cmd_launch(self, args, cell):
         spec = self._spec(args, cell)
-        local_pool.configure(self.pool_size)  # c.TFClusterMagics.pool_size, if an admin set it
+        local_pool.configure(self.pool_size, self.pool_idle)  # c.TFClusterMagics.pool_*, if an admin set them
         cluster = api.launch(spec, backend=args.backend, detach=args.detach,
                              replace=args.replace, force=args.force)
         if args.show_dashboard:
@@ -252,9 +252,12 @@ class TFClusterMagics(Magics, MagicDefaults):
     def _cmd_pool(self, args, cell):
         if args.size is not None:
             self.pool_size = args.size  # checked like c.TFClusterMagics.pool_size
-        local_pool.configure(self.pool_size)
+            if args.size == 0:
+                local_pool.resize(0)  # the user's pool empties, then this kernel leaves it
+        local_pool.configure(self.pool_size, self.pool_idle)
         if args.size:
             local_pool.ensure()
+            local_pool.resize(args.size)  # the pool is the user's: a running one takes the new size
         print(local_pool.status_text())
 
     def _cmd_dashboard(self, args, cell):

@@ -8,10 +8,15 @@ it starts at once, and the pool starts replacements in the background.
 Who owns what:
 
 * the **pool daemon** (``python -m tfk8s_magics.backends.local.pool daemon``)
-  belongs to the process that launches clusters (the notebook kernel, or any
-  other owner).  It dies with it (a pidfd lifeline), listens on a unix
-  socket in a 0700 directory of this user, and is the *parent* of every
-  pooled process, so it reaps them and knows their true exit status.
+  belongs to this user: one per task environment (:func:`pool_key`), so every
+  kernel of a lab user shares one.  Each process that launches (a notebook
+  kernel, or any other owner) joins it (:func:`ensure`: the first one starts
+  it); it holds a pidfd of each owner and ends with the last one.  It listens
+  on a unix socket in a 0700 directory of this user (and checks the peer's
+  uid), is no owner's child (it forks once more at start), and is the
+  *parent* of every pooled process, so it reaps them and knows their true exit
+  status.  It keeps ``pool_size`` processes and ends them after ``pool_idle``
+  seconds unused; the next launch refills it.
 * a **pooled process** (``... pool worker FD``) is started with exactly
   the environment a task of a default launch gets (:func:`base_env`,
   loopback shim included), in its own session (process group), with a
@@ -66,6 +71,8 @@ from __future__ import annotations
 import array
 import contextlib
 import ctypes
+import fcntl
+import hashlib
 import json
 import os
 import re
@@ -207,6 +214,27 @@ def runtime_dir() -> Path:
     return path
 
 
+def pool_key(env: Mapping[str, str], shim: str | None) -> str:
+    """Which pool of this user serves processes whose tasks get ``env``: kernels with the same
+    task environment (all the kernels of one lab) share one pool; a kernel whose environment
+    differs (its tasks could not run in that pool's processes) gets its own."""
+    text = json.dumps({"env": dict(sorted(env.items())), "shim": shim, "python": sys.executable})
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def socket_path(key: str) -> str:
+    """The socket of this user's pool ``key`` (:func:`pool_key`) in :func:`runtime_dir`."""
+    return str(runtime_dir() / f"pool-{key}.sock")
+
+
+def _remove_runtime_dir_if_empty(path: Path) -> None:
+    """Remove this user's pool directory (:func:`runtime_dir`) once nothing is in it: a stopped
+    lab leaves no folder behind."""
+    if path.name == f"tfk8s-{os.getuid()}":
+        with contextlib.suppress(OSError):  # not empty (another pool is there), or gone
+            path.rmdir()
+
+
 def _message(data: bytes) -> dict:
     """A pool message or record (a JSON object of at most :data:`MAX_MESSAGE` bytes, nested at most
     :data:`records.MAX_DEPTH` deep); ValueError for anything else."""
@@ -255,35 +283,71 @@ def info(sock_path: str, with_memory: bool = True) -> dict | None:
 
 
 def pools() -> list[dict]:
-    """Every running pool of this user (one per owner process), with :func:`info`'s fields."""
+    """Every running pool of this user (one per task environment, :func:`pool_key`), with
+    :func:`info`'s fields."""
     out = []
     try:
         root = runtime_dir()
     except OSError:
         return out
-    for d in sorted(root.glob("pool-*")):
-        found = info(str(d / "sock"))
+    for sock in sorted(root.glob("pool-*.sock")):
+        found = info(str(sock))
         if found is not None:
             out.append(found)
-        else:
-            _remove_if_stale(d)
     return out
 
 
-def _remove_if_stale(pool_dir: Path) -> None:
-    """Remove what a pool daemon killed with SIGKILL left (its owner is gone, or it never started)."""
-    owner = pool_dir.name.split("-")[1]  # pool-<owner pid>-<random>
-    if owner.isdigit() and not pid_alive(int(owner)):
-        shutil.rmtree(pool_dir, ignore_errors=True)
+def _sweep(root: Path) -> None:
+    """Remove what pool daemons killed with SIGKILL left: sockets nobody listens on, folders of
+    daemons that are gone.  Called with the start lock held (no pool is starting meanwhile)."""
+    for sock in root.glob("pool-*.sock"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            try:
+                s.connect(str(sock))
+            except ConnectionRefusedError:
+                sock.unlink(missing_ok=True)
+            except OSError:
+                pass
+    for d in root.glob("pool-*"):
+        if not d.is_dir():
+            continue
+        try:
+            pid = int((d / "daemon.pid").read_text())
+        except (OSError, ValueError):
+            pid = None
+        if not pid_alive(pid):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _start_lock():
+    """This user's pool start lock (``flock`` on :func:`runtime_dir`): two kernels starting at
+    once find one pool, not two."""
+    fd = os.open(runtime_dir(), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield Path(os.readlink(f"/proc/self/fd/{fd}"))
+    finally:
+        os.close(fd)
+
+
+def _plural(n: int, word: str, plural: str | None = None) -> str:
+    return f"{n} {word if n == 1 else plural or word + 's'}"
 
 
 def describe(found: dict) -> str:
-    """One pool as text: size, processes by state, idle memory per process and in total."""
+    """One pool as text: size, owners, processes by state, idle memory per process and in total."""
     procs = found["processes"]
     states = {s: sum(1 for p in procs if p["state"] == s) for s in ("idle", "starting", "busy")}
-    lines = [f"warm pool of pid {found['owner']} (daemon {found['pid']}): size {found['size']}; "
+    owners = found.get("owners") or [found["owner"]]
+    idle_after = found.get("idle_timeout") or 0
+    lines = [f"warm pool of this user (daemon {found['pid']}, shared by {_plural(len(owners), 'kernel')}: "
+             f"pids {', '.join(map(str, owners))}): size {found['size']}; "
              f"{states['idle']} idle, {states['starting']} starting, {states['busy']} running a task; "
-             f"{found['claimed']} handed out so far" + ("; closing" if found.get("closing") else "")]
+             f"{found['claimed']} handed out so far"
+             + (f"; empties after {idle_after:g} s unused" if idle_after else "; never empties when unused")
+             + ("; emptied (unused), refills at the next launch" if found.get("shrunk") else "")
+             + ("; closing" if found.get("closing") else "")]
     idle = [p for p in procs if p["state"] == "idle" and "pss" in p]
     if idle:
         pss = sum(p["pss"] for p in idle)
@@ -294,71 +358,89 @@ def describe(found: dict) -> str:
 
 
 def memory_line(found: list[dict] | None = None) -> str:
-    """One line for ``%tfcluster list``: what this user's warm pools hold (one per kernel), in
-    processes and PSS; "" when there is none."""
+    """One line for ``%tfcluster list``: what this user's warm pool holds (shared by its kernels),
+    in processes and PSS; "" when there is none."""
     found = pools() if found is None else found
     if not found:
         return ""
-    procs = [p for f in found for p in f["processes"]]
+    procs = [p for f in found for p in f["processes"] if p["state"] in ("idle", "starting")]
     pss = sum(p.get("pss", 0) for p in procs)
+    owners = {o for f in found for o in (f.get("owners") or [f["owner"]])}
     mine = current()
-    own = next((f for f in found if mine and f.get("socket") == mine), None)
-    kernels = f"{len(found)} kernel" + ("s" if len(found) != 1 else "")
-    mine_pss = sum(p.get("pss", 0) for p in own["processes"]) if own else 0
-    return (f"warm pools of this user: {kernels}, {len(procs)} TensorFlow processes waiting, "
-            f"{pss / 2**20:.0f} MiB PSS" + (f" (this kernel's: {mine_pss / 2**20:.0f} MiB)" if own else "")
-            + "; %tfcluster pool --size 0 frees this kernel's")
+    shared = "this kernel's included" if any(f.get("socket") == mine for f in found) else "not this kernel's"
+    return (f"warm pool of this user: {_plural(len(procs), 'TensorFlow process', 'TensorFlow processes')} waiting, "
+            f"{pss / 2**20:.0f} MiB PSS, shared by {_plural(len(owners), 'kernel')} ({shared}); "
+            "%tfcluster pool --size N sets its size (0 frees it)")
 
 
 def status_text() -> str:
-    """``%tfcluster pool``: this process's pool, or what its size setting means."""
+    """``%tfcluster pool``: this user's pool as this process uses it, or what its size setting means."""
     sock, size = current(), pool_size()
     found = info(sock) if sock else None
     if found is not None:
         return describe(found)
     if size == 0:
         return "no warm pool: pool_size is 0 (every task starts cold); %tfcluster pool --size N starts one"
-    return (f"warm pool: size {size}, not running yet (it starts at this kernel's first local launch, "
-            "or now with %tfcluster pool --size N)")
+    return (f"warm pool: size {size}, not running yet (it starts, or this kernel joins this user's, at "
+            "the first local launch, or now with %tfcluster pool --size N)")
 
 
-# -- the owner's side: one pool per owner process --------------------------------
+# -- the owner's side: one pool per user, joined by each owner process ----------------
 @dataclass
 class _Handle:
-    proc: subprocess.Popen
     sock: str
-    env: dict[str, str]
-    cwd: str
+    key: str
+    pid: int  # the daemon's
 
 
 _handle: _Handle | None = None
 _size_override: int | None = None
+_idle_override: float | None = None
 
 
-def configure(size: int | None) -> None:
-    """Set this process's pool size (the magic's ``pool_size`` trait); None: ``$TFK8S_POOL_SIZE``."""
-    global _size_override
+def configure(size: int | None, idle: float | None = None) -> None:
+    """Set this process's pool settings (the magic's ``pool_size`` and ``pool_idle`` traits; None:
+    ``$TFK8S_POOL_SIZE``, ``$TFK8S_POOL_IDLE``).  Size 0: this process leaves the pool (its tasks
+    start cold).  The size of a running pool changes only with :func:`resize`."""
+    global _size_override, _idle_override
     if size is not None:
         options.OPTIONS["pool_size"].validate(size)
-    _size_override = size
-    if _handle is not None and _handle.proc.poll() is None:
-        if pool_size() == 0:
-            shutdown()
-        else:
-            with contextlib.suppress(OSError, ValueError):
-                _request(_handle.sock, {"op": "resize", "size": pool_size()})
+    if idle is not None:
+        options.OPTIONS["pool_idle"].validate(idle)
+    _size_override, _idle_override = size, idle
+    if pool_size() == 0:
+        shutdown()
+
+
+def resize(size: int) -> None:
+    """Set the size of this user's pool that this process uses (every kernel sharing it sees it)."""
+    options.OPTIONS["pool_size"].validate(size)
+    if _handle is not None:
+        with contextlib.suppress(OSError, ValueError):
+            _request(_handle.sock, {"op": "resize", "size": size})
 
 
 def pool_size() -> int:
-    """How many warm processes this process's pool keeps (0: no pool)."""
+    """How many warm processes a pool this process starts keeps (0: it uses none)."""
     return int(options.get("pool_size", override_with=_size_override))
 
 
+def pool_idle() -> float:
+    """Seconds without a launch after which a pool this process starts ends its idle processes
+    (0: never); the next launch refills it."""
+    return float(options.get("pool_idle", override_with=_idle_override))
+
+
 def current() -> str | None:
-    """The socket of this process's running pool, or None."""
-    if _handle is None or _handle.proc.poll() is not None:
+    """The socket of the pool this process uses, or None."""
+    if _handle is None or not pid_alive(_handle.pid):
         return None
     return _handle.sock
+
+
+def daemon_pid() -> int | None:
+    """The pid of the daemon of the pool this process uses, or None."""
+    return _handle.pid if _handle is not None else None
 
 
 def default_kind(in_graph: bool = False) -> str:
@@ -367,78 +449,106 @@ def default_kind(in_graph: bool = False) -> str:
     return NS if isolation.wanted(options.get("isolation")) == "netns" and not in_graph else HOST
 
 
-def ensure(kind: str | None = None) -> str | None:
-    """Start this process's pool if it should run; return its socket (None: size 0 or unusable).
+def _join(sock: str, kind: str) -> dict | None:
+    """Join a running pool as one of its owners (and wake it if it emptied itself); its
+    :func:`info` without memory, or None if no pool answers there or it is closing."""
+    try:
+        found = _request(sock, {"op": "attach", "kind": kind, "memory": False})
+    except (OSError, ValueError):
+        return None
+    return None if found.get("closing") or "pid" not in found else found
 
-    ``kind``: which processes a new pool starts with (:data:`NS` or :data:`HOST`; default
-    :func:`default_kind`); a running pool follows its launches whatever this says.
-    A pool started with another environment or working folder than this
-    process's current ones is replaced: its processes could not run a task
-    of a launch made now.
+
+def ensure(kind: str | None = None) -> str | None:
+    """Join this user's pool, starting it if none runs; return its socket (None: size 0 or unusable).
+
+    Every launch calls it: it makes this process one of the pool's owners
+    (the pool ends when the last one is gone) and refills a pool that emptied
+    itself after :func:`pool_idle` seconds unused.  ``kind``: which processes
+    a new or emptied pool starts (:data:`NS` or :data:`HOST`; default
+    :func:`default_kind`); a running pool follows its launches.  Processes
+    whose task environment differs (:func:`pool_key`) use another pool.
     """
+    global _handle
     size = pool_size()
     if size <= 0:
         shutdown()
         return None
+    kind = kind or default_kind()
     shim = pool_shim()
-    env, cwd = base_env(shim=shim), os.getcwd()
-    if _handle is not None and _handle.proc.poll() is None:
-        if _handle.env == env and _handle.cwd == cwd:
-            return _handle.sock
-        shutdown()
+    env = base_env(shim=shim)
+    key = pool_key(env, shim)
+    if _handle is not None and _handle.key != key:
+        shutdown()  # this process's environment changed: its tasks need another pool
+    first = _handle is None
     try:
-        sock = _start(size, env, cwd, shim, kind or default_kind())
+        sock = socket_path(key)
+        found = _join(sock, kind)
+        if found is None:
+            with _start_lock() as root:
+                found = _join(sock, kind)  # another process may have started it meanwhile
+                if found is None:
+                    _sweep(root)
+                    found = {"pid": _start(sock, size, env, shim, kind)}
     except OSError as e:
         print(f"tfk8s: the warm pool could not start ({e}); tasks start cold.", file=sys.stderr)
         return None
-    if options.get("warm_kernel"):
+    _handle = _Handle(sock, key, int(found["pid"]))
+    if first and options.get("warm_kernel"):
         # The owner is the client of its in-graph clusters: warm too, or connect after a
         # sub-second warm launch would wait seconds for its own import of TensorFlow.
         ingraph.preimport(None)
     return sock
 
 
-def _start(size: int, env: dict[str, str], cwd: str, shim: str | None, kind: str) -> str:
-    global _handle
-    pools()  # sweeps what dead owners' pools left
-    pool_dir = Path(tempfile.mkdtemp(prefix=f"pool-{os.getpid()}-", dir=runtime_dir()))
-    sock = str(pool_dir / "sock")
+def _start(sock: str, size: int, env: dict[str, str], shim: str | None, kind: str) -> int:
+    """Start a pool daemon listening on ``sock`` with this process as its first owner; its pid."""
+    pool_dir = Path(tempfile.mkdtemp(prefix=Path(sock).stem + "-", dir=runtime_dir()))
     config = pool_dir / "config.json"
-    config.write_text(json.dumps({"env": env, "cwd": cwd, "size": size, "owner": os.getpid(),
-                                       "shim": shim, "kind": kind}))
+    config.write_text(json.dumps({"env": env, "size": size, "owner": os.getpid(), "shim": shim,
+                                  "kind": kind, "socket": sock, "idle": pool_idle()}))
     ready_r, ready_w = os.pipe()
     with open(pool_dir / "pool.log", "ab") as log:
+        # The daemon forks once more and this child exits at once: the daemon is no process's
+        # child that would have to reap it (it serves every owner, and outlives the first).
         proc = subprocess.Popen(
             [sys.executable, "-c", ENTRY, "daemon", str(pool_dir), str(ready_w)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            pass_fds=(ready_w,), start_new_session=True, cwd=cwd,
+            pass_fds=(ready_w,), start_new_session=True, cwd=pool_dir,
         )
     os.close(ready_w)
     with os.fdopen(ready_r, "rb") as r:
-        ok = r.read(8)  # the daemon writes once its socket listens (or exits: EOF)
-    if not ok:
-        proc.wait()
+        ok = r.read(32)  # the daemon writes its pid once its socket listens (or exits: EOF)
+    proc.wait()
+    if not ok.startswith(b"ok "):
         log = "\n".join(logtail.tail_lines(pool_dir / "pool.log", 20))
         shutil.rmtree(pool_dir, ignore_errors=True)
         raise OSError(f"the pool daemon exited at start (code {proc.returncode}): {log}")
-    _handle = _Handle(proc, sock, env, cwd)
-    return sock
+    return int(ok.split()[1])
 
 
 def shutdown() -> None:
-    """Stop this process's pool (idle processes end at once; tasks it handed out run on)."""
+    """Leave this user's pool: when this process was its last owner it ends (idle processes at
+    once; tasks it handed out run on until they end, then the daemon exits)."""
     global _handle
     if _handle is None:
         return
     handle, _handle = _handle, None
-    if handle.proc.poll() is None:
-        with contextlib.suppress(OSError, ValueError):
-            _request(handle.sock, {"op": "close"})
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            handle.proc.wait(REQUEST_TIMEOUT)
-        if handle.proc.poll() is None:
-            handle.proc.kill()
-            handle.proc.wait()
+    pidfd = open_pidfd(handle.pid)
+    if pidfd is None:
+        return
+    try:
+        try:
+            answer = _request(handle.sock, {"op": "detach", "memory": False})
+        except (OSError, ValueError):
+            return
+        busy = any(p["state"] == "busy" for p in answer.get("processes", []))
+        # Closing (this was its last owner) with no task running: it ends within moments.
+        if answer.get("closing") and not busy and not select.select([pidfd], [], [], REQUEST_TIMEOUT)[0]:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    finally:
+        os.close(pidfd)
 
 
 # -- the supervisor's side ------------------------------------------------------
@@ -639,9 +749,21 @@ class Daemon:
         self.dir = pool_dir
         self.env: dict[str, str] = config["env"]
         self.shim: str | None = config.get("shim")
-        self.cwd: str = config["cwd"]
+        #: Where pooled processes import TensorFlow (a folder of the pool's own, so nothing of a
+        #: kernel's working folder shadows a module); each task then runs in its own.
+        self.cwd: str = config.get("cwd") or str(pool_dir)
         self.size: int = int(config["size"])
+        #: The first owner (the process that started the pool); :attr:`owners` holds them all.
         self.owner: int = int(config["owner"])
+        #: The owners (pid -> pidfd): the processes that launch with this pool; it ends with the last.
+        self.owners: dict[int, int] = {}
+        self.sock_path = str(config.get("socket") or pool_dir / "sock")
+        #: Seconds unused (no launch, claim or owner joining) after which the pool ends its spare
+        #: processes (0: never); the next launch or claim refills it.
+        self.idle: float = float(config.get("idle") or 0)
+        self.last_use = time.monotonic()
+        self.shrunk = False  # emptied for being unused; refills when woken
+        self.waking = False  # woken: the next refill starts every missing process at once
         #: The kind of process refills make (:data:`NS` or :data:`HOST`): the last launch's.
         self.kind: str = config.get("kind") or HOST
         #: The spare namespace NS processes start in (made when the first one is needed).
@@ -657,8 +779,8 @@ class Daemon:
         self.last_claim = 0.0
         self.start_failures = 0
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.listener.bind(str(pool_dir / "sock"))
-        os.chmod(pool_dir / "sock", 0o600)
+        self.listener.bind(self.sock_path)
+        os.chmod(self.sock_path, 0o600)
         self.listener.listen(64)
         self.sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
 
@@ -681,6 +803,7 @@ class Daemon:
         """A namespaced launch's supervisor takes the spare namespace with the processes in it
         (not if its tasks could not use them: they stay for the next launch)."""
         why = mismatch(self.env, env, self.shim)
+        self.last_use = time.monotonic()
         if not why:
             self.kind = NS if not self.no_ns else HOST  # what the next refills make
             self.last_claim = time.monotonic()  # a launch is starting: no refill competes with it
@@ -780,13 +903,14 @@ class Daemon:
 
     def refill(self, now: float) -> float | None:
         """Start replacements when due; return seconds until the next refill is due (None: none)."""
-        if self.closing or self.start_failures >= MAX_START_FAILURES:
+        if self.closing or self.shrunk or self.start_failures >= MAX_START_FAILURES:
             return None
         missing = self.size - sum(1 for w in self.spares() if w.kind == self.kind)
         if missing <= 0:
             return None
         delay = REFILL_BUSY_DELAY if self.count("busy") else REFILL_DELAY
-        served = self.claimed or self.adopted
+        # Woken after emptying itself, it fills as a new pool does: a launch waits for it.
+        served = (self.claimed or self.adopted) and not self.waking
         if served and now < self.last_claim + delay:
             return self.last_claim + delay - now  # (a task's end wakes the loop before that)
         # The first fill starts every process at once; later ones one at a time, so a
@@ -797,6 +921,7 @@ class Daemon:
             if other and len(self.spares()) >= self.size:  # the launches changed kind: convert one
                 self.retire(min(other, key=lambda w: w.state == "idle"))
             self.spawn(self.kind, nice=bool(served))
+        self.waking = False
         return None
 
     def on_worker_message(self, w: _Worker) -> None:
@@ -808,6 +933,7 @@ class Daemon:
         if data == b"idle" and w.state == "starting":
             w.state = "idle"
             self.start_failures = 0
+            self.last_use = time.monotonic()  # the idle time counts from the last fill too
             self.serve_pending()
         self.sel.unregister(w.sock)
 
@@ -873,6 +999,12 @@ class Daemon:
             return
         if op == "release":
             self.release(str(message.get("ns")), pid)
+        elif op == "attach":
+            if not self.closing:
+                self.add_owner(pid)
+                self.wake(message.get("kind") if message.get("kind") in (HOST, NS) else None)
+        elif op == "detach":
+            self.remove_owner(pid)
         elif op == "resize":
             self.size = max(0, int(message.get("size", self.size)))
             self.trim()
@@ -894,8 +1026,10 @@ class Daemon:
                   "ns": w.ns.id if w.reserved else None if w.ns is None else "spare",
                   "reserved": w.reserved, **(memory(pid) if with_memory else {})}
                  for pid, w in sorted(self.workers.items())]
-        return {"pid": os.getpid(), "owner": self.owner, "size": self.size, "closing": self.closing,
-                "socket": str(self.dir / "sock"), "claimed": self.claimed, "waiting": len(self.pending),
+        return {"pid": os.getpid(), "owner": self.owner, "owners": sorted(self.owners),
+                "size": self.size, "closing": self.closing, "idle_timeout": self.idle, "shrunk": self.shrunk,
+                "socket": self.sock_path, "dir": str(self.dir), "claimed": self.claimed,
+                "waiting": len(self.pending),
                 "processes": procs,
                 "kind": self.kind, "no_namespace": self.no_ns}
 
@@ -921,6 +1055,10 @@ class Daemon:
         key = self.key(c)
         if key is None and self.kind != HOST:  # a launch on the host's network: refills follow it
             self.kind, self.last_claim = HOST, time.monotonic()
+        if self.shrunk:  # emptied for being unused: refill now, and this claim waits for it
+            self.wake(None)
+            self.refill(time.monotonic())
+        self.last_use = time.monotonic()
         idle = self.idle_for(c)
         if idle is not None:
             self.assign(idle, c)
@@ -1016,8 +1154,56 @@ class Daemon:
         for w in spare[keep:]:
             self.retire(w)
 
+    # -- owners and idleness -------------------------------------------------------
+    def add_owner(self, pid: int) -> None:
+        """Make ``pid`` (a process of this user that launches with the pool) one of its owners."""
+        if pid in self.owners:
+            return
+        fd = open_pidfd(pid)
+        if fd is not None:
+            self.owners[pid] = fd
+            self.sel.register(fd, selectors.EVENT_READ, ("owner", pid))
+
+    def remove_owner(self, pid: int) -> None:
+        """``pid`` left the pool or exited; the pool closes when it was the last owner."""
+        fd = self.owners.pop(pid, None)
+        if fd is not None:
+            self.sel.unregister(fd)
+            os.close(fd)
+        if not self.owners:
+            self.close()
+
+    def wake(self, kind: str | None) -> None:
+        """A launch is coming (an owner joined or launched, a claim arrived): a pool that emptied
+        itself refills at once, with ``kind`` processes if given."""
+        self.last_use = time.monotonic()
+        if self.shrunk:
+            self.shrunk, self.waking = False, True
+            self.start_failures = 0
+            if kind is not None and not (kind == NS and self.no_ns):
+                self.kind = kind
+
+    def idle_due(self, now: float) -> float | None:
+        """Seconds until the pool empties itself for being unused (None: it will not)."""
+        if not self.idle or self.shrunk or self.closing or self.pending:
+            return None
+        if any(w.state == "starting" for w in self.spares()):
+            return None  # still filling: the idle time counts from when it is full
+        return max(0.0, self.last_use + self.idle - now)
+
+    def shrink(self) -> None:
+        """Unused for :attr:`idle` seconds: end the spare processes (reserved and busy ones stay)."""
+        self.shrunk = True
+        for w in self.spares():
+            self.retire(w)
+        print(f"tfk8s pool: unused for {self.idle:g} s; its spare processes ended (the next launch "
+              "refills it)", file=sys.stderr, flush=True)
+
     def close(self) -> None:
         """Stop handing out processes; end the idle ones; exit once handed-out tasks have ended."""
+        if not self.closing:  # no new owner finds a closing pool: the next one starts a new pool
+            with contextlib.suppress(OSError):
+                os.unlink(self.sock_path)
         self.closing = True
         self.trim()
         self.serve_pending()
@@ -1041,26 +1227,34 @@ class Daemon:
         # "claim": a waiting claimer hung up; serve_pending, after every wake-up, drops it
 
     def run(self, ready_fd: int) -> int:
-        """Fill the pool, tell the owner we listen, serve until the owner is gone and tasks ended."""
-        owner = open_pidfd(self.owner)
-        if owner is None:
-            return 0
-        self.sel.register(owner, selectors.EVENT_READ, ("owner", None))
+        """Fill the pool, tell the first owner we listen, serve until the last owner is gone and
+        the tasks handed out have ended."""
+        self.add_owner(self.owner)
+        if not self.owners:
+            self.close()
+        else:
+            (self.dir / "daemon.pid").write_text(str(os.getpid()))
         due = self.refill(time.monotonic())
-        os.write(ready_fd, b"ok")
+        os.write(ready_fd, f"ok {os.getpid()}".encode())
         os.close(ready_fd)
         while not (self.closing and not self.workers):
-            for key, _ in self.sel.select(self.next_timeout(due)):
+            now = time.monotonic()
+            idle = self.idle_due(now)
+            if idle is not None and idle <= 0:
+                self.shrink()
+                continue
+            for key, _ in self.sel.select(self.next_timeout(min((d for d in (due, idle) if d is not None),
+                                                                default=None))):
                 kind, obj = key.data
                 if kind == "owner":
-                    self.sel.unregister(owner)
-                    self.close()
+                    self.remove_owner(obj)
                 else:
                     self.dispatch(kind, obj)
             self.serve_pending()
             due = self.refill(time.monotonic())
         self.listener.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+        _remove_runtime_dir_if_empty(Path(self.sock_path).parent)
         return 0
 
 
@@ -1128,6 +1322,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(rc)
     if argv[:1] == ["daemon"]:
+        # Fork once more; the starter reaps this child at once.  The daemon serves every owner
+        # and outlives the first: it must be no owner's child, or it would be a zombie there.
+        if os.fork():
+            os._exit(0)
         return Daemon(Path(argv[1])).run(int(argv[2]))
     print("usage: pool daemon POOL_DIR READY_FD | pool worker FD", file=sys.stderr)
     return 2
