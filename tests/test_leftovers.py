@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
@@ -105,7 +106,7 @@ def _execute(base: str, token: str, kernel_id: str, code: str, timeout: float = 
 
 LAUNCH = textwrap.dedent('''
     import json, os
-    os.environ.update({"TFK8S_POOL_SIZE": "1", "TFK8S_WARM_KERNEL": "0"})
+    os.environ.update({{"TFK8S_POOL_SIZE": "1", "TFK8S_WARM_KERNEL": "0"}})
     import tfk8s_magics as tk
     from tfk8s_magics.backends.local import pool
     c = tk.launch("{name}", workers=1, script="print('ran', flush=True)\\n", backend="local")
@@ -177,6 +178,10 @@ def test_the_lab_keeps_no_zombies_and_leaves_nothing_in_the_temp_dir(tmp_path):
     try:
         for pid in [p for s in seen for p in (s["pid"], s["daemon"], *s["processes"])]:
             wait_for(lambda pid=pid: not pid_alive(pid), 30, f"process {pid} to end with the lab")
-        wait_for(lambda: not os.listdir(tmp), 30, f"the lab's temp dir to be empty: {os.listdir(tmp)}")
+        deadline = time.monotonic() + 30
+        while (left := sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*"))) and (
+                time.monotonic() < deadline):
+            time.sleep(0.5)
+        assert left == [], f"left in the lab's temp dir: {left}"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

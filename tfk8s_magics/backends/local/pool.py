@@ -84,6 +84,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -368,7 +369,8 @@ def memory_line(found: list[dict] | None = None) -> str:
     owners = {o for f in found for o in (f.get("owners") or [f["owner"]])}
     mine = current()
     shared = "this kernel's included" if any(f.get("socket") == mine for f in found) else "not this kernel's"
-    return (f"warm pool of this user: {_plural(len(procs), 'TensorFlow process', 'TensorFlow processes')} waiting, "
+    waiting = _plural(len(procs), "TensorFlow process", "TensorFlow processes")
+    return (f"warm pool of this user: {waiting} waiting, "
             f"{pss / 2**20:.0f} MiB PSS, shared by {_plural(len(owners), 'kernel')} ({shared}); "
             "%tfcluster pool --size N sets its size (0 frees it)")
 
@@ -1154,6 +1156,14 @@ class Daemon:
         for w in spare[keep:]:
             self.retire(w)
 
+    def terminate(self) -> None:
+        """SIGTERM: close, and pass it on to the tasks handed out (the daemon exits once they end)."""
+        self.close()
+        for w in self.workers.values():
+            if w.state == "busy":
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(w.proc.pid, signal.SIGTERM)
+
     # -- owners and idleness -------------------------------------------------------
     def add_owner(self, pid: int) -> None:
         """Make ``pid`` (a process of this user that launches with the pool) one of its owners."""
@@ -1224,6 +1234,10 @@ class Daemon:
             self.on_supervisor_exit(obj)
         elif kind == "adopter":
             self.retire_reserved(obj)  # its supervisor died before it released them
+        elif kind == "signal":
+            with contextlib.suppress(BlockingIOError):
+                os.read(obj, 64)
+            self.terminate()
         # "claim": a waiting claimer hung up; serve_pending, after every wake-up, drops it
 
     def run(self, ready_fd: int) -> int:
@@ -1234,6 +1248,13 @@ class Daemon:
             self.close()
         else:
             (self.dir / "daemon.pid").write_text(str(os.getpid()))
+        # SIGTERM (the lab stopping a user's processes) ends the pool as its last owner's exit
+        # does, and its tasks too: what it leaves is removed, not left to the next start's sweep.
+        if threading.current_thread() is threading.main_thread():  # (a test runs it in a thread)
+            wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            signal.set_wakeup_fd(wake_w)
+            signal.signal(signal.SIGTERM, lambda *_: None)
+            self.sel.register(wake_r, selectors.EVENT_READ, ("signal", wake_r))
         due = self.refill(time.monotonic())
         os.write(ready_fd, f"ok {os.getpid()}".encode())
         os.close(ready_fd)
