@@ -115,14 +115,15 @@ def test_an_expired_claim_is_answered_at_once_and_the_daemon_does_not_spin(tmp_p
     sleepers = [subprocess.Popen(["sleep", "120"], start_new_session=True) for _ in range(2)]
     claimers = []
     for p in sleepers:  # as Daemon.spawn registers a pooled process
-        w = pool._Worker(p, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET), os.pidfd_open(p.pid))
+        w = pool.daemon._Worker(p, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET), os.pidfd_open(p.pid))
         daemon.workers[p.pid] = w
         daemon.sel.register(w.pidfd, selectors.EVENT_READ, ("exit", w))
     now = time.monotonic()
     for deadline in (now - 1, now + 60):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(3)]  # log, ready and status pipes
-        daemon.wait_for(pool._Claim(theirs, {"ns": None, "peer": os.getpid(), "wait": True}, fds, deadline))
+        daemon.wait_for(pool.daemon._Claim(theirs, {"ns": None, "peer": os.getpid(), "wait": True}, fds,
+                                           deadline))
         claimers.append(mine)
     calls = []
     select = daemon.sel.select
@@ -138,7 +139,8 @@ def test_an_expired_claim_is_answered_at_once_and_the_daemon_does_not_spin(tmp_p
         assert len(calls) < 20, f"{len(calls)} select() calls in 1 s, timeouts {calls[:5]}..."
         assert [c.deadline for c in daemon.pending] == [now + 60]  # the live claim still waits
         assert 55 < daemon.next_timeout(None) <= 60
-        pool._request(str(pool_dir / "sock"), {"op": "close"})  # ends the sleepers, answers the claim
+        # ends the sleepers, answers the claim
+        pool.protocol._request(str(pool_dir / "sock"), {"op": "close"})
         claimers[1].settimeout(5)
         assert json.loads(claimers[1].recv(4096)) == {"cold": "no warm process became free in time"}
         loop.join(10)
@@ -166,8 +168,8 @@ def _daemon_with_an_importing_process(tmp_path):
     worker_sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(3)]  # log, ready and status pipes
     try:
-        daemon.workers[sleeper.pid] = pool._Worker(sleeper, worker_sock, os.pidfd_open(sleeper.pid))
-        claim = pool._Claim(theirs, {"ns": None, "peer": os.getpid(), "wait": True, "env": {}}, fds,
+        daemon.workers[sleeper.pid] = pool.daemon._Worker(sleeper, worker_sock, os.pidfd_open(sleeper.pid))
+        claim = pool.daemon._Claim(theirs, {"ns": None, "peer": os.getpid(), "wait": True, "env": {}}, fds,
                             time.monotonic() + 60)
         yield daemon, sleeper, mine, claim
     finally:
@@ -187,7 +189,7 @@ def test_a_claim_that_waits_for_a_refill_raises_its_priority(tmp_path):
     if pool.autogroup_nice() is None:
         pytest.skip("no autogroup on this kernel")
     with _daemon_with_an_importing_process(tmp_path) as (daemon, sleeper, _, claim):
-        assert pool._autogroup_nice(pool.REFILL_NICE, sleeper.pid)
+        assert pool.priority._autogroup_nice(pool.REFILL_NICE, sleeper.pid)
         assert pool.autogroup_nice(sleeper.pid) == pool.REFILL_NICE
         daemon.claim(claim)
         assert len(daemon.pending) == 1  # it waits for the importing process ...

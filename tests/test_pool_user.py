@@ -205,7 +205,7 @@ def test_another_user_can_neither_reach_nor_use_the_pool(tmp_path, xdg_runtime):
     finally:
         (public / "sock").unlink(missing_ok=True)
         shutil.rmtree(public, ignore_errors=True)
-        pool._request(sock, {"op": "close"})
+        pool.protocol._request(sock, {"op": "close"})
         loop.join(10)
         os.close(ready_r)
     assert not loop.is_alive() and not pool_dir.exists() and not os.path.exists(sock)
