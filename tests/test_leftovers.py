@@ -109,6 +109,12 @@ LAUNCH = textwrap.dedent('''
     os.environ.update({{"TFK8S_POOL_SIZE": "1", "TFK8S_WARM_KERNEL": "0"}})
     import tfk8s_magics as tk
     from tfk8s_magics.backends.local import pool
+    import time
+    sock, deadline = pool.ensure(), time.monotonic() + 300  # joins (or starts) the user's pool
+    while not any(p["state"] == "idle" and not p["reserved"]
+                  for p in pool.info(sock, with_memory=False)["processes"]):
+        assert time.monotonic() < deadline, "the pool did not fill"
+        time.sleep(0.2)
     c = tk.launch("{name}", workers=1, script="print('ran', flush=True)\\n", backend="local")
     st = c.wait(timeout=600)
     cold = [e.message for e in c.events() if e.reason == "StartedCold"]
@@ -121,7 +127,7 @@ LAUNCH = textwrap.dedent('''
 
 
 @pytest.mark.slow
-def test_the_lab_keeps_no_zombies_and_leaves_nothing_in_the_temp_dir(tmp_path):
+def test_the_lab_keeps_no_zombies_and_leaves_nothing_in_the_temp_dir(tmp_path, request):
     """The real lab with its own ``TMPDIR``: two kernels of one user launch from one shared pool;
     nothing under the kernels is a zombie; after SIGTERM of the lab the temp dir is empty (the
     users' runtime folders, the pool's socket and folder: all gone) and no process is left."""
@@ -130,6 +136,7 @@ def test_the_lab_keeps_no_zombies_and_leaves_nothing_in_the_temp_dir(tmp_path):
     from tests.test_hub_local import LAB, _lab_env
 
     tmp = Path(tempfile.mkdtemp(prefix="lt-", dir="/tmp"))  # short: sockets' paths live in it
+    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))  # whatever happens below
     token = os.urandom(16).hex()
     env = {**_lab_env(tmp_path / "lab"), "TFK8S_LAB_ADMIN_TOKEN": token, "TMPDIR": str(tmp)}
     base = f"http://127.0.0.1:{env['TFK8S_LAB_PORT']}"
@@ -175,13 +182,9 @@ def test_the_lab_keeps_no_zombies_and_leaves_nothing_in_the_temp_dir(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    try:
-        for pid in [p for s in seen for p in (s["pid"], s["daemon"], *s["processes"])]:
-            wait_for(lambda pid=pid: not pid_alive(pid), 30, f"process {pid} to end with the lab")
-        deadline = time.monotonic() + 30
-        while (left := sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*"))) and (
-                time.monotonic() < deadline):
-            time.sleep(0.5)
-        assert left == [], f"left in the lab's temp dir: {left}"
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    for pid in [p for s in seen for p in (s["pid"], s["daemon"], *s["processes"])]:
+        wait_for(lambda pid=pid: not pid_alive(pid), 30, f"process {pid} to end with the lab")
+    deadline = time.monotonic() + 30
+    while (left := sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*"))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == [], f"left in the lab's temp dir: {left}"

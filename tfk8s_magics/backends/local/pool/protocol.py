@@ -10,29 +10,29 @@ the connection.
 **The pool's socket** (:func:`socket_path`: ``pool-KEY.sock`` in the user's
 0700 :func:`runtime_dir`; ``KEY`` = :func:`pool_key` of the task environment):
 
-==========  ===================================  =========================================
-``op``       request (and descriptors)            answer
-==========  ===================================  =========================================
-info         ``memory``: with PSS/RSS              the pool (:meth:`Daemon.describe`):
-                                                   ``pid``, ``owners``, ``size``,
-                                                   ``processes`` (``pid``, ``state``, ``kind``,
-                                                   ``ns``, ``reserved``), ``closing``,
-                                                   ``shrunk``, ``idle_timeout``, ``claimed``
-attach       ``kind`` (host / ns)                  as info; the sender is an owner from now
-                                                   on (a pidfd), and a pool that emptied
-                                                   itself refills (owner side)
-detach       —                                     as info; the sender is no longer an owner
-                                                   (``closing``: it was the last one)
-resize       ``size``                              as info
-close        —                                     as info (``closing``)
-claim        ``env``, ``cwd``, ``umask``, ``wait``,  ``{"pid": N}`` (the process runs the task)
-             ``ns``; log file, ready pipe, status   or ``{"cold": why}``; the daemon keeps
-             pipe                                   the status pipe (supervisor side)
-adopt        ``env``                               ``{"ns": id, "fds": n}`` + the namespace's
-                                                   descriptors, or ``{"cold": why}``
-release      ``ns``                                as info; the adopted namespace's unclaimed
-                                                   processes end
-==========  ===================================  =========================================
+=======  ======================================  ============================================
+``op``   request (and descriptors)               answer
+=======  ======================================  ============================================
+info     ``memory``: with PSS/RSS                the pool (:meth:`Daemon.describe`):
+                                                 ``pid``, ``owners``, ``size``,
+                                                 ``processes`` (``pid``, ``state``, ``kind``,
+                                                 ``ns``, ``reserved``), ``closing``,
+                                                 ``shrunk``, ``idle_timeout``, ``claimed``
+attach   ``kind`` (host / ns)                    as info; the sender is an owner from now
+                                                 on (a pidfd), and a pool that emptied
+                                                 itself refills (owner side)
+detach   —                                       as info; the sender is no longer an owner
+                                                 (``closing``: it was the last one)
+resize   ``size``                                as info
+close    —                                       as info (``closing``)
+claim    ``env``, ``cwd``, ``umask``, ``wait``,  ``{"pid": N}`` (the process runs the task)
+         ``ns``; log file, ready pipe, status    or ``{"cold": why}``; the daemon keeps
+         pipe                                    the status pipe (supervisor side)
+adopt    ``env``                                 ``{"ns": id, "fds": n}`` + the namespace's
+                                                 descriptors, or ``{"cold": why}``
+release  ``ns``                                  as info; the adopted namespace's unclaimed
+                                                 processes end
+=======  ======================================  ============================================
 
 A claim with ``wait`` may be answered up to :data:`CLAIM_TIMEOUT` later (a
 process still importing); the claimer hangs up to give up (a stop), and the
