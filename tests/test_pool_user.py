@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -209,3 +210,37 @@ def test_another_user_can_neither_reach_nor_use_the_pool(tmp_path, xdg_runtime):
         loop.join(10)
         os.close(ready_r)
     assert not loop.is_alive() and not pool_dir.exists() and not os.path.exists(sock)
+
+
+def test_a_start_sweeps_what_killed_pools_left_and_nothing_else(xdg_runtime):
+    """What a SIGKILLed daemon leaves (a socket nobody listens on, its folder) goes at the next
+    start; a live pool's socket, a folder of a live daemon and an older per-kernel pool's folder
+    whose owner lives are kept."""
+    root = pool.runtime_dir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale_sock = root / "pool-00000000000000aa.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.bind(str(stale_sock))  # bound, then closed: nobody listens
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    live.bind(str(root / "pool-00000000000000bb.sock"))
+    live.listen(1)
+    folders = {}
+    for name, pid in (("pool-00000000000000aa-x", dead.pid), ("pool-00000000000000bb-x", os.getpid()),
+                      (f"pool-{dead.pid}-x", None), (f"pool-{os.getpid()}-x", None)):
+        (root / name).mkdir()
+        if pid is not None:
+            (root / name / "daemon.pid").write_text(str(pid))
+        folders[name] = root / name
+    (root / "pool-00000000000000cc-x").mkdir()  # a start that failed before its daemon ran
+    try:
+        with pool.owner._start_lock() as locked:
+            assert locked == root
+            pool.owner._sweep(locked)
+        assert sorted(p.name for p in root.iterdir()) == sorted([
+            "pool-00000000000000bb.sock", "pool-00000000000000bb-x", f"pool-{os.getpid()}-x"])
+    finally:
+        live.close()
+        for p in root.iterdir():
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        root.rmdir()  # as the last pool's daemon does

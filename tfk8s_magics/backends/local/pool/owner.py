@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -61,6 +62,8 @@ def _sweep(root: Path) -> None:
     """Remove what pool daemons killed with SIGKILL left: sockets nobody listens on, folders of
     daemons that are gone.  Called with the start lock held (no pool is starting meanwhile)."""
     for sock in root.glob("pool-*.sock"):
+        if not _NEW.fullmatch(sock.stem):
+            continue
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
             try:
                 s.connect(str(sock))
@@ -68,27 +71,41 @@ def _sweep(root: Path) -> None:
                 sock.unlink(missing_ok=True)
             except OSError:
                 pass
-    for d in root.glob("pool-*"):
+    for d in root.glob("pool-*-*"):
+        key, _, rest = d.name[len("pool-"):].partition("-")
         if not d.is_dir():
             continue
-        try:
-            pid = int((d / "daemon.pid").read_text())
-        except (OSError, ValueError):
-            pid = None
+        if _NEW.fullmatch(f"pool-{key}"):  # pool-KEY-RANDOM: its daemon writes daemon.pid at start
+            try:
+                pid = int((d / "daemon.pid").read_text())
+            except (OSError, ValueError):
+                pid = None  # under the lock, a folder whose daemon never started
+        else:  # pool-OWNER-RANDOM of a per-kernel pool (an older version): gone with its owner
+            pid = int(key) if key.isdigit() else os.getpid()
         if not pid_alive(pid):
             shutil.rmtree(d, ignore_errors=True)
+
+
+#: A pool's socket stem and the prefix of its folder: ``pool-KEY`` (:func:`~.protocol.pool_key`).
+_NEW = re.compile(r"pool-[0-9a-f]{16}")
 
 
 @contextlib.contextmanager
 def _start_lock():
     """This user's pool start lock (``flock`` on :func:`runtime_dir`): two kernels starting at
-    once find one pool, not two."""
-    fd = os.open(runtime_dir(), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield Path(os.readlink(f"/proc/self/fd/{fd}"))
-    finally:
-        os.close(fd)
+    once find one pool, not two.  A daemon removes the directory (emptied) under the same lock;
+    a lock taken on a directory removed meanwhile is taken again on the new one."""
+    while True:
+        path = runtime_dir()
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    yield path
+                    return
+        finally:
+            os.close(fd)
 
 
 def _plural(n: int, word: str, plural: str | None = None) -> str:

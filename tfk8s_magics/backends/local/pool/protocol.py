@@ -57,6 +57,7 @@ and ready pipe; the process answers ``ok`` (it runs the task now) or
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -121,9 +122,18 @@ def socket_path(key: str) -> str:
 def _remove_runtime_dir_if_empty(path: Path) -> None:
     """Remove this user's pool directory (:func:`runtime_dir`) once nothing is in it: a stopped
     lab leaves no folder behind."""
-    if path.name == f"tfk8s-{os.getuid()}":
+    if path.name != f"tfk8s-{os.getuid()}":
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # never while a kernel starts a pool in it (owner._start_lock)
         with contextlib.suppress(OSError):  # not empty (another pool is there), or gone
             path.rmdir()
+    finally:
+        os.close(fd)
 
 
 # -- messages ------------------------------------------------------------------------------
