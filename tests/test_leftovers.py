@@ -179,9 +179,13 @@ def test_the_lab_keeps_no_zombies_and_leaves_nothing_in_the_temp_dir(tmp_path, r
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 0
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc.poll() is None:  # a failure above: stop the lab as its user would (its servers are
+            proc.send_signal(signal.SIGTERM)  # in sessions of their own: SIGKILL would miss them)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     for pid in [p for s in seen for p in (s["pid"], s["daemon"], *s["processes"])]:
         wait_for(lambda pid=pid: not pid_alive(pid), 30, f"process {pid} to end with the lab")
     deadline = time.monotonic() + 30
