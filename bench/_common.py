@@ -116,7 +116,7 @@ def pool_pids() -> set[int]:
     """The pool daemon (it carries this run's mark, and lives across rounds by design)."""
     from tfk8s_magics.backends.local import pool
 
-    return {pool._handle.proc.pid} if pool._handle else set()
+    return {pid} if (pid := pool.daemon_pid()) else set()
 
 
 def pool_full(size: int, timeout: float, import_timeout: float | None = None,

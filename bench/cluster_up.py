@@ -110,7 +110,7 @@ def report_memory() -> None:
     found = c.pool_full(POOL_SIZE, 10 * TIMEOUT, import_timeout=TIMEOUT, with_memory=True,
                         in_graph=True)
     idle = [p for p in found["processes"] if p["state"] == "idle"]
-    bare = bare_tf_memory(pool._handle.env)
+    bare = bare_tf_memory(pool.base_env(shim=pool.pool_shim()))
     rss = c.median([p["rss"] for p in idle])
     pss = c.median([p["pss"] for p in idle])
     mib = 2 ** 20

@@ -26,6 +26,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+from jupyterhub.spawner import Spawner  # noqa: E402
 from tfk8s_hub.docs import docs_link, docs_service  # noqa: E402
 from tfk8s_hub.local import (  # noqa: E402
     lab_password,
@@ -89,6 +90,8 @@ if hasattr(os, "geteuid") and os.geteuid() == 0:
     c.Spawner.args = ["--allow-root"]
 c.Spawner.pre_spawn_hook = make_pre_spawn_hook(settings, lab_dir)
 c.Spawner.post_stop_hook = make_post_stop_hook(settings, lab_dir)
+# The lab's TMPDIR reaches the servers and their kernels: what they put there goes with the lab.
+c.Spawner.env_keep = [*Spawner.class_traits()["env_keep"].default(), "TMPDIR"]
 # TensorBoard in a notebook goes through jupyter-server-proxy, behind the hub's login.
 c.Spawner.environment = {
     "TENSORBOARD_PROXY_URL": lambda spawner: spawner.user.server_url(spawner.name) + "proxy/%PORT%/"

@@ -8,6 +8,8 @@ no process outlives its cluster, and no test may leave one behind.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -82,6 +84,19 @@ def state_dir(tmp_path, monkeypatch):
     for p in left:
         p.kill()
     assert not left, f"processes outlived their cluster: {[p.cmdline() for p in left]}"
+
+
+@pytest.fixture
+def xdg_runtime(monkeypatch):
+    """A private ``$XDG_RUNTIME_DIR`` (short: a socket path has at most 107 bytes), so this test's
+    pools are its own; proven empty after (a pool leaves no file behind)."""
+    d = tempfile.mkdtemp(prefix="tfk8s-run-", dir="/tmp")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", d)
+    yield Path(d)
+    try:
+        assert wait_for(lambda: not os.listdir(d), 15, "the pools' runtime folder to be empty")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

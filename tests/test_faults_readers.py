@@ -222,12 +222,12 @@ def test_bad_progress_records_are_skipped(local):
 
 def test_pool_messages_and_records_are_bounded_in_depth():
     with pytest.raises(ValueError, match="nested deeper"):
-        pool._message(DEEP)
+        pool.protocol._message(DEEP)
     with pytest.raises(ValueError, match="not a JSON object"):
-        pool._message(b"[1, 2]")
+        pool.protocol._message(b"[1, 2]")
     with pytest.raises(ValueError, match="more than"):
-        pool._message(b" " * (pool.MAX_MESSAGE + 1))
-    assert pool._message(b'{"op": "info"}') == {"op": "info"}
+        pool.protocol._message(b" " * (pool.MAX_MESSAGE + 1))
+    assert pool.protocol._message(b'{"op": "info"}') == {"op": "info"}
 
 
 # -- logs and state read like they are written ---------------------------------------------------
@@ -360,7 +360,7 @@ def test_fuzz_no_state_file_crashes_a_reader(local, target, data, valid_prefix):
 @settings(max_examples=300, deadline=None, database=None)
 @given(data=FUZZ_BYTES)
 def test_fuzz_the_record_parsers_raise_only_value_error(data):
-    for parse in (lambda d: records.loads(d, 1 << 20), pool._message):
+    for parse in (lambda d: records.loads(d, 1 << 20), pool.protocol._message):
         try:
             value = parse(data)
         except ValueError:

@@ -115,14 +115,15 @@ def test_an_expired_claim_is_answered_at_once_and_the_daemon_does_not_spin(tmp_p
     sleepers = [subprocess.Popen(["sleep", "120"], start_new_session=True) for _ in range(2)]
     claimers = []
     for p in sleepers:  # as Daemon.spawn registers a pooled process
-        w = pool._Worker(p, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET), os.pidfd_open(p.pid))
+        w = pool.daemon._Worker(p, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET), os.pidfd_open(p.pid))
         daemon.workers[p.pid] = w
         daemon.sel.register(w.pidfd, selectors.EVENT_READ, ("exit", w))
     now = time.monotonic()
     for deadline in (now - 1, now + 60):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(3)]  # log, ready and status pipes
-        daemon.wait_for(pool._Claim(theirs, {"ns": None, "peer": os.getpid(), "wait": True}, fds, deadline))
+        daemon.wait_for(pool.daemon._Claim(theirs, {"ns": None, "peer": os.getpid(), "wait": True}, fds,
+                                           deadline))
         claimers.append(mine)
     calls = []
     select = daemon.sel.select
@@ -131,14 +132,15 @@ def test_an_expired_claim_is_answered_at_once_and_the_daemon_does_not_spin(tmp_p
     loop = threading.Thread(target=daemon.run, args=(ready_w,), daemon=True)
     try:
         loop.start()
-        assert os.read(ready_r, 8) == b"ok"
+        assert os.read(ready_r, 32).startswith(b"ok ")  # "ok PID": it listens
         claimers[0].settimeout(5)
         assert json.loads(claimers[0].recv(4096)) == {"cold": "no warm process became free in time"}
         time.sleep(1.0)
         assert len(calls) < 20, f"{len(calls)} select() calls in 1 s, timeouts {calls[:5]}..."
         assert [c.deadline for c in daemon.pending] == [now + 60]  # the live claim still waits
         assert 55 < daemon.next_timeout(None) <= 60
-        pool._request(str(pool_dir / "sock"), {"op": "close"})  # ends the sleepers, answers the claim
+        # ends the sleepers, answers the claim
+        pool.protocol._request(str(pool_dir / "sock"), {"op": "close"})
         claimers[1].settimeout(5)
         assert json.loads(claimers[1].recv(4096)) == {"cold": "no warm process became free in time"}
         loop.join(10)
@@ -166,8 +168,8 @@ def _daemon_with_an_importing_process(tmp_path):
     worker_sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(3)]  # log, ready and status pipes
     try:
-        daemon.workers[sleeper.pid] = pool._Worker(sleeper, worker_sock, os.pidfd_open(sleeper.pid))
-        claim = pool._Claim(theirs, {"ns": None, "peer": os.getpid(), "wait": True, "env": {}}, fds,
+        daemon.workers[sleeper.pid] = pool.daemon._Worker(sleeper, worker_sock, os.pidfd_open(sleeper.pid))
+        claim = pool.daemon._Claim(theirs, {"ns": None, "peer": os.getpid(), "wait": True, "env": {}}, fds,
                             time.monotonic() + 60)
         yield daemon, sleeper, mine, claim
     finally:
@@ -187,7 +189,7 @@ def test_a_claim_that_waits_for_a_refill_raises_its_priority(tmp_path):
     if pool.autogroup_nice() is None:
         pytest.skip("no autogroup on this kernel")
     with _daemon_with_an_importing_process(tmp_path) as (daemon, sleeper, _, claim):
-        assert pool._autogroup_nice(pool.REFILL_NICE, sleeper.pid)
+        assert pool.priority._autogroup_nice(pool.REFILL_NICE, sleeper.pid)
         assert pool.autogroup_nice(sleeper.pid) == pool.REFILL_NICE
         daemon.claim(claim)
         assert len(daemon.pending) == 1  # it waits for the importing process ...
@@ -368,16 +370,16 @@ PROBE = textwrap.dedent('''
 
 
 @pytest.fixture
-def warm(state_dir, monkeypatch):
+def warm(state_dir, xdg_runtime, monkeypatch):
     """A warm pool of size 2 owned by this test process, shut down (and proven gone) after."""
     monkeypatch.setenv("TFK8S_POOL_SIZE", "2")
     pool.configure(None)
     yield
     sock = pool.current()
-    daemon = pool._handle.proc.pid if pool._handle else None
+    daemon = pool.daemon_pid()
     pool.shutdown()
     assert daemon is None or not pid_alive(daemon)
-    assert sock is None or not os.path.exists(os.path.dirname(sock))
+    assert sock is None or not os.path.exists(sock)
 
 
 def _idle(found: dict, kind: str) -> int:
@@ -578,7 +580,7 @@ def test_a_pooled_task_dies_with_its_supervisor(local, workdir, warm):
 
 
 @pytest.mark.slow
-def test_the_pool_dies_with_its_owner_and_leaves_nothing(tmp_path):
+def test_the_pool_dies_with_its_owner_and_leaves_nothing(tmp_path, xdg_runtime):
     owner = textwrap.dedent('''
         import json, os, sys, time
         os.environ["TFK8S_POOL_SIZE"] = "1"
@@ -588,7 +590,7 @@ def test_the_pool_dies_with_its_owner_and_leaves_nothing(tmp_path):
             time.sleep(0.05)
         i = pool.info(sock)
         print(json.dumps({"daemon": i["pid"], "procs": [p["pid"] for p in i["processes"]],
-                          "dir": os.path.dirname(sock), "kind": i["processes"][0]["kind"]}), flush=True)
+                          "dir": i["dir"], "sock": sock, "kind": i["processes"][0]["kind"]}), flush=True)
         time.sleep(600)
     ''')
     proc = subprocess.Popen([sys.executable, "-c", owner], stdout=subprocess.PIPE, text=True,
@@ -608,6 +610,7 @@ def test_the_pool_dies_with_its_owner_and_leaves_nothing(tmp_path):
         for pid in [seen["daemon"], *seen["procs"]]:
             wait_for(lambda pid=pid: not pid_alive(pid), 30, f"pool process {pid} to end with its owner")
         wait_for(lambda: not os.path.exists(seen["dir"]), 10, "the pool's directory to be removed")
+        assert not os.path.exists(seen["sock"])
         if seen["kind"] == pool.NS:  # nothing is in the spare namespace or holds it but us
             assert _holders(spare) == [f"{os.getpid()}/fd/{held}"]
     finally:
@@ -637,7 +640,7 @@ def test_pool_command_shows_size_and_idle_memory(warm):
     assert "size 2" in text and "idle memory:" in text and "MiB PSS" in text
     idle = [p for p in info["processes"] if p["state"] == "idle"]
     assert all(p["pss"] > 50 * 2**20 for p in idle)  # TensorFlow is in there
-    assert pool.status_text().startswith("warm pool of pid")
+    assert pool.status_text().startswith("warm pool of this user (daemon")
     assert any(p["pid"] == info["pid"] for p in pool.pools())
 
 
@@ -668,7 +671,7 @@ def test_an_in_graph_launch_imports_tensorflow_while_the_cluster_starts(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.parametrize("warm_kernel", ["1", "0"])
-def test_a_kernel_with_a_warm_pool_imports_tensorflow_in_the_background(tmp_path, warm_kernel):
+def test_a_kernel_with_a_warm_pool_imports_tensorflow_in_the_background(tmp_path, xdg_runtime, warm_kernel):
     # The owner is the client of its in-graph clusters: with a warm pool it is warm too, so a
     # sub-second warm launch is not followed by seconds of connect importing TensorFlow.
     kernel = textwrap.dedent('''
@@ -704,12 +707,12 @@ def test_tfcluster_list_shows_what_the_warm_pools_of_this_user_hold(warm, capsys
     capsys.readouterr()
     shell.run_line_magic("tfcluster", "list")
     out = capsys.readouterr().out
-    line = next(x for x in out.splitlines() if x.startswith("warm pools of this user:"))
-    assert re.search(r"\d+ kernels?, \d+ TensorFlow processes waiting, \d+ MiB PSS "
-                     r"\(this kernel's: \d+ MiB\)", line), line
+    line = next(x for x in out.splitlines() if x.startswith("warm pool of this user:"))
+    assert re.search(r"\d+ TensorFlow process(es)? waiting, \d+ MiB PSS, shared by 1 kernel "
+                     r"\(this kernel's included\)", line), line
     mine = sum(p["pss"] for p in pool.info(found["socket"])["processes"]) / 2**20
-    assert int(re.search(r"this kernel's: (\d+) MiB", line)[1]) == pytest.approx(mine, rel=0.25, abs=20)
-    assert int(re.search(r"this kernel's: (\d+) MiB", line)[1]) > 100  # TensorFlow imported: hundreds of MiB
+    assert int(re.search(r"waiting, (\d+) MiB PSS", line)[1]) == pytest.approx(mine, rel=0.25, abs=20)
+    assert int(re.search(r"waiting, (\d+) MiB PSS", line)[1]) > 100  # TensorFlow imported: hundreds of MiB
 
 
 def test_every_variable_the_supervisor_gives_a_task_is_read_late_or_the_pools():

@@ -193,8 +193,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _pool(args: argparse.Namespace) -> int:
     if args.size is not None:
-        print("tfk8s pool --size: a warm pool belongs to the process that launches (a notebook "
-              "kernel); set TFK8S_POOL_SIZE there or run %tfcluster pool --size N in the notebook.",
+        print("tfk8s pool --size: a warm pool belongs to the process that launches (this user's "
+              "notebook kernels share one); set TFK8S_POOL_SIZE there or run %tfcluster pool --size N "
+              "in a notebook.",
               file=sys.stderr)
         return 2
     found = api.warm_pool(args.backend).describe_all()

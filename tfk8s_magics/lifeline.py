@@ -8,6 +8,9 @@ Two mechanisms, used together:
 * :func:`exit_with` : a thread that waits on a pidfd of the owner and ends
   this process when the owner exits.  Used where the owner is not the
   parent thread (a notebook kernel owning a supervisor or a TensorBoard).
+
+And the owner's side: :func:`reap_in_background` waits for such a child, so a
+supervisor or a TensorBoard that ended is never left as a zombie under the kernel.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import ctypes
 import os
 import select
 import signal
+import subprocess
 import threading
 from collections.abc import Callable
 
@@ -70,6 +74,14 @@ def exit_with(owner_pid: int, on_exit: Callable[[], None] | None = None) -> thre
         wait()
         return None
     thread = threading.Thread(target=wait, name=f"lifeline-{owner_pid}", daemon=True)
+    thread.start()
+    return thread
+
+
+def reap_in_background(proc: subprocess.Popen) -> threading.Thread:
+    """Wait for ``proc`` (a child this process does not wait for itself: a cluster's supervisor,
+    a TensorBoard) in a thread, so that it never lingers as a zombie once it has ended."""
+    thread = threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True)
     thread.start()
     return thread
 

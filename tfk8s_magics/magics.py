@@ -130,7 +130,8 @@ class TFClusterMagics(Magics, MagicDefaults):
         spec = self._spec(args, cell)
         backend = api.resolve_backend(args.backend)
         if backend.supports("pool"):
-            backend.warm_pool().configure(self.pool_size)  # c.TFClusterMagics.pool_size, if an admin set it
+            # c.TFClusterMagics.pool_size / pool_idle, if an admin set them
+            backend.warm_pool().configure(self.pool_size, self.pool_idle)
         cluster = api.launch(spec, backend=backend, detach=args.detach,
                              replace=args.replace, force=args.force)
         if args.show_dashboard:
@@ -254,9 +255,12 @@ class TFClusterMagics(Magics, MagicDefaults):
         if args.size is not None:
             self.pool_size = args.size  # checked like c.TFClusterMagics.pool_size
         pool = api.warm_pool(args.backend)
-        pool.configure(self.pool_size)
+        if args.size == 0:
+            pool.resize(0)  # the user's pool empties, then this kernel leaves it
+        pool.configure(self.pool_size, self.pool_idle)
         if args.size:
             pool.start()
+            pool.resize(args.size)  # the pool is the user's: a running one takes the new size
         print(pool.status_text())
 
     def _cmd_dashboard(self, args, cell):

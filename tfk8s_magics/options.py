@@ -531,14 +531,19 @@ _OPTIONS = (
            "hide TensorFlow's C++ INFO/WARNING lines and CUDA probing in tasks and the kernel "
            "(TFK8S_QUIET=0 shows them)", env="TFK8S_QUIET"),
     Option("pool_size", _whole, 2,
-           "warm task processes (TensorFlow already imported) the local backend keeps ready for "
-           "this kernel's launches; 0: every task starts cold", env="TFK8S_POOL_SIZE",
-           trait="pool_size", check=count(0, 64)),
+           "warm task processes (TensorFlow already imported) the local backend keeps ready in "
+           "this user's pool, which every kernel of the user shares; 0: this kernel's tasks start "
+           "cold", env="TFK8S_POOL_SIZE", trait="pool_size", check=count(0, 64)),
+    Option("pool_idle", _seconds, 600.0,
+           "seconds without a local launch after which the warm pool ends its waiting processes "
+           "(the next launch refills it); 0: never", env="TFK8S_POOL_IDLE", trait="pool_idle",
+           check=seconds(7 * 86400, "never")),
     Option("warm_kernel", parse_bool, True,
            "when this kernel's warm pool starts, the kernel imports TensorFlow in the background "
            "too, so an in-graph connect after a warm launch waits for no import (~250 MiB PSS in "
            "the kernel); 0: only an in-graph launch starts that import", env="TFK8S_WARM_KERNEL"),
-    Option("size", _whole, None, "set this kernel's warm pool size now and start it (0 stops it)",
+    Option("size", _whole, None, "set the size of this user's warm pool (shared by the user's "
+           "kernels) and start it now; 0 ends its waiting processes and this kernel's use of it",
            commands=("pool",), check=count(0, 64), metavar="N"),
     Option("isolation", str, "netns",
            "how local clusters and their TensorBoards are kept from other users: netns (a private "

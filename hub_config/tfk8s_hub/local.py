@@ -140,13 +140,10 @@ def runtime_dir(lab_dir: Path, username: str) -> Path:
     Short, because a unix socket's path has at most 107 bytes and the kernels' sockets are
     named ``kernel-<uuid>-ipc-N`` in it; a lab dir's own path may already be long.
     """
-    import hashlib
     import stat
-    import tempfile
 
-    top = Path(tempfile.gettempdir()) / f"tfk8s-lab-{os.geteuid()}"
-    path = top / hashlib.sha256(str(lab_dir / "users" / username).encode()).hexdigest()[:12]
-    for d in (top, path):
+    path = _runtime_path(lab_dir, username)
+    for d in (path.parent, path):
         try:
             d.mkdir(mode=0o700)
         except FileExistsError:
@@ -155,6 +152,15 @@ def runtime_dir(lab_dir: Path, username: str) -> Path:
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
             raise LabSetupError(f"{d} is not a private directory of this user; remove it and start again.")
     return path
+
+
+def _runtime_path(lab_dir: Path, username: str) -> Path:
+    """Where :func:`runtime_dir` is (nothing is made or checked)."""
+    import hashlib
+    import tempfile
+
+    top = Path(tempfile.gettempdir()) / f"tfk8s-lab-{os.geteuid()}"
+    return top / hashlib.sha256(str(lab_dir / "users" / username).encode()).hexdigest()[:12]
 
 
 def local_environment(settings: LabSettings, lab_dir: Path, username: str) -> dict[str, str]:
@@ -278,10 +284,31 @@ def make_pre_spawn_hook(settings: LabSettings, lab_dir: Path) -> Callable[[Any],
     return prepare
 
 
+def remove_runtime_dir(lab_dir: Path, username: str) -> None:
+    """Remove a user's Jupyter runtime folder (:func:`runtime_dir`: connection files, the
+    kernels' sockets) once the user's server has stopped, and the lab's folder of them once
+    empty: a stopped lab leaves nothing in the temp dir."""
+    path = _runtime_path(lab_dir, username)
+    if path.is_symlink() or not path.is_dir() or path.lstat().st_uid != os.geteuid():
+        return  # not ours (runtime_dir refuses it at the next start): never removed through
+    shutil.rmtree(path, ignore_errors=True)
+    try:
+        path.parent.rmdir()
+    except OSError:
+        pass  # another user's server (or another lab of this user) still has its folder there
+
+
 def make_post_stop_hook(settings: LabSettings, lab_dir: Path) -> Callable[[Any], Any]:
-    """A ``Spawner.post_stop_hook`` that stops the user's local clusters (if configured)."""
+    """A ``Spawner.post_stop_hook``: stop the user's local clusters (if configured), then remove
+    the user's runtime folder."""
 
     async def stop_user_clusters(spawner: Any) -> None:
+        try:
+            await _stop_user_clusters(spawner)
+        finally:
+            remove_runtime_dir(lab_dir, spawner.user.name)
+
+    async def _stop_user_clusters(spawner: Any) -> None:
         if not settings.stop_clusters_on_stop:
             return
         import asyncio

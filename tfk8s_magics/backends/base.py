@@ -277,12 +277,18 @@ class WarmPool(abc.ABC):
     """A backend's warm pool of task processes (the optional capability ``pool``).
 
     Processes that have imported TensorFlow already wait to become a task, so a launch starts in a
-    second instead of several.  The pool belongs to the process that launches (a notebook kernel).
+    second instead of several.  The pool belongs to the processes that launch (a user's notebook
+    kernels share one).
     """
 
     @abc.abstractmethod
-    def configure(self, size: int | None) -> None:
-        """Set this process's pool size (None: the ``pool_size`` option's default; 0: no pool)."""
+    def configure(self, size: int | None, idle: float | None = None) -> None:
+        """Set this process's pool settings: its size (None: the ``pool_size`` option's default; 0:
+        this process uses no pool) and idle time (None: the ``pool_idle`` option's default)."""
+
+    @abc.abstractmethod
+    def resize(self, size: int) -> None:
+        """Set the size of the pool this process uses (every process sharing it sees the new size)."""
 
     @abc.abstractmethod
     def start(self) -> None:

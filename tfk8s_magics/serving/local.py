@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import BackendError, SpecError
-from ..lifeline import same_process, start_time
+from ..lifeline import reap_in_background, same_process, start_time
 from ..ports import free_ports
 from . import MODELS_SUBDIR, ServingInfo
 from .models import version_dirs
@@ -151,6 +151,7 @@ def start(cluster: str, root: Path, log_dir: str, model: str | None = None,
         if version is None:
             time.sleep(0.1)
     (root / "serving.json").write_text(json.dumps(rec), encoding="utf-8")
+    reap_in_background(proc)  # stopped later by pid: no zombie under this kernel
     return _info(cluster, rec, False, version)
 
 

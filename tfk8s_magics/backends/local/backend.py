@@ -33,7 +33,7 @@ from ... import records, scriptcheck, stall, storage
 from ...errors import BackendError, ClusterExists, ClusterNotFound, LaunchFailed, SpecError
 from ...isolation import guard, hostside
 from ...isolation.shim import shim_path
-from ...lifeline import open_pidfd, pid_alive, same_process, start_time
+from ...lifeline import open_pidfd, pid_alive, reap_in_background, same_process, start_time
 from ...ports import free_ports, port_open
 from ...runtime.progress import append_to, parse_record
 from ...serving import local as serving
@@ -320,6 +320,7 @@ class LocalBackend(Backend):
                     start_new_session=True,  # a kernel interrupt must not reach it
                 )
             self._await_supervisor(cdir, sup)
+            reap_in_background(sup)  # it ends with its cluster: no zombie under this kernel
         except BaseException:
             if sup is not None and sup.poll() is None:
                 sup.kill()  # its watchdog kills the tasks
@@ -701,6 +702,7 @@ class LocalBackend(Backend):
                 )
             time.sleep(0.05)
         write_json_atomic(cdir.tensorboard, {"pid": proc.pid, "start": start_time(proc.pid), "port": port})
+        reap_in_background(proc)  # stopped later by pid: no zombie under this kernel
         return TensorBoardInfo(port, _tb_url(port), record["log_dir"], False, proc.pid)
 
     def _stop_tensorboard(self, cdir: ClusterDir) -> None:

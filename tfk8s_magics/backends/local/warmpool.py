@@ -11,11 +11,16 @@ from . import pool
 
 
 class LocalWarmPool(WarmPool):
-    """This process's warm pool of TensorFlow task processes (one per owner process)."""
+    """This user's warm pool of TensorFlow task processes (shared by their kernels)."""
 
-    def configure(self, size: int | None) -> None:
-        """Set this process's pool size (the magic's ``pool_size`` trait); None: ``$TFK8S_POOL_SIZE``."""
-        pool.configure(size)
+    def configure(self, size: int | None, idle: float | None = None) -> None:
+        """Set this process's pool settings (the magic's ``pool_size`` and ``pool_idle`` traits);
+        None: ``$TFK8S_POOL_SIZE``, ``$TFK8S_POOL_IDLE``."""
+        pool.configure(size, idle)
+
+    def resize(self, size: int) -> None:
+        """Set the size of this user's pool (every kernel sharing it sees it)."""
+        pool.resize(size)
 
     def start(self) -> None:
         """Start the pool now at the configured size (size 0 stops it)."""
@@ -30,5 +35,5 @@ class LocalWarmPool(WarmPool):
         return pool.memory_line()
 
     def describe_all(self) -> list[str]:
-        """Every running pool of this user (one per kernel), one text each."""
+        """Every running pool of this user (one per task environment), one text each."""
         return [pool.describe(found) for found in pool.pools()]
