@@ -2,8 +2,11 @@
 
 One supervisor process per cluster starts every task, notices readiness
 and exits the instant they happen (it sleeps in ``select`` on the tasks'
-ready pipes and pidfds; nothing is polled), and executes the cluster's
-:class:`~tfk8s_magics.lifecycle.LifecyclePolicy`: restarts what the policy
+ready pipes and pidfds; nothing is polled), and performs the cluster's
+:class:`~tfk8s_magics.lifecycle.LifecyclePolicy`: every start and end goes to
+its :class:`~tfk8s_magics.lifecycle.RestartRule`, which decides (the incident,
+the group restart, the cause, the budget) and answers actions that
+:meth:`Supervisor.perform` carries out.  It restarts what the policy
 retries within the restart budget, recycles parameter servers a grace
 period after the workers finish, stops the rest when the cluster fails
 — and stops everything when asked (SIGTERM) or when the cluster's owner
