@@ -417,29 +417,34 @@ class RestartRule:
             self.blamed[culprit[0]] = culprit[1]
             out.append(Blame(culprit[0], f"{culprit[1]}; {task} lost it ({decision.reason})"))
         if decision.action == SUCCEED:
-            out.append(Succeed(task, decision.reason))
-        elif decision.action == RESTART and not self.stopping:
-            self.restarts_used += 1
-            cause = f"{culprit[0]}: {culprit[1]}" if culprit else f"{task}: {decision.reason}"
-            self.incident = _Incident(now + self.policy.incident_window, cause)
-            group = [t.name for t in self.policy.restarts_with(self.spec, self.spec.task(task))
-                     if t.name in self.running and t.name not in self.ending_why]
-            if culprit is not None and culprit[0] not in group and culprit[0] not in self.ending_why:
-                group.append(culprit[0])  # the cause restarts too, in the group or not
-            if group:
-                for name in group:
-                    self.ending(name, END_RESTART)
-                out.append(EndTasks(tuple(group), END_RESTART))
-            lost = f"lost {culprit[0]} ({decision.reason})" if culprit else decision.reason
-            budget = self.policy.restart_budget
-            out += self._restart(task, f"{lost}; restart {self.restarts_used} of {budget}")
-        elif culprit is not None:
-            out.append(Fail(f"{culprit[0]} failed: {culprit[1]}; {task} lost it ({decision.reason})",
-                            task, f"lost {culprit[0]} ({decision.reason})"))
-        else:
-            reason = _with_note(decision.reason, note)
-            out.append(Fail(f"{task} failed: {reason}", task, reason))
-        return out
+            return [*out, Succeed(task, decision.reason)]
+        if decision.action == RESTART and not self.stopping:
+            return out + self._new_incident(task, decision, now, culprit)
+        if culprit is not None:
+            return [*out, Fail(f"{culprit[0]} failed: {culprit[1]}; {task} lost it ({decision.reason})",
+                               task, f"lost {culprit[0]} ({decision.reason})")]
+        reason = _with_note(decision.reason, note)
+        return [*out, Fail(f"{task} failed: {reason}", task, reason)]
+
+    def _new_incident(self, task: str, decision: Decision, now: float,
+                      culprit: tuple[str, str] | None) -> list:
+        """A retryable end outside any incident: spend one restart, open the incident, end the
+        group (and the cause), restart ``task`` once they have ended."""
+        self.restarts_used += 1
+        cause = f"{culprit[0]}: {culprit[1]}" if culprit else f"{task}: {decision.reason}"
+        self.incident = _Incident(now + self.policy.incident_window, cause)
+        group = [t.name for t in self.policy.restarts_with(self.spec, self.spec.task(task))
+                 if t.name in self.running and t.name not in self.ending_why]
+        if culprit is not None and culprit[0] not in group and culprit[0] not in self.ending_why:
+            group.append(culprit[0])  # the cause restarts too, in the group or not
+        out: list = []
+        if group:
+            for name in group:
+                self.ending(name, END_RESTART)
+            out.append(EndTasks(tuple(group), END_RESTART))
+        lost = f"lost {culprit[0]} ({decision.reason})" if culprit else decision.reason
+        budget = self.policy.restart_budget
+        return out + self._restart(task, f"{lost}; restart {self.restarts_used} of {budget}")
 
     def port_moved(self, task: str, old: str) -> list:
         """``task`` has a new port (``old`` was taken): every other running task restarts with the
