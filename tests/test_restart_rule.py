@@ -87,6 +87,16 @@ ROWS = [
             Restart("worker-2", "restarted with its group (worker-1: killed by SIGKILL)"),
             StartDeferred(("worker-1", "worker-0"))]),
     ], 1),
+    ("a killed worker is the cause even when a peer that noticed is already a zombie", BETWEEN_3, 2, [
+        (("end", "worker-1", KILL, 10.0, ("worker-2", "worker-2 had ended (its end not handled yet)")), [
+            EndTasks(("worker-0", "worker-2"), "restart"),
+            Restart("worker-1", "killed by SIGKILL; restart 1 of 2", deferred=True)]),
+        (("end", "worker-2", LOST, 10.0), [
+            Restart("worker-2", "restarted with its group (worker-1: killed by SIGKILL)", deferred=True)]),
+        (("end", "worker-0", TERM, 10.2), [
+            Restart("worker-0", "restarted with its group (worker-1: killed by SIGKILL)"),
+            StartDeferred(("worker-1", "worker-2"))]),
+    ], 1),
     ("the same worker killed again after the incident's window: a second restart", BETWEEN_3, 2, [
         (("end", "worker-1", KILL, 10.0), [
             EndTasks(("worker-0", "worker-2"), "restart"),

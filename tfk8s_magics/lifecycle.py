@@ -259,6 +259,10 @@ PORT_MOVES = 3
 #: not handled yet).
 ZOMBIE = "had ended (its end not handled yet)"
 
+#: Signals that only come from outside the task (a user, the OOM killer): a task they ended is
+#: the cause of its incident, never the bystander of a peer's end.
+OUTSIDE_SIGNALS = frozenset({"SIGKILL", "SIGTERM"})
+
 #: Why a task is being ended by its cluster (what :meth:`RestartRule.ending` is told).
 END_STOP, END_RECYCLE, END_RESTART, END_PORTS = "stop", "recycle", "restart", "ports"
 
@@ -411,7 +415,9 @@ class RestartRule:
             # A consequence of the incident already paid for: restart, do not count again.
             return self._restart(task, f"{first.reason}; same incident as {self.incident.cause}")
         decision = self.policy.decide(end, self.restarts_used)
-        culprit = culprit if first.action == RESTART else None
+        # A peer at fault is the cause of a retryable end, not its bystander — unless the end came
+        # from outside (a kill): then the peer that looks dead is the one that noticed first.
+        culprit = culprit if first.action == RESTART and end.killed_by not in OUTSIDE_SIGNALS else None
         out: list = []
         if culprit is not None:
             self.blamed[culprit[0]] = culprit[1]
