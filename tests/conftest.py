@@ -71,7 +71,7 @@ def state_dir(tmp_path, monkeypatch):
     # process would outlive the test, and each test's own working folder would replace it.
     monkeypatch.setenv("TFK8S_POOL_SIZE", "0")
     yield d
-    from tfk8s_magics.backends.local import LocalBackend
+    from tfk8s_magics.backends.local import LocalBackend, sidecars
 
     be = LocalBackend(d)
     for st in be.list_clusters():
@@ -79,7 +79,7 @@ def state_dir(tmp_path, monkeypatch):
             be.delete(st.name, force=True)
             continue
         be.stop(st.name)
-        be._stop_tensorboard(be._dir(st.name))
+        sidecars.stop_tensorboard(be._dir(st.name))
     left = wait_gone(d)
     for p in left:
         p.kill()

@@ -56,6 +56,12 @@ The rules:
   enforces it (JobSet's ``ttlSecondsAfterFinished``, in the cluster); the
   local backend refuses a TTL at launch rather than ignore it.
 
+The half of the rules that needs memory — the incident, the group restart, the
+restarts that wait for their group, the cause named instead of the task that
+lost it, the free moves to new ports — is :class:`RestartRule`: a pure state
+machine (events in, actions out, no I/O, the clock passed in) that the local
+supervisor feeds with what it observes and whose actions it performs.
+
 The rules are what JobSet does with the same intent — a ``podFailurePolicy``
 rule ``FailJob`` on exit codes 1–127, ``Ignore`` on the ``DisruptionTarget``
 condition, ``backoffLimit``/``maxRestarts`` as the budget, and a failed JobSet
@@ -66,9 +72,9 @@ fields translate one-to-one.
 from __future__ import annotations
 
 import signal as _signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .runtime.exitcodes import BROKEN_MARK, EXIT_PEER_LOST, EXIT_SCRIPT_BROKEN
+from .runtime.exitcodes import BROKEN_MARK, EXIT_PEER_LOST, EXIT_SCRIPT_BROKEN, PORT_TAKEN_MARK
 from .spec import BETWEEN, ClusterSpec, Task
 
 #: The script raised an exception (Python's own exit code for that).
@@ -102,6 +108,8 @@ __all__ = [
     "EXIT_PEER_LOST", "EXIT_SCRIPT_BROKEN", "EXIT_SCRIPT_RAISED", "FAIL", "RECYCLED", "RESTART",
     "SCRIPT_BROKEN", "SUCCEED",
     "Decision", "LifecyclePolicy", "TaskEnd",
+    "Blame", "EndTasks", "Fail", "MovePort", "Restart", "RestartRule", "SettleTask", "StartDeferred",
+    "Succeed",
 ]
 
 
@@ -239,3 +247,281 @@ class LifecyclePolicy:
         if decision.action == RESTART and not self.budget_left(restarts_used):
             return Decision(FAIL, f"{decision.reason} (restart budget {self.restart_budget} used up)")
         return decision
+
+
+# -- the restart rule as a state machine -----------------------------------------------------------
+
+#: How many times a cluster's tasks are moved to new ports (a port taken by another process
+#: between allocation and bind), free of the restart budget; after that it is a failure like any.
+PORT_MOVES = 3
+
+#: How a peer that ended a moment before the task that lost it is described (a zombie: its end is
+#: not handled yet).
+ZOMBIE = "had ended (its end not handled yet)"
+
+#: Signals that only come from outside the task (a user, the OOM killer): a task they ended is
+#: the cause of its incident, never the bystander of a peer's end.
+OUTSIDE_SIGNALS = frozenset({"SIGKILL", "SIGTERM"})
+
+#: Why a task is being ended by its cluster (what :meth:`RestartRule.ending` is told).
+END_STOP, END_RECYCLE, END_RESTART, END_PORTS = "stop", "recycle", "restart", "ports"
+
+
+@dataclass(frozen=True)
+class EndTasks:
+    """End these running tasks (SIGTERM, then SIGKILL): ``why`` is :data:`END_RESTART` (their
+    group restarts) or :data:`END_PORTS` (the cluster's addresses changed)."""
+
+    tasks: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Count a restart of ``task`` on its row and say ``why``; start it now, or — ``deferred`` —
+    once the rest of its group has ended (a :class:`StartDeferred` follows)."""
+
+    task: str
+    why: str
+    deferred: bool = False
+
+
+@dataclass(frozen=True)
+class StartDeferred:
+    """The group has ended: start these tasks, which waited for it (stop them instead if the
+    cluster is stopping by the time this is performed)."""
+
+    tasks: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Blame:
+    """``task`` (stopped, a zombie or gone while it looked alive) is the cause of an incident."""
+
+    task: str
+    message: str
+
+
+@dataclass(frozen=True)
+class MovePort:
+    """``task``'s port was taken before it could listen: give it a new one, rewrite the cluster's
+    addresses, then tell :meth:`RestartRule.port_moved`."""
+
+    task: str
+
+
+@dataclass(frozen=True)
+class SettleTask:
+    """A task the cluster ended is settled: its row becomes ``phase`` (a task phase's string:
+    ``"stopped"`` with the stop's reason, ``"succeeded"`` when recycled, ``"failed"`` when it
+    was the blamed cause of a failed cluster, with ``reason``)."""
+
+    task: str
+    phase: str
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Fail:
+    """Fail the cluster with ``reason`` and stop the rest; ``task``'s row fails with
+    ``task_reason`` first."""
+
+    reason: str
+    task: str
+    task_reason: str
+
+
+@dataclass(frozen=True)
+class Succeed:
+    """``task`` exited 0 (the cluster succeeds once every success task has)."""
+
+    task: str
+    reason: str
+
+
+@dataclass
+class _Incident:
+    until: float  # the end of its window
+    cause: str  # "task: why" of its first retryable end
+    restarted: set[str] = field(default_factory=set)  # a second end of one of these is new
+
+
+class RestartRule:
+    """The restart rule of one cluster as a pure state machine.
+
+    Events (methods): a task :meth:`started`, the cluster began :meth:`ending` a task, a task
+    :meth:`ended` (with its :class:`TaskEnd` and, when a peer looked alive but was not, that peer
+    as the ``culprit``), a port was :meth:`port_moved`, a :meth:`stop_requested` (or the cluster
+    failed).  Each returns the actions the process performs, in order.  The state — restarts
+    spent, the open incident, the blamed causes, the restarts waiting for their group, which
+    tasks run and which are being ended — lives here; the group "has ended" when no task that
+    was ended for a restart still runs, which the machine sees from the :meth:`ended` events.
+    """
+
+    def __init__(self, policy: LifecyclePolicy, spec: ClusterSpec) -> None:
+        self.policy = policy
+        self.spec = spec
+        self.restarts_used = 0
+        self.port_moves = 0
+        self.stopping = False
+        self.failed = False
+        self.incident: _Incident | None = None
+        #: Tasks named as the cause of an incident (task → what was wrong with it).
+        self.blamed: dict[str, str] = {}
+        #: Restarted tasks waiting for the rest of their group to end: a new process never meets
+        #: an old peer (JobSet likewise deletes every Job before it recreates them).
+        self.deferred: list[str] = []
+        self.running: set[str] = set()
+        self.started_at: dict[str, float] = {}
+        #: Running tasks the cluster is ending, and why (END_*).
+        self.ending_why: dict[str, str] = {}
+
+    @property
+    def incident_cause(self) -> str | None:
+        """"task: why" of the incident's first end (None: there was none)."""
+        return self.incident.cause if self.incident else None
+
+    # -- events ----------------------------------------------------------------------------------
+    def started(self, task: str, now: float) -> None:
+        """``task``'s process started at ``now``."""
+        self.running.add(task)
+        self.started_at[task] = now
+        self.ending_why.pop(task, None)
+
+    def ending(self, task: str, why: str) -> None:
+        """The cluster asked running ``task`` to end (the first reason counts)."""
+        if task in self.running:
+            self.ending_why.setdefault(task, why)
+
+    def stop_requested(self, failed: bool = False) -> None:
+        """The cluster is stopping (asked to, or ``failed``): nothing is restarted any more."""
+        self.stopping = True
+        self.failed = self.failed or failed
+
+    def ended(self, task: str, end: TaskEnd, now: float, culprit: tuple[str, str] | None = None,
+              note: str = "") -> list:
+        """``task``'s process ended as ``end``.  ``culprit``: a peer whose process was stopped, a
+        zombie or gone while it looked alive, and what was wrong with it; ``note``: what to add to
+        a failure's reason (a full log dir)."""
+        self.running.discard(task)
+        why = self.ending_why.pop(task, "")
+        if why:
+            return self._ended_by_us(task, why, end)
+        if end.reason == PORT_TAKEN_MARK and self.port_moves < PORT_MOVES and not self.stopping:
+            self.port_moves += 1
+            return [MovePort(task)]
+        first = self.policy.classify(end)
+        if first.action == RESTART and self._in_incident(task, end, now):
+            # A consequence of the incident already paid for: restart, do not count again.
+            return self._restart(task, f"{first.reason}; same incident as {self.incident.cause}")
+        decision = self.policy.decide(end, self.restarts_used)
+        # A peer at fault is the cause of a retryable end, not its bystander — unless the end came
+        # from outside (a kill): then the peer that looks dead is the one that noticed first.
+        culprit = culprit if first.action == RESTART and end.killed_by not in OUTSIDE_SIGNALS else None
+        out: list = []
+        if culprit is not None:
+            self.blamed[culprit[0]] = culprit[1]
+            out.append(Blame(culprit[0], f"{culprit[1]}; {task} lost it ({decision.reason})"))
+        if decision.action == SUCCEED:
+            return [*out, Succeed(task, decision.reason)]
+        if decision.action == RESTART and not self.stopping:
+            return out + self._new_incident(task, decision, now, culprit)
+        if culprit is not None:
+            return [*out, Fail(f"{culprit[0]} failed: {culprit[1]}; {task} lost it ({decision.reason})",
+                               task, f"lost {culprit[0]} ({decision.reason})")]
+        reason = _with_note(decision.reason, note)
+        return [*out, Fail(f"{task} failed: {reason}", task, reason)]
+
+    def _new_incident(self, task: str, decision: Decision, now: float,
+                      culprit: tuple[str, str] | None) -> list:
+        """A retryable end outside any incident: spend one restart, open the incident, end the
+        group (and the cause), restart ``task`` once they have ended."""
+        self.restarts_used += 1
+        cause = f"{culprit[0]}: {culprit[1]}" if culprit else f"{task}: {decision.reason}"
+        self.incident = _Incident(now + self.policy.incident_window, cause)
+        group = [t.name for t in self.policy.restarts_with(self.spec, self.spec.task(task))
+                 if t.name in self.running and t.name not in self.ending_why]
+        if culprit is not None and culprit[0] not in group and culprit[0] not in self.ending_why:
+            group.append(culprit[0])  # the cause restarts too, in the group or not
+        out: list = []
+        if group:
+            for name in group:
+                self.ending(name, END_RESTART)
+            out.append(EndTasks(tuple(group), END_RESTART))
+        lost = f"lost {culprit[0]} ({decision.reason})" if culprit else decision.reason
+        budget = self.policy.restart_budget
+        return out + self._restart(task, f"{lost}; restart {self.restarts_used} of {budget}")
+
+    def port_moved(self, task: str, old: str) -> list:
+        """``task`` has a new port (``old`` was taken): every other running task restarts with the
+        new addresses, free of the budget, and so does ``task``."""
+        others = tuple(n for n in sorted(self.running, key=self._order) if n != task)
+        for name in others:
+            self.ending(name, END_PORTS)
+        out: list = [EndTasks(others, END_PORTS)] if others else []
+        return out + self._restart(task, f"on a new port ({old} was taken)")
+
+    # -- the rules -------------------------------------------------------------------------------
+    def _order(self, name: str) -> int:
+        names = [t.name for t in self.spec.tasks()]
+        return names.index(name) if name in names else len(names)
+
+    def _ended_by_us(self, task: str, why: str, end: TaskEnd) -> list:
+        """Settle the end of a task the cluster ended (stop, recycle, a group restart, new ports)."""
+        if task in self.blamed and self.failed:
+            return [SettleTask(task, "failed", self.blamed.pop(task))]  # the cause, not a bystander
+        if why == END_STOP or (why in (END_RESTART, END_PORTS) and self.stopping):
+            return [SettleTask(task, "stopped")]
+        if why == END_RECYCLE:
+            return [SettleTask(task, "succeeded", RECYCLED)]
+        if why == END_PORTS:  # the cluster's addresses changed
+            return self._restart(task, "restarted with the cluster's new addresses (not counted)")
+        if task in self.blamed:  # the cause of the incident
+            cause = self.blamed.pop(task)
+            if cause.endswith(ZOMBIE):  # it had ended on its own: say how, now that it is reaped
+                cause = self.policy.classify(TaskEnd(exit_code=end.exit_code, signal=end.signal)).reason
+            return self._restart(task, f"{cause}; restart {self.restarts_used} of "
+                                 f"{self.policy.restart_budget} (the cause of this incident)")
+        # its group restarts after another's end
+        return self._restart(task, f"restarted with its group ({self.incident_cause})")
+
+    def _in_incident(self, task: str, end: TaskEnd, now: float) -> bool:
+        """Whether ``task``'s end belongs to the open incident (its first end since it opened):
+        within the incident window, or — however late — a lost peer reported by a process that
+        was already running when the incident began (measured: TF1 workers notice a dead
+        parameter server ~30 s later), since the peer it lost is the one that ended then."""
+        if self.incident is None or self.stopping or task in self.incident.restarted:
+            return False
+        if now < self.incident.until:
+            return True
+        began = self.incident.until - self.policy.incident_window
+        started = self.started_at.get(task)
+        return end.exit_code == EXIT_PEER_LOST and started is not None and started < began
+
+    def _group_ending(self) -> bool:
+        return any(why in (END_RESTART, END_PORTS) for name, why in self.ending_why.items()
+                   if name in self.running)
+
+    def _restart(self, task: str, why: str) -> list:
+        """Restart ``task`` — once no peer of its group is still being ended for the same incident
+        (measured under load: a restarted worker that reached a dying peer's server lost it a
+        moment later and cost a second restart)."""
+        if self.incident is not None:
+            self.incident.restarted.add(task)
+        if self._group_ending():
+            self.deferred.append(task)
+            return [Restart(task, why, deferred=True)]
+        out: list = [Restart(task, why)]
+        if self.deferred:
+            waiting, self.deferred = tuple(self.deferred), []
+            out.append(StartDeferred(waiting))
+        return out
+
+
+def _with_note(reason: str, note: str) -> str:
+    """``reason`` with the disk's part in it: a full log dir is named, and a traceback is not
+    promised in a log that could not be written."""
+    if note and reason.endswith("; the traceback is in its log"):
+        reason = reason.removesuffix("; the traceback is in its log") + (
+            "; its traceback may be missing from its log")
+    return reason + note

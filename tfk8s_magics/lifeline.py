@@ -59,6 +59,17 @@ def pid_alive(pid: int | None) -> bool:
     return state not in ("Z", "X")
 
 
+def wait_exit(pid: int, timeout: float) -> bool:
+    """Wait (on a pidfd, no polling) until ``pid`` exits; return whether it did within ``timeout``."""
+    fd = open_pidfd(pid)
+    if fd is None:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
 def exit_with(owner_pid: int, on_exit: Callable[[], None] | None = None) -> threading.Thread | None:
     """End this process when ``owner_pid`` exits (after calling ``on_exit``)."""
     fd = open_pidfd(owner_pid)

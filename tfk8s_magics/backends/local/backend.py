@@ -9,16 +9,14 @@ too.
 TF_CONFIG names 127.0.0.1 only, every server the lab itself runs
 (TensorBoard) binds 127.0.0.1, and TensorFlow's gRPC servers — which
 listen on all interfaces whatever TF_CONFIG says — run in the cluster's
-private network namespace (:mod:`.isolation`, :mod:`.relay`), or where
+private network namespace (:mod:`tfk8s_magics.isolation`), or where
 that is refused behind the loopback shim.
 """
 
 from __future__ import annotations
 
-import http.client
 import os
 import re
-import select
 import shutil
 import signal
 import subprocess
@@ -29,14 +27,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from ... import records, scriptcheck, stall, storage
+from ... import scriptcheck, stall, storage
 from ...errors import BackendError, ClusterExists, ClusterNotFound, LaunchFailed, SpecError
-from ...isolation import guard, hostside
 from ...isolation.shim import shim_path
-from ...lifeline import open_pidfd, pid_alive, reap_in_background, same_process, start_time
-from ...ports import free_ports, port_open
-from ...runtime.progress import append_to, parse_record
-from ...serving import local as serving
+from ...lifeline import pid_alive, reap_in_background, same_process, wait_exit
+from ...ports import free_ports
+from ...runtime.progress import append_to
 from ...spec import IN_GRAPH, ClusterSpec
 from ...tfconfig import cluster_def
 from ..base import (
@@ -47,25 +43,22 @@ from ..base import (
     LogChunk,
     LogLine,
     LogLocation,
-    Phase,
-    Progress,
     TensorBoardInfo,
 )
-from . import logtail, pool
+from . import logtail, pool, sidecars, state
 from .inotify import DirWatcher
 from .layout import (
+    MAX_STATE_BYTES,
     ClusterDir,
     UnreadableState,
     default_state_dir,
     open_for_reading,
     read_bounded,
-    read_json,
     read_mapping,
     task_log_path,
     write_json_atomic,
     write_record,
 )
-from .status import LocalTaskStatus
 from .warmpool import LocalWarmPool
 from .watchdog import CLUSTER_ID_ENV, cluster_processes, describe
 
@@ -80,13 +73,10 @@ PREVIOUS_RUN = "previous-run"
 WATCH_INTERVAL = 0.1
 #: Longest sleep of a watcher between inotify wake-ups (it wakes at once on a change).
 IDLE_WAKEUP = 1.0
-TENSORBOARD_START_TIMEOUT = 90.0
 #: ``events`` reads at most this much of the end of ``events.jsonl`` (~20,000 events).
 MAX_EVENTS_BYTES = 4 * 1024 * 1024
-#: The longest line of ``events.jsonl`` read as an event.
-MAX_EVENT_LINE = 64 * 1024
 #: The task name an in-graph client reports progress as.
-COORDINATOR = "chief-0"
+COORDINATOR = state.COORDINATOR
 
 
 class LocalBackend(Backend):
@@ -127,26 +117,7 @@ class LocalBackend(Backend):
 
     def _read_record(self, cdir: ClusterDir) -> dict:
         """The cluster's record, checked for the keys every reader needs; raises UnreadableState."""
-        record = read_mapping(cdir.record)
-        if record is None:
-            raise UnreadableState("no cluster.json (an interrupted launch, or not a cluster)")
-        missing = [k for k in ("spec", "addresses", "cluster", "log_dir", "created") if k not in record]
-        if missing:
-            raise UnreadableState(f"cluster.json lacks {', '.join(missing)}")
-        spec, addresses = record["spec"], record["addresses"]
-        wrong = [what for what, ok in (
-            ("spec", isinstance(spec, dict) and isinstance(spec.get("name"), str)
-             and isinstance(spec.get("mode"), str)),
-            ("addresses", isinstance(addresses, dict)
-             and all(isinstance(v, str) for v in addresses.values())),
-            ("cluster", isinstance(record["cluster"], dict)),
-            ("log_dir", isinstance(record["log_dir"], str)),
-            ("created", records.number(record["created"]) is not None),
-            ("id", isinstance(record.get("id", ""), str)),
-        ) if not ok]
-        if wrong:
-            raise UnreadableState(f"cluster.json has a malformed {', '.join(wrong)}")
-        return record
+        return state.check_record(read_mapping(cdir.record))
 
     def _record(self, name: str) -> dict:
         cdir = self._dir(name)
@@ -157,14 +128,7 @@ class LocalBackend(Backend):
 
     def _raw_status(self, cdir: ClusterDir, record: dict) -> dict:
         """``status.json`` when it is this cluster's (same id); {} before the supervisor wrote it."""
-        raw = read_mapping(cdir.status)
-        if raw is None:
-            return {}
-        if not isinstance(raw.get("tasks"), list) or not isinstance(raw.get("id", ""), str):
-            raise UnreadableState("status.json has no task list, or a cluster id that is no string")
-        if raw.get("id", "") != record.get("id", ""):
-            raise UnreadableState("status.json belongs to another cluster (its id differs)")
-        return raw
+        return state.check_status(read_mapping(cdir.status), record)
 
     def check_exists(self, name: str) -> None:
         """A cluster exists while its dir does, even when its state is unreadable."""
@@ -348,75 +312,14 @@ class LocalBackend(Backend):
                 )
             time.sleep(0.01)
 
-    # -- status ------------------------------------------------------------
+    # -- status (the rules: .state) -----------------------------------------
     def _status_of(self, cdir: ClusterDir) -> ClusterStatus:
-        """The cluster's status; an unreadable or malformed state makes an ``unknown`` status that
-        says why (and how to remove it), never an exception."""
-        try:
-            return self._status_from(cdir, self._read_record(cdir))
-        except (UnreadableState, KeyError, TypeError, ValueError, AttributeError, RecursionError) as e:
-            try:
-                created = cdir.root.lstat().st_mtime
-            except OSError:
-                created = 0.0
-            return ClusterStatus(name=cdir.name, backend=self.name, mode="", phase=Phase.UNKNOWN,
-                                 reason=_unreadable_text(cdir.name, e), created=created)
-
-    def _status_from(self, cdir: ClusterDir, record: dict) -> ClusterStatus:
-        spec = record["spec"]
-        raw = self._raw_status(cdir, record)
-        tasks = [LocalTaskStatus.from_record(t) for t in raw.get("tasks", [])] or [
-            LocalTaskStatus(name=t, host=a) for t, a in record["addresses"].items()
-        ]
-        phase = raw.get("phase", Phase.PENDING)
-        reason = raw.get("reason", "")
-        if not isinstance(phase, str) or not isinstance(reason, str):
-            raise UnreadableState("status.json has a malformed phase or reason")
-        if raw and not raw.get("supervisor_done") and not _supervisor_alive(raw):
-            # The supervisor was killed: its tasks died with it (parent-death signal).
-            if phase not in Phase.TERMINAL:
-                phase, reason = Phase.FAILED, "its supervisor process died; the tasks were killed with it"
-            for t in tasks:
-                if t.phase not in Phase.TERMINAL:
-                    t.phase, t.reason, t.pid = Phase.FAILED, "supervisor died", None
-        status = ClusterStatus(
-            name=spec["name"],
-            backend=self.name,
-            mode=spec["mode"],
-            phase=phase,
-            reason=reason,
-            created=float(record["created"]),
-            finished=records.number(raw.get("finished")),
-            owner=record.get("owner") if isinstance(record.get("owner"), str) else "",
-            detached=record.get("detached") is True,
-            log_dir=LogLocation(record["log_dir"]),
-            tasks=tasks,
-            progress=self._progress(cdir, tasks),
-            stall=stall.Stall.from_dict(raw.get("stall")) if phase == Phase.RUNNING else None,
-        )
-        if phase == Phase.RUNNING:
-            status.reason = _coordinator_lost(cdir, status) or status.reason
-        return status
-
-    def _progress(self, cdir: ClusterDir, tasks: list[LocalTaskStatus]) -> Progress | None:
-        best: Progress | None = None
-        names = [t.name for t in tasks]
-        # The chief (or an in-graph client) speaks for the cluster; else worker-0;
-        # else whoever is furthest.
-        preferred = [n for n in (COORDINATOR, "worker-0") if n in names or n == COORDINATOR]
-        for name in preferred + [n for n in names if n not in preferred]:
-            try:
-                lines = logtail.tail_lines(cdir.progress_file(name), 1)
-            except OSError:  # not a regular file of ours (a symlink, a FIFO): not read
-                continue
-            p = _progress_from(parse_record(lines[-1])) if lines else None
-            if p is None:
-                continue
-            if name in preferred:
-                return p
-            if best is None or p.step > best.step:
-                best = p
-        return best
+        """The cluster's status, read by :func:`.state.cluster_status` from its files; an
+        unreadable or malformed state makes an ``unknown`` status that says why, never an exception."""
+        return state.cluster_status(
+            _files(cdir), backend=self.name, same_process=same_process, pid_alive=pid_alive,
+            last_progress=lambda task: _last_progress(cdir, task),
+            coordinator=lambda: _read_file(cdir.coordinator))
 
     def status(self, name: str) -> ClusterStatus:
         return self._status_of(self._dir(name))
@@ -427,13 +330,7 @@ class LocalBackend(Backend):
 
     def _finished(self, cdir: ClusterDir) -> bool:
         """Whether nothing of the cluster runs any more (or it was deleted)."""
-        if not cdir.record.exists():
-            return True
-        try:
-            raw = self._raw_status(cdir, self._read_record(cdir))
-        except UnreadableState:
-            return True  # nothing more will be learnt from it
-        return bool(raw.get("supervisor_done")) or (bool(raw) and not _supervisor_alive(raw))
+        return state.finished(_files(cdir), same_process)
 
     def _finished_check(self, cdir: ClusterDir):
         """A cheap :meth:`_finished` for loops: re-reads status.json when it changed, and
@@ -559,23 +456,12 @@ class LocalBackend(Backend):
         except FileNotFoundError:
             return []
         except OSError as e:
-            return [_note(f"events.jsonl was not read: {e.strerror}")]
+            return [state.note(f"events.jsonl was not read: {e.strerror}", time.time())]
         with os.fdopen(fd, "rb") as f:
             start = max(0, os.fstat(fd).st_size - MAX_EVENTS_BYTES)
             f.seek(start)
-            lines = f.read(MAX_EVENTS_BYTES).split(b"\n")
-        if start:
-            lines = lines[1:]  # the first is the end of a line cut in two
-        out = [_event_from(line) for line in lines if line.strip()]
-        events = [e for e in out if e is not None]
-        notes = []
-        if start:
-            notes.append(f"only the last {MAX_EVENTS_BYTES} bytes of events.jsonl are read ({start} "
-                         "earlier bytes not shown)")
-        if len(events) < len(out):
-            notes.append(f"{len(out) - len(events)} line(s) of events.jsonl are not events (a torn or "
-                         "damaged write) and were skipped")
-        return events + ([_note("; ".join(notes))] if notes else [])
+            data = f.read(MAX_EVENTS_BYTES)
+        return state.events_from(data, start, time.time(), MAX_EVENTS_BYTES)
 
     def addresses(self, name: str) -> dict[str, list[str]]:
         return self._record(name)["cluster"]
@@ -602,7 +488,7 @@ class LocalBackend(Backend):
         if not raw.get("supervisor_done") and _supervisor_alive(raw):
             sup = raw["supervisor_pid"]
             os.kill(sup, signal.SIGTERM)
-            if not _wait_exit(sup, STOP_TIMEOUT) and _supervisor_alive(raw):
+            if not wait_exit(sup, STOP_TIMEOUT) and _supervisor_alive(raw):
                 os.kill(sup, signal.SIGKILL)  # its watchdog kills the tasks
         self._kill_cluster(cdir, record.get("id"), raw.get("tasks", []))
         return self.status(name)
@@ -626,7 +512,7 @@ class LocalBackend(Backend):
                 except ProcessLookupError:
                     pass
             for pid in left:
-                _wait_exit(pid, 2.0)
+                wait_exit(pid, 2.0)
 
     def delete(self, name: str, keep_logs: bool = False, force: bool = False) -> LogLocation | None:
         """Stop and remove the cluster; return where its logs were kept, if asked to keep them.
@@ -645,7 +531,7 @@ class LocalBackend(Backend):
         kept = None
         if record is not None:
             self.stop(name)
-            self._stop_tensorboard(cdir)
+            sidecars.stop_tensorboard(cdir)
             self.stop_serving(name)
             kept = self._keep_logs(cdir, record, keep_logs)
         else:
@@ -671,79 +557,18 @@ class LocalBackend(Backend):
             return kept
         return log_dir if keep_logs else None
 
-    # -- TensorBoard -----------------------------------------------------------
+    # -- TensorBoard and serving (see .sidecars) -------------------------------------
     def tensorboard(self, name: str) -> TensorBoardInfo:
-        cdir = self._dir(name)
-        record = self._record(name)
-        info = _tb_info(cdir)
-        if info and same_process(info.get("pid"), info.get("start")) and port_open(info["port"]):
-            return TensorBoardInfo(info["port"], _tb_url(info["port"]), record["log_dir"], True, info["pid"])
-        port = hostside.free_port()  # in a sandboxed kernel: free on the host too
-        proc = subprocess.Popen(
-            # The guard makes it answer the owner only (its own namespace + the relay).
-            guard.command([port], str(cdir.root), [
-                "-m", "tfk8s_magics.runtime.tensorboard", str(os.getpid()),
-                "--logdir", record["log_dir"], "--host", "127.0.0.1", "--port", str(port),
-            ]),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=open(cdir.root / "tensorboard.log", "ab"),  # noqa: SIM115 - the child owns it
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + TENSORBOARD_START_TIMEOUT
-        while not _http_answers(port):  # not port_open: the guard's relay listens before TensorBoard
-            if proc.poll() is not None or time.monotonic() > deadline:
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait()
-                tail = "\n".join(logtail.tail_lines(cdir.root / "tensorboard.log", 10))
-                raise BackendError(
-                    f"TensorBoard for {name!r} did not start (see {cdir.root / 'tensorboard.log'}):\n{tail}"
-                )
-            time.sleep(0.05)
-        write_json_atomic(cdir.tensorboard, {"pid": proc.pid, "start": start_time(proc.pid), "port": port})
-        reap_in_background(proc)  # stopped later by pid: no zombie under this kernel
-        return TensorBoardInfo(port, _tb_url(port), record["log_dir"], False, proc.pid)
+        """The cluster's TensorBoard, started (behind the owner-only guard) if none runs."""
+        return sidecars.tensorboard(name, self._dir(name), self._record(name))
 
-    def _stop_tensorboard(self, cdir: ClusterDir) -> None:
-        info = _tb_info(cdir)
-        if info and same_process(info.get("pid"), info.get("start")):
-            try:
-                os.kill(info["pid"], signal.SIGTERM)
-            except ProcessLookupError:
-                return
-            if not _wait_exit(info["pid"], 5) and same_process(info.get("pid"), info.get("start")):
-                os.kill(info["pid"], signal.SIGKILL)
-
-    # -- serving (see tfk8s_magics.serving.local) -------------------------------
     def serve(self, name: str, model: str | None = None, source_url: str | None = None, **options):
-        """Serve the cluster's newest exported model with the local TF-Serving-compatible server.
-
-        ``replicas``/``cpu``/``memory`` are Kubernetes choices: one process serves here.
-        ``source_url``: serve from object storage instead of the log dir (see :func:`_fetch_models`).
-        """
-        secret = options.pop("credentials_secret", None)
-        if secret:
-            raise SpecError(f"--credentials-secret {secret!r} names a Kubernetes Secret; the local backend "
-                            "reads storage credentials from your environment or fsspec's config: drop it.")
-        cdir = self._dir(name)
-        if source_url is not None:
-            base = _fetch_models(cdir, source_url)
-            serving.stop(cdir.root)
-            kwargs = {k: v for k, v in options.items() if k in ("poll_seconds", "timeout")}
-            return serving.start(name, cdir.root, str(base), model, **kwargs, **_guarded(cdir))
-        allowed = {"poll_seconds", "timeout"}
-        for key, value in options.items():
-            if key not in allowed and value not in (None, 1):
-                raise SpecError(f"--{key.replace('_', '-')} applies to Kubernetes serving; "
-                                "the local backend runs one server process.")
-        kwargs = {k: v for k, v in options.items() if k in allowed}
-        return serving.start(name, cdir.root, read_json(cdir.record)["log_dir"], model, **kwargs,
-                             **_guarded(cdir))
+        """Serve the cluster's newest exported model (see :func:`.sidecars.serve`)."""
+        return sidecars.serve(name, self._dir(name), model, source_url, **options)
 
     def serving(self, name: str):
         """The model this cluster serves, or None."""
-        return serving.current(name, self._dir(name).root)
+        return sidecars.serving(name, self._dir(name))
 
     def warm_pool(self) -> LocalWarmPool:
         """This process's warm pool of task processes (:mod:`.pool`)."""
@@ -751,78 +576,33 @@ class LocalBackend(Backend):
 
     def stop_serving(self, name: str) -> bool:
         """Stop serving the cluster's model; return whether a server was running."""
-        return serving.stop(self._dir(name).root)
+        return sidecars.stop_serving(self._dir(name))
 
 
-def _guarded(cdir: ClusterDir) -> dict:
-    """How a model server starts here: behind the owner-only guard, as TensorBoard (its own
-    network namespace + the relay; in a sandboxed kernel also on the host's loopback, for
-    jupyter-server-proxy), on two ports free on both sides."""
-    rest = hostside.free_port()
-    grpc_port = hostside.free_port()
-    while grpc_port == rest:
-        grpc_port = hostside.free_port()
-    return {"ports": (rest, grpc_port),
-            "wrap": lambda ports, args: guard.command(ports, str(cdir.root), args)}
-
-
-def _coordinator_lost(cdir: ClusterDir, status: ClusterStatus) -> str:
-    """Why a live in-graph coordinator's connection is gone (a server restarted after it
-    connected), or "" when it is not (no coordinator, or it reconnected since)."""
-    if status.mode != IN_GRAPH:
-        return ""
+def _read_file(path: Path) -> state.FileText:
+    """A state file's bytes for :mod:`.state` (None: absent; :class:`.state.Unread`: why not)."""
     try:
-        info = read_json(cdir.coordinator)
-    except UnreadableState:
-        return ""
-    if not isinstance(info, dict) or not pid_alive(info.get("pid")):  # display only: nothing is signalled
-        return ""
-    lost = status.restarted_since(records.number(info.get("connected")) or 0.0)
-    if not lost:
-        return ""
-    return (f"the coordinator's connection is lost: {', '.join(lost)} restarted after it connected "
-            "(its variables are gone); connect() again and restore from the last checkpoint")
+        return read_bounded(path, MAX_STATE_BYTES)
+    except OSError as e:
+        return state.Unread(f"{path.name}: {e.strerror or e}")
 
 
-def _event_from(line: bytes) -> Event | None:
-    """One line of ``events.jsonl`` as an :class:`Event`, or None when it is not one."""
+def _files(cdir: ClusterDir) -> state.LocalFiles:
+    """What the cluster's record and status files hold, as :mod:`.state` reads them."""
     try:
-        d = records.loads(line, MAX_EVENT_LINE)
-    except ValueError:
-        return None
-    if not isinstance(d, dict) or records.number(d.get("time")) is None:
-        return None
-    texts = [d.get(k) for k in ("task", "reason", "message")]
-    type_ = d.get("type", "Normal")
-    if not all(isinstance(t, str) for t in [*texts, type_]):
-        return None
-    return Event(float(d["time"]), *texts, type_)
+        created = cdir.root.lstat().st_mtime
+    except OSError:
+        created = 0.0
+    return state.LocalFiles(cdir.name, _read_file(cdir.record), _read_file(cdir.status), created)
 
 
-def _note(message: str) -> Event:
-    """A Warning event about the events file itself (shown last)."""
-    return Event(time.time(), "", "EventsUnreadable", message, "Warning")
-
-
-def _progress_from(record: dict | None) -> Progress | None:
-    """A progress record as :class:`Progress`, or None when it has no integer step; a field of the
-    wrong type is dropped."""
-    if record is None:
+def _last_progress(cdir: ClusterDir, task: str) -> str | None:
+    """The last line of ``task``'s progress file (None: none, or not a regular file of ours)."""
+    try:
+        lines = logtail.tail_lines(cdir.progress_file(task), 1)
+    except OSError:  # not a regular file of ours (a symlink, a FIFO): not read
         return None
-    step = record.get("step")
-    if not isinstance(step, int) or isinstance(step, bool):
-        return None
-    total = record.get("total")
-    metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
-    return Progress(
-        step=step,
-        total=total if isinstance(total, int) and not isinstance(total, bool) else None,
-        rate=records.number(record.get("rate")),
-        metrics={k: float(v) for k, v in metrics.items()
-                 if isinstance(k, str) and records.number(v) is not None},
-        task=record.get("task") if isinstance(record.get("task"), str) else "",
-        time=records.number(record.get("time")) or 0.0,
-    )
+    return lines[-1] if lines else None
 
 
 def _write_script(cdir: ClusterDir, spec: ClusterSpec) -> None:
@@ -833,24 +613,6 @@ def _write_script(cdir: ClusterDir, spec: ClusterSpec) -> None:
         cdir.files.mkdir(mode=0o700)
         for file_name, text in spec.files.items():
             _write_private(cdir.files / file_name, text)
-
-
-def _fetch_models(cdir: ClusterDir, url: str) -> Path:
-    """Copy the models under ``url`` (a ``--backup`` URL: its ``models/``; else ``url`` is a models dir,
-    ``<model>/<version>/``) to ``<cluster dir>/served/models``; return ``served`` (a log dir to serve
-    from).  The copy replaces the previous one only once it is complete."""
-    storage.check_url("--from", url)
-    served = cdir.root / "served"
-    fresh = cdir.root / ".served-new"
-    shutil.rmtree(fresh, ignore_errors=True)
-    try:
-        storage.fetch_models(url, fresh / "models")
-    except BaseException:
-        shutil.rmtree(fresh, ignore_errors=True)
-        raise
-    shutil.rmtree(served, ignore_errors=True)
-    os.replace(fresh, served)
-    return served
 
 
 def _mkdir_private(d: Path) -> None:
@@ -885,37 +647,12 @@ def _abandoned_empty(root: Path) -> bool:
         return False
 
 
-def _unreadable_text(name: str, e: Exception) -> str:
-    """The one sentence for a cluster whose state cannot be read."""
-    cause = f"missing {e}" if isinstance(e, KeyError) else str(e)
-    return (f"unreadable state: {cause}. %tfcluster delete {name} --force (tfk8s delete {name} --force) "
-            "stops whatever of it still runs and removes it.")
+_unreadable_text = state.unreadable_text
 
 
 def _supervisor_alive(raw: dict) -> bool:
     """Whether the supervisor recorded in ``status.json`` is that very process, still running."""
-    return same_process(raw.get("supervisor_pid"), raw.get("supervisor_start"))
-
-
-def _wait_exit(pid: int, timeout: float) -> bool:
-    """Wait (on a pidfd, no polling) until ``pid`` exits; return whether it did within ``timeout``."""
-    fd = open_pidfd(pid)
-    if fd is None:
-        return True
-    try:
-        return bool(select.select([fd], [], [], timeout)[0])
-    finally:
-        os.close(fd)
-
-
-def _tb_info(cdir: ClusterDir) -> dict | None:
-    try:
-        info = read_mapping(cdir.tensorboard)
-    except UnreadableState:
-        return None
-    ok = info is not None and all(isinstance(info.get(k), int) and not isinstance(info.get(k), bool)
-                                  for k in ("pid", "port"))
-    return info if ok and 0 < info["port"] < 65536 else None
+    return state.supervisor_alive(raw, same_process)
 
 
 def _salvage_id(cdir: ClusterDir) -> str | None:
@@ -941,25 +678,6 @@ def _remove_empty_tree(top: Path) -> None:
             os.rmdir(dirpath)
         except OSError:
             pass
-
-
-def _http_answers(port: int) -> bool:
-    """Whether an HTTP server answers on ``127.0.0.1:port`` (no proxy settings apply)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-    try:
-        conn.request("GET", "/data/logdir")
-        return conn.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        conn.close()
-
-
-def _tb_url(port: int) -> str:
-    proxy = os.environ.get("TENSORBOARD_PROXY_URL")
-    if proxy:
-        return proxy.replace("%PORT%", str(port))
-    return f"http://127.0.0.1:{port}/"
 
 
 def _first_missing(path: Path) -> Path | None:

@@ -2,8 +2,11 @@
 
 One supervisor process per cluster starts every task, notices readiness
 and exits the instant they happen (it sleeps in ``select`` on the tasks'
-ready pipes and pidfds; nothing is polled), and executes the cluster's
-:class:`~tfk8s_magics.lifecycle.LifecyclePolicy`: restarts what the policy
+ready pipes and pidfds; nothing is polled), and performs the cluster's
+:class:`~tfk8s_magics.lifecycle.LifecyclePolicy`: every start and end goes to
+its :class:`~tfk8s_magics.lifecycle.RestartRule`, which decides (the incident,
+the group restart, the cause, the budget) and answers actions that
+:meth:`Supervisor.perform` carries out.  It restarts what the policy
 retries within the restart budget, recycles parameter servers a grace
 period after the workers finish, stops the rest when the cluster fails
 — and stops everything when asked (SIGTERM) or when the cluster's owner
@@ -72,9 +75,8 @@ from .watchdog import CLUSTER_ID_ENV, fork_watchdog
 STOP_TIMEOUT = 5.0
 #: Seconds between checks that the cluster dir is still this cluster's.
 IDENTITY_CHECK = 1.0
-#: How many times a cluster's tasks are moved to new ports (a port taken by another process
-#: between allocation and bind), free of the restart budget; after that it is a failure like any.
-PORT_MOVES = 3
+#: How many times a cluster's tasks are moved to new ports (the rule: :class:`.lifecycle.RestartRule`).
+PORT_MOVES = lifecycle.PORT_MOVES
 
 
 def _how_it_ended(st: LocalTaskStatus, asked: float | None) -> str:
@@ -87,7 +89,7 @@ def _how_it_ended(st: LocalTaskStatus, asked: float | None) -> str:
 
 #: How a peer that ended a moment before the task that lost it is described (a zombie: its end is
 #: not handled yet).
-ZOMBIE = "had ended (its end not handled yet)"
+ZOMBIE = lifecycle.ZOMBIE
 
 
 class DirReplaced(Exception):
@@ -135,19 +137,11 @@ class Supervisor:
         self.phase = Phase.STARTING
         self.reason = ""
         self.finished: float | None = None
-        self.restarts_used = 0
-        self.port_moves = 0
         self.stop_reason = ""
         self.grace_deadline: float | None = None
-        #: The open incident: until when, "task: why" of its first retryable end, and the
-        #: tasks already restarted in it (a second end of one of those is a new failure).
-        self.incident: tuple[float, str, set[str]] | None = None
-        #: Tasks named as the cause of an incident (task → what was wrong with it): a stopped,
-        #: zombie or vanished process whose peer noticed first (see :meth:`peer_at_fault`).
-        self.blamed: dict[str, str] = {}
-        #: Restarted tasks waiting for the rest of their group to end: a new process never
-        #: meets an old peer (JobSet likewise deletes every Job before it recreates them).
-        self.deferred: list[_Task] = []
+        #: The restart rule (incidents, group restarts, deferred starts, blame, port moves): it
+        #: decides, this process performs (see :meth:`perform`).
+        self.rule = lifecycle.RestartRule(self.policy, self.spec)
         self.dirty = True
         #: How this cluster is kept from other users (see :meth:`isolate`), for status.json.
         self.isolation: dict = {"mode": netns.NONE, "reason": "not isolated yet", "netns": None}
@@ -196,7 +190,7 @@ class Supervisor:
                 "supervisor_start": start_time(os.getpid()),
                 "watchdog_pid": self.watchdog_pid,
                 "supervisor_done": done,
-                "restarts_used": self.restarts_used,
+                "restarts_used": self.rule.restarts_used,
                 "tasks": [asdict(t.status) for t in self.tasks.values()],
                 "stall": self.stalls.stall.to_dict() if self.stalls.stall else None,
                 "isolation": self.isolation,
@@ -371,6 +365,7 @@ class Supervisor:
         t.status.signal = None
         t.stopping = ""
         t.kill_at = None
+        self.rule.started(t.task.name, t.status.started)
         self.dirty = True
 
     def start_all(self) -> None:
@@ -438,6 +433,7 @@ class Supervisor:
         if t.stopping:
             return
         t.stopping = why
+        self.rule.ending(t.task.name, why)
         t.stopped_at = time.time()
         t.kill_at = t.stopped_at + STOP_TIMEOUT
         self.signal_task(t, signal.SIGTERM)
@@ -486,7 +482,7 @@ class Supervisor:
         return f"; its log dir {log_dir} is full (No space left on device)" if full else ""
 
     def on_exit(self, t: _Task) -> None:
-        """Handle a task's exit: what the lifecycle policy decides (restart, success, failure)."""
+        """Handle a task's exit: perform what the restart rule answers (restart, success, failure)."""
         rc = self._reap(t)
         st = t.status
         st.finished = time.time()
@@ -494,53 +490,64 @@ class Supervisor:
         st.exit_code = rc if rc >= 0 else None
         st.signal = signal.Signals(-rc).name if rc < 0 else None
         self.dirty = True
-        if self._ended_by_us(t):
-            return
-        reason = self._termination_reason(t)
-        if reason == PORT_TAKEN_MARK and self._move_port(t):
-            return
-        end = lifecycle.TaskEnd(exit_code=st.exit_code, signal=st.signal, reason=reason)
-        if self._in_incident(t, end) and self.policy.classify(end).action == lifecycle.RESTART:
-            # A consequence of the incident already paid for: restart, do not count again.
-            self._restart(t, f"{self.policy.classify(end).reason}; same incident as {self.incident[1]}")
-            return
-        decision = self.policy.decide(end, self.restarts_used)
+        on_its_own = not t.stopping  # a task we ended is settled by the rule without these
+        end = lifecycle.TaskEnd(exit_code=st.exit_code, signal=st.signal,
+                                reason=self._termination_reason(t) if on_its_own else "")
         # A peer that is stopped, a zombie or gone is the cause of a retryable end, not its bystander.
-        culprit = self.peer_at_fault(t) if self.policy.classify(end).action == lifecycle.RESTART else None
-        if culprit is not None:
-            self.blamed[culprit[0]] = culprit[1]
-            self.event(culprit[0], "Culprit", f"{culprit[1]}; {t.task.name} lost it ({decision.reason})",
-                       "Warning")
-        if decision.action == lifecycle.SUCCEED:
-            st.phase, st.reason = Phase.SUCCEEDED, decision.reason
-            self.event(t.task.name, "Completed", "exited with code 0")
-        elif decision.action == lifecycle.RESTART and not self.stop_reason:
-            self.restarts_used += 1
-            cause = f"{culprit[0]}: {culprit[1]}" if culprit else f"{t.task.name}: {decision.reason}"
-            self.incident = (time.time() + self.policy.incident_window, cause, set())
-            budget = self.policy.restart_budget
-            self._restart_group(t)
-            if culprit is not None:  # the cause restarts too, in the group or not
-                self.end_task(self.tasks[culprit[0]], "restart")
-            lost = f"lost {culprit[0]} ({decision.reason})" if culprit else decision.reason
-            self._restart(t, f"{lost}; restart {self.restarts_used} of {budget}")
-        elif culprit is not None:
-            st.phase, st.reason = Phase.FAILED, f"lost {culprit[0]} ({decision.reason})"
-            self.fail(f"{culprit[0]} failed: {culprit[1]}; {t.task.name} lost it ({decision.reason})")
-            self.event(t.task.name, "Failed", st.reason, "Warning")
-        else:
-            st.phase, st.reason = Phase.FAILED, self._failure_reason(decision.reason)
-            self.fail(f"{t.task.name} failed: {st.reason}")
-            self.event(t.task.name, "Failed", st.reason, "Warning")
+        culprit = self.peer_at_fault(t) if on_its_own else None
+        self.perform(self.rule.ended(t.task.name, end, st.finished, culprit=culprit,
+                                     note=self._disk_note() if on_its_own else ""))
 
-    def _failure_reason(self, reason: str) -> str:
-        """``reason`` with the disk's part in it: a full log dir is named, and a traceback is not
-        promised in a log that could not be written."""
-        note = self._disk_note()
-        if note and reason.endswith("; the traceback is in its log"):
-            reason = reason.removesuffix("; the traceback is in its log") + (
-                "; its traceback may be missing from its log")
-        return reason + note
+    def perform(self, actions: list) -> None:
+        """Perform the restart rule's actions, in order (the rule is :class:`.lifecycle.RestartRule`)."""
+        for action in actions:
+            if isinstance(action, lifecycle.Blame):
+                self.event(action.task, "Culprit", action.message, "Warning")
+            elif isinstance(action, lifecycle.Succeed):
+                st = self.tasks[action.task].status
+                st.phase, st.reason = Phase.SUCCEEDED, action.reason
+                self.event(action.task, "Completed", "exited with code 0")
+            elif isinstance(action, lifecycle.Fail):
+                st = self.tasks[action.task].status
+                st.phase, st.reason = Phase.FAILED, action.task_reason
+                self.fail(action.reason)
+                self.event(action.task, "Failed", st.reason, "Warning")
+            elif isinstance(action, lifecycle.EndTasks):
+                for name in action.tasks:
+                    self.end_task(self.tasks[name], action.why)
+            elif isinstance(action, lifecycle.Restart):
+                t = self.tasks[action.task]
+                t.status.restarts += 1
+                self.event(t.task.name, "Restarted", action.why, "Warning")
+                if action.deferred:
+                    t.status.phase, t.status.reason = Phase.STARTING, "waiting for its group to stop"
+                    self.dirty = True
+                else:
+                    self.start(t)
+            elif isinstance(action, lifecycle.StartDeferred):
+                for name in action.tasks:
+                    if self.stop_reason:
+                        self.end_task(self.tasks[name], "stop")
+                    else:
+                        self.start(self.tasks[name])
+            elif isinstance(action, lifecycle.SettleTask):
+                self._settle(self.tasks[action.task], action)
+            elif isinstance(action, lifecycle.MovePort):
+                self._move_port(self.tasks[action.task])
+            else:
+                raise TypeError(f"unknown action of the restart rule: {action!r}")
+
+    def _settle(self, t: _Task, action: lifecycle.SettleTask) -> None:
+        """A task we ended (stop, recycle, the blamed cause of a failure) has ended: its row."""
+        st = t.status
+        if action.phase == Phase.STOPPED:
+            st.phase, st.reason = Phase.STOPPED, self.stop_reason
+            self.event(t.task.name, "TaskStopped", _how_it_ended(st, t.stopped_at))
+        elif action.phase == Phase.SUCCEEDED:
+            st.phase, st.reason = Phase.SUCCEEDED, action.reason
+            self.event(t.task.name, "Recycled", st.reason)
+        else:  # the cause of a failed cluster, not a bystander
+            st.phase, st.reason = action.phase, action.reason
 
     def peer_at_fault(self, t: _Task) -> tuple[str, str] | None:
         """The task whose process is the cause of ``t``'s end, with what was wrong with it: one that
@@ -573,73 +580,11 @@ class Supervisor:
                 pass
         return max(0.0, now - max(times)) if times else None
 
-    def _ended_by_us(self, t: _Task) -> bool:
-        """Settle the end of a task we ended (stop, recycle, a group restart, new ports); False
-        when it ended on its own, for the lifecycle policy to judge."""
-        st = t.status
-        if t.task.name in self.blamed and self.phase == Phase.FAILED and t.stopping:
-            st.phase, st.reason = Phase.FAILED, self.blamed.pop(t.task.name)  # the cause, not a bystander
-        elif t.stopping == "stop" or (t.stopping in ("restart", "ports") and self.stop_reason):
-            st.phase, st.reason = Phase.STOPPED, self.stop_reason
-            self.event(t.task.name, "TaskStopped", _how_it_ended(st, t.stopped_at))
-        elif t.stopping == "recycle":
-            st.phase, st.reason = Phase.SUCCEEDED, lifecycle.RECYCLED
-            self.event(t.task.name, "Recycled", st.reason)
-        elif t.stopping == "ports":  # the cluster's addresses changed
-            self._restart(t, "restarted with the cluster's new addresses (not counted)")
-        elif t.stopping == "restart" and t.task.name in self.blamed:  # the cause of the incident
-            why = self.blamed.pop(t.task.name)
-            if why.endswith(ZOMBIE):  # it had ended on its own: say how, now that it is reaped
-                why = self.policy.classify(lifecycle.TaskEnd(exit_code=st.exit_code, signal=st.signal)).reason
-            self._restart(t, f"{why}; restart {self.restarts_used} of {self.policy.restart_budget} "
-                          "(the cause of this incident)")
-        elif t.stopping == "restart":  # its group restarts after another's end
-            self._restart(t, f"restarted with its group ({self.incident[1]})")
-        else:
-            return False
-        return True
-
-    def _in_incident(self, t: _Task, end: lifecycle.TaskEnd) -> bool:
-        """Whether ``t``'s end belongs to the open incident (its first end since it opened):
-        within the incident window, or — however late — a lost peer reported by a process that
-        was already running when the incident began (measured: TF1 workers notice a dead
-        parameter server ~30 s later), since the peer it lost is the one that ended then."""
-        if self.incident is None or self.stop_reason or t.task.name in self.incident[2]:
-            return False
-        if time.time() < self.incident[0]:
-            return True
-        began = self.incident[0] - self.policy.incident_window
-        return (end.exit_code == lifecycle.EXIT_PEER_LOST and t.status.started is not None
-                and t.status.started < began)
-
-    def _restart(self, t: _Task, why: str) -> None:
-        """Restart ``t`` — once no peer of its group is still being ended for the same incident
-        (measured under load: a restarted worker that reached a dying peer's server lost it a
-        moment later and cost a second restart)."""
-        if self.incident is not None:
-            self.incident[2].add(t.task.name)
-        t.status.restarts += 1
-        self.event(t.task.name, "Restarted", why, "Warning")
-        if self._group_ending():
-            t.status.phase, t.status.reason = Phase.STARTING, "waiting for its group to stop"
-            self.deferred.append(t)
-            self.dirty = True
-        else:
-            self.start(t)
-        self._start_deferred()
-
-    def _group_ending(self) -> bool:
-        return any(t.stopping in ("restart", "ports") and t.proc is not None and t.proc.returncode is None
-                   for t in self.tasks.values())
-
-    def _move_port(self, t: _Task) -> bool:
+    def _move_port(self, t: _Task) -> None:
         """``t``'s port was taken by another process before it could listen (tasks on the host's
         loopback): give it a new one, rewrite the addresses every task and the kernel read
-        (``record.json``), and restart the tasks already started with them — free of the
-        restart budget, at most :data:`PORT_MOVES` times.  False when no move is left."""
-        if self.port_moves >= PORT_MOVES or self.stop_reason:
-            return False
-        self.port_moves += 1
+        (``record.json``); the rule then restarts the tasks already started with them — free of
+        the restart budget (at most :data:`PORT_MOVES` times: the rule counts)."""
         old = self.record["addresses"][t.task.name]
         taken = {a.rsplit(":", 1)[1] for a in self.record["addresses"].values()}
         port = next(p for p in free_ports(len(taken) + 1) if str(p) not in taken)
@@ -650,35 +595,11 @@ class Supervisor:
             write_json_atomic(self.cdir.record, self.record, dir_fd=self.dir_fd)
         except OSError as e:
             self.file_failure(t, OSError(e.errno, e.strerror, str(self.cdir.record)))
-            return True
+            return
         self.event(t.task.name, "PortTaken", f"{old} was taken by another process before the task could "
                    f"listen on it; moved to 127.0.0.1:{port}, every task restarted with the new addresses "
                    "(not counted against the restart budget)", "Warning")
-        for other in self.tasks.values():
-            if other is not t and other.proc is not None and other.proc.returncode is None:
-                self.end_task(other, "ports")
-        self._restart(t, f"on a new port ({old} was taken)")
-        return True
-
-    def _start_deferred(self) -> None:
-        """Start the restarts that waited for their group, once all of it has ended."""
-        if not self.deferred or self._group_ending():
-            return
-        waiting, self.deferred = self.deferred, []
-        for t in waiting:
-            if self.stop_reason:
-                self.end_task(t, "stop")
-            else:
-                self.start(t)
-
-    def _restart_group(self, first: _Task) -> None:
-        """A between-graph chief, worker or parameter server ended: the synchronous group
-        restarts with it (one incident; see :meth:`.LifecyclePolicy.restarts_with`)."""
-        group = {t.name for t in self.policy.restarts_with(self.spec, first.task)}
-        for t in self.tasks.values():
-            running = t.proc is not None and t.proc.returncode is None
-            if t.task.name in group and running and not t.stopping:
-                self.end_task(t, "restart")
+        self.perform(self.rule.port_moved(t.task.name, old))
 
     # -- isolation (decided by tfk8s_magics.isolation.plan) ------------------------
     def isolate(self) -> None:
@@ -760,6 +681,7 @@ class Supervisor:
             return
         self.phase, self.reason, self.finished = Phase.FAILED, reason, time.time()
         self.stop_reason = "the cluster failed"
+        self.rule.stop_requested(failed=True)
         if self.policy.failure_grace > 0:
             self.grace_deadline = time.time() + self.policy.failure_grace
             return
@@ -772,6 +694,7 @@ class Supervisor:
         if self.stop_reason and self.grace_deadline is None:
             return  # already stopping (a failed cluster's grace period is cut short, though)
         self.stop_reason = self.stop_reason or reason
+        self.rule.stop_requested()
         self.grace_deadline = None  # a stop ends the PS grace period too: nothing is left to wait for
         self.event("", "Stopping", reason)
         if self.phase not in Phase.TERMINAL:  # "stopped" once every task has ended (update_phase)
@@ -809,7 +732,8 @@ class Supervisor:
         if new != self.phase:
             self.phase = new
             self.reason = ("every task is ready" if new == Phase.RUNNING
-                           else f"restarting after {self.incident[1]}" if self.incident else "")
+                           else f"restarting after {self.rule.incident_cause}" if self.rule.incident_cause
+                           else "")
             self.dirty = True
 
     def tick(self) -> None:
