@@ -136,9 +136,12 @@ def test_layers_import_only_downwards_transitively():
 
 def test_the_transitive_check_follows_every_hop():
     """The check sees through permitted hops: the local backend's package reaches the task
-    runtime only through its own modules, and the package itself loads nothing."""
-    assert "tfk8s_magics.runtime.task" in _loaded_at_import("tfk8s_magics.backends.local")
-    assert "tfk8s_magics.runtime.task" not in {m for m, _, _ in _imports(PKG / "backends/local/__init__.py")}
+    runtime (its progress records) and the isolation layer's network namespaces only through its
+    own modules (backend -> pool -> daemon -> netns), and the package itself loads nothing."""
+    loaded = _loaded_at_import("tfk8s_magics.backends.local")
+    direct = {m for m, _, _ in _imports(PKG / "backends/local/__init__.py")}
+    for far in ("tfk8s_magics.runtime.progress", "tfk8s_magics.isolation.netns"):
+        assert far in loaded and far not in direct, far
     assert _loaded_at_import("tfk8s_magics") == {"tfk8s_magics"}
 
 
