@@ -141,6 +141,9 @@ class Dashboard:
         self._history = None
         self._throttle: live.Throttle | None = None
         self._display_handle = None
+        #: The launch cell's static record once the cluster has ended (:mod:`.summary`): the
+        #: HTML/text alternatives of this view, what a notebook saved without widget state shows.
+        self.record = None
         self.widget = None
         #: Set (under the draw lock) when the widgets are freed: no draw may make new ones then.
         self._destroyed = False
@@ -242,10 +245,11 @@ class Dashboard:
         from IPython.display import display
 
         live.supersede(self)
-        if self.use_widgets:
-            display(self)
-        elif live.in_kernel():
+        if live.in_kernel():
+            # With a display id, so the final record can replace this view's fallbacks in place.
             self._display_handle = display(self, display_id=True)
+        elif self.use_widgets:
+            display(self)
         else:
             display(self)
             return self  # a terminal: one snapshot, no thread
@@ -497,11 +501,26 @@ class Dashboard:
             return None
 
     def _repr_mimebundle_(self, **kwargs) -> dict:
-        data = {"text/plain": repr(self), "text/html": self._repr_html_()}
+        record = self.record
+        if record is not None:  # the cluster ended: its record is the alternative to the live view
+            data = {"text/plain": repr(record), "text/html": record._repr_html_()}
+        else:
+            data = {"text/plain": repr(self), "text/html": self._repr_html_()}
         if self.widget is not None:
+            plain = data["text/plain"]
             data.update(self.widget._repr_mimebundle_(**kwargs) or {})
-            data["text/plain"] = repr(self)
+            data["text/plain"] = plain
         return data
+
+    def show_record(self, record) -> None:
+        """Make ``record`` (the cluster's final state) this view's HTML/text alternative.
+
+        The front end keeps showing the live widget view; a notebook saved without widget
+        state, nbconvert and a text front end show the record instead — one copy, not two.
+        """
+        self.record = record
+        if self._display_handle is not None:
+            self._display_handle.update(self)
 
     def _repr_html_(self) -> str:
         st = self._snapshot()

@@ -3,10 +3,17 @@
 The live dashboard is made of widgets.  A notebook executed by nbclient or
 nbconvert, or saved after the browser closed, keeps only the snapshot the
 dashboard had when it was first shown ("starting") and partial logs.  So
-the launch cell also holds a :class:`FinalSummary`: an output with a
-display id, empty while the cluster runs, replaced by a static summary —
-final phase, task table, progress, the last lines of each task's log — once
-the cluster ends.
+once the cluster ends, a :class:`FinalSummary` — final phase, task table,
+progress, the last lines of each task's log — is drawn where no live view
+is, and only there:
+
+* under a live dashboard it becomes the dashboard output's ``text/html`` /
+  ``text/plain`` alternatives (the same display id): JupyterLab keeps
+  showing the widget view, while a notebook saved without widget state,
+  nbconvert and text front ends show the record — never a second copy
+  under the live view;
+* with no dashboard (``--no-dashboard``, no ipywidgets) it is an output of
+  its own, empty while the cluster runs.
 
 Who writes it:
 
@@ -92,8 +99,10 @@ class FinalSummary:
     _registry: dict[tuple[str, int, str], list[FinalSummary]] = {}
     _registry_lock = threading.Lock()
 
-    def __init__(self, cluster, tail: int = TAIL_LINES) -> None:
+    def __init__(self, cluster, tail: int = TAIL_LINES, view=None) -> None:
         self.cluster = cluster
+        #: The live view whose alternatives the record becomes (``show_record(record)``), if any.
+        self.view = view
         self.backend = cluster.backend
         self.name = cluster.name
         self.tail = tail
@@ -110,10 +119,12 @@ class FinalSummary:
         return (self.backend.name, id(self.backend), self.name)
 
     def show(self) -> FinalSummary:
-        """Display the (empty) placeholder under the current cell and follow the cluster."""
+        """Display the (empty) placeholder under the current cell — unless the record goes into a
+        live view's alternatives — and follow the cluster."""
         from IPython.display import display
 
-        self._handle = display(_EMPTY, display_id=True)
+        if self.view is None:
+            self._handle = display(_EMPTY, display_id=True)
         with self._registry_lock:
             self._registry.setdefault(self._key, []).append(self)
         self._unsubscribe = ClusterFeed.of(self.backend, self.name).subscribe(
@@ -155,7 +166,9 @@ class FinalSummary:
                 summary_html(status, self.tails, now_deleted),
                 summary_text(status, self.tails, now_deleted),
             )
-            if self._handle is not None:
+            if self.view is not None:
+                self.view.show_record(view)
+            elif self._handle is not None:
                 self._handle.update(view)
         if now_deleted or status.terminal:
             self._stop_following()
@@ -194,8 +207,12 @@ def finish_all(
             FinalSummary._registry.pop((backend.name, id(backend), name), None)
 
 
-def show(cluster: Any, tail: int = TAIL_LINES) -> FinalSummary | None:
-    """Show the launch cell's summary placeholder, in a Jupyter kernel only (else None)."""
+def show(cluster: Any, tail: int = TAIL_LINES, view: Any = None) -> FinalSummary | None:
+    """Follow ``cluster`` and record its end, in a Jupyter kernel only (else None).
+
+    With ``view`` (a live view with ``show_record``, e.g. the dashboard) the record becomes
+    that view's alternatives; without, it is a placeholder output of its own.
+    """
     if not live.in_kernel():
         return None
-    return FinalSummary(cluster, tail).show()
+    return FinalSummary(cluster, tail, view=view).show()
