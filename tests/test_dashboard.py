@@ -951,5 +951,37 @@ def test_the_final_record_is_the_live_dashboards_alternative_not_a_second_copy(s
     assert bundle["text/plain"].startswith("final state of rec\ncluster rec (scripted, between): succeeded")
     assert rec._handle is None  # no output of its own
     # Deleted afterwards: the same output says so.
+    del scripted.statuses["rec"]
     assert rec.finish(deleted=True)
     assert "(then deleted; it had ended <b>succeeded</b>)" in d._repr_mimebundle_()["text/html"]
+
+
+def test_a_deleted_clusters_views_do_not_show_its_deleted_log_dir(scripted, tmp_path):
+    """Issue 27 item 7: after a delete, the header (and the final record) still showed the log
+    dir that the delete had removed.  A log dir that is still there (kept, or the user's) is
+    still shown."""
+    import shutil
+
+    from tfk8s_magics.ui import summary
+
+    for kept in (False, True):
+        logs = tmp_path / f"logs-{kept}"
+        logs.mkdir()
+        name = f"gone{int(kept)}"
+        cluster = scripted.add(dataclasses.replace(_failed(name=name), log_dir=LogLocation(str(logs))))
+        d = Dashboard(cluster, widgets=True).start()
+        rec = summary.FinalSummary(cluster, view=d)
+        assert d.wait(TIMEOUT) and str(logs) in d.header.value
+        assert rec.finish(cluster.status()) and str(logs) in d.record._repr_html_()
+        if not kept:
+            shutil.rmtree(logs)
+        del scripted.statuses[name]  # deleted (by another process: no call in this kernel)
+        wait_for(lambda d=d: 'data-phase="deleted"' in d.header.value, 10, "the header to say deleted")
+        rec.finish(deleted=True)
+        shown = [d.header.value, d._repr_html_(), repr(d), d.record._repr_html_(), repr(d.record)]
+        for text in shown:
+            if kept:
+                assert str(logs) in text, text
+            else:
+                assert str(logs) not in text and "deleted with the cluster" in text, text
+        d.close()

@@ -757,7 +757,8 @@ def _tiny_wheel(folder: Path, name: str, value: str) -> Path:
     files = {
         f"{name}/__init__.py": f"VALUE = {value!r}\n",
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n",
-        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: tfk8s-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist}/WHEEL": ("Wheel-Version: 1.0\nGenerator: tfk8s-tests\nRoot-Is-Purelib: true\n"
+                          "Tag: py3-none-any\n"),
     }
     record = []
     for path, text in files.items():

@@ -234,7 +234,7 @@ def test_monitor_pushes_rows_of_clusters_launched_anywhere(state_dir, tmp_path):
 
 @pytest.fixture
 def lab(tmp_path, state_dir):
-    from tests.sidebar_lab import Lab
+    from tests.browserlab import Lab
 
     root = tmp_path / "root"
     root.mkdir()
@@ -362,10 +362,13 @@ def test_a_stopped_tensorboards_link_says_what_happened_and_how_to_start_it_agai
     status, page = get(f"/proxy/{tb['port']}/")
     assert status == 200 and "<title>TensorBoard</title>" in page, (status, page[:300])
     assert lab.request("DELETE", "/tfk8s/clusters/tb")[0] == 204  # stops its TensorBoard too
-    status, page = get(f"/proxy/{tb['port']}/")
-    assert status == 502, (status, page[:500])
-    assert f"This server has stopped: nothing answers on port {tb['port']} any more." in page, page
-    assert "%tfcluster tensorboard NAME" in page and "Internal Server Error" not in page
+    for path, where in ((f"/proxy/{tb['port']}/", tb["port"]),
+                        (f"/proxy/127.0.0.1:{tb['port']}/", tb["port"]),
+                        (f"/proxy/localhost:{tb['port']}/", f"localhost:{tb['port']}")):
+        status, page = get(path)
+        assert status == 502, (path, status, page[:500])
+        assert f"This server has stopped: nothing answers on port {where} any more." in page, page
+        assert "%tfcluster tensorboard NAME" in page and "Internal Server Error" not in page
 
 
 # -- packaging: a plain pip install enables both halves -------------------------------------------

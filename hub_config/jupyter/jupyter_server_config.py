@@ -9,3 +9,6 @@ from pathlib import Path
 
 c = get_config()  # noqa: F821 - defined by Jupyter when it loads this file
 c.LabApp.app_settings_dir = str(Path(__file__).resolve().parent / "lab" / "settings")
+# The server never fetches the news feed or checks for updates either, whatever a user sets.
+c.LabApp.news_url = None
+c.LabApp.check_for_updates_class = "jupyterlab.NeverCheckForUpdate"

@@ -18,18 +18,19 @@ PROBE_TIMEOUT = 0.5
 
 
 def port_closed(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a TCP connect to ``host:port`` is refused (nothing listens there)."""
+    """Whether nothing serves ``host:port`` any more: the connect is refused, or the host's name
+    no longer resolves (a Kubernetes Service deleted with its cluster)."""
     try:
         with socket.create_connection((host, port), timeout=PROBE_TIMEOUT):
             return False
-    except ConnectionRefusedError:
+    except (ConnectionRefusedError, socket.gaierror):
         return True
-    except OSError:  # a timeout or another error: not known to be closed
+    except OSError:  # a timeout or another error: not known to be stopped
         return False
 
 
-def stopped_page(port: int) -> str:
-    """The page shown for a proxied port where nothing listens any more."""
+def stopped_page(port: int | str) -> str:
+    """The page shown for a proxied port (``PORT`` or ``HOST:PORT``) where nothing listens any more."""
     p = html.escape(str(port))
     return (
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>Stopped: nothing on port "
@@ -45,35 +46,47 @@ def stopped_page(port: int) -> str:
 
 
 def wrap_local_proxy(web_app, log) -> bool:
-    """Give jupyter-server-proxy's ``/proxy/PORT/`` handler the stopped page; whether it was found.
+    """Give jupyter-server-proxy's ``/proxy/PORT/`` and ``/proxy/HOST:PORT/`` handlers the stopped
+    page; whether they were found.
 
-    The proxy's own rule keeps its place and arguments: only its handler class is replaced by a
-    subclass that differs in :meth:`write_error` alone.
+    The proxy's own rules keep their place and arguments: only their handler classes are
+    replaced by subclasses that differ in ``write_error`` alone.
     """
     try:
-        from jupyter_server_proxy.handlers import LocalProxyHandler
+        from jupyter_server_proxy.handlers import LocalProxyHandler, RemoteProxyHandler
     except ImportError:
         return False
 
-    class StoppedPageProxyHandler(LocalProxyHandler):
-        """jupyter-server-proxy's local handler, with the stopped page for a closed port."""
+    def write_error(self, status_code: int, parent, host: str, port: str, **kwargs) -> None:
+        if status_code in (500, 599) and port.isdigit() and port_closed(int(port), host):
+            self.set_status(502)
+            self.set_header("Content-Type", "text/html; charset=utf-8")
+            self.write(stopped_page(port if host == "127.0.0.1" else f"{host}:{port}"))
+            return
+        parent.write_error(self, status_code, **kwargs)
+
+    class LocalStoppedPage(LocalProxyHandler):
+        """jupyter-server-proxy's ``/proxy/PORT/``, with the stopped page for a closed port."""
 
         def write_error(self, status_code: int, **kwargs) -> None:
             port = self.path_args[0] if self.path_args else ""
-            if status_code in (500, 599) and port.isdigit() and port_closed(int(port)):
-                self.set_status(502)
-                self.set_header("Content-Type", "text/html; charset=utf-8")
-                self.write(stopped_page(int(port)))
-                return
-            super().write_error(status_code, **kwargs)
+            write_error(self, status_code, LocalProxyHandler, "127.0.0.1", port, **kwargs)
 
+    class RemoteStoppedPage(RemoteProxyHandler):
+        """jupyter-server-proxy's ``/proxy/HOST:PORT/``, with the stopped page for a closed port."""
+
+        def write_error(self, status_code: int, **kwargs) -> None:
+            host, port = (self.path_args[:2] if len(self.path_args) >= 2 else ("", ""))
+            write_error(self, status_code, RemoteProxyHandler, host, port, **kwargs)
+
+    wrapped = {LocalProxyHandler: LocalStoppedPage, RemoteProxyHandler: RemoteStoppedPage}
     found = False
     for host_rule in web_app.default_router.rules:
         for rule in getattr(host_rule.target, "rules", ()):
-            if rule.target is LocalProxyHandler:
-                rule.target = StoppedPageProxyHandler
+            if rule.target in wrapped:
+                rule.target = wrapped[rule.target]
                 found = True
     if not found:
-        log.warning("tfk8s: jupyter-server-proxy's /proxy/PORT/ handler was not found; a stopped "
+        log.warning("tfk8s: jupyter-server-proxy's /proxy/ handlers were not found; a stopped "
                     "TensorBoard's link will show the proxy's own error page")
     return found

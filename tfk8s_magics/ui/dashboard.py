@@ -59,6 +59,7 @@ from .render import (
     events_text,
     header_html,
     last_warning,
+    logs_gone,
     outcome_html,
     progress_html,
     status_text,
@@ -392,6 +393,7 @@ class Dashboard:
         ended = self._check_end()  # before draining, so nothing delivered after it is missed
         st, dirty, pending, counts = self._take()
         events_changed = self._refresh_events(st, dirty, ended)
+        gone_logs = self.deleted and st is not None and logs_gone(st.log_dir)  # I/O: before the lock
         with self._draw_lock:
             if self._destroyed:
                 return
@@ -400,7 +402,7 @@ class Dashboard:
                     self.log_tabs.page(t.name)
                 self.log_tabs.prefer(default_log_task(st))
             self.header.value = header_html(st, self.name, deleted=self.deleted,
-                                            warning=last_warning(self.events))
+                                            warning=last_warning(self.events), gone_logs=gone_logs)
             # Between status changes only running durations move: redraw them every few seconds.
             now = time.monotonic()
             if dirty or ended or now - self._table_at >= TABLE_TICK_INTERVAL:
@@ -530,13 +532,15 @@ class Dashboard:
         with self._lock:
             tails = {t: list(q)[-10:] for t, q in self.lines.items()}
         return dashboard_html(st, deleted=self.deleted, curves=curves_html(points, ended=st.terminal),
-                              events=self.events, log_tails=tails)
+                              events=self.events, log_tails=tails,
+                              gone_logs=self.deleted and logs_gone(st.log_dir))
 
     def __repr__(self) -> str:
         st = self._snapshot()
         if st is None:
             return f"cluster {self.name}: {'deleted' if self.deleted else 'no status'}"
-        text = status_text(st) + (" (deleted)" if self.deleted else "")
+        gone_logs = self.deleted and logs_gone(st.log_dir)
+        text = status_text(st, gone_logs) + (" (deleted)" if self.deleted else "")
         return text + ("\n" + events_text(self.events) if self.events else "")
 
 

@@ -38,7 +38,7 @@ from typing import Any
 from ..backends import ClusterStatus
 from ..watch import ClusterFeed
 from . import live
-from .render import status_html, status_text
+from .render import logs_gone, status_html, status_text
 
 #: Lines of each task's log kept in the summary.
 TAIL_LINES = 8
@@ -46,7 +46,8 @@ TAIL_LINES = 8
 _e = html.escape
 
 
-def summary_html(st: ClusterStatus, tails: dict[str, list[str]], deleted: bool = False) -> str:
+def summary_html(st: ClusterStatus, tails: dict[str, list[str]], deleted: bool = False,
+                 gone_logs: bool = False) -> str:
     """The static summary: final phase, task table, progress, the last lines of each log."""
     phase = "deleted" if deleted else st.phase
     logs = "".join(
@@ -63,14 +64,15 @@ def summary_html(st: ClusterStatus, tails: dict[str, list[str]], deleted: bool =
         f'<div class="tfk8s-summary" data-phase="{_e(phase, quote=True)}" '
         'style="border-left:3px solid #ccc;padding-left:8px;margin-top:4px">'
         f"<div><b>final state of {_e(st.name)}</b>{after}</div>"
-        f"{status_html(st)}{logs}</div>"
+        f"{status_html(st, deleted and gone_logs)}{logs}</div>"
     )
 
 
-def summary_text(st: ClusterStatus, tails: dict[str, list[str]], deleted: bool = False) -> str:
+def summary_text(st: ClusterStatus, tails: dict[str, list[str]], deleted: bool = False,
+                 gone_logs: bool = False) -> str:
     """The same summary as plain text (what a terminal or a text export shows)."""
     head = f"final state of {st.name}" + (" (then deleted)" if deleted else "")
-    parts = [head, status_text(st)]
+    parts = [head, status_text(st, deleted and gone_logs)]
     for task, lines in tails.items():
         parts.append(f"--- {task}: last {len(lines)} lines")
         parts.extend(lines)
@@ -152,6 +154,8 @@ class FinalSummary:
                 st = None
         record = st is not None and (st.terminal or final or deleted)
         tails = self._read_tails(st) if record and not deleted else None
+        known = st if record else self.status  # read unlocked: the file system check is I/O
+        gone_logs = (deleted or self.deleted) and known is not None and logs_gone(known.log_dir)
         with self._lock:
             status = st if record else self.status
             if status is None:
@@ -163,8 +167,8 @@ class FinalSummary:
             if tails is not None:
                 self.tails = tails
             view = _Static(
-                summary_html(status, self.tails, now_deleted),
-                summary_text(status, self.tails, now_deleted),
+                summary_html(status, self.tails, now_deleted, gone_logs),
+                summary_text(status, self.tails, now_deleted, gone_logs),
             )
             if self.view is not None:
                 self.view.show_record(view)
