@@ -236,3 +236,90 @@ def run_cell(page, cell) -> None:
     wait(lambda: "jp-mod-active" in (cell.get_attribute("class") or "").split(), 30,
          "the cell to be the active one", page)
     page.keyboard.press("Shift+Enter")
+
+
+class RealLab:
+    """The one-machine lab as ``scripts/lab`` starts it (JupyterHub, the shared password, the
+    users' servers with the lab's settings), on free loopback ports, its state in ``lab_dir``.
+
+    ``admin_token`` is a hub token with the admin role (``$TFK8S_LAB_ADMIN_TOKEN``): a test
+    reads and shuts down a user's kernels with it, as an administrator could.
+    """
+
+    PASSWORD = "tfk8s-lab"
+
+    def __init__(self, lab_dir: Path) -> None:
+        self.lab_dir = lab_dir
+        port, hub_port, api_port = (free_port() for _ in range(3))
+        self.admin_token = os.urandom(16).hex()
+        self.env = {**os.environ, "TFK8S_LAB_SKIP_BOOTSTRAP": "1", "TFK8S_LAB_DIR": str(lab_dir),
+                    "TFK8S_LAB_PORT": str(port), "TFK8S_LAB_HUB_PORT": str(hub_port),
+                    "TFK8S_LAB_PROXY_API_PORT": str(api_port), "TFK8S_LAB_ADMIN_TOKEN": self.admin_token}
+        for var in ("TFK8S_STATE_DIR", "TFK8S_POOL_SIZE", "JUPYTER_PATH", "JUPYTER_CONFIG_PATH"):
+            self.env.pop(var, None)  # the lab sets each user's own
+        self.base = f"http://127.0.0.1:{port}"
+        self.log_path = lab_dir.parent / "lab.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 180) -> RealLab:
+        self.lab_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it
+        self.proc = subprocess.Popen([str(REPO / "scripts" / "lab")], env=self.env, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+
+        def login_page() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"scripts/lab exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.base}/hub/login", timeout=5) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        wait_for(login_page, timeout, "the lab's login page", interval=0.5)
+        return self
+
+    def home(self, user: str) -> Path:
+        return self.lab_dir / "users" / user / "home"
+
+    def api(self, method: str, path: str) -> tuple[int, object]:
+        """A call to the hub or a user's server (``/user/NAME/api/...``) as the lab's admin."""
+        req = urllib.request.Request(f"{self.base}{path}", method=method,
+                                     headers={"Authorization": f"token {self.admin_token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                text = r.read().decode()
+                return r.status, json.loads(text) if text else None
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()[:300]
+
+    def shut_down_kernels(self, user: str) -> None:
+        """Shut down every kernel of ``user``'s server (its clusters end with their owner)."""
+        status, kernels = self.api("GET", f"/user/{user}/api/kernels")
+        assert status == 200, kernels
+        for k in kernels:
+            self.api("DELETE", f"/user/{user}/api/kernels/{k['id']}")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)  # the hub stops every server, the proxy, the clusters
+        try:
+            self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def log_tail(self, n: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
+
+
+def log_in(page, lab: RealLab, user: str) -> str:
+    """Log in through the hub's login page; the URL of the user's JupyterLab once it is open."""
+    page.goto(f"{lab.base}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", lab.PASSWORD)
+    page.click("#login_submit")
+    page.wait_for_url(f"{lab.base}/user/{user}/lab**", timeout=120_000)
+    return f"{lab.base}/user/{user}"

@@ -141,10 +141,10 @@ def test_a_stopped_multiworker_fit_leaves_no_workertemp_run_in_tensorboard(local
     log_dir = Path(cluster.status().log_dir)
     wait_for(lambda: (cluster.status().progress or None) and cluster.status().progress.step >= 20,
              timeout=240, what="20 steps of training")
-    assert (log_dir / "workertemp_1" / "tb" / "train").is_dir()  # what Keras writes meanwhile
+    assert (log_dir / "tb" / "workertemp_1" / "train").is_dir()  # what Keras writes meanwhile
     st = cluster.stop()
     assert st.phase == Phase.STOPPED, st.reason
-    wait_for(lambda: not (log_dir / "workertemp_1").exists(), 30, "the scratch folder to go")
+    wait_for(lambda: not (log_dir / "tb" / "workertemp_1").exists(), 30, "the scratch folder to go")
     assert (log_dir / "tb" / "train").is_dir()  # the chief's summaries stay
     removed = [e for e in cluster.events() if e.reason == "TempRemoved"]
     assert len(removed) == 1 and "workertemp_1" in removed[0].message, removed
