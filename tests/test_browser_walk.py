@@ -156,7 +156,7 @@ def test_the_first_hour_walk(tmp_path):
             # The four examples, as shipped: every cell runs, none raises.
             for name in EXAMPLES:
                 _open(page, f"{user}/lab/tree/examples/{name}")
-                _menu(page, "Run", "notebook:run-all-cells")
+                _menu(page, "Run", "runmenu:run-all")
                 wait(lambda: _all_ran(page), 900, f"every cell of {name} to run", page)
                 outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
                 assert "Traceback" not in outputs and "UsageError" not in outputs, (name, outputs[-3000:])
