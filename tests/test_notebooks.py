@@ -364,6 +364,13 @@ def test_a_saved_notebook_records_how_its_cluster_ended(ending, state_dir, pytho
     assert "line 2 &lt;b&gt;not bold&lt;/b&gt;" in html and "the script&#x27;s last line" in html, html
     assert plain in "".join(
         o.data.get("text/plain", "") for o in outputs if o.output_type == "display_data")
+    # Saved with widget state (nbclient's default, which nbconvert then embeds): the dashboard's
+    # widgets hold the final state too, not the one of the last draw before the notebook ended.
+    state = saved.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    headers = [m["state"]["value"] for m in state.values()
+               if "tfk8s-header" in str(m["state"].get("value", ""))]
+    final = "deleted" if ending == "wait-then-delete" else "succeeded"
+    assert len(headers) == 1 and f'data-phase="{final}"' in headers[0], headers
     # Saved as JupyterLab saves it by default (no widget state): nbconvert shows the summary.
     saved.metadata.pop("widgets", None)
     exported, _ = HTMLExporter().from_notebook_node(saved)

@@ -524,6 +524,25 @@ class Dashboard:
         if self._display_handle is not None:
             self._display_handle.update(self)
 
+    def catch_up(self, st: ClusterStatus | None, deleted: bool = False) -> None:
+        """Draw ``st`` (the status the record was made of) now, on the calling thread.
+
+        Called where the record is drawn — ``wait``, ``stop``, ``delete`` in a cell, or the
+        watcher's summary thread — so the widgets' final values go out while that cell runs:
+        what nbclient saves as the widget state (and nbconvert then embeds) is the final state,
+        not the one of the render thread's last draw before the notebook ended.  Reads the
+        backend: call it with no lock held.
+        """
+        if deleted:  # this kernel deleted it: no need to wait for the deletion watch
+            self._end_as(ViewEnd.DELETED)
+            self._forget_deletion()
+        with self._lock:
+            behind = st is not None and (self.status is None or not self.status.terminal)
+        if behind:  # never an older status over one that has already seen the end
+            self._on_status(st)
+        if self.use_widgets and self._throttle is not None:
+            self.refresh()
+
     def _repr_html_(self) -> str:
         st = self._snapshot()
         if st is None:

@@ -174,6 +174,8 @@ class FinalSummary:
                 self.view.show_record(view)
             elif self._handle is not None:
                 self._handle.update(view)
+        if self.view is not None:
+            self.view.catch_up(None if now_deleted else status, deleted)  # backend reads: no lock held
         if now_deleted or status.terminal:
             self._stop_following()
         return True
