@@ -120,7 +120,9 @@ MINE = [MWMS,
 
 
 def _prompts(page) -> list[str]:
-    return page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt").all_inner_texts()
+    # Text content, not inner text: JupyterLab skips rendering cells out of view
+    # (content-visibility), and their inner text is empty.
+    return page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt").all_text_contents()
 
 
 def _all_ran(page) -> bool:
@@ -140,7 +142,7 @@ def _open(page, url: str) -> None:
 
 
 def _outputs(cell) -> str:
-    return "\n".join(cell.locator(".jp-OutputArea-output").all_inner_texts())
+    return "\n".join(cell.locator(".jp-OutputArea-output").all_text_contents())
 
 
 @pytest.mark.slow
@@ -158,7 +160,7 @@ def test_the_first_hour_walk(tmp_path):
                 _open(page, f"{user}/lab/tree/examples/{name}")
                 _menu(page, "Run", "runmenu:run-all")
                 wait(lambda: _all_ran(page), 900, f"every cell of {name} to run", page)
-                outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+                outputs = "\n".join(page.locator(".jp-OutputArea-output").all_text_contents())
                 assert "Traceback" not in outputs and "UsageError" not in outputs, (name, outputs[-3000:])
                 page.keyboard.press("Control+s")  # saved: nothing holds the next page
                 wait(lambda: not page.locator(".lm-TabBar-tab.jp-mod-dirty").count(), 30,
