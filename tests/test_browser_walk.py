@@ -136,7 +136,9 @@ def _menu(page, menu: str, command: str) -> None:
 
 
 def _open(page, url: str) -> None:
-    page.goto(url)
+    """Open a notebook alone (``?reset``: the workspace does not bring back the last one, whose
+    tab would hide this one)."""
+    page.goto(f"{url}?reset")
     page.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=90_000)
     wait(lambda: "Idle" in page.locator("#jp-main-statusbar").inner_text(), 180, "the kernel", page)
 

@@ -267,8 +267,16 @@ def test_sidebar_end_to_end(lab, page, state_dir):
     src = frame_el.get_attribute("src") or ""
     assert "/proxy/" in src, src
     frame = page.frame_locator(".tfk8s-tensorboard iframe")
-    _wait(lambda: frame.locator("body").inner_text(timeout=5000).find("TensorBoard") >= 0, 120,
-          "TensorBoard to answer in its tab", page)
+
+    def tensorboard_shown() -> bool:
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        try:  # a frame still loading has no body yet: keep waiting, do not fail on the first look
+            return "TensorBoard" in frame.locator("body").inner_text(timeout=5000)
+        except PlaywrightTimeout:
+            return False
+
+    _wait(tensorboard_shown, 120, "TensorBoard to answer in its tab", page)
     _row(page, "tb").locator(".tfk8s-action-tensorboard").click()
     assert page.locator(".tfk8s-tensorboard").count() == 1
 
