@@ -65,6 +65,7 @@ def _load_jupyter_server_extension(server_app) -> None:
     ])
     server_app.log.info("tfk8s sidebar: serving the user's clusters under %s", base)
     # A stopped TensorBoard's link: a page that says so and how to start it again (not a bare 500).
+    # Deferred, as the handlers: it subclasses jupyter-server-proxy's, a server's package.
     from .stopped import wrap_local_proxy
 
     wrap_local_proxy(web_app, server_app.log)

@@ -147,38 +147,44 @@ class FinalSummary:
         A status is recorded once it is terminal, or with ``final`` (the cluster is about to
         be deleted: this is the last look at it).  ``deleted`` marks the record deleted.
         """
-        if st is None:
-            try:
-                st = self.backend.status(self.name)
-            except Exception:  # noqa: BLE001 - gone (or unreachable): keep what was recorded
-                st = None
+        st = st if st is not None else self._status_now()
         record = st is not None and (st.terminal or final or deleted)
         tails = self._read_tails(st) if record and not deleted else None
-        known = st if record else self.status  # read unlocked: the file system check is I/O
-        gone_logs = (deleted or self.deleted) and known is not None and logs_gone(known.log_dir)
+        gone_logs = self._logs_gone(st if record else self.status, deleted)
         with self._lock:
             status = st if record else self.status
-            if status is None:
-                return False
             now_deleted = deleted or self.deleted
-            if (status, now_deleted) == (self.status, self.deleted) and tails in (None, self.tails):
+            if status is None or (
+                (status, now_deleted) == (self.status, self.deleted) and tails in (None, self.tails)
+            ):
                 return False
             self.status, self.deleted = status, now_deleted
             if tails is not None:
                 self.tails = tails
-            view = _Static(
-                summary_html(status, self.tails, now_deleted, gone_logs),
-                summary_text(status, self.tails, now_deleted, gone_logs),
-            )
-            if self.view is not None:
-                self.view.show_record(view)
-            elif self._handle is not None:
-                self._handle.update(view)
+            self._draw(_Static(summary_html(status, self.tails, now_deleted, gone_logs),
+                               summary_text(status, self.tails, now_deleted, gone_logs)))
         if self.view is not None:
             self.view.catch_up(None if now_deleted else status, deleted)  # backend reads: no lock held
         if now_deleted or status.terminal:
             self._stop_following()
         return True
+
+    def _logs_gone(self, known: ClusterStatus | None, deleted: bool) -> bool:
+        """Whether a deleted cluster's log dir is gone (file system I/O: read with no lock held)."""
+        return (deleted or self.deleted) and known is not None and logs_gone(known.log_dir)
+
+    def _status_now(self) -> ClusterStatus | None:
+        try:
+            return self.backend.status(self.name)
+        except Exception:  # noqa: BLE001 - gone (or unreachable): keep what was recorded
+            return None
+
+    def _draw(self, record: _Static) -> None:
+        """Show ``record``: as the live view's alternative, else in this summary's own output."""
+        if self.view is not None:
+            self.view.show_record(record)
+        elif self._handle is not None:
+            self._handle.update(record)
 
     def _read_tails(self, st: ClusterStatus) -> dict[str, list[str]]:
         tails = {}
