@@ -180,8 +180,9 @@ def test_the_first_hour_walk(tmp_path):
             dash = cells.nth(0).locator(".tfk8s-dashboard")
             dash.wait_for(timeout=120_000)
             header = dash.locator(".tfk8s-header").first
-            wait(lambda: "step" in dash.locator(".tfk8s-progress").first.inner_text()
-                 and header.get_attribute("data-phase") == "running", 300, "the MWMS fit to train", page)
+            wait(lambda: header.get_attribute("data-phase") == "running"
+                 and "Epoch 2/100" in (dash.locator(".tfk8s-log").first.text_content() or ""), 300,
+                 "the MWMS fit to train", page)
 
             # A typo: one sentence with the flag it meant; nothing launched.
             run_cell(page, cells.nth(1))
