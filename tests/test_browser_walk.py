@@ -214,8 +214,9 @@ def test_the_first_hour_walk(tmp_path):
             # TensorBoard after stop: the chief's run only (no workertemp_1/train).
             dash.locator("button.tfk8s-tb").click()
             frame = dash.locator(".tfk8s-tensorboard iframe")
-            frame.wait_for(timeout=120_000)
+            wait(lambda: frame.count() == 1, 120, "the TensorBoard tab", page)
             src = frame.get_attribute("src")
+            assert src.startswith("/user/walker/proxy/"), src  # behind the hub's login
             runs = wait(lambda: (r := page.request.get(f"{lab.base}{src}data/runs")).ok and r.json() or None,
                         120, "TensorBoard's runs", page)
             assert runs == ["tb/train"], runs
