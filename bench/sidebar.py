@@ -100,7 +100,7 @@ def main() -> int:
     from playwright.sync_api import sync_playwright
 
     import tfk8s_magics as tk
-    from tests.sidebar_lab import Lab
+    from tests.browserlab import Lab
 
     print(f"sidebar bench: {machine()}")
     server = Lab(tmp, state, root)

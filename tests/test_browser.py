@@ -21,37 +21,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hub_config"))
-from tfk8s_hub.local import jupyter_environment  # noqa: E402
+from tests.browserlab import Lab, chromium, run_cell, shot, wait
 
 pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-ARTIFACTS = REPO / "test-artifacts"
 NOTEBOOK = REPO / "notebooks" / "dashboard_tour.ipynb"
 EVIL = "<img src=x onerror=alert(1)>"
 
@@ -61,29 +39,6 @@ for i in range(2000):
     print(f"tick {{i}} {EVIL}", flush=True)
     time.sleep(0.3)
 """
-
-
-def _free_port() -> int:
-    from tfk8s_magics.ports import free_port
-
-    return free_port()
-
-
-def _wait_http(url: str, timeout: float, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-2000:]
-            raise AssertionError(f"JupyterLab exited with code {proc.returncode}:\n{tail}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError as e:
-            last = e
-        time.sleep(0.25)
-    raise AssertionError(f"JupyterLab did not answer {url} within {timeout:g} s: {last}")
 
 
 @pytest.fixture
@@ -103,142 +58,22 @@ def lab(tmp_path, state_dir):
         }
     )
     (root / NOTEBOOK.name).write_text(json.dumps(nb), encoding="utf-8")
-    settings = tmp_path / "lab-settings"
-    for plugin, values in {
-        # Every cell in the DOM (no virtual scrolling), and no news or update checks.
-        "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
-        "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
-    }.items():
-        path = settings / f"{plugin}.jupyterlab-settings"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(values), encoding="utf-8")
-    port, token = _free_port(), os.urandom(16).hex()
-    jrun = Path(tempfile.mkdtemp(prefix="tfk8s-jr-"))
-    venv_bin = str(Path(sys.executable).parent)
-    env = dict(
-        os.environ,
-        PATH=venv_bin + os.pathsep + os.environ.get("PATH", ""),
-        TFK8S_STATE_DIR=str(state_dir),
-        TFK8S_BACKEND="local",
-        JUPYTER_CONFIG_DIR=str(tmp_path / "jcfg"),
-        JUPYTER_DATA_DIR=str(tmp_path / "jdata"),
-        # The lab's kernels: the sandboxed python3 kernelspec, channels on unix sockets (transport
-        # ipc) in a short private dir (a socket path has at most 107 bytes).
-        **jupyter_environment(jrun),
-        JUPYTERLAB_SETTINGS_DIR=str(settings),
-        JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
-        IPYTHONDIR=str(tmp_path / "ipython"),
-        TF_CPP_MIN_LOG_LEVEL="2",
-    )
-    env.pop("TENSORBOARD_PROXY_URL", None)
-    log = open(tmp_path / "jupyterlab.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyterlab",
-            "--no-browser",
-            "--ServerApp.ip=127.0.0.1",
-            f"--ServerApp.port={port}",
-            "--ServerApp.port_retries=0",
-            f"--IdentityProvider.token={token}",
-            f"--ServerApp.root_dir={root}",
-            "--LabApp.news_url=",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        ]
-        + (["--allow-root"] if os.geteuid() == 0 else []),
-        cwd=root,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
+    server = Lab(tmp_path, state_dir, root, profile=False, args=())
+    server.start(timeout=90)
     try:
-        _wait_http(f"{base}/api/status?token={token}", 90, proc, tmp_path / "jupyterlab.log")
-        yield {"base": base, "token": token, "root": root, "log": tmp_path / "jupyterlab.log",
-               "pid": proc.pid, "runtime": jrun}
+        yield server
     finally:
-        try:
-            req = urllib.request.Request(
-                f"{base}/api/shutdown", method="POST", headers={"Authorization": f"token {token}"}
-            )
-            urllib.request.urlopen(req, timeout=10).close()
-        except OSError:
-            pass
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        log.close()
-        shutil.rmtree(jrun, ignore_errors=True)
+        server.close()
 
 
 @pytest.fixture
 def browser_page(tmp_path):
-    """A Chromium page (Debian's browser, a fresh profile) that fails the test on any JS dialog."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: run scripts/bootstrap (as root it apt-installs chromium "
-            "and chromium-driver) — the browser tests need Debian's Chromium."
-        )
-    from playwright.sync_api import sync_playwright
-
-    dialogs: list[str] = []
-    with sync_playwright() as pw:
-        ctx = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"),
-            executable_path=CHROMIUM,
-            headless=True,
-            args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 1000},
-        )
-        try:
-            page = ctx.pages[0] if ctx.pages else ctx.new_page()
-            page.set_default_timeout(30_000)
-
-            def on_dialog(d):
-                dialogs.append(d.message)
-                d.dismiss()
-
-            page.on("dialog", on_dialog)
-            page.dialogs = dialogs  # type: ignore[attr-defined]
-            yield page
-        finally:
-            ctx.close()
+    """A Chromium page (Debian's browser, a fresh profile) that records any JS dialog."""
+    with chromium(tmp_path / "chromium-profile") as page:
+        yield page
 
 
-def _shot(page, name: str, element=None) -> None:
-    """Save a screenshot for whoever reads test-artifacts/ (an artifact, never an assertion).
-
-    An element screenshot waits for the element to be stable; a live dashboard redraws
-    several times a second, so on a loaded machine that wait can time out.  A missing
-    picture is noted, not a failure: the test's assertions are on the DOM.
-    """
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    try:
-        (element or page).screenshot(path=str(ARTIFACTS / name), animations="disabled",
-                                     timeout=15_000)
-    except PlaywrightTimeout:
-        (ARTIFACTS / f"{name}.missing.txt").write_text("the element did not hold still for 15 s\n")
-
-
-def _run_cell(page, cell) -> None:
-    """Make ``cell`` the notebook's active cell, then run it with Shift+Enter.
-
-    Focus, not a click: JupyterLab activates the cell that receives focus (its
-    ``focusin`` handler), with no hit-test. A click on the prompt needed the
-    prompt to be on screen and uncovered at that instant; under load, with the
-    dashboard's output above it still growing, it was intercepted by the status
-    bar. The cell must be the active one before the keys go, or another cell runs.
-    """
-    cell.locator(".jp-InputArea-editor .cm-content").first.focus()
-    _wait(lambda: "jp-mod-active" in (cell.get_attribute("class") or "").split(), 30,
-          "the cell to be the active one", page)
-    page.keyboard.press("Shift+Enter")
+_shot, _wait, _run_cell = shot, wait, run_cell
 
 
 def _scroll_to(element) -> None:
@@ -278,22 +113,13 @@ def _newest_line_visible(log) -> bool:
     return bool(log.evaluate(_LAST_LINE_VISIBLE))
 
 
-def _wait(cond, timeout: float, what: str, page=None):
-    try:
-        return wait_for(cond, timeout, what, interval=0.2)
-    except AssertionError:
-        if page is not None:
-            _shot(page, f"timeout-{what.replace(' ', '-')}.png")
-        raise
-
-
 def _assert_sandboxed_kernel(lab) -> None:
     """The lab's kernel: channels on unix sockets, started by the sandbox in a namespace of its own."""
     import psutil
 
-    files = list(lab["runtime"].glob("kernel-*.json"))
+    files = list(lab.runtime.glob("kernel-*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["transport"] == "ipc", files
-    kernels = [p for p in psutil.Process(lab["pid"]).children(recursive=True)
+    kernels = [p for p in psutil.Process(lab.proc.pid).children(recursive=True)
                if "ipykernel_launcher" in p.cmdline()]
     assert len(kernels) == 1 and "tfk8s_magics.kernel.sandbox" in kernels[0].parent().cmdline(), kernels
     assert os.readlink(f"/proc/{kernels[0].pid}/ns/net") != os.readlink("/proc/self/ns/net")
@@ -303,9 +129,9 @@ def test_dashboard_in_jupyterlab(lab, browser_page, state_dir):
     from tfk8s_magics.backends.local import LocalBackend
 
     page = browser_page
-    page.goto(f"{lab['base']}/lab/tree/{NOTEBOOK.name}?token={lab['token']}")
+    page.goto(f"{lab.base}/lab/tree/{NOTEBOOK.name}?token={lab.token}")
     cells = page.locator(".jp-Notebook .jp-CodeCell")
-    nb = json.loads((lab["root"] / NOTEBOOK.name).read_text(encoding="utf-8"))
+    nb = json.loads((lab.root / NOTEBOOK.name).read_text(encoding="utf-8"))
     n_cells = sum(1 for c in nb["cells"] if c["cell_type"] == "code")
     _wait(
         lambda: cells.count() == n_cells and "stopme" in cells.nth(n_cells - 1).inner_text(),
@@ -444,8 +270,8 @@ def test_views_after_delete_in_jupyterlab(lab, browser_page, state_dir):
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
                                       "language": "python"}},
           "nbformat": 4, "nbformat_minor": 5}
-    (lab["root"] / "views.ipynb").write_text(json.dumps(nb), encoding="utf-8")
-    page.goto(f"{lab['base']}/lab/tree/views.ipynb?token={lab['token']}")
+    (lab.root / "views.ipynb").write_text(json.dumps(nb), encoding="utf-8")
+    page.goto(f"{lab.base}/lab/tree/views.ipynb?token={lab.token}")
     cells = page.locator(".jp-Notebook .jp-CodeCell")
     _wait(lambda: cells.count() == len(cells_src), 60, "the notebook to load", page)
     _wait(lambda: "Idle" in page.locator("#jp-main-statusbar").inner_text(), 90, "the kernel", page)

@@ -9,7 +9,10 @@ import re
 
 import pytest
 
-from tests.test_browser import _run_cell, _shot, _wait, browser_page, lab  # noqa: F401 - fixtures
+from tests.browserlab import run_cell as _run_cell
+from tests.browserlab import shot as _shot
+from tests.browserlab import wait as _wait
+from tests.test_browser import browser_page, lab  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.browser
 
@@ -60,8 +63,8 @@ def test_bar_in_place_and_a_truthful_stop_in_jupyterlab(lab, browser_page, state
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
                                       "language": "python"}},
           "nbformat": 4, "nbformat_minor": 5}
-    (lab["root"] / "firsthour.ipynb").write_text(json.dumps(nb), encoding="utf-8")
-    page.goto(f"{lab['base']}/lab/tree/firsthour.ipynb?token={lab['token']}")
+    (lab.root / "firsthour.ipynb").write_text(json.dumps(nb), encoding="utf-8")
+    page.goto(f"{lab.base}/lab/tree/firsthour.ipynb?token={lab.token}")
     cells = page.locator(".jp-Notebook .jp-CodeCell")
     _wait(lambda: cells.count() == len(cells_src), 60, "the notebook to load", page)
     _wait(lambda: "Idle" in page.locator("#jp-main-statusbar").inner_text(), 90, "the kernel", page)
@@ -97,5 +100,7 @@ def test_bar_in_place_and_a_truthful_stop_in_jupyterlab(lab, browser_page, state
     assert row.get_attribute("data-phase") == "stopped"
     events = other.locator(".tfk8s-events").first  # in the events tab (hidden): its DOM text
     _wait(lambda: "Killed" in (events.text_content() or ""), 30, "the SIGKILL in the events", page)
-    assert "TaskStopped" in events.text_content()
+    # The task's end is the event after the kill: the events tab reads them again at a status
+    # change (at most every 2 s) and at its final draw.
+    _wait(lambda: "TaskStopped" in (events.text_content() or ""), 30, "the task's end in the events", page)
     assert page.dialogs == []  # type: ignore[attr-defined]

@@ -928,3 +928,60 @@ def test_an_ended_dashboard_without_metrics_does_not_say_yet(scripted):
     wait_for(lambda: "no metrics were reported" in d.curves.value, what="the ended text")
     assert "yet" not in d._repr_html_().split("tfk8s-curves")[1][:200]
     d.close()
+
+
+def test_the_final_record_is_the_live_dashboards_alternative_not_a_second_copy(scripted):
+    """Issue 27 item 7: a "final state" block was drawn under every live dashboard, duplicating
+    it.  Now the record is the dashboard output's HTML/text alternative: JupyterLab keeps showing
+    the widget view; a notebook saved without widget state (or nbconvert) shows the record."""
+    from tfk8s_magics.ui import summary
+
+    cluster = scripted.add(make_status(name="rec"))
+    d = Dashboard(cluster, widgets=True)
+    live_bundle = d._repr_mimebundle_()
+    assert "final state" not in live_bundle["text/html"] + live_bundle["text/plain"]
+    rec = summary.FinalSummary(cluster, view=d)
+    ended = make_status(name="rec", phase=Phase.SUCCEEDED, finished=time.time(),
+                        tasks=[TaskStatus("worker-0", Phase.SUCCEEDED, "exit code 0", exit_code=0)])
+    assert rec.finish(ended)
+    bundle = d._repr_mimebundle_()
+    # One output: the widget view for a live front end, the record as its alternatives.
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert 'class="tfk8s-summary" data-phase="succeeded"' in bundle["text/html"], bundle["text/html"]
+    assert bundle["text/plain"].startswith("final state of rec\ncluster rec (scripted, between): succeeded")
+    assert rec._handle is None  # no output of its own
+    # Deleted afterwards: the same output says so.
+    del scripted.statuses["rec"]
+    assert rec.finish(deleted=True)
+    assert "(then deleted; it had ended <b>succeeded</b>)" in d._repr_mimebundle_()["text/html"]
+
+
+def test_a_deleted_clusters_views_do_not_show_its_deleted_log_dir(scripted, tmp_path):
+    """Issue 27 item 7: after a delete, the header (and the final record) still showed the log
+    dir that the delete had removed.  A log dir that is still there (kept, or the user's) is
+    still shown."""
+    import shutil
+
+    from tfk8s_magics.ui import summary
+
+    for kept in (False, True):
+        logs = tmp_path / f"logs-{kept}"
+        logs.mkdir()
+        name = f"gone{int(kept)}"
+        cluster = scripted.add(dataclasses.replace(_failed(name=name), log_dir=LogLocation(str(logs))))
+        d = Dashboard(cluster, widgets=True).start()
+        rec = summary.FinalSummary(cluster, view=d)
+        assert d.wait(TIMEOUT) and str(logs) in d.header.value
+        assert rec.finish(cluster.status()) and str(logs) in d.record._repr_html_()
+        if not kept:
+            shutil.rmtree(logs)
+        del scripted.statuses[name]  # deleted (by another process: no call in this kernel)
+        wait_for(lambda d=d: 'data-phase="deleted"' in d.header.value, 10, "the header to say deleted")
+        rec.finish(deleted=True)
+        shown = [d.header.value, d._repr_html_(), repr(d), d.record._repr_html_(), repr(d.record)]
+        for text in shown:
+            if kept:
+                assert str(logs) in text, text
+            else:
+                assert str(logs) not in text and "deleted with the cluster" in text, text
+        d.close()

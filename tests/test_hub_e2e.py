@@ -392,7 +392,7 @@ def test_tensorboard_fonts_load_through_the_hub_proxy(hub, tmp_path):
     """
     from playwright.sync_api import sync_playwright
 
-    from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
+    from tests.browserlab import CHROMIUM, CHROMIUM_ARGS
 
     name = "fonts"
     assert hub.api("POST", f"/users/{name}").status_code == 201

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -744,3 +745,74 @@ def test_pip_in_a_lab_kernel_is_the_kernels_own(runtime, monkeypatch):
     assert got["first"] == os.path.dirname(got["exe"])
     site = os.path.dirname(os.path.dirname(__import__("pip").__file__))
     assert f"from {site}/pip " in got["pip"], got
+
+
+def _tiny_wheel(folder: Path, name: str, value: str) -> Path:
+    """A pure-Python wheel of one module ``name`` (``VALUE = value``), written here: no index."""
+    import base64
+    import hashlib
+    import zipfile
+
+    dist = f"{name}-0.1.dist-info"
+    files = {
+        f"{name}/__init__.py": f"VALUE = {value!r}\n",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n",
+        f"{dist}/WHEEL": ("Wheel-Version: 1.0\nGenerator: tfk8s-tests\nRoot-Is-Purelib: true\n"
+                          "Tag: py3-none-any\n"),
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    files[f"{dist}/RECORD"] = "\n".join([*record, f"{dist}/RECORD,,"]) + "\n"
+    wheel = folder / f"{name}-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    return wheel
+
+
+def test_a_package_pip_installed_in_a_lab_kernel_is_importable_in_its_tasks(runtime, tmp_path,
+                                                                            monkeypatch):
+    """Issue 27 item 9 (docs/users/packages.md, "In the tasks, locally"): ``%pip install`` in a lab
+    kernel, then a launch: the tasks import the package — also tasks handed to processes of the
+    warm pool that had started before the install."""
+    name = f"tfk8s_tiny_{uuid.uuid4().hex[:8]}"
+    wheel = _tiny_wheel(tmp_path, name, "from the notebook's pip")
+    monkeypatch.delenv("TFK8S_POOL_SIZE", raising=False)  # the lab's default: a warm pool
+    km, kc = start_kernel(runtime, "ipc")
+    try:
+        # A first launch warms the pool: its spare processes start before the package exists.
+        first = last_json(run_code(kc, """
+            import json, time
+            import tfk8s_magics as tk
+            st = tk.launch("before", workers=1, ps=0, script="print('warm')").wait(300)
+            time.sleep(1)
+            print(json.dumps({"phase": st.phase}))
+        """))
+        assert first["phase"] == "succeeded", first
+        out = run_code(kc, f"%pip install --no-index --no-deps --quiet {wheel}\n"
+                           "import json, time\nprint(json.dumps({'installed': time.time()}))")
+        installed = last_json(out)["installed"]
+        # Each task says when its process started: before the install means a warm process.
+        script = (f"import psutil, {name}\n"
+                  "started = psutil.Process().create_time()\n"
+                  f"print('value:', {name}.VALUE, 'process started', started)\n")
+        got = last_json(run_code(kc, f"""
+            import json
+            import tfk8s_magics as tk
+            c = tk.launch("after", workers=2, ps=0, script={script!r})
+            st = c.wait(300)
+            print(json.dumps({{"phase": st.phase, "logs": c.logs_by_task()}}))
+        """))
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel()
+        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", name], check=False)
+    assert got["phase"] == "succeeded", got
+    started = []
+    for task in ("worker-0", "worker-1"):
+        m = re.search(r"value: from the notebook's pip process started ([\d.]+)", got["logs"][task])
+        assert m, got["logs"]
+        started.append(float(m[1]))
+    assert min(started) < installed, (started, installed)  # a warm process, older than the package

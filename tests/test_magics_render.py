@@ -94,3 +94,21 @@ def test_bad_scheduling_flags_are_one_sentence(ip, args, words):
     with pytest.raises(UsageError, match=None) as info:
         ip.run_cell_magic("tfcluster", f"render q2 {args}", "print('x')\n")
     assert words in str(info.value)
+
+
+def test_the_docs_route_for_packages_on_kubernetes_runs_every_task_on_the_users_image(ip, capsys):
+    """Issue 27 item 9: docs/users/packages.md's Kubernetes route — an image built FROM the task
+    image with the packages, named with --image — is what every task's pod runs."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "users" / "packages.md").read_text()
+    assert re.search(r"^FROM TASK_IMAGE\nRUN python -m pip install", page, re.M), page
+    line = re.search(r"^%%tfcluster launch (NAME .*--image (\S+).*)$", page, re.M)
+    assert line, page
+    args, image = line[1].replace("NAME", "pkgs", 1), line[2]
+    ip.run_cell_magic("tfcluster", f"render {args} --ps 1", "import my_package\n")
+    js = next(d for d in yaml.safe_load_all(capsys.readouterr().out) if d["kind"] == "JobSet")
+    images = {r["name"]: [c["image"] for c in r["template"]["spec"]["template"]["spec"]["containers"]]
+              for r in js["spec"]["replicatedJobs"]}
+    assert images == {"ps": [image], "worker": [image]}, images

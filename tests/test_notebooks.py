@@ -319,7 +319,11 @@ def test_a_saved_notebook_records_how_its_cluster_ended(ending, state_dir, pytho
     """Regression: a notebook executed by nbclient (or saved after the browser closed) showed
     the launch cell frozen at "starting".  Now the launch cell's output gains a static summary
     when the cluster ends — ``%tfcluster wait`` returning, or the cluster ending while another
-    cell runs (the watcher's update) — that survives saving and nbconvert."""
+    cell runs (the watcher's update) — that survives saving and nbconvert.
+
+    Issue 27 item 7: the summary is the live dashboard output's HTML/text alternative (one
+    output), not a second block under it: where the widget state is not saved (JupyterLab's
+    default) nbconvert shows the summary in the dashboard's place."""
     import nbformat
     from nbclient import NotebookClient
     from nbconvert import HTMLExporter
@@ -343,10 +347,13 @@ def test_a_saved_notebook_records_how_its_cluster_ended(ending, state_dir, pytho
     nbformat.write(nb, path)
     saved = nbformat.read(path, as_version=4)
     outputs = saved.cells[1].outputs
-    summaries = [o.data["text/html"] for o in outputs
-                 if o.output_type == "display_data" and "tfk8s-summary" in o.data.get("text/html", "")]
+    displays = [o for o in outputs if o.output_type == "display_data"]
+    summaries = [o for o in displays if "tfk8s-summary" in o.data.get("text/html", "")]
     assert len(summaries) == 1, outputs
-    html = summaries[0]
+    # The summary is the dashboard's own output: its widget view for a live front end.
+    assert "application/vnd.jupyter.widget-view+json" in summaries[0].data, summaries[0].data.keys()
+    assert len(displays) == 1, [o.data.keys() for o in displays]  # no second block, no placeholder
+    html = summaries[0].data["text/html"]
     if ending == "wait-then-delete":  # deleted afterwards; the record says how it had ended
         assert 'data-phase="deleted"' in html and "it had ended <b>succeeded</b>" in html, html
         plain = "final state of short (then deleted)"
@@ -357,9 +364,19 @@ def test_a_saved_notebook_records_how_its_cluster_ended(ending, state_dir, pytho
     assert "line 2 &lt;b&gt;not bold&lt;/b&gt;" in html and "the script&#x27;s last line" in html, html
     assert plain in "".join(
         o.data.get("text/plain", "") for o in outputs if o.output_type == "display_data")
+    # Saved with widget state (nbclient's default, which nbconvert then embeds): the dashboard's
+    # widgets hold the final state too, not the one of the last draw before the notebook ended.
+    state = saved.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    headers = [m["state"]["value"] for m in state.values()
+               if "tfk8s-header" in str(m["state"].get("value", ""))]
+    final = "deleted" if ending == "wait-then-delete" else "succeeded"
+    assert len(headers) == 1 and f'data-phase="{final}"' in headers[0], headers
+    # Saved as JupyterLab saves it by default (no widget state): nbconvert shows the summary.
+    saved.metadata.pop("widgets", None)
     exported, _ = HTMLExporter().from_notebook_node(saved)
     assert "final state of short" in exported, exported[-3000:]
     assert re.search(r"the script(&#x27;|')s last line", exported), exported[-3000:]
+    assert "application/vnd.jupyter.widget-view+json" not in exported
 
 
 @pytest.mark.slow

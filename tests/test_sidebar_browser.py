@@ -22,16 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
-from tests.sidebar_lab import Lab
+from tests.browserlab import ARTIFACTS, Lab, chromium, run_cell, shot, wait
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-ARTIFACTS = REPO / "test-artifacts"
 DOCS_IMAGES = REPO / "docs" / "users" / "images"
 EVIL = "<img src=x onerror=alert(1)>"
 
@@ -104,27 +99,12 @@ OBSERVE_SHIFTS = """() => {
 
 
 def _shot(page, name: str, element=None, docs: bool = False) -> None:
-    """A screenshot for test-artifacts/ (and the docs page): an artifact, never an assertion."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    targets = [ARTIFACTS / name]
-    if docs and os.environ.get("TFK8S_DOCS_SHOTS") == "1":
-        targets.append(DOCS_IMAGES / name)
-    for path in targets:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            (element or page).screenshot(path=str(path), animations="disabled", timeout=15_000)
-        except PlaywrightTimeout:
-            path.with_suffix(".missing.txt").write_text("the element did not hold still for 15 s\n")
+    """A screenshot for test-artifacts/ (and, with ``TFK8S_DOCS_SHOTS=1``, the docs page)."""
+    shot(page, name, element, DOCS_IMAGES if docs and os.environ.get("TFK8S_DOCS_SHOTS") == "1" else None)
 
 
 def _wait(cond, timeout: float, what: str, page=None):
-    try:
-        return wait_for(cond, timeout, what, interval=0.2)
-    except AssertionError:
-        if page is not None:
-            _shot(page, f"sidebar-timeout-{what.replace(' ', '-')[:60]}.png")
-        raise
+    return wait(cond, timeout, what, page, prefix="sidebar-")
 
 
 @pytest.fixture
@@ -146,27 +126,8 @@ def lab(tmp_path, state_dir):
 @pytest.fixture
 def page(tmp_path):
     """A Chromium page (Debian's browser, a fresh profile) that records any JS dialog."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: run scripts/bootstrap (as root it apt-installs chromium).")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        ctx = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 900})
-        try:
-            pg = ctx.pages[0] if ctx.pages else ctx.new_page()
-            pg.set_default_timeout(30_000)
-            pg.dialogs = []  # type: ignore[attr-defined]
-
-            def on_dialog(d):
-                pg.dialogs.append(d.message)  # type: ignore[attr-defined]
-                d.dismiss()
-
-            pg.on("dialog", on_dialog)
-            yield pg
-        finally:
-            ctx.close()
+    with chromium(tmp_path / "chromium-profile", height=900) as pg:
+        yield pg
 
 
 def _open_sidebar(page, lab, path: str = "lab") -> None:
@@ -196,12 +157,6 @@ def _run_focus(page, cell) -> None:
     cell.locator(".jp-InputArea-editor .cm-content").first.focus()
     _wait(lambda: "jp-mod-active" in (cell.get_attribute("class") or "").split(), 30,
           "the cell to be the active one", page)
-
-
-def _run(page, cell) -> None:
-    """Make ``cell`` the active one, then Shift+Enter."""
-    _run_focus(page, cell)
-    page.keyboard.press("Shift+Enter")
 
 
 def test_sidebar_end_to_end(lab, page, state_dir):
@@ -312,8 +267,16 @@ def test_sidebar_end_to_end(lab, page, state_dir):
     src = frame_el.get_attribute("src") or ""
     assert "/proxy/" in src, src
     frame = page.frame_locator(".tfk8s-tensorboard iframe")
-    _wait(lambda: frame.locator("body").inner_text(timeout=5000).find("TensorBoard") >= 0, 120,
-          "TensorBoard to answer in its tab", page)
+
+    def tensorboard_shown() -> bool:
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        try:  # a frame still loading has no body yet: keep waiting, do not fail on the first look
+            return "TensorBoard" in frame.locator("body").inner_text(timeout=5000)
+        except PlaywrightTimeout:
+            return False
+
+    _wait(tensorboard_shown, 120, "TensorBoard to answer in its tab", page)
     _row(page, "tb").locator(".tfk8s-action-tensorboard").click()
     assert page.locator(".tfk8s-tensorboard").count() == 1
 
@@ -326,7 +289,7 @@ def test_sidebar_end_to_end(lab, page, state_dir):
     cells = page.locator(".jp-Notebook .jp-CodeCell")
     _wait(lambda: cells.count() == 1, 60, "the notebook", page)
     _wait(lambda: "Idle" in page.locator("#jp-main-statusbar").inner_text(), 120, "the kernel", page)
-    _run(page, cells.nth(0))
+    run_cell(page, cells.nth(0))
     _wait(lambda: cells.count() == 2, 60, "the new cell below the launch", page)
     _run_focus(page, cells.nth(1))
     _row(page, "ticker").locator(".tfk8s-action-insert").click()
@@ -334,7 +297,7 @@ def test_sidebar_end_to_end(lab, page, state_dir):
     _wait(lambda: handle.count() == 1, 30, "the inserted cell", page)
     assert cells.nth(2).locator(".jp-InputArea-editor").inner_text().strip() == (
         "import tfk8s_magics as tk\ncluster = tk.get('ticker')\ncluster")  # below the active cell
-    _run(page, handle)
+    run_cell(page, handle)
     out = handle.locator(".jp-OutputArea")
     _wait(lambda: "ticker" in out.inner_text(), 120, "the handle's output", page)
     assert "Error" not in out.inner_text()
@@ -343,14 +306,14 @@ def test_sidebar_end_to_end(lab, page, state_dir):
     _row(page, "ig").locator(".tfk8s-action-insert").click()
     connect = cells.filter(has_text="strategy = %tfcluster connect ig")
     _wait(lambda: connect.count() == 1, 30, "the second inserted cell", page)
-    _run(page, connect)
+    run_cell(page, connect)
     _wait(lambda: connect.locator(".jp-InputPrompt").inner_text().strip() not in ("[*]:", "[ ]:"),
           300, "the connect cell to finish", page)
     assert "Error" not in connect.locator(".jp-OutputArea").inner_text()
     last = cells.nth(cells.count() - 1)
     last.locator(".jp-InputArea-editor .cm-content").first.click()
     page.keyboard.type("print(type(strategy).__name__)")
-    _run(page, last)
+    run_cell(page, last)
     _wait(lambda: "ParameterServerStrategy" in last.locator(".jp-OutputArea").inner_text(), 120,
           "the strategy of the connected kernel", page)
     _shot(page, "sidebar-connect.png", docs=True)

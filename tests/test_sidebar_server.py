@@ -234,7 +234,7 @@ def test_monitor_pushes_rows_of_clusters_launched_anywhere(state_dir, tmp_path):
 
 @pytest.fixture
 def lab(tmp_path, state_dir):
-    from tests.sidebar_lab import Lab
+    from tests.browserlab import Lab
 
     root = tmp_path / "root"
     root.mkdir()
@@ -337,6 +337,38 @@ def test_rest_and_stream_launch_follow_stop_delete(lab):
         assert status == 404 and "c1" in body["message"]
     finally:
         ws.close()
+
+
+@pytest.mark.slow
+def test_a_stopped_tensorboards_link_says_what_happened_and_how_to_start_it_again(lab):
+    """Issue 27 item 7: the link of a TensorBoard whose server was stopped (its cluster deleted)
+    gave jupyter-server-proxy's bare "500 : Internal Server Error"."""
+    status, body = lab.request("POST", "/tfk8s/clusters", {"name": "tb", "script": "count.py",
+                                                            "options": {"workers": "1"}})
+    assert status == 201, body
+    wait_for(lambda: lab.request("GET", "/tfk8s/clusters")[1]["clusters"][0]["phase"] == "succeeded", 120,
+             "tb to succeed")
+    status, tb = lab.request("POST", "/tfk8s/clusters/tb/tensorboard")
+    assert status == 200, tb
+
+    def get(path):
+        req = urllib.request.Request(f"{lab.base}{path}", headers={"Authorization": f"token {lab.token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, r.read().decode(errors="replace")
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(errors="replace")
+
+    status, page = get(f"/proxy/{tb['port']}/")
+    assert status == 200 and "<title>TensorBoard</title>" in page, (status, page[:300])
+    assert lab.request("DELETE", "/tfk8s/clusters/tb")[0] == 204  # stops its TensorBoard too
+    for path, where in ((f"/proxy/{tb['port']}/", tb["port"]),
+                        (f"/proxy/127.0.0.1:{tb['port']}/", tb["port"]),
+                        (f"/proxy/localhost:{tb['port']}/", f"localhost:{tb['port']}")):
+        status, page = get(path)
+        assert status == 502, (path, status, page[:500])
+        assert f"This server has stopped: nothing answers on port {where} any more." in page, page
+        assert "%tfcluster tensorboard NAME" in page and "Internal Server Error" not in page
 
 
 # -- packaging: a plain pip install enables both halves -------------------------------------------

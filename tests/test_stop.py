@@ -124,3 +124,31 @@ def test_a_name_not_found_after_a_delete_does_not_say_none_yet(local, workdir):
     with pytest.raises(ClusterNotFound) as err:
         tk.get("brief", local)
     assert "none yet" not in str(err.value)
+
+
+def test_a_stopped_multiworker_fit_leaves_no_workertemp_run_in_tensorboard(local, workdir):
+    """Issue 27 item 7: after Stop, TensorBoard showed a run ``workertemp_1/train`` — the scratch
+    folder Keras gives a non-chief worker and removes only when ``fit`` returns."""
+    import json
+    import urllib.request
+    from pathlib import Path
+
+    script = MWMS_FIT.replace(
+        "callbacks=[tfk8s_magics.progress_callback()]",
+        "callbacks=[tfk8s_magics.progress_callback(), "
+        "tf.keras.callbacks.TensorBoard(os.path.join(os.environ['TFK8S_LOG_DIR'], 'tb'))]")
+    cluster = tk.launch("mwmstemp", workers=2, ps=0, script=script, backend=local)
+    log_dir = Path(cluster.status().log_dir)
+    wait_for(lambda: (cluster.status().progress or None) and cluster.status().progress.step >= 20,
+             timeout=240, what="20 steps of training")
+    assert (log_dir / "tb" / "workertemp_1" / "train").is_dir()  # what Keras writes meanwhile
+    st = cluster.stop()
+    assert st.phase == Phase.STOPPED, st.reason
+    wait_for(lambda: not (log_dir / "tb" / "workertemp_1").exists(), 30, "the scratch folder to go")
+    assert (log_dir / "tb" / "train").is_dir()  # the chief's summaries stay
+    removed = [e for e in cluster.events() if e.reason == "TempRemoved"]
+    assert len(removed) == 1 and "workertemp_1" in removed[0].message, removed
+    info = cluster.tensorboard()
+    runs = wait_for(lambda: json.loads(urllib.request.urlopen(
+        f"http://127.0.0.1:{info.port}/data/runs", timeout=10).read()) or None, 60, "TensorBoard's runs")
+    assert runs == ["tb/train"], runs

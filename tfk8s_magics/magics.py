@@ -134,14 +134,16 @@ class TFClusterMagics(Magics, MagicDefaults):
             backend.warm_pool().configure(self.pool_size, self.pool_idle)
         cluster = api.launch(spec, backend=backend, detach=args.detach,
                              replace=args.replace, force=args.force)
+        board = None
         if args.show_dashboard:
             if widgets_available():
-                dashboard.show(cluster, max_lines=self.log_lines)
+                board = dashboard.show(cluster, max_lines=self.log_lines)
             else:
                 LogView(cluster.backend, cluster.name, max_lines=self.log_lines).show()
 
-        # Empty until the cluster ends; then the static record a saved notebook keeps.
-        summary.show(cluster)
+        # Once the cluster ends, the static record a saved notebook keeps: the dashboard's
+        # HTML/text alternative (no second copy under the live view), else an output of its own.
+        summary.show(cluster, view=board)
         if spec.mode == "in-graph":
             cluster.wait_ready(self.ready_timeout)
             print(f"{spec.name}: every server is ready; `strategy = %tfcluster connect {spec.name}` "

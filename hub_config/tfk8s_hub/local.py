@@ -15,6 +15,7 @@ its environment (a detached TensorBoard, a task whose supervisor was killed).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -189,6 +190,29 @@ def jupyter_environment(runtime: Path) -> dict[str, str]:
             "JUPYTER_RUNTIME_DIR": str(runtime)}
 
 
+def lab_kernel_metadata() -> dict[str, Any]:
+    """The notebook metadata the lab's ``python3`` kernel gives a notebook it runs: its
+    kernelspec (:data:`JUPYTER_DIR`) and the language info its kernel reports (ipykernel's, this
+    interpreter — the kernels run the lab's own Python)."""
+    from ipykernel.ipkernel import IPythonKernel
+
+    spec = json.loads((JUPYTER_DIR / "kernels" / "python3" / "kernel.json").read_text(encoding="utf-8"))
+    return {"kernelspec": {"display_name": spec["display_name"], "language": spec["language"],
+                           "name": "python3"},
+            "language_info": dict(IPythonKernel.language_info)}
+
+
+def for_lab_kernel(notebook: str) -> str:
+    """An example notebook (its JSON) with the metadata the lab's kernel would write into it.
+
+    JupyterLab rewrites a notebook's ``kernelspec`` and ``language_info`` when its kernel
+    starts, so a copy with other values opened already "modified" (asking to be saved).
+    """
+    nb = json.loads(notebook)
+    nb.setdefault("metadata", {}).update(lab_kernel_metadata())
+    return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+
+
 def prepare_user(lab_dir: Path, username: str, examples: Path = EXAMPLES) -> dict[str, Path]:
     """Create the user's directories, install the IPython profile that loads the extension,
     and give a new user the example notebooks (never overwriting their copies)."""
@@ -199,7 +223,7 @@ def prepare_user(lab_dir: Path, username: str, examples: Path = EXAMPLES) -> dic
     if examples.is_dir() and not target.exists():
         target.mkdir()
         for nb in sorted(examples.glob("*.ipynb")):
-            shutil.copyfile(nb, target / nb.name)
+            (target / nb.name).write_text(for_lab_kernel(nb.read_text(encoding="utf-8")), encoding="utf-8")
     profile = dirs["ipython"] / "profile_default"
     profile.mkdir(exist_ok=True)
     shutil.copyfile(IPYTHON_PROFILE / "ipython_config.py", profile / "ipython_config.py")

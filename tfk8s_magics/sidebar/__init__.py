@@ -67,3 +67,8 @@ def _load_jupyter_server_extension(server_app) -> None:
         (url_path_join(base, "clusters", name, r"(?P<action>stop|tensorboard|serve|events)"), ActionHandler),
     ])
     server_app.log.info("tfk8s sidebar: serving the user's clusters under %s", base)
+    # A stopped TensorBoard's link: a page that says so and how to start it again (not a bare 500).
+    # Deferred, as the handlers: it subclasses jupyter-server-proxy's, a server's package.
+    from .stopped import wrap_local_proxy
+
+    wrap_local_proxy(web_app, server_app.log)

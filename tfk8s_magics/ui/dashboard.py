@@ -59,6 +59,7 @@ from .render import (
     events_text,
     header_html,
     last_warning,
+    logs_gone,
     outcome_html,
     progress_html,
     status_text,
@@ -141,6 +142,9 @@ class Dashboard:
         self._history = None
         self._throttle: live.Throttle | None = None
         self._display_handle = None
+        #: The launch cell's static record once the cluster has ended (:mod:`.summary`): the
+        #: HTML/text alternatives of this view, what a notebook saved without widget state shows.
+        self.record = None
         self.widget = None
         #: Set (under the draw lock) when the widgets are freed: no draw may make new ones then.
         self._destroyed = False
@@ -242,10 +246,11 @@ class Dashboard:
         from IPython.display import display
 
         live.supersede(self)
-        if self.use_widgets:
-            display(self)
-        elif live.in_kernel():
+        if live.in_kernel():
+            # With a display id, so the final record can replace this view's fallbacks in place.
             self._display_handle = display(self, display_id=True)
+        elif self.use_widgets:
+            display(self)
         else:
             display(self)
             return self  # a terminal: one snapshot, no thread
@@ -388,6 +393,7 @@ class Dashboard:
         ended = self._check_end()  # before draining, so nothing delivered after it is missed
         st, dirty, pending, counts = self._take()
         events_changed = self._refresh_events(st, dirty, ended)
+        gone_logs = self.deleted and st is not None and logs_gone(st.log_dir)  # I/O: before the lock
         with self._draw_lock:
             if self._destroyed:
                 return
@@ -396,7 +402,7 @@ class Dashboard:
                     self.log_tabs.page(t.name)
                 self.log_tabs.prefer(default_log_task(st))
             self.header.value = header_html(st, self.name, deleted=self.deleted,
-                                            warning=last_warning(self.events))
+                                            warning=last_warning(self.events), gone_logs=gone_logs)
             # Between status changes only running durations move: redraw them every few seconds.
             now = time.monotonic()
             if dirty or ended or now - self._table_at >= TABLE_TICK_INTERVAL:
@@ -497,11 +503,45 @@ class Dashboard:
             return None
 
     def _repr_mimebundle_(self, **kwargs) -> dict:
-        data = {"text/plain": repr(self), "text/html": self._repr_html_()}
+        record = self.record
+        if record is not None:  # the cluster ended: its record is the alternative to the live view
+            data = {"text/plain": repr(record), "text/html": record._repr_html_()}
+        else:
+            data = {"text/plain": repr(self), "text/html": self._repr_html_()}
         if self.widget is not None:
+            plain = data["text/plain"]
             data.update(self.widget._repr_mimebundle_(**kwargs) or {})
-            data["text/plain"] = repr(self)
+            data["text/plain"] = plain
         return data
+
+    def show_record(self, record) -> None:
+        """Make ``record`` (the cluster's final state) this view's HTML/text alternative.
+
+        The front end keeps showing the live widget view; a notebook saved without widget
+        state, nbconvert and a text front end show the record instead — one copy, not two.
+        """
+        self.record = record
+        if self._display_handle is not None:
+            self._display_handle.update(self)
+
+    def catch_up(self, st: ClusterStatus | None, deleted: bool = False) -> None:
+        """Draw ``st`` (the status the record was made of) now, on the calling thread.
+
+        Called where the record is drawn — ``wait``, ``stop``, ``delete`` in a cell, or the
+        watcher's summary thread — so the widgets' final values go out while that cell runs:
+        what nbclient saves as the widget state (and nbconvert then embeds) is the final state,
+        not the one of the render thread's last draw before the notebook ended.  Reads the
+        backend: call it with no lock held.
+        """
+        if deleted:  # this kernel deleted it: no need to wait for the deletion watch
+            self._end_as(ViewEnd.DELETED)
+            self._forget_deletion()
+        with self._lock:
+            behind = st is not None and (self.status is None or not self.status.terminal)
+        if behind:  # never an older status over one that has already seen the end
+            self._on_status(st)
+        if self.use_widgets and self._throttle is not None:
+            self.refresh()
 
     def _repr_html_(self) -> str:
         st = self._snapshot()
@@ -511,13 +551,15 @@ class Dashboard:
         with self._lock:
             tails = {t: list(q)[-10:] for t, q in self.lines.items()}
         return dashboard_html(st, deleted=self.deleted, curves=curves_html(points, ended=st.terminal),
-                              events=self.events, log_tails=tails)
+                              events=self.events, log_tails=tails,
+                              gone_logs=self.deleted and logs_gone(st.log_dir))
 
     def __repr__(self) -> str:
         st = self._snapshot()
         if st is None:
             return f"cluster {self.name}: {'deleted' if self.deleted else 'no status'}"
-        text = status_text(st) + (" (deleted)" if self.deleted else "")
+        gone_logs = self.deleted and logs_gone(st.log_dir)
+        text = status_text(st, gone_logs) + (" (deleted)" if self.deleted else "")
         return text + ("\n" + events_text(self.events) if self.events else "")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import html
+import os
 import time
 
 from ..backends import ClusterStatus, Event, Phase, Progress
@@ -124,6 +125,27 @@ def _when(st: ClusterStatus, ended: bool, now: float) -> str:
     return f"age {fmt_duration(now - st.created)}" if st.created else ""
 
 
+#: What a deleted cluster's view says where its log dir was, once that dir is gone.
+LOGS_GONE = "deleted with the cluster"
+
+
+def logs_gone(location) -> bool:
+    """Whether a (deleted) cluster's log dir is gone from this machine — not kept, not the user's.
+
+    Reads the file system: call it outside any lock a drawing thread waits on.  Logs on a
+    Kubernetes volume are not visible here: not known to be gone (False).
+    """
+    if location is None or getattr(location, "volume", None) is not None:
+        return False
+    path = getattr(location, "path", str(location))
+    return bool(path) and not os.path.isdir(path)
+
+
+def logs_html(st: ClusterStatus, gone: bool = False) -> str:
+    """Where the logs are — or that they were deleted with the cluster."""
+    return LOGS_GONE if gone else f"<code>{_e(str(st.log_dir))}</code>"
+
+
 def header_html(
     st: ClusterStatus | None,
     name: str,
@@ -131,8 +153,13 @@ def header_html(
     deleted: bool = False,
     warning: Event | None = None,
     now: float | None = None,
+    gone_logs: bool = False,
 ) -> str:
-    """A dashboard's first lines: who, what, which phase and why."""
+    """A dashboard's first lines: who, what, which phase and why.
+
+    ``gone_logs``: the cluster was deleted and its log dir with it (:func:`logs_gone`), so the
+    path is not shown as if it were still there.
+    """
     now = time.time() if now is None else now
     if st is None:
         return (
@@ -167,7 +194,7 @@ def header_html(
         f'<b class="tfk8s-name" style="font-size:1.15em">{_e(st.name)}</b> '
         f"{phase_badge(phase)}{reason}"
         f'<div style="color:#666">{" · ".join(b for b in bits if b)} · '
-        f"logs <code>{_e(str(st.log_dir))}</code></div>"
+        f"logs {logs_html(st, deleted and gone_logs)}</div>"
         f"{warn}</div>"
     )
 
@@ -279,8 +306,8 @@ def outcome_html(text: str) -> str:
 
 
 # -- one cluster, many clusters: the fallbacks ----------------------------------------------
-def status_text(st: ClusterStatus) -> str:
-    """A plain-text table of one cluster and its tasks."""
+def status_text(st: ClusterStatus, gone_logs: bool = False) -> str:
+    """A plain-text table of one cluster and its tasks (``gone_logs``: see :func:`header_html`)."""
     age = fmt_duration(time.time() - st.created) if st.created else "-"
     lines = [
         f"cluster {st.name} ({st.backend}, {st.mode}): {st.shown_phase}"
@@ -295,11 +322,11 @@ def status_text(st: ClusterStatus) -> str:
             f"{t.name:<14}{t.phase:<11}{t.restarts:>8}  {exit_text(t.exit_code, t.signal):<8}"
             f"{t.host:<22}{fmt_duration(t.duration):>9}  {t.reason}"
         )
-    lines.append(f"logs: {st.log_dir}")
+    lines.append(f"logs: {LOGS_GONE if gone_logs else st.log_dir}")
     return "\n".join(lines)
 
 
-def status_html(st: ClusterStatus) -> str:
+def status_html(st: ClusterStatus, gone_logs: bool = False) -> str:
     """An HTML summary of one cluster and its task table, every value escaped."""
     age = fmt_duration(time.time() - st.created) if st.created else "-"
     return (
@@ -308,7 +335,7 @@ def status_html(st: ClusterStatus) -> str:
         + (f'<div class="tfk8s-stall">{_e(st.stall_text())}</div>' if st.stall else "")
         + f"owner {_e(st.owner or '-')} · age {_e(age)} · progress: "
         f"{_e(fmt_progress(st.progress, st.terminal))}"
-        f"{tasks_html(st)}logs: <code>{_e(str(st.log_dir))}</code></div>"
+        f"{tasks_html(st)}logs: {logs_html(st, gone_logs)}</div>"
     )
 
 
@@ -319,6 +346,7 @@ def dashboard_html(
     curves: str = "",
     events: list[Event] | None = None,
     log_tails: dict[str, list[str]] | None = None,
+    gone_logs: bool = False,
 ) -> str:
     """A dashboard as static HTML (no widgets): status, curves (already drawn), events, log tails."""
     logs = "".join(
@@ -328,7 +356,7 @@ def dashboard_html(
     )
     gone = ' <b style="color:#dc322f">deleted</b>' if deleted else ""
     return (
-        f'<div class="tfk8s-dashboard-static">{status_html(st)}{gone}{curves}'
+        f'<div class="tfk8s-dashboard-static">{status_html(st, deleted and gone_logs)}{gone}{curves}'
         f"{events_html(events or [])}{logs}</div>"
     )
 

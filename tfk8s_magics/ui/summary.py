@@ -3,10 +3,17 @@
 The live dashboard is made of widgets.  A notebook executed by nbclient or
 nbconvert, or saved after the browser closed, keeps only the snapshot the
 dashboard had when it was first shown ("starting") and partial logs.  So
-the launch cell also holds a :class:`FinalSummary`: an output with a
-display id, empty while the cluster runs, replaced by a static summary —
-final phase, task table, progress, the last lines of each task's log — once
-the cluster ends.
+once the cluster ends, a :class:`FinalSummary` — final phase, task table,
+progress, the last lines of each task's log — is drawn where no live view
+is, and only there:
+
+* under a live dashboard it becomes the dashboard output's ``text/html`` /
+  ``text/plain`` alternatives (the same display id): JupyterLab keeps
+  showing the widget view, while a notebook saved without widget state,
+  nbconvert and text front ends show the record — never a second copy
+  under the live view;
+* with no dashboard (``--no-dashboard``, no ipywidgets) it is an output of
+  its own, empty while the cluster runs.
 
 Who writes it:
 
@@ -31,7 +38,7 @@ from typing import Any
 from ..backends import ClusterStatus
 from ..watch import ClusterFeed
 from . import live
-from .render import status_html, status_text
+from .render import logs_gone, status_html, status_text
 
 #: Lines of each task's log kept in the summary.
 TAIL_LINES = 8
@@ -39,7 +46,8 @@ TAIL_LINES = 8
 _e = html.escape
 
 
-def summary_html(st: ClusterStatus, tails: dict[str, list[str]], deleted: bool = False) -> str:
+def summary_html(st: ClusterStatus, tails: dict[str, list[str]], deleted: bool = False,
+                 gone_logs: bool = False) -> str:
     """The static summary: final phase, task table, progress, the last lines of each log."""
     phase = "deleted" if deleted else st.phase
     logs = "".join(
@@ -56,14 +64,15 @@ def summary_html(st: ClusterStatus, tails: dict[str, list[str]], deleted: bool =
         f'<div class="tfk8s-summary" data-phase="{_e(phase, quote=True)}" '
         'style="border-left:3px solid #ccc;padding-left:8px;margin-top:4px">'
         f"<div><b>final state of {_e(st.name)}</b>{after}</div>"
-        f"{status_html(st)}{logs}</div>"
+        f"{status_html(st, deleted and gone_logs)}{logs}</div>"
     )
 
 
-def summary_text(st: ClusterStatus, tails: dict[str, list[str]], deleted: bool = False) -> str:
+def summary_text(st: ClusterStatus, tails: dict[str, list[str]], deleted: bool = False,
+                 gone_logs: bool = False) -> str:
     """The same summary as plain text (what a terminal or a text export shows)."""
     head = f"final state of {st.name}" + (" (then deleted)" if deleted else "")
-    parts = [head, status_text(st)]
+    parts = [head, status_text(st, deleted and gone_logs)]
     for task, lines in tails.items():
         parts.append(f"--- {task}: last {len(lines)} lines")
         parts.extend(lines)
@@ -92,8 +101,10 @@ class FinalSummary:
     _registry: dict[tuple[str, int, str], list[FinalSummary]] = {}
     _registry_lock = threading.Lock()
 
-    def __init__(self, cluster, tail: int = TAIL_LINES) -> None:
+    def __init__(self, cluster, tail: int = TAIL_LINES, view=None) -> None:
         self.cluster = cluster
+        #: The live view whose alternatives the record becomes (``show_record(record)``), if any.
+        self.view = view
         self.backend = cluster.backend
         self.name = cluster.name
         self.tail = tail
@@ -110,10 +121,12 @@ class FinalSummary:
         return (self.backend.name, id(self.backend), self.name)
 
     def show(self) -> FinalSummary:
-        """Display the (empty) placeholder under the current cell and follow the cluster."""
+        """Display the (empty) placeholder under the current cell — unless the record goes into a
+        live view's alternatives — and follow the cluster."""
         from IPython.display import display
 
-        self._handle = display(_EMPTY, display_id=True)
+        if self.view is None:
+            self._handle = display(_EMPTY, display_id=True)
         with self._registry_lock:
             self._registry.setdefault(self._key, []).append(self)
         self._unsubscribe = ClusterFeed.of(self.backend, self.name).subscribe(
@@ -134,32 +147,44 @@ class FinalSummary:
         A status is recorded once it is terminal, or with ``final`` (the cluster is about to
         be deleted: this is the last look at it).  ``deleted`` marks the record deleted.
         """
-        if st is None:
-            try:
-                st = self.backend.status(self.name)
-            except Exception:  # noqa: BLE001 - gone (or unreachable): keep what was recorded
-                st = None
+        st = st if st is not None else self._status_now()
         record = st is not None and (st.terminal or final or deleted)
         tails = self._read_tails(st) if record and not deleted else None
+        gone_logs = self._logs_gone(st if record else self.status, deleted)
         with self._lock:
             status = st if record else self.status
-            if status is None:
-                return False
             now_deleted = deleted or self.deleted
-            if (status, now_deleted) == (self.status, self.deleted) and tails in (None, self.tails):
+            if status is None or (
+                (status, now_deleted) == (self.status, self.deleted) and tails in (None, self.tails)
+            ):
                 return False
             self.status, self.deleted = status, now_deleted
             if tails is not None:
                 self.tails = tails
-            view = _Static(
-                summary_html(status, self.tails, now_deleted),
-                summary_text(status, self.tails, now_deleted),
-            )
-            if self._handle is not None:
-                self._handle.update(view)
+            self._draw(_Static(summary_html(status, self.tails, now_deleted, gone_logs),
+                               summary_text(status, self.tails, now_deleted, gone_logs)))
+        if self.view is not None:
+            self.view.catch_up(None if now_deleted else status, deleted)  # backend reads: no lock held
         if now_deleted or status.terminal:
             self._stop_following()
         return True
+
+    def _logs_gone(self, known: ClusterStatus | None, deleted: bool) -> bool:
+        """Whether a deleted cluster's log dir is gone (file system I/O: read with no lock held)."""
+        return (deleted or self.deleted) and known is not None and logs_gone(known.log_dir)
+
+    def _status_now(self) -> ClusterStatus | None:
+        try:
+            return self.backend.status(self.name)
+        except Exception:  # noqa: BLE001 - gone (or unreachable): keep what was recorded
+            return None
+
+    def _draw(self, record: _Static) -> None:
+        """Show ``record``: as the live view's alternative, else in this summary's own output."""
+        if self.view is not None:
+            self.view.show_record(record)
+        elif self._handle is not None:
+            self._handle.update(record)
 
     def _read_tails(self, st: ClusterStatus) -> dict[str, list[str]]:
         tails = {}
@@ -194,8 +219,12 @@ def finish_all(
             FinalSummary._registry.pop((backend.name, id(backend), name), None)
 
 
-def show(cluster: Any, tail: int = TAIL_LINES) -> FinalSummary | None:
-    """Show the launch cell's summary placeholder, in a Jupyter kernel only (else None)."""
+def show(cluster: Any, tail: int = TAIL_LINES, view: Any = None) -> FinalSummary | None:
+    """Follow ``cluster`` and record its end, in a Jupyter kernel only (else None).
+
+    With ``view`` (a live view with ``show_record``, e.g. the dashboard) the record becomes
+    that view's alternatives; without, it is a placeholder output of its own.
+    """
     if not live.in_kernel():
         return None
-    return FinalSummary(cluster, tail).show()
+    return FinalSummary(cluster, tail, view=view).show()

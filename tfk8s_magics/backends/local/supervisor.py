@@ -65,6 +65,7 @@ from ...stall import DEFAULT_TIMEOUT as DEFAULT_STALL_TIMEOUT
 from ...tfconfig import cluster_def, tf_config
 from ..base import Phase
 from . import pool
+from .kerastemp import remove_keras_temp_dirs
 from .layout import ClusterDir, open_private_append, read_json, task_log_path, write_json_atomic
 from .stallwatch import StallWatch
 from .status import LocalTaskStatus
@@ -886,6 +887,11 @@ class Supervisor:
         self.reap_orphans()
         if self.cluster_id:  # whatever a task started in another session dies with the cluster
             kill_marked(CLUSTER_ID_ENV, self.cluster_id, exclude=frozenset({self.watchdog_pid or 0}))
+        # A fit cut short leaves Keras's scratch folders (a stray TensorBoard run): nothing writes now.
+        removed = remove_keras_temp_dirs(self.record["log_dir"])
+        if removed:
+            self.event("", "TempRemoved", "removed what Keras leaves when a multi-worker fit does not "
+                       "return: " + ", ".join(str(p) for p in removed))
         self.write_status(done=True)
         return 0
 
