@@ -564,6 +564,7 @@ class LocalBackend(Backend):
 
     def serve(self, name: str, model: str | None = None, source_url: str | None = None, **options):
         """Serve the cluster's newest exported model (see :func:`.sidecars.serve`)."""
+        sidecars.refuse_secret(options)
         return sidecars.serve(name, self._dir(name), model, source_url, **options)
 
     def serving(self, name: str):

@@ -83,10 +83,7 @@ def serve(name: str, cdir: ClusterDir, model: str | None = None, source_url: str
     ``replicas``/``cpu``/``memory`` are Kubernetes choices: one process serves here.
     ``source_url``: serve from object storage instead of the log dir (see :func:`_fetch_models`).
     """
-    secret = options.pop("credentials_secret", None)
-    if secret:
-        raise SpecError(f"--credentials-secret {secret!r} names a Kubernetes Secret; the local backend "
-                        "reads storage credentials from your environment or fsspec's config: drop it.")
+    refuse_secret(options)
     if source_url is not None:
         base = _fetch_models(cdir, source_url)
         local_serving.stop(cdir.root)
@@ -100,6 +97,15 @@ def serve(name: str, cdir: ClusterDir, model: str | None = None, source_url: str
     kwargs = {k: v for k, v in options.items() if k in allowed}
     return local_serving.start(name, cdir.root, read_json(cdir.record)["log_dir"], model, **kwargs,
                          **_guarded(cdir))
+
+
+def refuse_secret(options: dict) -> None:
+    """Take ``credentials_secret`` out of serving ``options``; refuse it in one sentence when set
+    (checked before the cluster is looked up: the flag is wrong whatever the cluster)."""
+    secret = options.pop("credentials_secret", None)
+    if secret:
+        raise SpecError(f"--credentials-secret {secret!r} names a Kubernetes Secret; the local backend "
+                        "reads storage credentials from your environment or fsspec's config: drop it.")
 
 
 def serving(name: str, cdir: ClusterDir):
