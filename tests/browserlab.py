@@ -238,6 +238,24 @@ def run_cell(page, cell) -> None:
     page.keyboard.press("Shift+Enter")
 
 
+def lab_env(lab_dir: Path, **overrides: int | str) -> dict[str, str]:
+    """The environment ``scripts/lab`` runs with in a test: its state in ``lab_dir``, no bootstrap,
+    free loopback ports for the proxy, the hub and the proxy's API; ``overrides`` replace any."""
+    from tfk8s_magics.ports import free_ports
+
+    port, hub_port, api_port = free_ports(3)
+    env = {
+        **os.environ,
+        "TFK8S_LAB_SKIP_BOOTSTRAP": "1",
+        "TFK8S_LAB_DIR": str(lab_dir),
+        "TFK8S_LAB_PORT": str(port),
+        "TFK8S_LAB_HUB_PORT": str(hub_port),
+        "TFK8S_LAB_PROXY_API_PORT": str(api_port),
+    }
+    env.update({k: str(v) for k, v in overrides.items()})
+    return env
+
+
 class RealLab:
     """The one-machine lab as ``scripts/lab`` starts it (JupyterHub, the shared password, the
     users' servers with the lab's settings), on free loopback ports, its state in ``lab_dir``.
@@ -250,14 +268,11 @@ class RealLab:
 
     def __init__(self, lab_dir: Path) -> None:
         self.lab_dir = lab_dir
-        port, hub_port, api_port = (free_port() for _ in range(3))
         self.admin_token = os.urandom(16).hex()
-        self.env = {**os.environ, "TFK8S_LAB_SKIP_BOOTSTRAP": "1", "TFK8S_LAB_DIR": str(lab_dir),
-                    "TFK8S_LAB_PORT": str(port), "TFK8S_LAB_HUB_PORT": str(hub_port),
-                    "TFK8S_LAB_PROXY_API_PORT": str(api_port), "TFK8S_LAB_ADMIN_TOKEN": self.admin_token}
+        self.env = lab_env(lab_dir, TFK8S_LAB_ADMIN_TOKEN=self.admin_token)
         for var in ("TFK8S_STATE_DIR", "TFK8S_POOL_SIZE", "JUPYTER_PATH", "JUPYTER_CONFIG_PATH"):
             self.env.pop(var, None)  # the lab sets each user's own
-        self.base = f"http://127.0.0.1:{port}"
+        self.base = f"http://127.0.0.1:{self.env['TFK8S_LAB_PORT']}"
         self.log_path = lab_dir.parent / "lab.log"
         self.proc: subprocess.Popen | None = None
 

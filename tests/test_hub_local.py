@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from jupyterhub.app import JupyterHub
 
+from tests.browserlab import lab_env
 from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,22 +98,6 @@ def test_stop_ends_leftover_processes_of_that_user_only(tmp_path):
 LAB = REPO / "scripts" / "lab"
 
 
-def _lab_env(lab_dir: Path, **ports: int) -> dict[str, str]:
-    from tfk8s_magics.ports import free_ports
-
-    port, hub_port, api_port = free_ports(3)
-    env = {
-        **os.environ,
-        "TFK8S_LAB_SKIP_BOOTSTRAP": "1",
-        "TFK8S_LAB_DIR": str(lab_dir),
-        "TFK8S_LAB_PORT": str(port),
-        "TFK8S_LAB_HUB_PORT": str(hub_port),
-        "TFK8S_LAB_PROXY_API_PORT": str(api_port),
-    }
-    env.update({k: str(v) for k, v in ports.items()})
-    return env
-
-
 def _proxies_on(port: str) -> list:
     """configurable-http-proxy processes serving ``port`` (what a failed start used to orphan)."""
     import psutil
@@ -139,7 +124,7 @@ def test_lab_refuses_a_port_in_use_in_one_sentence_and_starts_nothing(tmp_path):
     orphan configurable-http-proxy listening.  Now: one sentence naming the variable, nothing started."""
     with _listener() as taken:
         port = taken.getsockname()[1]
-        env = _lab_env(tmp_path / "lab", TFK8S_LAB_HUB_PORT=port)
+        env = lab_env(tmp_path / "lab", TFK8S_LAB_HUB_PORT=port)
         done = subprocess.run([str(LAB)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done
     err = done.stderr.strip()
@@ -150,17 +135,17 @@ def test_lab_refuses_a_port_in_use_in_one_sentence_and_starts_nothing(tmp_path):
 
 
 def test_lab_settings_are_checked_before_anything_starts(tmp_path):
-    env = _lab_env(tmp_path / "lab", TFK8S_LAB_PROXY_API_PORT="80x")
+    env = lab_env(tmp_path / "lab", TFK8S_LAB_PROXY_API_PORT="80x")
     done = subprocess.run([str(LAB)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip() == (
         "scripts/lab: TFK8S_LAB_PROXY_API_PORT='80x' is not a port number (the proxy's API port); "
         "give 1-65535, e.g. TFK8S_LAB_PROXY_API_PORT=8001."
     )
-    env = _lab_env(tmp_path / "lab", TFK8S_LAB_PASSWORD="short")
+    env = lab_env(tmp_path / "lab", TFK8S_LAB_PASSWORD="short")
     done = subprocess.run([str(LAB)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "at least 8" in done.stderr, done.stderr
-    same = _lab_env(tmp_path / "lab")
+    same = lab_env(tmp_path / "lab")
     same["TFK8S_LAB_HUB_PORT"] = same["TFK8S_LAB_PORT"]
     done = subprocess.run([str(LAB)], env=same, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "three different ports" in done.stderr, done.stderr
@@ -172,7 +157,7 @@ def test_lab_that_fails_after_starting_its_proxy_stops_the_proxy(tmp_path):
     """The port check cannot see everything (a port taken a moment later, a hub bug): when the
     hub dies after it started configurable-http-proxy, scripts/lab stops the proxy too."""
     with _listener() as taken:
-        env = _lab_env(tmp_path / "lab")
+        env = lab_env(tmp_path / "lab")
         # The hub binds a port the check was not told about, so it fails after the proxy is up.
         bind = f"--JupyterHub.hub_bind_url=http://127.0.0.1:{taken.getsockname()[1]}"
         done = subprocess.run([str(LAB), bind], env=env, capture_output=True, text=True, timeout=300)
@@ -192,7 +177,7 @@ def test_lab_serves_a_login_page_with_the_hint_and_stops_cleanly(tmp_path):
     import psutil
     import requests
 
-    env = _lab_env(tmp_path / "lab")
+    env = lab_env(tmp_path / "lab")
     env["TFK8S_LAB_DOCS"] = str(_docs_dir(tmp_path))
     url = f"http://127.0.0.1:{env['TFK8S_LAB_PORT']}/hub/login"
     proc = subprocess.Popen([str(LAB)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -523,13 +523,14 @@ def test_the_local_lab_starts_sandboxed_kernels_over_unix_sockets(tmp_path):
     import psutil
     import requests
 
-    from tests.test_hub_local import LAB, _lab_env  # puts hub_config on sys.path
+    from tests.browserlab import lab_env
+    from tests.test_hub_local import LAB  # puts hub_config on sys.path
 
     runtime_dir = sys.modules["tfk8s_hub.local"].runtime_dir
 
     token = os.urandom(16).hex()
     lab_dir = tmp_path / "lab"
-    env = {**_lab_env(lab_dir), "TFK8S_LAB_ADMIN_TOKEN": token}
+    env = {**lab_env(lab_dir), "TFK8S_LAB_ADMIN_TOKEN": token}
     base = f"http://127.0.0.1:{env['TFK8S_LAB_PORT']}"
     auth = {"Authorization": f"token {token}"}
     proc = subprocess.Popen([str(LAB)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

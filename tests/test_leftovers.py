@@ -133,12 +133,13 @@ def test_the_lab_keeps_no_zombies_and_leaves_nothing_in_the_temp_dir(tmp_path, r
     users' runtime folders, the pool's socket and folder: all gone) and no process is left."""
     import requests
 
-    from tests.test_hub_local import LAB, _lab_env
+    from tests.browserlab import lab_env
+    from tests.test_hub_local import LAB
 
     tmp = Path(tempfile.mkdtemp(prefix="lt-", dir="/tmp"))  # short: sockets' paths live in it
     request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))  # whatever happens below
     token = os.urandom(16).hex()
-    env = {**_lab_env(tmp_path / "lab"), "TFK8S_LAB_ADMIN_TOKEN": token, "TMPDIR": str(tmp)}
+    env = {**lab_env(tmp_path / "lab"), "TFK8S_LAB_ADMIN_TOKEN": token, "TMPDIR": str(tmp)}
     base = f"http://127.0.0.1:{env['TFK8S_LAB_PORT']}"
     auth = {"Authorization": f"token {token}"}
     proc = subprocess.Popen([str(LAB)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
