@@ -16,15 +16,15 @@ import pytest
 from kubernetes import client
 
 from tests.realkube import wait_for
+from tests.test_kube_controlplane import jobset, spec, task_pods
 from tfk8s_magics.backends.base import Phase
 from tfk8s_magics.backends.kubernetes import KubernetesBackend
 from tfk8s_magics.backends.kubernetes.rbac import backend_role
 from tfk8s_magics.errors import ClusterExists, ClusterNotFound, LaunchFailed
-from tfk8s_magics.spec import ClusterSpec, Resources
+from tfk8s_magics.spec import Resources
 
 pytestmark = pytest.mark.k8s
 
-SCRIPT = "print('training')\n"
 KINDS = ("configmaps", "services", "persistentvolumeclaims", "pods", "networkpolicies", "deployments",
          "jobsets")
 
@@ -32,15 +32,6 @@ KINDS = ("configmaps", "services", "persistentvolumeclaims", "pods", "networkpol
 @pytest.fixture
 def user(kube_user):
     return kube_user("alice")
-
-
-def spec(name="mnist", **kw) -> ClusterSpec:
-    kw.setdefault("ps", 1)
-    kw.setdefault("workers", 2)
-    kw.setdefault("ps_grace_period", 0.5)
-    if kw.get("mode") != "in-graph":
-        kw.setdefault("script", SCRIPT)
-    return ClusterSpec(name=name, **kw)
 
 
 def objects(realkube, ns: str, name: str, with_pods: bool = False) -> list[tuple[str, str]]:
@@ -68,19 +59,8 @@ def objects(realkube, ns: str, name: str, with_pods: bool = False) -> list[tuple
 JOBSETS = ("jobset.x-k8s.io", "v1alpha2")
 
 
-def jobset(realkube, ns: str, name: str) -> dict:
-    return realkube.custom.get_namespaced_custom_object(*JOBSETS, ns, "jobsets", name)
-
-
 def writes(ns, since: int = 0) -> list[str]:
     return [f"{r.verb} {r.uri}" for r in ns.requests()[since:] if r.verb not in ("get", "list", "watch")]
-
-
-def task_pods(realkube, ns, name, role=None):
-    sel = f"jobset.sigs.k8s.io/jobset-name={name}"
-    if role:
-        sel += f",jobset.sigs.k8s.io/replicatedjob-name={role}"
-    return [p for p in realkube.pods(ns, sel) if p.metadata.deletion_timestamp is None]
 
 
 def test_launch_creates_a_root_two_claims_and_one_jobset_the_gc_follows(realkube, user):
