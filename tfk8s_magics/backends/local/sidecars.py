@@ -82,8 +82,9 @@ def serve(name: str, cdir: ClusterDir, model: str | None = None, source_url: str
 
     ``replicas``/``cpu``/``memory`` are Kubernetes choices: one process serves here.
     ``source_url``: serve from object storage instead of the log dir (see :func:`_fetch_models`).
+    ``options`` hold no ``credentials_secret``: the caller refused it (:func:`refuse_secret`)
+    before looking the cluster up.
     """
-    refuse_secret(options)
     if source_url is not None:
         base = _fetch_models(cdir, source_url)
         local_serving.stop(cdir.root)
