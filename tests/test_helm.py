@@ -390,10 +390,12 @@ def test_the_backend_rules_ship_as_one_cluster_role_the_hub_may_only_bind(helm):
     assert not any(r in ("roles",) for rule in rules for r in rule["resources"])
     needs = [
         ("", "namespaces", "create"),
-        *[("", r, v) for r in ("serviceaccounts", "resourcequotas", "limitranges")
-          for v in ("create", "update")],
-        *[("rbac.authorization.k8s.io", "rolebindings", v) for v in ("create", "update")],
-        ("networking.k8s.io", "networkpolicies", "update"),
+        # server-side apply: patch (create when new); ServiceAccounts read to keep pull secrets
+        *[("", r, v) for r in ("serviceaccounts", "resourcequotas", "limitranges", "secrets")
+          for v in ("create", "patch")],
+        ("", "serviceaccounts", "get"),
+        *[("rbac.authorization.k8s.io", "rolebindings", v) for v in ("create", "patch")],
+        ("networking.k8s.io", "networkpolicies", "patch"),
         ("jobset.x-k8s.io", "jobsets", "deletecollection"),
         ("apps", "deployments", "deletecollection"),
     ]
@@ -407,7 +409,8 @@ def test_the_backend_rules_ship_as_one_cluster_role_the_hub_may_only_bind(helm):
 def test_values_cover_every_lab_setting_and_the_schema_is_closed():
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     schema = json.loads((CHART / "values.schema.json").read_text())
-    traits = set(LabSettings.class_traits(config=True)) - {"hub_namespace"}
+    # set by the chart itself: the release's namespace, the top-level imagePullSecrets
+    traits = set(LabSettings.class_traits(config=True)) - {"hub_namespace", "image_pull_secrets"}
     assert set(values["lab"]) == traits
     assert set(schema["properties"]["lab"]["properties"]) == traits
     # defaults agree with the Python ones

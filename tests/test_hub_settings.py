@@ -35,8 +35,14 @@ def test_defaults():
         "TFK8S_PS_GRACE": "30",
         "TFK8S_DETACHED_TTL": "86400",  # finished detached runs end (no TFK8S_TTL: none set)
         "TFK8S_LEGACY_KERAS": "1",
+        "TFK8S_DATA_SIZE": "10Gi",
+        "TFK8S_LOG_SIZE": "10Gi",
         "TF_USE_LEGACY_KERAS": "1",
     }
+    # culling or deleting a user keeps the home; a fresh node has minutes to pull the image
+    assert (s.delete_pvc, s.start_timeout) == (False, 300)
+    assert (s.image_pull_secrets, s.copy_secrets, s.service_account_annotations) == ([], [], {})
+    assert s.queue is None
 
 
 def test_hub_namespace_from_pod_namespace(monkeypatch):

@@ -162,29 +162,28 @@ def api_of(calls, fail=None, is_async=True):
     return get
 
 
-@pytest.mark.parametrize(
-    "exc_class", [kubernetes.client.ApiException, kubernetes_asyncio.client.ApiException,
-                  # what the pinned client really raises for a 409 (a subclass)
-                  kubernetes.client.exceptions.ConflictException]
-)
-def test_applier_replaces_on_conflict(exc_class):
+#: How the bootstrap applies: server-side apply, as the hub's own field manager, taking over
+#: only the fields it sets.
+SSA = {"field_manager": "tfk8s-lab-hub", "force": True,
+       "_content_type": "application/apply-patch+yaml"}
+
+
+def test_applier_applies_server_side_as_its_own_field_manager():
     calls: list = []
     sa = bootstrap_objects(BootstrapSpec(), "ns")[0]
-    api = api_of(calls, fail={"create_namespaced_service_account": exc_class(status=409)})
-    assert asyncio.run(Applier(api).apply(sa)) == "replaced"
-    assert [c[0] for c in calls] == [
-        "create_namespaced_service_account",
-        "replace_namespaced_service_account",
-    ]
-    assert calls[1][1] == ("tfk8s-user", "ns", sa)
+    assert asyncio.run(Applier(api_of(calls)).apply(sa)) == "applied"
+    assert calls == [("patch_namespaced_service_account", ("tfk8s-user", "ns", sa), SSA)]
 
 
-def test_applier_raises_other_errors():
+@pytest.mark.parametrize(
+    "exc_class", [kubernetes.client.ApiException, kubernetes_asyncio.client.ApiException,
+                  # what the pinned client really raises for a 403 (a subclass)
+                  kubernetes.client.exceptions.ForbiddenException]
+)
+def test_applier_raises_other_errors(exc_class):
     sa = bootstrap_objects(BootstrapSpec(), "ns")[0]
-    api = api_of(
-        [], fail={"create_namespaced_service_account": kubernetes.client.ApiException(status=403)}
-    )
-    with pytest.raises(kubernetes.client.ApiException) as err:
+    api = api_of([], fail={"patch_namespaced_service_account": exc_class(status=403)})
+    with pytest.raises(exc_class) as err:
         asyncio.run(Applier(api).apply(sa))
     assert err.value.status == 403
 
@@ -194,7 +193,7 @@ def test_applier_works_with_the_sync_client_too():
     assert asyncio.run(
         Applier(api_of(calls, is_async=False)).apply(bootstrap_objects(BootstrapSpec(), "ns")[0])
     )
-    assert calls[0][0] == "create_namespaced_service_account"
+    assert calls[0][0] == "patch_namespaced_service_account"
 
 
 def test_modify_pod_hook_bootstraps_the_namespace_and_returns_the_pod():
@@ -204,13 +203,13 @@ def test_modify_pod_hook_bootstraps_the_namespace_and_returns_the_pod():
     pod = object()
     assert asyncio.run(hook(spawner, pod)) is pod
     assert [c[0] for c in calls] == [
-        "create_namespaced_service_account",
-        "create_namespaced_role_binding",
-        "create_namespaced_limit_range",
-        "create_namespaced_resource_quota",
-        "create_namespaced_network_policy",
+        "patch_namespaced_service_account",
+        "patch_namespaced_role_binding",
+        "patch_namespaced_limit_range",
+        "patch_namespaced_resource_quota",
+        "patch_namespaced_network_policy",
     ]
-    assert all(c[1][0] == "jhub-bob" for c in calls)
+    assert all(c[1][1] == "jhub-bob" and c[2] == SSA for c in calls)
 
 
 @pytest.mark.parametrize("enabled", [True, False])
@@ -253,13 +252,11 @@ def test_applier_recreates_a_role_binding_whose_role_ref_changed():
         def __getattr__(self, name):
             def call(*args, **kwargs):
                 calls.append(name)
-                if name == "create_namespaced_role_binding" and calls.count(name) == 1:
-                    raise kubernetes.client.ApiException(status=409)
-                if name == "replace_namespaced_role_binding":
+                if name == "patch_namespaced_role_binding" and calls.count(name) == 1:
                     raise kubernetes.client.ApiException(status=422, reason="Invalid")
             return call
 
     binding = next(o for o in bootstrap_objects(BootstrapSpec(), "ns") if o["kind"] == "RoleBinding")
     assert asyncio.run(Applier(lambda name: Rbac()).apply(binding)) == "recreated"
-    assert calls == ["create_namespaced_role_binding", "replace_namespaced_role_binding",
-                     "delete_namespaced_role_binding", "create_namespaced_role_binding"]
+    assert calls == ["patch_namespaced_role_binding", "delete_namespaced_role_binding",
+                     "patch_namespaced_role_binding"]

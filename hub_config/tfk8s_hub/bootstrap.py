@@ -87,6 +87,11 @@ class BootstrapSpec:
     allow_internet: bool = True
     api_server_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
     api_server_ports: tuple[int, ...] = (443, 6443)
+    # registry credentials, storage credentials, workload identity, Kueue (see LabSettings)
+    image_pull_secrets: tuple[str, ...] = ()
+    copy_secrets: tuple[str, ...] = ()
+    service_account_annotations: dict[str, str] = field(default_factory=dict)
+    queue: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Any) -> BootstrapSpec:
@@ -103,6 +108,10 @@ class BootstrapSpec:
             allow_internet=settings.allow_internet,
             api_server_cidrs=tuple(settings.api_server_cidrs),
             api_server_ports=tuple(settings.api_server_ports),
+            image_pull_secrets=tuple(settings.image_pull_secrets),
+            copy_secrets=tuple(settings.copy_secrets),
+            service_account_annotations=dict(settings.service_account_annotations),
+            queue=settings.queue or None,
         )
 
 
@@ -110,12 +119,97 @@ def _meta(name: str, namespace: str) -> dict[str, Any]:
     return {"name": name, "namespace": namespace, "labels": dict(BOOTSTRAP_LABELS)}
 
 
-def service_account(spec: BootstrapSpec, namespace: str) -> Manifest:
-    """The ServiceAccount the notebook (and so the extension's backend) runs as."""
-    return {
+#: The namespace's own ServiceAccount: task, TensorBoard and serving pods run as it.
+DEFAULT_SERVICE_ACCOUNT = "default"
+
+
+def service_account(spec: BootstrapSpec, namespace: str, name: str | None = None) -> Manifest:
+    """A ServiceAccount of the user's namespace: the notebook's (``spec.service_account``), or
+    ``name``.  It carries the registry Secrets (the ServiceAccount admission plugin gives them
+    to every pod without its own) and the workload-identity annotations.
+
+    Applied with server-side apply, so what an administrator adds by hand stays; the list of
+    pull secrets is atomic, so the hub merges the object's current list in first
+    (:func:`with_pull_secrets_of`).
+    """
+    meta = _meta(name or spec.service_account, namespace)
+    if spec.service_account_annotations:
+        meta["annotations"] = dict(spec.service_account_annotations)
+    obj: Manifest = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}
+    if spec.image_pull_secrets:
+        obj["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
+    return obj
+
+
+def service_accounts(spec: BootstrapSpec, namespace: str) -> list[Manifest]:
+    """The notebook's ServiceAccount, and ``default`` when it has something to carry."""
+    out = [service_account(spec, namespace)]
+    if spec.service_account != DEFAULT_SERVICE_ACCOUNT and (
+        spec.image_pull_secrets or spec.service_account_annotations
+    ):
+        out.append(service_account(spec, namespace, DEFAULT_SERVICE_ACCOUNT))
+    return out
+
+
+def with_pull_secrets_of(obj: Manifest, current: Manifest | None) -> Manifest:
+    """``obj`` (a ServiceAccount to apply) with the pull secrets ``current`` (the live object,
+    None: none yet) already names kept, ours appended after them.
+
+    ``imagePullSecrets`` is an atomic list for server-side apply: applying ours alone would
+    replace the administrator's.
+    """
+    theirs = [dict(r) for r in (current or {}).get("imagePullSecrets") or []]
+    ours = obj.get("imagePullSecrets") or []
+    if not ours:
+        return obj
+    names = {r.get("name") for r in theirs}
+    out = {**obj, "imagePullSecrets": theirs + [r for r in ours if r["name"] not in names]}
+    return out
+
+
+#: Marks a Secret the hub copied: the value is ``<hub namespace>/<name>`` of its source.
+COPIED_FROM_ANNOTATION = "tfk8s.io/copied-from"
+
+
+def copied_secret(source: Manifest, namespace: str) -> Manifest:
+    """The copy, in user ``namespace``, of a Secret read from the hub's namespace.
+
+    Only what makes a Secret what it is travels: its name, type and data; the source's own
+    metadata (owner references, resourceVersion, managed fields) does not.
+    """
+    meta = source["metadata"]
+    out_meta = _meta(meta["name"], namespace)
+    out_meta["annotations"] = {COPIED_FROM_ANNOTATION: f"{meta.get('namespace', '')}/{meta['name']}"}
+    obj: Manifest = {
         "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": _meta(spec.service_account, namespace),
+        "kind": "Secret",
+        "metadata": out_meta,
+        "type": source.get("type") or "Opaque",
+    }
+    if source.get("data"):
+        obj["data"] = dict(source["data"])
+    return obj
+
+
+def secrets_to_copy(spec: BootstrapSpec) -> list[str]:
+    """Names of the hub namespace's Secrets every user namespace gets: pull secrets first."""
+    return list(dict.fromkeys((*spec.image_pull_secrets, *spec.copy_secrets)))
+
+
+#: Kueue's API group and the versions the bootstrap may use, newest first.
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")
+
+
+def local_queue(spec: BootstrapSpec, namespace: str, version: str = KUEUE_VERSIONS[0]) -> Manifest | None:
+    """The namespace's Kueue LocalQueue, named as the ClusterQueue it feeds (None: no queue)."""
+    if not spec.queue:
+        return None
+    return {
+        "apiVersion": f"{KUEUE_GROUP}/{version}",
+        "kind": "LocalQueue",
+        "metadata": _meta(spec.queue, namespace),
+        "spec": {"clusterQueue": spec.queue},
     }
 
 
@@ -245,14 +339,17 @@ def _egress(spec: BootstrapSpec) -> list[dict[str, Any]]:
 def bootstrap_objects(spec: BootstrapSpec, namespace: str) -> list[Manifest]:
     """Every object of a user namespace, in the order they must be applied.
 
-    The ServiceAccount comes before the pod that names it and the binding that
-    names it, the quota's LimitRange before any pod that relies on defaults.
+    The ServiceAccounts come before the pod that names them and the binding that
+    names one, the quota's LimitRange before any pod that relies on defaults.  The
+    copied Secrets are not here: they are read from the hub's namespace first
+    (:func:`copied_secret`).
     """
     built = [
-        service_account(spec, namespace),
+        *service_accounts(spec, namespace),
         role_binding(spec, namespace),
         limit_range(spec, namespace),
         resource_quota(spec, namespace),
         network_policy(spec, namespace),
+        local_queue(spec, namespace),
     ]
     return [obj for obj in built if obj is not None]

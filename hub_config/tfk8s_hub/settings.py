@@ -23,7 +23,7 @@ from traitlets import Bool, Dict, Enum, Int, List, TraitError, Unicode, default,
 from traitlets.config import Config
 
 from tfk8s_magics import options
-from tfk8s_magics.options import DNS_LABEL, QUANTITY
+from tfk8s_magics.options import DNS_LABEL, DNS_SUBDOMAIN, QUANTITY
 
 #: Environment variable naming the JSON file of settings written by the Helm chart.
 VALUES_ENV = "TFK8S_HUB_VALUES"
@@ -107,7 +107,8 @@ class LabSettings(ExtensionDefaults):
         help="""StorageClass of users' home volumes and of the volumes the extension
         creates for TensorFlow clusters (logs, data, checkpoints; $TFK8S_STORAGE_CLASS).
         Must offer ReadWriteMany for clusters that span nodes: GlusterFS through a CSI
-        driver, CephFS, NFS.  Empty string: the cluster's default class.""",
+        driver, CephFS, NFS.  Empty: the cluster's default class (no storageClassName is
+        sent, for the home volume and for clusters' volumes alike).""",
     ).tag(config=True)
 
     home_storage_capacity = Unicode(
@@ -224,6 +225,49 @@ class LabSettings(ExtensionDefaults):
         help="TCP ports of the Kubernetes API server (the Service's and the endpoints').",
     ).tag(config=True)
 
+    # --- registry, start-up, home volumes, credentials ------------------------------
+    image_pull_secrets = List(
+        Unicode(),
+        default_value=[],
+        help="""Names of Secrets (type kubernetes.io/dockerconfigjson) in the hub's namespace
+        holding the registry credentials of the lab's images.  The hub copies each into every
+        user namespace, names them in the notebook pod (KubeSpawner's image_pull_secrets), and
+        puts them on the namespace's ServiceAccounts, so task, TensorBoard and serving pods
+        pull with them too.  The chart sets it from its top-level imagePullSecrets.""",
+    ).tag(config=True)
+
+    start_timeout = Int(
+        300,
+        help="""Seconds a notebook server may take to start (KubeSpawner's start_timeout),
+        pulling its image included: a multi-GB notebook image on a fresh node takes minutes.""",
+    ).tag(config=True)
+
+    delete_pvc = Bool(
+        False,
+        help="""Delete a user's home volume (its PersistentVolumeClaim) when the user is
+        deleted from the hub -- by an admin, or by the idle culler with cull.users.  The files
+        are then gone for good when the StorageClass's reclaimPolicy is Delete (the usual
+        default).  False: homes outlive their users; delete them by hand.""",
+    ).tag(config=True)
+
+    copy_secrets = List(
+        Unicode(),
+        default_value=[],
+        help="""Names of Secrets in the hub's namespace that the hub copies into every user
+        namespace at each spawn (e.g. object-storage credentials, so a launch's
+        --credentials-secret NAME finds them).  Users can read them: copy only what every
+        user may hold.""",
+    ).tag(config=True)
+
+    service_account_annotations = Dict(
+        value_trait=Unicode(),
+        default_value={},
+        help="""Annotations of the ServiceAccounts of every user namespace (the notebook's and
+        'default', which task, TensorBoard and serving pods run as), for workload identity:
+        e.g. {'eks.amazonaws.com/role-arn': 'arn:aws:iam::...'} (EKS IRSA) or
+        {'iam.gke.io/gcp-service-account': 'lab@project.iam.gserviceaccount.com'} (GKE).""",
+    ).tag(config=True)
+
     # --- lifecycle --------------------------------------------------------------
     stop_clusters_on_stop = Bool(
         True,
@@ -241,6 +285,25 @@ class LabSettings(ExtensionDefaults):
     @validate("quota", "default_limits", "default_requests", "max_limits")
     def _valid_quantities(self, proposal: Any) -> dict[str, str]:
         return _check_quantities(proposal.trait.name, proposal.value)
+
+    @validate("start_timeout")
+    def _valid_start_timeout(self, proposal: Any) -> int:
+        if not 1 <= proposal.value <= 86400:
+            raise TraitError(
+                f"LabSettings.start_timeout = {proposal.value!r} is out of range: give seconds "
+                "from 1 to 86400 (300 lets a fresh node pull the notebook image)."
+            )
+        return proposal.value
+
+    @validate("image_pull_secrets", "copy_secrets")
+    def _valid_secret_names(self, proposal: Any) -> list[str]:
+        for name in proposal.value:
+            if not DNS_SUBDOMAIN.match(name) or len(name) > 253:
+                raise TraitError(
+                    f"LabSettings.{proposal.trait.name} names {name!r}, which is not a valid "
+                    "Secret name: use lowercase letters, digits, '-' and '.'."
+                )
+        return list(proposal.value)
 
     @validate("service_account", "role_name")
     def _valid_name(self, proposal: Any) -> str:

@@ -1,7 +1,8 @@
 """The Kubernetes profile: KubeSpawner settings and hooks computed from :class:`LabSettings`.
 
 * :func:`kubespawner_config` -- the KubeSpawner traits (pure).
-* :class:`Applier` -- create-or-replace of bootstrap objects through
+* :class:`Applier` -- server-side apply of bootstrap objects (its own field
+  manager: what administrators add stays) through
   Kubernetes API objects (KubeSpawner's own ``kubernetes_asyncio`` clients
   in the hub; any object with the same generated method names in tests).
 * :func:`make_modify_pod_hook` -- applies the bootstrap objects to the user's
@@ -19,20 +20,39 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .bootstrap import BootstrapSpec, Manifest, bootstrap_objects, namespace_labels
+from .bootstrap import (
+    KUEUE_GROUP,
+    KUEUE_VERSIONS,
+    BootstrapSpec,
+    Manifest,
+    bootstrap_objects,
+    copied_secret,
+    namespace_labels,
+    secrets_to_copy,
+    with_pull_secrets_of,
+)
 from .settings import LabSettings
 
 log = logging.getLogger("tfk8s_hub")
 
-#: kind -> (API class, the snake_case name in ``create_namespaced_<name>``).
+#: kind -> (API class, the snake_case name in ``patch_namespaced_<name>``).
 KINDS: dict[str, tuple[str, str]] = {
     "ServiceAccount": ("CoreV1Api", "service_account"),
+    "Secret": ("CoreV1Api", "secret"),
     "ResourceQuota": ("CoreV1Api", "resource_quota"),
     "LimitRange": ("CoreV1Api", "limit_range"),
     "Role": ("RbacAuthorizationV1Api", "role"),
     "RoleBinding": ("RbacAuthorizationV1Api", "role_binding"),
     "NetworkPolicy": ("NetworkingV1Api", "network_policy"),
 }
+#: Custom resources the bootstrap applies: kind -> plural.
+CUSTOM_KINDS: dict[str, str] = {"LocalQueue": "localqueues"}
+
+#: The field manager of everything the hub applies in user namespaces (``kubectl get -o yaml
+#: --show-managed-fields`` shows it): fields other managers set -- an administrator's
+#: annotations, pull secrets, labels -- are theirs, and a spawn leaves them alone.
+FIELD_MANAGER = "tfk8s-lab-hub"
+APPLY_PATCH = "application/apply-patch+yaml"
 
 
 def _status(exc: BaseException) -> int | None:
@@ -49,8 +69,12 @@ async def _call(method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return result
 
 
+class BootstrapError(RuntimeError):
+    """What the administrator must fix before a user's server can start (one sentence)."""
+
+
 class Applier:
-    """Creates objects in a namespace, replacing those that already exist (HTTP 409).
+    """Server-side apply of objects in a namespace, as :data:`FIELD_MANAGER`.
 
     ``api`` maps an API class name (``"CoreV1Api"``) to an API object; the
     object's methods may be coroutines (``kubernetes_asyncio``) or plain
@@ -61,31 +85,46 @@ class Applier:
         self.api = api
 
     async def apply(self, obj: Manifest) -> str:
-        """Create or replace ``obj``; return ``"created"``, ``"replaced"`` or ``"recreated"``
-        (a RoleBinding whose roleRef changed: it cannot be replaced)."""
+        """Apply ``obj``; return ``"applied"``, or ``"recreated"`` (a RoleBinding whose roleRef
+        changed: it cannot be changed in place)."""
         kind = obj["kind"]
+        name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
+        apply = {"field_manager": FIELD_MANAGER, "force": True, "_content_type": APPLY_PATCH}
+        if kind in CUSTOM_KINDS:
+            group, version = obj["apiVersion"].split("/")
+            await _call(self.api("CustomObjectsApi").patch_namespaced_custom_object,
+                        group, version, namespace, CUSTOM_KINDS[kind], name, obj, **apply)
+            return "applied"
         if kind not in KINDS:
-            raise ValueError(f"cannot apply a {kind}: the bootstrap applies {', '.join(KINDS)}.")
+            raise ValueError(f"cannot apply a {kind}: the bootstrap applies "
+                             f"{', '.join([*KINDS, *CUSTOM_KINDS])}.")
         api_name, noun = KINDS[kind]
         api = self.api(api_name)
-        name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
         try:
-            await _call(getattr(api, f"create_namespaced_{noun}"), namespace, obj)
-            return "created"
-        except Exception as e:
-            if _status(e) != 409:
-                raise
-        try:
-            await _call(getattr(api, f"replace_namespaced_{noun}"), name, namespace, obj)
+            await _call(getattr(api, f"patch_namespaced_{noun}"), name, namespace, obj, **apply)
         except Exception as e:
             # A RoleBinding's roleRef cannot change (422): one made by an older hub binds the
             # per-namespace Role it then made; delete it and bind the chart's ClusterRole.
             if kind != "RoleBinding" or _status(e) != 422:
                 raise
             await _call(getattr(api, f"delete_namespaced_{noun}"), name, namespace)
-            await _call(getattr(api, f"create_namespaced_{noun}"), namespace, obj)
+            await _call(getattr(api, f"patch_namespaced_{noun}"), name, namespace, obj, **apply)
             return "recreated"
-        return "replaced"
+        return "applied"
+
+    async def read(self, kind: str, name: str, namespace: str) -> Manifest | None:
+        """The live object as the API's JSON (None: it does not exist)."""
+        api_name, noun = KINDS[kind]
+        api = self.api(api_name)
+        try:
+            found = await _call(getattr(api, f"read_namespaced_{noun}"), name, namespace)
+        except Exception as e:
+            if _status(e) == 404:
+                return None
+            raise
+        if isinstance(found, dict):
+            return found
+        return api.api_client.sanitize_for_serialization(found)
 
     async def apply_all(self, objs: Iterable[Manifest]) -> list[tuple[str, str, str]]:
         """Apply ``objs`` in order; return ``(kind, name, outcome)`` for each."""
@@ -94,6 +133,53 @@ class Applier:
             outcome = await self.apply(obj)
             done.append((obj["kind"], obj["metadata"]["name"], outcome))
         return done
+
+
+async def namespace_objects(spec: BootstrapSpec, namespace: str, applier: Applier) -> list[Manifest]:
+    """What the bootstrap applies in ``namespace``, read-dependent parts resolved.
+
+    The Secrets to copy are read from the hub's namespace (each must exist: a spawn that
+    would pull with a missing Secret fails here, with its name); the ServiceAccounts keep
+    the pull secrets they already name; a LocalQueue takes the Kueue version the cluster
+    serves (:func:`kueue_version`).
+    """
+    copies = []
+    for name in secrets_to_copy(spec):
+        source = await applier.read("Secret", name, spec.hub_namespace)
+        if source is None:
+            raise BootstrapError(
+                f"Secret {name!r}, which the lab's settings name (imagePullSecrets or "
+                f"lab.copy_secrets), does not exist in the hub's namespace {spec.hub_namespace!r}: "
+                "create it there, or remove it from the values, then start the server again."
+            )
+        copies.append(copied_secret(source, namespace))
+    out: list[Manifest] = [*copies]
+    for obj in bootstrap_objects(spec, namespace):
+        if obj["kind"] == "ServiceAccount" and obj.get("imagePullSecrets"):
+            obj = with_pull_secrets_of(obj, await applier.read("ServiceAccount",
+                                                              obj["metadata"]["name"], namespace))
+        if obj["kind"] == "LocalQueue":
+            version = await kueue_version(applier)
+            obj = {**obj, "apiVersion": f"{KUEUE_GROUP}/{version}"}
+        out.append(obj)
+    return out
+
+
+async def kueue_version(applier: Applier) -> str:
+    """The newest Kueue API version the cluster serves (:data:`KUEUE_VERSIONS`)."""
+    custom = applier.api("CustomObjectsApi")
+    for version in KUEUE_VERSIONS:
+        try:
+            await _call(custom.get_api_resources, KUEUE_GROUP, version)
+        except Exception as e:
+            if _status(e) == 404:
+                continue
+            raise
+        return version
+    raise BootstrapError(
+        "lab.queue names a Kueue ClusterQueue but this cluster serves no Kueue API "
+        f"({KUEUE_GROUP} {' or '.join(KUEUE_VERSIONS)}): install Kueue, or unset lab.queue."
+    )
 
 
 def kubespawner_api(api_name: str) -> Any:
@@ -110,8 +196,9 @@ def make_modify_pod_hook(
     spec = BootstrapSpec.from_settings(settings)
 
     async def bootstrap_user_namespace(spawner: Any, pod: Any) -> Any:
-        objs = bootstrap_objects(spec, spawner.namespace)
-        done = await Applier(api).apply_all(objs)
+        applier = Applier(api)
+        objs = await namespace_objects(spec, spawner.namespace, applier)
+        done = await applier.apply_all(objs)
         spawner.log.info(
             "tfk8s: bootstrapped namespace %s: %s",
             spawner.namespace,
@@ -232,7 +319,14 @@ def kubespawner_config(settings: LabSettings) -> dict[str, Any]:
         "service_account": settings.service_account,
         "automount_service_account_token": True,
         "storage_pvc_ensure": True,
-        "storage_class": settings.storage_class,
+        # None, not "": KubeSpawner sends "" as storageClassName "" (no class: the claim
+        # stays Pending); None leaves the field out, so the cluster's default class binds it.
+        "storage_class": settings.storage_class or None,
+        # Culling users (cull.users) or deleting one must not delete their home unless the
+        # administrator said so (KubeSpawner's default is True).
+        "delete_pvc": settings.delete_pvc,
+        "start_timeout": settings.start_timeout,
+        "image_pull_secrets": [{"name": name} for name in settings.image_pull_secrets],
         "storage_capacity": settings.home_storage_capacity,
         "storage_access_modes": list(settings.home_access_modes),
         "pvc_name_template": "home-{user_server}",

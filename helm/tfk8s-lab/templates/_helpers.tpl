@@ -46,6 +46,9 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
       "auth" (dict "class" .Values.auth.class "adminUsers" .Values.auth.adminUsers "allowedUsers" .Values.auth.allowedUsers "allowAll" .Values.auth.allowAll) -}}
 {{- $lab := deepCopy .Values.lab -}}
 {{- $_ := set $lab "hub_namespace" .Release.Namespace -}}
+{{- $_ := set $lab "image_pull_secrets" (include "tfk8s-lab.imagePullSecretNames" . | fromJsonArray) -}}
+{{- /* null (helm drops the key) and "" alike: the cluster's default StorageClass */ -}}
+{{- $_ := set $lab "storage_class" (.Values.lab.storage_class | default "") -}}
 {{- $_ := set $lab "role_name" (include "tfk8s-lab.backendRole.name" .) -}}
 {{- dict "lab" $lab "hub" $hub | toPrettyJson -}}
 {{- end -}}
@@ -62,5 +65,29 @@ requests:
 {{- end }}
 {{- else -}}
 {{- fail "placeholder.resources is empty and so is lab.default_requests, so a placeholder would hold no room: set placeholder.resources.requests to what one task pod requests" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The names of imagePullSecrets (given as strings or as {name: ...}), as a JSON list. */}}
+{{- define "tfk8s-lab.imagePullSecretNames" -}}
+{{- $names := list -}}
+{{- range .Values.imagePullSecrets -}}
+{{- if kindIs "map" . -}}
+{{- $names = append $names (required "imagePullSecrets: every entry needs a name" .name) -}}
+{{- else -}}
+{{- $names = append $names . -}}
+{{- end -}}
+{{- end -}}
+{{- $names | uniq | toJson -}}
+{{- end -}}
+
+{{/* A pod spec's imagePullSecrets (nothing when none are set). Call with the root context. */}}
+{{- define "tfk8s-lab.imagePullSecrets" -}}
+{{- $names := include "tfk8s-lab.imagePullSecretNames" . | fromJsonArray -}}
+{{- if $names -}}
+imagePullSecrets:
+{{- range $names }}
+  - name: {{ . | quote }}
+{{- end }}
 {{- end -}}
 {{- end -}}
