@@ -106,14 +106,13 @@ def _pod(role: str, *, script: bool, extra_env: dict, grace: int | None = None) 
             "runAsNonRoot": True,
             "runAsUser": 1000,
             "runAsGroup": 1000,
-            "fsGroup": 1000,
+            "fsGroup": 100,
             "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [{
             "name": "tensorflow",
             "image": "tfk8s/tensorflow-task:0.1.0",
-            "imagePullPolicy": "IfNotPresent",
             "command": [
                 "python", "-m", "tfk8s_magics.backends.kubernetes.logcopy",
                 "/log/tasks/{task}.log", "--", "python", "-m", "tfk8s_magics.runtime.task",

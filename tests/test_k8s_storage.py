@@ -60,7 +60,7 @@ LABELS = {
 }
 SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
             "capabilities": {"drop": ["ALL"]}}
-POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 100,
                 "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"}}
 STEP_ENV = [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
 RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
@@ -115,7 +115,6 @@ def test_sync_step_is_exactly_this():
                 "enableServiceLinks": False, "securityContext": POD_SECURITY,
                 "initContainers": [{
                     "name": "fetch", "image": "tfk8s/tensorflow-task:0.1.0",
-                    "imagePullPolicy": "IfNotPresent",
                     "command": ["/opt/storage/bin/python", "-m", "tfk8s_magics.storage", "fetch", DATA,
                                 "/data"],
                     "env": STEP_ENV, "resources": RESOURCES, "securityContext": SECURITY,
@@ -125,7 +124,6 @@ def test_sync_step_is_exactly_this():
                 }],
                 "containers": [{
                     "name": "synced", "image": "tfk8s/tensorflow-task:0.1.0",
-                    "imagePullPolicy": "IfNotPresent",
                     "command": ["/opt/storage/bin/python", "-m",
                                 "tfk8s_magics.backends.kubernetes.steps", "synced", "/data"],
                     "env": STEP_ENV, "resources": RESOURCES, "securityContext": SECURITY,
@@ -151,7 +149,6 @@ def test_backup_step_is_exactly_this():
                 "terminationGracePeriodSeconds": 120,
                 "containers": [{
                     "name": "backup", "image": "tfk8s/tensorflow-task:0.1.0",
-                    "imagePullPolicy": "IfNotPresent",
                     "command": ["/opt/storage/bin/python", "-m",
                                 "tfk8s_magics.backends.kubernetes.steps", "backup",
                                 "--done-dir", "/log/.tfk8s/done/$(TFK8S_RESTART_ATTEMPT)",

@@ -56,6 +56,8 @@ BAD = [
     ("launch ok --env TF_CONFIG=x", SCRIPT, "TF_CONFIG is set by tfk8s"),
     ("launch ok --ps-grace -5", SCRIPT, "--ps-grace -5 is not valid"),
     ("launch ok --restarts -1", SCRIPT, "--restarts -1 is out of range"),
+    ("launch ok --data-size lots", SCRIPT, "--data-size 'lots' is not a Kubernetes quantity"),
+    ("launch ok --log-size 5GB", SCRIPT, "--log-size '5GB' is not a Kubernetes quantity"),
     ("launch ok --backend nowhere", SCRIPT, "unknown backend 'nowhere'"),
     ("launch ok 'unclosed", SCRIPT, "check the quotes"),
     ("logs nope", None, "no local cluster named 'nope'"),

@@ -40,12 +40,11 @@ def test_deployment_is_exactly_this():
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
-                                        "fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch",
+                                        "fsGroup": 100, "fsGroupChangePolicy": "OnRootMismatch",
                                         "seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [{
                         "name": "serving",
                         "image": "tensorflow/serving:2.20.0",
-                        "imagePullPolicy": "IfNotPresent",
                         "command": ["tensorflow_model_server"],
                         "args": ["--port=8500", "--rest_api_port=8501", "--model_name=mnist",
                                  "--model_base_path=/log/models/mnist", "--file_system_poll_wait_seconds=5"],
@@ -235,7 +234,6 @@ def test_serving_from_a_url_is_exactly_this():
     assert pod["initContainers"] == [{
         "name": "fetch",
         "image": "tfk8s/tensorflow-task:0.1.0",
-        "imagePullPolicy": "IfNotPresent",
         "command": ["/opt/storage/bin/python", "-m", "tfk8s_magics.storage", "fetch-models", SOURCE,
                     "/models", "--model", "mnist"],
         "env": [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],

@@ -68,7 +68,7 @@ _NOT_KEYWORDS = {"name", "script", "script_name", "env"}
 #: Options that are spec fields under the same name.
 _SPEC_FIELDS = ("mode", "workers", "ps", "chief", "evaluator", "restart_budget", "ps_grace_period",
                 "legacy_keras", "image", "log_dir", "data_dir", "log_claim", "data_claim", "data_sync",
-                "backup_url", "credentials_secret")
+                "backup_url", "credentials_secret", "data_size", "log_size")
 
 
 def make_spec(name: str, *, script: str | None = None, **values: Any) -> ClusterSpec:

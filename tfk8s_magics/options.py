@@ -304,6 +304,9 @@ class Option:
     nargs: str | None = None
     metavar: str | None = None
     aliases: tuple[str, ...] = ()
+    #: An environment variable set to "" is the value "" (not unset): the hub's way of saying
+    #: "the cluster's default" for ``storage_class``.
+    empty_is_value: bool = False
 
     @property
     def option_string(self) -> str:
@@ -320,6 +323,8 @@ class Option:
         """The environment's value (typed), else the built-in default."""
         text = os.environ.get(self.env, "").strip() if self.env else ""
         if not text:
+            if self.empty_is_value and self.env in os.environ:
+                return ""
             return self.builtin_default()
         try:
             return self.type(text)
@@ -394,6 +399,12 @@ _OPTIONS = (
     Option("credentials_secret", str, None, "Kubernetes Secret holding the storage credentials "
            "(kubernetes; locally they come from your environment or fsspec's config)",
            check=claim_like("Secret"), commands=(*SPEC_COMMANDS, "serve"), metavar="NAME"),
+    Option("data_size", str, "10Gi", "size of the /data volume a launch creates, e.g. 50Gi "
+           "(kubernetes; not with --data-claim)", env="TFK8S_DATA_SIZE", hub_trait="data_size",
+           check=quantity, commands=SPEC_COMMANDS, metavar="SIZE"),
+    Option("log_size", str, "10Gi", "size of the /log volume a launch creates, e.g. 20Gi "
+           "(kubernetes; not with --log-claim)", env="TFK8S_LOG_SIZE", hub_trait="log_size",
+           check=quantity, commands=SPEC_COMMANDS, metavar="SIZE"),
     Option("log_claim", str, None, "existing PVC for /log (kubernetes)", check=claim,
            commands=SPEC_COMMANDS),
     Option("data_claim", str, None, "existing PVC for /data (kubernetes)", check=claim,
@@ -408,7 +419,8 @@ _OPTIONS = (
            "servers take none (kubernetes; GPU tasks get the nvidia.com/gpu toleration)",
            check=each_role(count(0, 64)), commands=SPEC_COMMANDS, metavar="N|ROLE=N"),
     Option("queue", str, None, "Kueue LocalQueue: the cluster is admitted as one gang "
-           "(kueue.x-k8s.io/queue-name; kubernetes)", commands=SPEC_COMMANDS, metavar="NAME"),
+           "(kueue.x-k8s.io/queue-name; a queue the namespace lacks is refused; kubernetes)",
+           env="TFK8S_QUEUE", hub_trait="queue", commands=SPEC_COMMANDS, metavar="NAME"),
     Option("priority", str, None, "PriorityClass of every task pod (Kueue's workload priority; "
            "kubernetes)", commands=SPEC_COMMANDS, metavar="CLASS"),
     Option("scheduler", str, None, "schedulerName of every task pod, e.g. volcano (kubernetes)",
@@ -523,8 +535,9 @@ _OPTIONS = (
            "TensorFlow for CUDA (the CPU image cannot use GPUs)",
            env="TFK8S_GPU_IMAGE", hub_trait="task_gpu_image"),
     Option("storage_class", str, DEFAULT_STORAGE_CLASS,
-           "StorageClass of the volumes the Kubernetes backend creates",
-           env="TFK8S_STORAGE_CLASS", hub_trait="storage_class"),
+           "StorageClass of the volumes the Kubernetes backend creates (set but empty: the "
+           "cluster's default class)", env="TFK8S_STORAGE_CLASS", hub_trait="storage_class",
+           empty_is_value=True),
     Option("user", str, _user_default, "the user owning the clusters (labels, records)",
            env="JUPYTERHUB_USER"),
     Option("quiet", parse_bool, True,

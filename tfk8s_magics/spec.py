@@ -136,7 +136,7 @@ def check_script(source: str, filename: str = "<cell>") -> None:
 
 #: The spec fields checked by their option's check (see :mod:`.options`).
 _CHECKED = ("mode", "workers", "ps", "chief", "evaluator", "restart_budget", "ps_grace_period",
-            "log_claim", "data_claim", "credentials_secret")
+            "log_claim", "data_claim", "credentials_secret", "data_size", "log_size")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -168,6 +168,9 @@ class ClusterSpec:
     data_dir: str | None = None
     log_claim: str | None = None
     data_claim: str | None = None
+    #: Sizes of the ``/data`` and ``/log`` claims a launch creates (None: the backend's settings).
+    data_size: str | None = None
+    log_size: str | None = None
     restart_budget: int = OPTIONS["restart_budget"].default
     ps_grace_period: float = OPTIONS["ps_grace_period"].default
     legacy_keras: bool = OPTIONS["legacy_keras"].default

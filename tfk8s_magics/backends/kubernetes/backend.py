@@ -42,7 +42,7 @@ from ..base import Backend, ClusterStatus, Coordinator, Event, LogLine, LogLocat
 from . import logs as logs_mod
 from . import state
 from .apply import apply, failure_sentence, preflight
-from .client import Api, api_reason
+from .client import KUEUE_API_VERSIONS, Api, api_reason
 from .feed import NamespaceFeed
 from .feed import events as watch_events
 from .jobset import API_VERSION, KIND, cluster_addresses, cluster_manifests, render_yaml
@@ -205,6 +205,7 @@ class KubernetesBackend(Backend):
         self._check_jobset_api()
         self._check_secret(spec)
         self._check_priority(spec)
+        self._check_queue(spec)
         if spec.mode == IN_GRAPH:
             owner = self._notebook_pod_owner()
             if owner is not None:
@@ -276,6 +277,31 @@ class KubernetesBackend(Backend):
                     "created.") from e
             raise LaunchFailed(f"could not check --priority {spec.priority!r}: "
                                f"{api_reason(e)}.") from e
+
+    def _check_queue(self, spec: ClusterSpec) -> None:
+        """Refuse a ``--queue`` the namespace has no LocalQueue of: Kueue would keep the
+        cluster suspended, "waiting for admission", for ever.  Where the service account may
+        not read LocalQueues (a chart older than this rule), the launch goes ahead."""
+        if not spec.queue:
+            return
+        try:
+            version = next((v for v in KUEUE_API_VERSIONS if self.api.serves(v)), None)
+            if version is None:
+                raise LaunchFailed(
+                    f"--queue {spec.queue!r}: this cluster does not serve Kueue's API "
+                    "(kueue.x-k8s.io), so no queue would ever admit the cluster; launch without "
+                    "--queue, or ask your administrator to install Kueue. Nothing was created.")
+            found = self.api.get(version, "LocalQueue", spec.queue)
+        except ApiException as e:
+            if e.status == 403:
+                return
+            raise LaunchFailed(f"could not check --queue {spec.queue!r}: {api_reason(e)}.") from e
+        if found is None:
+            raise LaunchFailed(
+                f"--queue {spec.queue!r}: namespace {self.settings.namespace!r} has no Kueue "
+                "LocalQueue of that name, so the cluster would wait for admission for ever; "
+                "`kubectl get localqueues` lists the queues you may use (ask your administrator "
+                "for one), or launch without --queue. Nothing was created.")
 
     def _may(self, verb: str, group: str, resource: str, name: str) -> bool:
         """Whether this service account may ``verb`` the cluster-scoped object (one

@@ -29,7 +29,11 @@ _GROUP_API = {
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
 #: Custom resources, served through ``CustomObjectsApi``: apiVersion → plural.
-_CUSTOM = {"jobset.x-k8s.io/v1alpha2": "jobsets"}
+_CUSTOM = {"jobset.x-k8s.io/v1alpha2": "jobsets",
+           # Kueue's LocalQueue, the only Kueue kind read here (newest version first)
+           "kueue.x-k8s.io/v1beta2": "localqueues", "kueue.x-k8s.io/v1beta1": "localqueues"}
+#: Kueue's API versions, newest first.
+KUEUE_API_VERSIONS = ("kueue.x-k8s.io/v1beta2", "kueue.x-k8s.io/v1beta1")
 
 
 def _snake(kind: str) -> str:

@@ -145,21 +145,25 @@ def claims(spec: ClusterSpec, settings: K8sSettings) -> list[Manifest]:
     """The PVCs to create: ``/data`` and ``/log``, except those the spec names."""
     out = []
     for component, given, size in (
-        ("data", spec.data_claim, settings.data_size),
-        ("log", spec.log_claim, settings.log_size),
+        ("data", spec.data_claim, spec.data_size or settings.data_size),
+        ("log", spec.log_claim, spec.log_size or settings.log_size),
     ):
         if given:
             continue
+        claim_spec: Manifest = {
+            "accessModes": ["ReadWriteMany"],
+            "resources": {"requests": {"storage": size}},
+        }
+        # No class named: the cluster's default class provisions it.  storageClassName ""
+        # would ask for a volume of no class, which only a pre-made PV could satisfy.
+        if settings.storage_class:
+            claim_spec["storageClassName"] = settings.storage_class
         out.append(
             {
                 "apiVersion": "v1",
                 "kind": "PersistentVolumeClaim",
                 "metadata": _meta(spec, settings, f"{spec.name}-{component}", component),
-                "spec": {
-                    "accessModes": ["ReadWriteMany"],
-                    "storageClassName": settings.storage_class,
-                    "resources": {"requests": {"storage": size}},
-                },
+                "spec": claim_spec,
             }
         )
     return out
@@ -170,12 +174,17 @@ def _pod_security(settings: K8sSettings) -> Manifest:
         "runAsNonRoot": True,
         "runAsUser": settings.run_as_user,
         "runAsGroup": settings.run_as_user,
-        "fsGroup": settings.run_as_user,
+        "fsGroup": settings.fs_group,
         # Without it the kubelet re-chowns every file of /data and /log at each mount:
         # minutes on a large shared volume.  Root of the volume right: nothing to do.
         "fsGroupChangePolicy": "OnRootMismatch",
         "seccompProfile": {"type": "RuntimeDefault"},
     }
+
+
+def pull_policy(settings: K8sSettings) -> Manifest:
+    """A container's ``imagePullPolicy``: none (Kubernetes' default) unless the settings name one."""
+    return {"imagePullPolicy": settings.image_pull_policy} if settings.image_pull_policy else {}
 
 
 _CONTAINER_SECURITY = {
@@ -319,7 +328,7 @@ def pod_spec(
     container: Manifest = {
         "name": CONTAINER,
         "image": task_image(spec, settings, role),
-        "imagePullPolicy": settings.image_pull_policy,
+        **pull_policy(settings),
         "command": task_command(spec, task),
         "workingDir": DATA_MOUNT,
         "env": env,
@@ -363,7 +372,7 @@ def tensorboard_deployment(spec: ClusterSpec, settings: K8sSettings) -> Manifest
     container = {
         "name": "tensorboard",
         "image": spec.image or settings.image,
-        "imagePullPolicy": settings.image_pull_policy,
+        **pull_policy(settings),
         "command": ["tensorboard", "--logdir", log_dir(spec), "--bind_all", "--port", str(port)],
         "env": [{"name": "HOME", "value": "/tmp"}],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],

@@ -44,6 +44,8 @@ def role_rules() -> list[dict[str, Any]]:
       LimitRange defaults as admission will, then compares with the quota.
       Nothing watches them.
     * ``deployments`` — TensorBoard.
+    * ``localqueues`` (``kueue.x-k8s.io``, get) — a launch's ``--queue`` is checked
+      first: a queue the namespace lacks would leave the cluster unadmitted for ever.
 
     No ``networkpolicies``: the namespace's isolation policy is the
     administrator's (the hub's bootstrap), and a user who could delete it
@@ -80,6 +82,7 @@ def role_rules() -> list[dict[str, Any]]:
             "resources": ["deployments"],
             "verbs": [*_READ, "create", "delete"],
         },
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "verbs": ["get"]},
     ]
 
 

@@ -47,6 +47,7 @@ from .manifests import (
     log_claim_name,
     log_dir,
     object_labels,
+    pull_policy,
 )
 from .settings import K8sSettings
 
@@ -110,7 +111,7 @@ def _server_container(spec: ClusterSpec, settings: K8sSettings, opts: ServingOpt
     return {
         "name": "serving",
         "image": opts.image,
-        "imagePullPolicy": settings.image_pull_policy,
+        **pull_policy(settings),
         # The binary directly (the image's entrypoint is a shell script): no shell, exact flags.
         "command": ["tensorflow_model_server"],
         "args": [

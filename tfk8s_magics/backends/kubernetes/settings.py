@@ -33,14 +33,20 @@ class K8sSettings:
     namespace: str = "default"
     image: str = DEFAULT_IMAGE
     gpu_image: str = DEFAULT_GPU_IMAGE
-    storage_class: str = DEFAULT_STORAGE_CLASS
+    #: "" (or None): the cluster's default StorageClass (no ``storageClassName`` is sent).
+    storage_class: str | None = DEFAULT_STORAGE_CLASS
     user: str = ""
     log_size: str = "10Gi"
     data_size: str = "10Gi"
     port: int = 2222
     tensorboard_port: int = 6006
     run_as_user: int = 1000
-    image_pull_policy: str = "IfNotPresent"
+    #: The group of every volume's files: the notebook's (jovyan's group ``users``, KubeSpawner's
+    #: ``fs_gid``), so the kubelet never re-chowns a claim the notebook and tasks share.
+    fs_group: int = 100
+    #: None: Kubernetes' own default (Always for ``:latest`` or no tag, else IfNotPresent), so
+    #: nodes never run different builds of a moving tag.
+    image_pull_policy: str | None = None
     cluster_domain: str = ""
     notebook_labels: Mapping[str, str] = field(
         default_factory=lambda: {"component": "singleuser-server"}

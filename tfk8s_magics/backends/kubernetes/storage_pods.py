@@ -143,7 +143,7 @@ def storage_container(spec: ClusterSpec, settings: K8sSettings, name: str, comma
     out: Manifest = {
         "name": name,
         "image": spec.image or settings.image,
-        "imagePullPolicy": settings.image_pull_policy,
+        **m.pull_policy(settings),
         "command": command,
         "env": [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
         "resources": copy.deepcopy(STEP_RESOURCES),
