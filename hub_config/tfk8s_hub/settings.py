@@ -158,7 +158,7 @@ class LabSettings(ExtensionDefaults):
 
     quota = Dict(
         default_value={
-            "requests.cpu": "8",
+            "requests.cpu": "12",
             "requests.memory": "32Gi",
             "limits.memory": "64Gi",
             "requests.storage": "200Gi",
