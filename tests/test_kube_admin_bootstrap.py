@@ -111,7 +111,7 @@ def test_a_spawn_keeps_what_an_admin_added_to_the_service_accounts(realkube, hub
     for sa in ("tfk8s-user", "default"):
         obj = core.read_namespaced_service_account(sa, ns)
         assert obj.metadata.annotations[IRSA] == "arn:aws:iam::123456789012:role/lab", sa
-        assert [r.name for r in obj.imagePullSecrets] == ["admin-added", "regcred"], sa
+        assert [r.name for r in obj.image_pull_secrets] == ["admin-added", "regcred"], sa
         assert obj.metadata.labels["app.kubernetes.io/managed-by"] == "tfk8s-lab-hub", sa
         managers = {(f.manager, f.operation) for f in obj.metadata.managed_fields}
         assert (FIELD_MANAGER, "Apply") in managers, managers
