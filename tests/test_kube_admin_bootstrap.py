@@ -52,8 +52,8 @@ def _kueue(kind: str, name: str, spec: dict) -> dict:
 def hub(realkube, helm):
     """A hub namespace holding the admin's Secrets, and the hub's ServiceAccount with the RBAC the
     chart renders for it (imagePullSecrets, lab.copy_secrets and lab.queue set): yields
-    ``(settings, api)`` -- the hub's LabSettings from the rendered values.json, and the API
-    objects the hub's own token reaches."""
+    ``(settings, api, token)`` -- the hub's LabSettings from the rendered values.json, the API
+    objects the hub's own token reaches, and that token."""
     hub_ns = realkube.namespace("hub")
     cq = f"cq-{uuid.uuid4().hex[:6]}"
     docs = render(helm, "--set", "imagePullSecrets={regcred}", "--set", "lab.copy_secrets={s3-creds}",
@@ -75,7 +75,7 @@ def hub(realkube, helm):
     settings = LabSettings(**json.loads(cm["data"]["values.json"])["lab"])
     token = realkube.token(hub_ns, "lab-tfk8s-lab-hub")
     client = realkube.client_with_token(token)
-    yield settings, (lambda name: getattr(kubernetes.client, name)(client))
+    yield settings, (lambda name: getattr(kubernetes.client, name)(client)), token
     rbac_api = kubernetes.client.RbacAuthorizationV1Api(realkube.admin)
     for d in rbac:
         if d["kind"] == "ClusterRole":
@@ -98,7 +98,7 @@ def _user_namespace(realkube, settings: LabSettings) -> str:
 
 
 def test_a_spawn_keeps_what_an_admin_added_to_the_service_accounts(realkube, hub):
-    settings, api = hub
+    settings, api, _ = hub
     ns = _user_namespace(realkube, settings)
     _spawn(settings, api, ns)
     core = realkube.core
@@ -125,7 +125,7 @@ def test_a_spawn_keeps_what_an_admin_added_to_the_service_accounts(realkube, hub
 
 
 def test_workload_identity_annotations_reach_both_service_accounts(realkube, hub):
-    settings, api = hub
+    settings, api, _ = hub
     settings.service_account_annotations = {"iam.gke.io/gcp-service-account": "lab@p.iam.gserviceaccount.com"}
     ns = _user_namespace(realkube, settings)
     _spawn(settings, api, ns)
@@ -135,7 +135,7 @@ def test_workload_identity_annotations_reach_both_service_accounts(realkube, hub
 
 
 def test_the_admins_secrets_are_copied_and_pods_of_default_pull_with_them(realkube, hub):
-    settings, api = hub
+    settings, api, _ = hub
     ns = _user_namespace(realkube, settings)
     _spawn(settings, api, ns)
     core = realkube.core
@@ -165,7 +165,7 @@ def test_the_admins_secrets_are_copied_and_pods_of_default_pull_with_them(realku
 def test_a_missing_secret_fails_the_spawn_with_its_name(realkube, hub):
     from tfk8s_hub.spawner import BootstrapError
 
-    settings, api = hub
+    settings, api, _ = hub
     realkube.core.delete_namespaced_secret("s3-creds", settings.hub_namespace)  # never made
     ns = _user_namespace(realkube, settings)
     with pytest.raises(BootstrapError) as err:
@@ -183,7 +183,7 @@ def test_a_missing_secret_fails_the_spawn_with_its_name(realkube, hub):
 
 
 def test_each_user_namespace_gets_a_local_queue_of_the_lab_queue(realkube, hub):
-    settings, api = hub
+    settings, api, _ = hub
     ns = _user_namespace(realkube, settings)
     _spawn(settings, api, ns)
     lq = realkube.custom.get_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", ns, "localqueues",
@@ -215,3 +215,36 @@ def test_a_launch_naming_a_missing_queue_is_refused_in_one_sentence(realkube, ku
         backend.delete("gang")
     finally:
         realkube.custom.delete_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", cq)
+
+
+def test_the_hubs_asyncio_client_applies_the_same_way(realkube, hub):
+    """In the hub the hook runs on KubeSpawner's kubernetes_asyncio clients: the same apply, with
+    the apply-patch content type, through that client's own serialiser."""
+    import kubernetes_asyncio.client as aclient
+
+    settings, _, token = hub
+    ns = _user_namespace(realkube, settings)
+    cfg = aclient.Configuration()
+    cfg.host = realkube.configuration.host
+    cfg.ssl_ca_cert = realkube.configuration.ssl_ca_cert
+    cfg.api_key = {"BearerToken": token}
+    cfg.api_key_prefix = {"BearerToken": "Bearer"}
+
+    async def spawn_twice():
+        async with aclient.ApiClient(cfg) as client:
+            hook = make_modify_pod_hook(settings, api=lambda name: getattr(aclient, name)(client))
+            spawner = SimpleNamespace(namespace=ns, log=SimpleNamespace(info=lambda *a: None))
+            await hook(spawner, None)
+            await asyncio.to_thread(realkube.core.patch_namespaced_service_account, "default", ns,
+                                    {"metadata": {"annotations": {IRSA: "arn:aws:iam::1:role/x"}},
+                                     "imagePullSecrets": [{"name": "admin-added"}, {"name": "regcred"}]})
+            await hook(spawner, None)
+
+    asyncio.run(spawn_twice())
+    sa = realkube.core.read_namespaced_service_account("default", ns)
+    assert sa.metadata.annotations[IRSA] == "arn:aws:iam::1:role/x"
+    assert [r.name for r in sa.image_pull_secrets] == ["admin-added", "regcred"]
+    assert realkube.core.read_namespaced_secret("s3-creds", ns).type == "Opaque"
+    lq = realkube.custom.get_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", ns, "localqueues",
+                                                      settings.queue)
+    assert lq["spec"]["clusterQueue"] == settings.queue
