@@ -248,3 +248,29 @@ def test_the_hubs_asyncio_client_applies_the_same_way(realkube, hub):
     lq = realkube.custom.get_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", ns, "localqueues",
                                                       settings.queue)
     assert lq["spec"]["clusterQueue"] == settings.queue
+
+
+def test_a_users_launch_names_the_copied_secret(realkube, hub):
+    """The admin's storage path end to end on the API server: the hub copies the Secret, and a
+    launch as the user's own ServiceAccount with --credentials-secret wires it into its pods."""
+    from tests.realkube import KWOK_ANNOTATIONS
+    from tfk8s_magics.backends.kubernetes import KubernetesBackend
+
+    settings, api, _ = hub
+    ns = _user_namespace(realkube, settings)
+    realkube.core.patch_namespace(ns, {"metadata": {"annotations": KWOK_ANNOTATIONS}})
+    _spawn(settings, api, ns)
+    user = realkube.client_with_token(realkube.token(ns, settings.service_account))
+    backend = KubernetesBackend(namespace=ns, api_client=user, user="ada", storage_class="standard")
+    try:
+        backend.launch(tk.make_spec("s3run", script="print(1)\n", workers=1,
+                                    backup_url="s3://bucket/run", credentials_secret="s3-creds"),
+                       detach=True)
+        js = realkube.custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", ns,
+                                                          "jobsets", "s3run")
+        refs = {ref["secretRef"]["name"] for job in js["spec"]["replicatedJobs"]
+                for c in job["template"]["spec"]["template"]["spec"]["containers"]
+                for ref in c.get("envFrom", [])}
+        assert refs == {"s3-creds"}
+    finally:  # the namespace, and the detached cluster in it, go at the session's cleanup
+        backend.close()
