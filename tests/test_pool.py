@@ -579,6 +579,42 @@ def test_a_pooled_task_dies_with_its_supervisor(local, workdir, warm):
     wait_for(lambda: not pid_alive(pid), 30, "the pooled task to die with its supervisor")
 
 
+#: A task that leaves a daemon behind: a new session, a double fork, no exec (the daemon is a copy
+#: of the pooled process, with its environment).
+DAEMONIZER = textwrap.dedent('''
+    import os, sys, time
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            with open(os.path.join(os.environ["TFK8S_LOG_DIR"], "daemon.pid"), "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(3600)
+        os._exit(0)
+    os.wait()
+    while not os.path.exists(os.path.join(os.environ["TFK8S_LOG_DIR"], "daemon.pid")):
+        time.sleep(0.05)
+    print("daemon started", flush=True)
+''')
+
+
+@pytest.mark.slow
+def test_a_daemon_double_forked_by_a_pooled_task_dies_with_its_cluster(local, workdir, warm):
+    """A pooled process's own environment (``/proc/PID/environ``, which a forked daemon copies)
+    carries its cluster's mark, as a cold task's does: the orphan sweep finds the daemon."""
+    _wait_idle(1)
+    cluster = tk.launch("e", script=DAEMONIZER, workers=1, backend=local)
+    st = cluster.wait(timeout=180)
+    assert st.phase == Phase.SUCCEEDED, cluster.logs("worker-0")
+    assert not [e for e in cluster.events() if e.reason == "StartedCold"], cluster.events()
+    daemon = int((Path(st.log_dir) / "daemon.pid").read_text())
+    try:
+        cluster.delete()
+        wait_for(lambda: not pid_alive(daemon), 20, "the task's daemon to die with its cluster")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(daemon, signal.SIGKILL)
+
+
 @pytest.mark.slow
 def test_the_pool_dies_with_its_owner_and_leaves_nothing(tmp_path, xdg_runtime):
     owner = textwrap.dedent('''
