@@ -191,6 +191,31 @@ def test_an_empty_cluster_dir_does_not_block_its_name(local, workdir):
     assert not fresh.exists()
 
 
+@pytest.mark.parametrize("winner_state", ["starting", "ended"])
+def test_the_loser_of_a_race_for_a_name_gets_advice_that_works(local, workdir, monkeypatch, winner_state):
+    """Two launches of one name at once: both checked before either made its dir, one took the
+    name.  The loser's sentence fits the state the winner's cluster is in, and following it works."""
+    from tfk8s_magics import api
+
+    script = SLEEPER if winner_state == "starting" else "print('done')\n"
+    winner = tk.launch("race", workers=1, script=script, backend=local)
+    if winner_state == "ended":
+        assert winner.wait(timeout=120).phase == Phase.SUCCEEDED
+    with monkeypatch.context() as m:
+        m.setattr(api, "_retire_previous_run", lambda *a: None)  # the loser checked before the win
+        with pytest.raises(tk.ClusterExists) as lost:
+            tk.launch("race", workers=1, script=SLEEPER, backend=local)
+    said = str(lost.value)
+    assert "launch with --replace to delete it" not in said, said
+    if winner_state == "starting":
+        assert said.startswith("another launch of cluster 'race' ran at the same moment and it is ")
+        assert "stop it first (%tfcluster stop race) and launch again, or add --replace --force" in said
+        tk.launch("race", workers=1, script=SLEEPER, backend=local, replace=True, force=True).delete()
+    else:
+        assert "has already succeeded: launch again, which replaces it" in said, said
+        tk.launch("race", workers=1, script=SLEEPER, backend=local).delete()
+
+
 # -- a replaced state dir ------------------------------------------------------------------------
 
 def test_a_supervisor_whose_dir_was_replaced_stops_its_tasks_and_leaves_the_new_cluster_alone(
