@@ -409,6 +409,54 @@ def mounts():
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
+#: A task that fills its disk and keeps trying (its log is in the state dir, the default).
+FILLS_AND_GOES_ON = (
+    "import time\n"
+    "print('up', flush=True)\n"
+    "while True:\n"
+    "    try:\n"
+    "        print('x' * 65536, flush=True)\n"
+    "    except OSError:\n"
+    "        time.sleep(0.05)\n"
+)
+
+
+def test_a_full_state_disk_fails_the_cluster_saying_so_and_a_launch_refuses_in_one_sentence(
+        workdir, tmp_path, mounts, monkeypatch):
+    from tfk8s_magics.backends.local import LocalBackend
+
+    disk = tmp_path / "small"
+    mounts(disk, "size=20m")
+    monkeypatch.setenv("TFK8S_STATE_DIR", str(disk))
+    be = LocalBackend(disk)
+    cluster = tk.launch("filler", workers=1, script=FILLS_AND_GOES_ON, backend=be)
+    try:
+        st = cluster.wait(timeout=120)
+        full = f"the disk holding {be.clusters_dir / 'filler'} is full (No space left on device)"
+        assert st.phase == Phase.FAILED and st.reason.startswith(full), (st.phase, st.reason)
+        raw = read_json(be.clusters_dir / "filler" / "status.json")
+        assert raw["supervisor_done"] and raw["phase"] == Phase.FAILED, raw  # the supervisor lived on
+        assert all(t.phase in Phase.TERMINAL and t.pid is None for t in st.tasks), st.tasks
+        wait_none_marked(cluster_id(be, "filler"))
+        # The next launch on the full disk: one sentence, no OSError chained to it.
+        with pytest.raises(tk.TFClusterError) as refused:
+            tk.launch("next", workers=1, script=SLEEPER, backend=be)
+        said = str(refused.value)
+        assert said == (f"cannot launch 'next': the disk holding {be.clusters_dir} is full (No space left "
+                        "on device): free space there (%tfcluster delete removes a cluster and its logs), "
+                        "then launch again."), said
+        assert refused.value.__cause__ is None and refused.value.__suppress_context__
+        assert not (be.clusters_dir / "next").exists()
+        script = tmp_path / "hello.py"
+        script.write_text("print('hello')\n")
+        r = subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", "launch", "next2", "--script", str(script)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "is full (No space left on device)" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    finally:
+        cluster.delete()
+
+
 def test_a_read_only_log_dir_is_one_sentence_and_nothing_left(local, workdir, tmp_path, mounts):
     ro = tmp_path / "ro"
     mounts(ro, "ro,size=1m")

@@ -33,6 +33,7 @@ It never imports TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -66,7 +67,14 @@ from ...tfconfig import cluster_def, tf_config
 from ..base import Phase
 from . import pool
 from .kerastemp import remove_keras_temp_dirs
-from .layout import ClusterDir, open_private_append, read_json, task_log_path, write_json_atomic
+from .layout import (
+    ClusterDir,
+    open_private_append,
+    overwrite_json,
+    read_json,
+    task_log_path,
+    write_json_atomic,
+)
 from .stallwatch import StallWatch
 from .status import LocalTaskStatus
 from .storage import ClusterStorage
@@ -91,6 +99,18 @@ def _how_it_ended(st: LocalTaskStatus, asked: float | None) -> str:
 #: How a peer that ended a moment before the task that lost it is described (a zombie: its end is
 #: not handled yet).
 ZOMBIE = lifecycle.ZOMBIE
+
+
+#: The errors of a write to a full disk (or a full quota).
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def say(line: str) -> None:
+    """Print ``line`` to the supervisor's log, which may be on a full disk: never raises."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 class DirReplaced(Exception):
@@ -175,31 +195,61 @@ class Supervisor:
             with open_private_append(self.cdir.events.name, self.dir_fd) as f:
                 f.write((line + "\n").encode())
         except OSError as e:  # the status still says what happened; say it here too
-            print(f"tfk8s: cannot write {self.cdir.events}: {e.strerror or e}", file=sys.stderr, flush=True)
+            say(f"tfk8s: cannot write {self.cdir.events}: {e.strerror or e}")
+            if e.errno in DISK_FULL:
+                self.disk_full()
+
+    def disk_full(self) -> None:
+        """The disk holding the cluster's dir is full: fail the cluster saying so (its tasks are
+        stopped, so nothing fills it further); status.json is then written in place."""
+        if self.phase not in Phase.TERMINAL:
+            self.fail(f"the disk holding {self.cdir.root} is full (No space left on device): "
+                      "free space there, then launch again")
+            self.event("", "DiskFull", self.reason, "Warning")
+
+    def check_disk(self) -> None:
+        """Fail the cluster once the disk holding its dir has no free block left for its user."""
+        try:
+            full = os.statvfs(self.dir_fd).f_bavail == 0
+        except OSError:
+            return
+        if full:
+            self.disk_full()
 
     def write_status(self, done: bool = False) -> None:
-        """Rewrite ``status.json`` atomically; ``done`` tells readers the supervisor has finished."""
+        """Rewrite ``status.json`` atomically; ``done`` tells readers the supervisor has finished.
+        On a full disk the cluster fails saying so, and the status is written over the old one."""
         self.check_identity()
-        write_json_atomic(
-            self.cdir.status,
-            {
-                "id": self.cluster_id,
-                "phase": self.phase,
-                "reason": self.reason,
-                "finished": self.finished,
-                "supervisor_pid": os.getpid(),
-                "supervisor_start": start_time(os.getpid()),
-                "watchdog_pid": self.watchdog_pid,
-                "supervisor_done": done,
-                "restarts_used": self.rule.restarts_used,
-                "tasks": [asdict(t.status) for t in self.tasks.values()],
-                "stall": self.stalls.stall.to_dict() if self.stalls.stall else None,
-                "isolation": self.isolation,
-                "updated": time.time(),
-            },
-            dir_fd=self.dir_fd,
-        )
+        try:
+            write_json_atomic(self.cdir.status, self._status(done), dir_fd=self.dir_fd)
+        except OSError as e:
+            if e.errno not in DISK_FULL:
+                raise
+            self.disk_full()
+            try:
+                overwrite_json(self.cdir.status, self._status(done), self.dir_fd)
+            except OSError as again:  # no block left even for that: tried again at the next change
+                say(f"tfk8s: cannot write {self.cdir.status}: {again.strerror or again}")
+                return
         self.dirty = False
+
+    def _status(self, done: bool) -> dict:
+        """What ``status.json`` says now."""
+        return {
+            "id": self.cluster_id,
+            "phase": self.phase,
+            "reason": self.reason,
+            "finished": self.finished,
+            "supervisor_pid": os.getpid(),
+            "supervisor_start": start_time(os.getpid()),
+            "watchdog_pid": self.watchdog_pid,
+            "supervisor_done": done,
+            "restarts_used": self.rule.restarts_used,
+            "tasks": [asdict(t.status) for t in self.tasks.values()],
+            "stall": self.stalls.stall.to_dict() if self.stalls.stall else None,
+            "isolation": self.isolation,
+            "updated": time.time(),
+        }
 
     # -- task processes -----------------------------------------------------
     def _env(self, t: _Task) -> dict[str, str]:
@@ -758,6 +808,7 @@ class Supervisor:
                            "sent SIGKILL", "Warning")
         if now >= self.identity_at:
             self.check_identity()
+            self.check_disk()
         self.check_stall(now)
 
     # -- stalls (the rule is in tfk8s_magics.stall) --------------------------
@@ -907,7 +958,8 @@ def main(argv: list[str] | None = None) -> int:
         sup.abandon(str(e))
         return 1
     except BaseException:
-        traceback.print_exc()
+        with contextlib.suppress(OSError):  # the log may be on a full disk
+            traceback.print_exc()
         for t in sup.tasks.values():
             if t.proc is not None and t.proc.returncode is None:
                 sup.signal_task(t, signal.SIGKILL)
