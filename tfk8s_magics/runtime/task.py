@@ -48,6 +48,7 @@ from ..scriptcheck import COLLECTIVE_WITH_PS
 from ..spec import Task
 from ..taskenv import import_tensorflow
 from . import stopsignal
+from .leave import leave_together
 from .exitcodes import (
     BROKEN_MARK,
     EXIT_PEER_LOST,
@@ -345,6 +346,11 @@ def main() -> int:
     tf_config = json.loads(os.environ["TF_CONFIG"])
     script = os.environ.get("TFK8S_SCRIPT")
     code = run_script(script) if script else run_server(tf_config)
+    if script and code == 0:
+        try:
+            leave_together()  # no succeeded peer is taken for crashed (see .leave)
+        except SystemExit:  # stopped while it waited: the script had succeeded
+            pass
     sys.stdout.flush()
     sys.stderr.flush()
     return code
