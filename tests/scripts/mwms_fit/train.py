@@ -4,9 +4,8 @@
 import json
 import os
 
-import tensorflow as tf
-
 import digits  # found in this script's folder, as a user's own module is
+import tensorflow as tf
 
 workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
