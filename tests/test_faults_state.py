@@ -449,8 +449,8 @@ def test_a_full_state_disk_fails_the_cluster_saying_so_and_a_launch_refuses_in_o
         assert not (be.clusters_dir / "next").exists()
         script = tmp_path / "hello.py"
         script.write_text("print('hello')\n")
-        r = subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", "launch", "next2", "--script", str(script)],
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", "launch", "next2", "--script",
+                            str(script)], capture_output=True, text=True, timeout=120)
         assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert "is full (No space left on device)" in r.stderr and "Traceback" not in r.stderr, r.stderr
     finally:

@@ -756,8 +756,8 @@ def test_every_variable_the_supervisor_gives_a_task_is_read_late_or_the_pools():
     made every task start cold (TFK8S_SCRIPT_IS_CELL did)."""
     import inspect
 
-    from tfk8s_magics.backends.local import supervisor
+    from tfk8s_magics.backends.local import taskproc
 
-    src = inspect.getsource(supervisor.Supervisor._env)
+    src = inspect.getsource(taskproc.TaskProcesses.env)
     for name in re.findall(r'reserved\["(TFK8S_[A-Z_]+)"\]', src) + re.findall(r'"(TFK8S_[A-Z_]+)":', src):
         assert name in pool.LATE, name

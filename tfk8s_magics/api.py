@@ -290,7 +290,7 @@ def _taken_meanwhile(name: str, be: Backend) -> str:
     try:
         st = Cluster(name, be).status()
     except ClusterNotFound:
-        return f"another launch of cluster {name!r} ran at the same moment and has already gone: launch again."
+        return f"another launch of cluster {name!r} ran at the same moment and is gone already: launch again."
     if st.phase == Phase.UNKNOWN:
         return (f"another launch of cluster {name!r} is creating it at this moment ({st.reason}): see it "
                 f"with %tfcluster status {name}, or remove it with %tfcluster delete {name} --force and "

@@ -48,7 +48,6 @@ from ..scriptcheck import COLLECTIVE_WITH_PS
 from ..spec import Task
 from ..taskenv import import_tensorflow
 from . import stopsignal
-from .leave import leave_together
 from .exitcodes import (
     BROKEN_MARK,
     EXIT_PEER_LOST,
@@ -57,6 +56,7 @@ from .exitcodes import (
     PORT_TAKEN_MARK,
     TERMINATION_FILE_ENV,
 )
+from .leave import leave_together
 
 
 def task_from_env(environ: MutableMapping[str, str]) -> Task | None:
