@@ -732,6 +732,30 @@ def test_a_kernel_with_a_warm_pool_imports_tensorflow_in_the_background(tmp_path
                    "imported": on, "tf": on}, out
 
 
+@pytest.mark.slow
+def test_a_kernel_that_exits_during_its_background_import_finishes_it_first(tmp_path, xdg_runtime):
+    """A process that used the lab and exits while its warm kernel still imports TensorFlow (a
+    sequence faster than the import) tore the interpreter down under that import: a segfault at
+    exit (139) in some runs.  No lab thread may be inside TensorFlow's import when the interpreter
+    finalizes: by the last exit handler, the import has finished."""
+    kernel = textwrap.dedent('''
+        import atexit, sys, threading
+        def last():  # registered first: runs after every other exit handler
+            alive = [t.name for t in threading.enumerate() if t.name.startswith("tfk8s-")]
+            print("ALIVE AT EXIT", alive, "tensorflow" in sys.modules, flush=True)
+        atexit.register(last)
+        from tfk8s_magics.backends.local import pool
+        assert pool.ensure()
+        pool.shutdown()
+    ''')
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", kernel], capture_output=True,
+                              text=True, timeout=600, cwd=tmp_path,
+                              env={**os.environ, "TFK8S_POOL_SIZE": "1", "TFK8S_WARM_KERNEL": "1"})
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "ALIVE AT EXIT [] True" in done.stdout, done.stdout + done.stderr[-3000:]
+
+
 def test_tfcluster_list_shows_what_the_warm_pools_of_this_user_hold(warm, capsys):
     """Issue 27 item 10: two warm TensorFlow processes per kernel were shown nowhere."""
     from IPython import get_ipython
