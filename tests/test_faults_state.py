@@ -191,6 +191,31 @@ def test_an_empty_cluster_dir_does_not_block_its_name(local, workdir):
     assert not fresh.exists()
 
 
+@pytest.mark.parametrize("winner_state", ["starting", "ended"])
+def test_the_loser_of_a_race_for_a_name_gets_advice_that_works(local, workdir, monkeypatch, winner_state):
+    """Two launches of one name at once: both checked before either made its dir, one took the
+    name.  The loser's sentence fits the state the winner's cluster is in, and following it works."""
+    from tfk8s_magics import api
+
+    script = SLEEPER if winner_state == "starting" else "print('done')\n"
+    winner = tk.launch("race", workers=1, script=script, backend=local)
+    if winner_state == "ended":
+        assert winner.wait(timeout=120).phase == Phase.SUCCEEDED
+    with monkeypatch.context() as m:
+        m.setattr(api, "_retire_previous_run", lambda *a: None)  # the loser checked before the win
+        with pytest.raises(tk.ClusterExists) as lost:
+            tk.launch("race", workers=1, script=SLEEPER, backend=local)
+    said = str(lost.value)
+    assert "launch with --replace to delete it" not in said, said
+    if winner_state == "starting":
+        assert said.startswith("another launch of cluster 'race' ran at the same moment and it is ")
+        assert "stop it first (%tfcluster stop race) and launch again, or add --replace --force" in said
+        tk.launch("race", workers=1, script=SLEEPER, backend=local, replace=True, force=True).delete()
+    else:
+        assert "has already succeeded: launch again, which replaces it" in said, said
+        tk.launch("race", workers=1, script=SLEEPER, backend=local).delete()
+
+
 # -- a replaced state dir ------------------------------------------------------------------------
 
 def test_a_supervisor_whose_dir_was_replaced_stops_its_tasks_and_leaves_the_new_cluster_alone(
@@ -382,6 +407,54 @@ def mounts():
     yield lambda path, options: (_mount_tmpfs(path, options), made.append(path))
     for path in reversed(made):
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+#: A task that fills its disk and keeps trying (its log is in the state dir, the default).
+FILLS_AND_GOES_ON = (
+    "import time\n"
+    "print('up', flush=True)\n"
+    "while True:\n"
+    "    try:\n"
+    "        print('x' * 65536, flush=True)\n"
+    "    except OSError:\n"
+    "        time.sleep(0.05)\n"
+)
+
+
+def test_a_full_state_disk_fails_the_cluster_saying_so_and_a_launch_refuses_in_one_sentence(
+        workdir, tmp_path, mounts, monkeypatch):
+    from tfk8s_magics.backends.local import LocalBackend
+
+    disk = tmp_path / "small"
+    mounts(disk, "size=20m")
+    monkeypatch.setenv("TFK8S_STATE_DIR", str(disk))
+    be = LocalBackend(disk)
+    cluster = tk.launch("filler", workers=1, script=FILLS_AND_GOES_ON, backend=be)
+    try:
+        st = cluster.wait(timeout=120)
+        full = f"the disk holding {be.clusters_dir / 'filler'} is full (No space left on device)"
+        assert st.phase == Phase.FAILED and st.reason.startswith(full), (st.phase, st.reason)
+        raw = read_json(be.clusters_dir / "filler" / "status.json")
+        assert raw["supervisor_done"] and raw["phase"] == Phase.FAILED, raw  # the supervisor lived on
+        assert all(t.phase in Phase.TERMINAL and t.pid is None for t in st.tasks), st.tasks
+        wait_none_marked(cluster_id(be, "filler"))
+        # The next launch on the full disk: one sentence, no OSError chained to it.
+        with pytest.raises(tk.TFClusterError) as refused:
+            tk.launch("next", workers=1, script=SLEEPER, backend=be)
+        said = str(refused.value)
+        assert said == (f"cannot launch 'next': the disk holding {be.clusters_dir} is full (No space left "
+                        "on device): free space there (%tfcluster delete removes a cluster and its logs), "
+                        "then launch again."), said
+        assert refused.value.__cause__ is None and refused.value.__suppress_context__
+        assert not (be.clusters_dir / "next").exists()
+        script = tmp_path / "hello.py"
+        script.write_text("print('hello')\n")
+        r = subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", "launch", "next2", "--script",
+                            str(script)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "is full (No space left on device)" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    finally:
+        cluster.delete()
 
 
 def test_a_read_only_log_dir_is_one_sentence_and_nothing_left(local, workdir, tmp_path, mounts):

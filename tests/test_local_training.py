@@ -29,6 +29,33 @@ def test_mwms_workers_all_reduce_across_processes_and_fit(local, workdir):
     assert "loss" in st.progress.metrics  # the final record keeps the last batch's metrics
 
 
+#: Two workers all-reduce once; then worker-0 (the coordination service's leader) works on for
+#: longer than TensorFlow's heartbeat timeout (10 s), as a chief's final save or evaluation does.
+CHIEF_LINGERS = (
+    "import json, os, time\n"
+    "import tensorflow as tf\n"
+    "strategy = tf.distribute.MultiWorkerMirroredStrategy()\n"
+    "with strategy.scope():\n"
+    "    v = tf.Variable(1.0)\n"
+    "print('sum', strategy.reduce('SUM', strategy.run(lambda: v * 2.0), axis=None).numpy(), flush=True)\n"
+    "if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 0:\n"
+    "    time.sleep(15)\n"
+    "print('done', flush=True)\n"
+)
+
+
+def test_a_succeeded_run_whose_chief_ends_last_has_no_crash_message_in_its_logs(local, workdir):
+    """Without a common end, worker-1's exit stops its heartbeats and worker-0, still running 10 s
+    later, logs ``StartAbort … stopped sending heartbeats … The tasks have crashed``."""
+    cluster = tk.launch("lingers", workers=2, ps=0, script=CHIEF_LINGERS, backend=local)
+    st = cluster.wait(timeout=240)
+    logs = cluster.logs()
+    assert st.phase == Phase.SUCCEEDED, logs[-3000:]
+    assert logs.count("sum 4.0") == 2 and logs.count("done") == 2, logs[-3000:]
+    for crash in ("StartAbort", "stopped sending heartbeats", "The tasks have crashed"):
+        assert crash not in logs, logs[-3000:]
+
+
 def test_tf1_parameter_servers_hold_the_variables(local, workdir):
     cluster = tk.launch("tf1", workers=2, ps=2, ps_grace_period=0,
                         script_path=str(SCRIPTS / "tf1_ps.py"), backend=local)

@@ -26,7 +26,7 @@ SCRIPT = "print('hello')\n"
 
 BAD = [
     ("", None, "needs a subcommand"),
-    ("frobnicate x", None, "unknown subcommand 'frobnicate'"),
+    ("frobnicate x", None, "unknown subcommand 'frobnicate': the subcommands are launch, "),
     ("launch ok --bogus 1", SCRIPT,
      "%tfcluster launch: unknown option --bogus (%tfcluster launch --help lists its options)"),
     ("launch Bad_Name", SCRIPT, "cluster name 'Bad_Name' is not valid"),
@@ -112,6 +112,14 @@ def test_help_lists_subcommands(ip, capsys):
 
 
 # -- issue 27 item 8: "did you mean", per-subcommand help, one sentence in both front ends -------
+def test_an_unknown_subcommand_is_one_sentence_ending_with_a_period(ip):
+    with pytest.raises(UsageError) as err:
+        run(ip, "frobnicate x")
+    said = str(err.value)
+    assert said.startswith("unknown subcommand 'frobnicate': the subcommands are launch, ")
+    assert said.endswith("(%tfcluster --help).") and said.count(". ") == 0, said
+
+
 @pytest.mark.parametrize("line, message", [
     ("launch x --wokers 2", "%tfcluster launch: unknown option --wokers; did you mean --workers? "
                             "(%tfcluster launch --help lists its options)"),
@@ -139,6 +147,7 @@ def test_top_level_help_points_to_each_subcommands_full_help(ip, capsys):
                                        "(tfk8s launch --help lists its options)"),
     (["lisst"], "tfk8s: unknown subcommand 'lisst'; did you mean list?"),
     (["launch", "x", "--workers", "abc"], "tfk8s launch: argument --workers: 'abc' is not a whole number"),
+    (["frobnicate"], "tfk8s: unknown subcommand 'frobnicate': the subcommands are "),
 ])
 def test_the_cli_says_its_mistakes_in_one_cli_sentence(argv, message, tmp_path):
     import os
@@ -154,6 +163,25 @@ def test_the_cli_says_its_mistakes_in_one_cli_sentence(argv, message, tmp_path):
     assert message in out.stderr, out.stderr
     assert "usage:" not in out.stderr and "%tfcluster" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_the_cli_never_tells_a_terminal_to_use_a_cell(tmp_path):
+    """A terminal has no cell: a launch without a script is told to give --script."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TFK8S_STATE_DIR": str(tmp_path)}
+    for argv, says in ((["launch", "x"], "needs a training script: give it as --script PATH."),
+                       (["launch", "x", "--mode", "in-graph", "--ps", "1", "--script", __file__],
+                        "an in-graph launch takes no --script"),
+                       (["frobnicate"], "(tfk8s --help).")):
+        out = subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", *argv], capture_output=True,
+                             text=True, env=env, timeout=120)
+        assert out.returncode == 2 and says in out.stderr, out.stderr
+        assert "cell" not in out.stderr and out.stderr.rstrip().endswith("."), out.stderr
 
 
 @pytest.mark.parametrize("line, argv", [

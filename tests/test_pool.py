@@ -579,6 +579,42 @@ def test_a_pooled_task_dies_with_its_supervisor(local, workdir, warm):
     wait_for(lambda: not pid_alive(pid), 30, "the pooled task to die with its supervisor")
 
 
+#: A task that leaves a daemon behind: a new session, a double fork, no exec (the daemon is a copy
+#: of the pooled process, with its environment).
+DAEMONIZER = textwrap.dedent('''
+    import os, sys, time
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            with open(os.path.join(os.environ["TFK8S_LOG_DIR"], "daemon.pid"), "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(3600)
+        os._exit(0)
+    os.wait()
+    while not os.path.exists(os.path.join(os.environ["TFK8S_LOG_DIR"], "daemon.pid")):
+        time.sleep(0.05)
+    print("daemon started", flush=True)
+''')
+
+
+@pytest.mark.slow
+def test_a_daemon_double_forked_by_a_pooled_task_dies_with_its_cluster(local, workdir, warm):
+    """A pooled process's own environment (``/proc/PID/environ``, which a forked daemon copies)
+    carries its cluster's mark, as a cold task's does: the orphan sweep finds the daemon."""
+    _wait_idle(1)
+    cluster = tk.launch("e", script=DAEMONIZER, workers=1, backend=local)
+    st = cluster.wait(timeout=180)
+    assert st.phase == Phase.SUCCEEDED, cluster.logs("worker-0")
+    assert not [e for e in cluster.events() if e.reason == "StartedCold"], cluster.events()
+    daemon = int((Path(st.log_dir) / "daemon.pid").read_text())
+    try:
+        cluster.delete()
+        wait_for(lambda: not pid_alive(daemon), 20, "the task's daemon to die with its cluster")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(daemon, signal.SIGKILL)
+
+
 @pytest.mark.slow
 def test_the_pool_dies_with_its_owner_and_leaves_nothing(tmp_path, xdg_runtime):
     owner = textwrap.dedent('''
@@ -696,6 +732,30 @@ def test_a_kernel_with_a_warm_pool_imports_tensorflow_in_the_background(tmp_path
                    "imported": on, "tf": on}, out
 
 
+@pytest.mark.slow
+def test_a_kernel_that_exits_during_its_background_import_finishes_it_first(tmp_path, xdg_runtime):
+    """A process that used the lab and exits while its warm kernel still imports TensorFlow (a
+    sequence faster than the import) tore the interpreter down under that import: a segfault at
+    exit (139) in some runs.  No lab thread may be inside TensorFlow's import when the interpreter
+    finalizes: by the last exit handler, the import has finished."""
+    kernel = textwrap.dedent('''
+        import atexit, sys, threading
+        def last():  # registered first: runs after every other exit handler
+            alive = [t.name for t in threading.enumerate() if t.name.startswith("tfk8s-")]
+            print("ALIVE AT EXIT", alive, "tensorflow" in sys.modules, flush=True)
+        atexit.register(last)
+        from tfk8s_magics.backends.local import pool
+        assert pool.ensure()
+        pool.shutdown()
+    ''')
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", kernel], capture_output=True,
+                              text=True, timeout=600, cwd=tmp_path,
+                              env={**os.environ, "TFK8S_POOL_SIZE": "1", "TFK8S_WARM_KERNEL": "1"})
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "ALIVE AT EXIT [] True" in done.stdout, done.stdout + done.stderr[-3000:]
+
+
 def test_tfcluster_list_shows_what_the_warm_pools_of_this_user_hold(warm, capsys):
     """Issue 27 item 10: two warm TensorFlow processes per kernel were shown nowhere."""
     from IPython import get_ipython
@@ -720,8 +780,8 @@ def test_every_variable_the_supervisor_gives_a_task_is_read_late_or_the_pools():
     made every task start cold (TFK8S_SCRIPT_IS_CELL did)."""
     import inspect
 
-    from tfk8s_magics.backends.local import supervisor
+    from tfk8s_magics.backends.local import taskproc
 
-    src = inspect.getsource(supervisor.Supervisor._env)
+    src = inspect.getsource(taskproc.TaskProcesses.env)
     for name in re.findall(r'reserved\["(TFK8S_[A-Z_]+)"\]', src) + re.findall(r'"(TFK8S_[A-Z_]+)":', src):
         assert name in pool.LATE, name

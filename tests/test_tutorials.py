@@ -1,16 +1,17 @@
-"""TensorFlow's three published distributed-training patterns, run on the lab as published
-with at most one line changed (real TensorFlow, local backend, tf-keras as the tutorials need).
+"""The three distributed-training patterns of TensorFlow's guides, each as a script of ours run on
+the lab (real TensorFlow, local backend, tf-keras):
 
-* multi-worker Keras ``fit`` with a helper module imported from the script's folder;
-* a multi-worker custom training loop;
+* multi-worker Keras ``fit`` with a helper module imported from the script's folder
+  (``scripts/mwms_fit/``);
+* a multi-worker custom training loop (``scripts/mwms_loop.py``);
 * ``ParameterServerStrategy`` built by the user's code from ``tk.resolver`` with a variable
-  partitioner, then ``fit``, a custom loop over ``ClusterCoordinator``, and evaluation.
+  partitioner, then ``fit``, a custom loop over ``ClusterCoordinator``, and evaluation
+  (``scripts/ps_coordinator.py``).
 
-Their datasets are random data of MNIST's shape (no network to download MNIST here).
+Their data is made by the scripts (nothing is downloaded).
 """
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ SCRIPTS = Path(__file__).parent / "scripts"
 
 def test_multi_worker_keras_fit_with_a_helper_module_beside_the_script(local, workdir):
     cluster = tk.launch("kerasfit", workers=2, ps=0, backend=local,
-                        script_path=str(SCRIPTS / "tutorial_mwms_fit" / "main.py"))
+                        script_path=str(SCRIPTS / "mwms_fit" / "train.py"))
     st = cluster.wait(timeout=600)
     logs = cluster.logs()
     assert st.phase == Phase.SUCCEEDED, logs[-4000:]
@@ -37,7 +38,7 @@ def test_multi_worker_keras_fit_with_a_helper_module_beside_the_script(local, wo
 
 def test_multi_worker_custom_training_loop(local, workdir):
     cluster = tk.launch("ctl", workers=2, ps=0, backend=local,
-                        script_path=str(SCRIPTS / "tutorial_mwms_ctl.py"))
+                        script_path=str(SCRIPTS / "mwms_loop.py"))
     st = cluster.wait(timeout=600)
     logs = cluster.logs()
     assert st.phase == Phase.SUCCEEDED, logs[-4000:]
@@ -46,9 +47,8 @@ def test_multi_worker_custom_training_loop(local, workdir):
 
 def test_parameter_server_training_from_a_resolver_with_fit_custom_loop_and_evaluation(state_dir, tmp_path):
     tk.launch("pstutorial", mode="in-graph", ps=2, workers=2, backend="local", wait_ready=300)
-    shutil.rmtree("/tmp/my_working_dir", ignore_errors=True)  # the tutorial's own path
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "tutorial_ps.py")], env=env, cwd=tmp_path,
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "ps_coordinator.py")], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
@@ -57,4 +57,3 @@ def test_parameter_server_training_from_a_resolver_with_fit_custom_loop_and_eval
     assert "Epoch 5/5" in out  # Model.fit
     assert "Finished epoch 3, accuracy is" in proc.stdout and "Final loss is" in proc.stdout
     assert proc.stdout.count("Evaluation accuracy:") == 2  # inline and distributed
-    shutil.rmtree("/tmp/my_working_dir", ignore_errors=True)

@@ -250,7 +250,12 @@ def launch(
     kept = _retire_previous_run(spec.name, be, replace, force)
     if spec.mode == IN_GRAPH and prepare_client:
         ingraph.preimport(spec.legacy_keras)  # this process will be the client: import TF meanwhile
-    be.launch(spec, detach=detach)
+    try:
+        be.launch(spec, detach=detach)
+    except ClusterExists:
+        # Another launch took the name between our check and our own (two launches at once): advice
+        # for the state that cluster is in now, not for the one we checked.
+        raise ClusterExists(_taken_meanwhile(spec.name, be)) from None
     cluster = Cluster(spec.name, be)
     be.attach_previous(spec.name, kept)
     if wait_ready is not None:
@@ -278,6 +283,25 @@ def _retire_previous_run(name: str, be: Backend, replace: bool, force: bool) -> 
         old.delete()
         return None
     return be.retire_for_rerun(name)
+
+
+def _taken_meanwhile(name: str, be: Backend) -> str:
+    """The sentence for the loser of a race for cluster name ``name``: what works in the state the
+    winner's cluster is in now (starting or running, already ended, being created, gone again)."""
+    try:
+        st = Cluster(name, be).status()
+    except ClusterNotFound:
+        return f"another launch of cluster {name!r} ran at the same moment and is gone already: launch again."
+    if st.phase == Phase.UNKNOWN:
+        return (f"another launch of cluster {name!r} is creating it at this moment ({st.reason}): see it "
+                f"with %tfcluster status {name}, or remove it with %tfcluster delete {name} --force and "
+                "launch again.")
+    if st.terminal:
+        return (f"another launch of cluster {name!r} ran at the same moment and has already {st.phase}: "
+                "launch again, which replaces it (its logs are kept as the previous run).")
+    return (f"another launch of cluster {name!r} ran at the same moment and it is {st.phase} now: stop it "
+            f"first (%tfcluster stop {name}) and launch again, or add --replace --force to replace it "
+            "while it runs.")
 
 
 def get(name: str, backend: str | Backend | None = None) -> Cluster:

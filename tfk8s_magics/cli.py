@@ -62,8 +62,18 @@ _FOLLOW = options.Option("follow", options.parse_bool, False,
 def cli_syntax(text: str) -> str:
     """An error's advice in this command line's syntax: the library's sentences name the
     notebook's ``%tfcluster SUBCOMMAND ...``, which here is ``tfk8s SUBCOMMAND ...`` (the same
-    subcommands and flags)."""
+    subcommands and flags).  What only a notebook has (a cell body) is said the terminal's way."""
+    for notebook, terminal in _NOTEBOOK_ONLY:
+        text = text.replace(notebook, terminal)
     return text.replace("%%tfcluster ", "tfk8s ").replace("%tfcluster ", "tfk8s ")
+
+
+#: The library's advice that names a notebook's cell, and what a terminal offers instead.
+_NOTEBOOK_ONLY = (
+    ("put it in the cell body of %%tfcluster launch, or give --script PATH", "give it as --script PATH"),
+    ("takes no cell body or --script", "takes no --script"),
+    ("run the training code in a normal cell after", "run the training code in a Python session after"),
+)
 
 
 class _Parser(options.SuggestingParser):

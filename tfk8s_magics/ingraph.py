@@ -86,8 +86,12 @@ def preimport(legacy_keras: bool | None) -> None:
             return
         if legacy_keras:
             os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # before the import, as below
+        # Not a daemon: a process that exits while TensorFlow is still being imported (a short
+        # launch, wait, logs, delete) first lets the import finish, as the interpreter joins such
+        # threads before its exit handlers run.  Torn down under a half-done import, or finishing
+        # it inside an exit handler, the process segfaults at exit (exit 139).
         _preimport = threading.Thread(target=_import_in_background, name="tfk8s-import-tensorflow",
-                                      daemon=True)
+                                      daemon=False)
         _preimport.start()
 
 

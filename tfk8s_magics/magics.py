@@ -92,7 +92,7 @@ class TFClusterMagics(Magics, MagicDefaults):
         if not argv:
             raise UsageError(f"%tfcluster needs a subcommand: one of {', '.join(SUBCOMMANDS)}.")
         if argv[0] not in SUBCOMMANDS and not argv[0].startswith("-"):
-            raise UsageError(options.unknown_subcommand(argv[0], SUBCOMMANDS, "%tfcluster") + ".")
+            raise UsageError(options.unknown_subcommand(argv[0], SUBCOMMANDS, "%tfcluster"))
         try:
             return self._parser().parse_args(argv)
         except _HelpShown:

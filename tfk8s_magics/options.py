@@ -689,8 +689,10 @@ def unknown_subcommand(word: str, commands: Iterable[str], prog: str) -> str:
     """The sentence for a subcommand that does not exist (with the closest one, if any)."""
     names = list(commands)
     close = difflib.get_close_matches(word, names, n=1, cutoff=0.5)
-    hint = f"; did you mean {close[0]}?" if close else ""
-    return f"unknown subcommand {word!r}{hint} The subcommands: {', '.join(names)} ({prog} --help)"
+    listed = f"the subcommands are {', '.join(names)} ({prog} --help)."
+    if close:
+        return f"unknown subcommand {word!r}; did you mean {close[0]}? {listed[0].upper()}{listed[1:]}"
+    return f"unknown subcommand {word!r}: {listed}"
 
 
 def add_option(parser: argparse.ArgumentParser, opt: Option, default: Any) -> None:

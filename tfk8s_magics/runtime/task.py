@@ -56,6 +56,7 @@ from .exitcodes import (
     PORT_TAKEN_MARK,
     TERMINATION_FILE_ENV,
 )
+from .leave import leave_together
 
 
 def task_from_env(environ: MutableMapping[str, str]) -> Task | None:
@@ -345,6 +346,11 @@ def main() -> int:
     tf_config = json.loads(os.environ["TF_CONFIG"])
     script = os.environ.get("TFK8S_SCRIPT")
     code = run_script(script) if script else run_server(tf_config)
+    if script and code == 0:
+        try:
+            leave_together()  # no succeeded peer is taken for crashed (see .leave)
+        except SystemExit:  # stopped while it waited: the script had succeeded
+            pass
     sys.stdout.flush()
     sys.stderr.flush()
     return code

@@ -15,6 +15,7 @@ that is refused behind the loopback shim.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -239,6 +240,19 @@ class LocalBackend(Backend):
 
     def launch(self, spec: ClusterSpec, *, detach: bool = False) -> ClusterStatus:
         self.preflight(spec)
+        try:
+            return self._launch(spec, detach)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # Rolled back already; one sentence, not the OSError's chain.
+            raise BackendError(
+                f"cannot launch {spec.name!r}: the disk holding {self.clusters_dir} is full "
+                f"({e.strerror}): free space there (%tfcluster delete removes a cluster and its "
+                "logs), then launch again."
+            ) from None
+
+    def _launch(self, spec: ClusterSpec, detach: bool) -> ClusterStatus:
         cdir = self._make_cluster_dir(spec.name)
         created: list[Path] = [cdir.root]  # removed again if the launch fails
         sup: subprocess.Popen | None = None

@@ -64,6 +64,20 @@ def write_json_atomic(path: Path, data: Any, dir_fd: int | None = None) -> None:
         raise
 
 
+def overwrite_json(path: Path, data: Any, dir_fd: int) -> None:
+    """Write JSON over the existing file ``path`` in place, padded with spaces to its old length,
+    for a disk too full for :func:`write_json_atomic`'s new file: it reuses the blocks the file
+    has (no new one while the text fits in them), and a reader sees old text, new text, or new
+    text with trailing spaces, never a truncated document.  Raises OSError if it cannot."""
+    fd = os.open(path.name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        text = json.dumps(data).encode()
+        old = os.fstat(fd).st_size
+        os.pwrite(fd, text + b" " * max(0, old - len(text)), 0)
+    finally:
+        os.close(fd)
+
+
 def open_private_append(name: str, dir_fd: int, readable: bool = False):
     """Open ``name`` in the directory ``dir_fd`` for appending (binary), created 0600.
 

@@ -28,6 +28,7 @@ from ....isolation import netns
 from ....lifeline import open_pidfd, set_parent_death_signal
 from ..layout import read_bounded
 from .compat import mismatch, shim_off
+from .envmark import exec_env
 from .priority import REFILL_NICE, _autogroup_nice, autogroup_nice
 from .protocol import (
     ANY,
@@ -241,7 +242,7 @@ class Daemon:
             with open(self.dir / "workers.log", "ab") as log:
                 proc = subprocess.Popen(
                     [sys.executable, "-c", WORKER_ENTRY, str(theirs.fileno())],
-                    env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log,
+                    env=exec_env(self.env), cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log,
                     stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),), start_new_session=True,
                     preexec_fn=before_exec,
                 )

@@ -11,6 +11,8 @@ import sys
 from .... import taskenv
 from ....isolation import shim as loopback_shim
 from ....runtime import task
+from ..watchdog import CLUSTER_ID_ENV
+from .envmark import write_cluster_id
 from .priority import _autogroup_nice, autogroup_nice
 from .protocol import MAX_MESSAGE, _message
 
@@ -44,6 +46,11 @@ def worker(fd: int) -> int:
         except (OSError, ValueError) as e:
             sock.send(f"cold:cannot switch the loopback shim off ({e})".encode())
             return 0
+    try:  # marked as its cluster's before any of the task's code runs (and forks)
+        write_cluster_id(assignment["env"].get(CLUSTER_ID_ENV, ""))
+    except OSError as e:
+        sock.send(f"cold:cannot mark the warm process as the cluster's ({e})".encode())
+        return 0
     sock.send(b"ok")
     sock.close()
     sys.stdout.flush()
