@@ -24,7 +24,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import records
@@ -208,6 +208,8 @@ class _ProgressLogic:
         self._supports_tf_logs = True  # Keras hands over its tensors as they are
         self._metric_names = metric_names
         self._step = 0
+        self._epoch_start = 0  # the step count before this epoch
+        self._steps: int | None = None  # batches per epoch, when Keras knows it
         self._total = total
         self._latest: tuple[int, Any] | None = None  # (step, batch logs): the main thread's
         self._written = -1
@@ -218,8 +220,15 @@ class _ProgressLogic:
         self._write_lock = threading.Lock()
 
     def metrics_of(self, logs, divisor: int = 1) -> dict[str, float]:
-        """The chosen metrics of a Keras log as floats, divided by ``divisor``."""
-        metrics = {}
+        """The chosen metrics of a Keras log as floats, divided by ``divisor``.
+
+        Under ``ParameterServerStrategy`` a batch's logs are one ``RemoteValue`` (a step
+        scheduled on a worker, not read yet): it gives no metrics, and is not waited for; the
+        epoch's logs, which Keras has read, give them.
+        """
+        metrics: dict[str, float] = {}
+        if not isinstance(logs, Mapping):
+            return metrics
         for k in self._metric_names:
             if logs and k in logs:
                 try:
@@ -244,18 +253,23 @@ class _ProgressLogic:
                 self._write(latest[0], latest[1], self._divisor)
 
     def on_train_begin(self, logs=None):
-        if self._total is None:
-            params = getattr(self, "params", None) or {}
-            epochs, steps = params.get("epochs"), params.get("steps")
-            if epochs and steps:
-                self._total = int(epochs) * int(steps)
+        params = getattr(self, "params", None) or {}
+        epochs, steps = params.get("epochs"), params.get("steps")
+        self._steps = int(steps) if steps else None
+        if self._total is None and epochs and steps:
+            self._total = int(epochs) * int(steps)
         self._divisor = replica_sum_divisor(getattr(self, "model", None))
         self._stop.clear()
         self._thread = threading.Thread(target=self._flush_loop, name="tfk8s-progress", daemon=True)
         self._thread.start()
 
+    def on_epoch_begin(self, epoch, logs=None):
+        # A resumed fit (BackupAndRestore, initial_epoch) starts at a later epoch: count from it.
+        self._epoch_start = epoch * self._steps if self._steps else self._step
+
     def on_train_batch_end(self, batch, logs=None):
-        self._step += 1
+        # ``batch`` is the epoch's index of the last batch run (a resumed epoch starts past 0).
+        self._step = self._epoch_start + int(batch) + 1 if self._steps else self._step + 1
         self._latest = (self._step, logs)  # one assignment: read by the flush thread
 
     def on_epoch_end(self, epoch, logs=None):
