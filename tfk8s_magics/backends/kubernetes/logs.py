@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from kubernetes.client.rest import ApiException
 
 from ...runtime.progress import STDOUT_MARKER, parse_record
-from ..base import LogLine, Phase, Progress
+from ..base import LogLine, Phase, Progress, overwritten
 from .client import abort
 from .watch import ClusterWatch
 
@@ -101,14 +101,50 @@ def progress_of(record: dict, task: str) -> Progress:
     )
 
 
-def split_progress(watcher: ClusterWatch, task: str, text: str) -> LogLine | None:
-    """A user-visible line, or ``None`` after recording a progress line on the watch."""
-    if text.startswith(STDOUT_MARKER):
-        record = parse_record(text)
-        if record is not None:
-            watcher.record_progress(progress_of(record, task))
-            return None
-    return LogLine(task, text, time.time())
+class LineJoiner:
+    r"""A task's kubelet log lines as a terminal shows them, with progress records taken out.
+
+    The kubelet cuts a container's output at ``\n`` only, and Keras's progress bar (``verbose=1``)
+    rewrites its line with ``\b`` and ``\r`` until the epoch's end: one kubelet line then holds
+    every state of an epoch's bar, and a progress record written meanwhile (by the callback's
+    thread) ends that line, glued to the bar's text.  :meth:`take` finds the record anywhere in
+    the line, keeps the text before it as the unfinished line (shown as an update, ``\r`` +
+    its newest state, as the local backend shows one) and joins it to the next line, which
+    finishes it.  Backspaces are dropped: after a ``\r`` they change nothing a terminal shows.
+    """
+
+    def __init__(self) -> None:
+        self.partial = ""
+
+    def take(self, text: str) -> tuple[str | None, dict | None]:
+        """One kubelet line: (what to show, or None; the progress record in it, or None).
+
+        What is shown is a finished line (no ``\r``) or an update (``\r`` + the newest state).
+        """
+        text = text.rstrip("\r")
+        at = text.find(STDOUT_MARKER)
+        record = parse_record(text[at:]) if at >= 0 else None
+        if record is None:
+            whole, self.partial = self.partial + text, ""
+            return overwritten(whole.replace("\b", "")), None
+        self.partial += text[:at]
+        if len(self.partial) > MAX_PARTIAL:  # one endless bar: keep its newest states only
+            self.partial = "\r" + self.partial[-MAX_PARTIAL:].partition("\r")[2]
+        state = overwritten(self.partial.replace("\b", ""))
+        return ("\r" + state if state else None), record
+
+
+#: The longest unfinished line kept between two kubelet lines (an epoch's bar states, in chars).
+MAX_PARTIAL = 64 * 1024
+
+
+def split_progress(watcher: ClusterWatch, task: str, text: str,
+                   joiner: LineJoiner | None = None) -> LogLine | None:
+    """A user-visible line, or ``None``; a progress record in ``text`` is recorded on the watch."""
+    shown, record = (joiner or LineJoiner()).take(text)
+    if record is not None:
+        watcher.record_progress(progress_of(record, task))
+    return None if shown is None else LogLine(task, shown, time.time())
 
 
 def read(watcher: ClusterWatch, tasks: list[str], tail: int | None) -> list[LogLine]:
@@ -127,8 +163,12 @@ def read(watcher: ClusterWatch, tasks: list[str], tail: int | None) -> list[LogL
             if e.status in (400, 404):  # not started yet, or already deleted
                 continue
             raise
-        lines = [split_progress(watcher, task, t) for t in text.splitlines()]
-        shown = [line for line in lines if line is not None]
+        joiner = LineJoiner()
+        lines = [split_progress(watcher, task, t, joiner) for t in text.split("\n")]
+        if lines and lines[-1] is not None and not lines[-1].text:
+            lines.pop()  # the text ended with a newline
+        # A ``read`` shows finished lines: an update is replaced by the line that finishes it.
+        shown = [line for line in lines if line is not None and "\r" not in line.text]
         out += shown if tail is None else (shown[-tail:] if tail else [])
     return out
 
@@ -189,6 +229,7 @@ class _Reader:
         self.response = None
         self.opened = False  # the last follow request got a stream
         self.refusal: tuple[int | None, str] = (None, "")
+        self.joiner = LineJoiner()
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"tfk8s-log-{watcher.spec.name}-{task}")
 
@@ -241,6 +282,7 @@ class _Reader:
         lines already shown, so none is shown twice and none is lost.
         """
         cursor = LogCursor()
+        self.joiner = LineJoiner()  # a new attempt starts a new line
         tail = None if self.from_start else 0
         self.from_start = True  # later attempts are new output: read them whole
         backoff = 0.2
@@ -311,6 +353,6 @@ class _Reader:
             self._emit(text.encode())
 
     def _emit(self, raw: bytes) -> None:
-        line = split_progress(self.watcher, self.task, raw.decode("utf-8", "replace").rstrip("\r"))
+        line = split_progress(self.watcher, self.task, raw.decode("utf-8", "replace"), self.joiner)
         if line is not None:
             self.out.put(line)
