@@ -179,7 +179,8 @@ def test_callback_under_parameter_server_strategy_reports_the_run_quietly(state_
     assert "Reduce to" not in out, out[-5000:]
     p = cluster.status().progress
     assert p is not None and (p.step, p.total) == (15, 15), p
-    assert p.metrics.get("loss") == pytest.approx(float(proc.stdout.split("FIT DONE")[1].split()[0]), rel=1e-5)
+    last_loss = float(proc.stdout.split("FIT DONE")[1].split()[0])
+    assert p.metrics.get("loss") == pytest.approx(last_loss, rel=1e-5)
     cluster.delete()
 
 
