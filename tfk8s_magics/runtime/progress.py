@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import records
+from . import summaries
 
 #: The longest progress record read (a record is a step, a total, a rate and a few metrics).
 MAX_RECORD = 16 * 1024
@@ -218,6 +219,7 @@ class _ProgressLogic:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._write_lock = threading.Lock()
+        self._scalars = None  # a summaries.ScalarWriter in the lead task (opened at train begin)
 
     def metrics_of(self, logs, divisor: int = 1) -> dict[str, float]:
         """The chosen metrics of a Keras log as floats, divided by ``divisor``.
@@ -245,6 +247,18 @@ class _ProgressLogic:
             self._metrics = metrics or self._metrics
             self._written = step
             _reporter.report(step, self._total, self._metrics, force=True)
+            if metrics and self._scalars is not None:
+                self._write_scalars(step, metrics)
+
+    def _write_scalars(self, step: int, metrics: dict[str, float], flush: bool = False) -> None:
+        """The values just reported, as TensorBoard scalars (the dashboard's curve, in TensorBoard)."""
+        try:
+            self._scalars.write(step, metrics)
+            if flush:
+                self._scalars.flush()
+        except Exception as e:  # noqa: BLE001 - training goes on without them
+            print(f"tfk8s: TensorBoard scalars stopped: {e}", file=sys.stderr)
+            self._scalars = None
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(1.0 / MAX_RATE_HZ):
@@ -259,6 +273,8 @@ class _ProgressLogic:
         if self._total is None and epochs and steps:
             self._total = int(epochs) * int(steps)
         self._divisor = replica_sum_divisor(getattr(self, "model", None))
+        if self._scalars is None:
+            self._scalars = summaries.open_writer()
         self._stop.clear()
         self._thread = threading.Thread(target=self._flush_loop, name="tfk8s-progress", daemon=True)
         self._thread.start()
@@ -275,6 +291,9 @@ class _ProgressLogic:
     def on_epoch_end(self, epoch, logs=None):
         # Epoch logs are the metrics' results (already reduced): what History records.
         self._write(self._step, logs, 1)
+        with self._write_lock:
+            if self._scalars is not None:
+                self._write_scalars(self._step, {}, flush=True)
 
     def on_train_end(self, logs=None):
         self._stop.set()
@@ -286,6 +305,9 @@ class _ProgressLogic:
         if self._total is None:  # the end: this step was the last
             _reporter.report(self._step, self._step, self._metrics, force=True)
         _reporter.flush()
+        with self._write_lock:
+            if self._scalars is not None:
+                self._write_scalars(self._step, {}, flush=True)
 
 
 def progress_callback(total: int | None = None, metric_names: tuple[str, ...] = ("loss",)):
