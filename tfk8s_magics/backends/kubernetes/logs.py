@@ -32,6 +32,13 @@ _STARTED = ("Running", "Succeeded", "Failed")
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 AUTH_STATUSES = frozenset({401, 403})
 REFUSAL_WINDOW = 30.0
+#: Answers while the node's kubelet is away: the API server cannot reach it (5xx), or a kubelet
+#: just restarted does not know the pod yet (404 for a pod the API still shows running). Retried
+#: for as long as the pod runs, with a notice line after :data:`NOTICE_AFTER` seconds.
+NODE_STATUSES = TRANSIENT_STATUSES | {404}
+NOTICE_AFTER = 5.0
+#: The longest wait between two attempts to re-open a log.
+MAX_BACKOFF = 2.0
 
 
 def container_terminated(pod: dict) -> bool:
@@ -230,6 +237,7 @@ class _Reader:
         self.opened = False  # the last follow request got a stream
         self.refusal: tuple[int | None, str] = (None, "")
         self.joiner = LineJoiner()
+        self.noticed = False  # the user was told that the log cannot be read for now
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"tfk8s-log-{watcher.spec.name}-{task}")
 
@@ -288,19 +296,33 @@ class _Reader:
         backoff = 0.2
         opened = False  # a stream of this pod was open once: a later 401/403 is the server's restart
         refused_since: float | None = None
+        self.noticed = False
         while not self.halt.is_set():
             ended_before = self._ended(pod)
             outcome = self._stream(pod, cursor, tail)
             if outcome == "refused":
                 status, reason = self.refusal
                 refused_since = refused_since or time.monotonic()
-                retry = status in TRANSIENT_STATUSES or (status in AUTH_STATUSES and opened)
-                if not retry or time.monotonic() - refused_since > REFUSAL_WINDOW:
+                waited = time.monotonic() - refused_since
+                if status in NODE_STATUSES:
+                    # The node's kubelet is away (restarting, or its node lost): the container may
+                    # still run and write. Say so once, and go on trying while the pod lives.
+                    if self._ended(pod) and waited > REFUSAL_WINDOW:
+                        self.out.put(LogLine(self.task, f"[tfk8s: cannot read the rest of the log of "
+                                                        f"{pod}: {reason}]"))
+                        return
+                    if not self.noticed and waited > NOTICE_AFTER:
+                        self.noticed = True
+                        self.out.put(LogLine(self.task, f"[tfk8s: the log of {pod} cannot be read for now "
+                                                        f"({reason}); still trying]"))
+                elif not (status in AUTH_STATUSES and opened) or waited > REFUSAL_WINDOW:
                     self.out.put(LogLine(self.task, f"[tfk8s: cannot read the log of {pod}: {reason}]"))
                     return
             else:
                 refused_since = None
                 opened = opened or self.opened
+                if self.opened:
+                    backoff = 0.0  # it answered: the next re-open is at once
             tail = None  # a re-opened stream starts at the cursor, never at the tail
             if self.halt.is_set() or outcome == "gone":
                 return
@@ -309,7 +331,7 @@ class _Reader:
             if outcome == "eof" and self._ended(pod):
                 backoff = 0.0  # once more: the lines written just before the end
             self.halt.wait(backoff)
-            backoff = min(max(backoff * 2, 0.2), 5.0)
+            backoff = min(max(backoff * 2, 0.2), MAX_BACKOFF)
 
     def _stream(self, pod: str, cursor: LogCursor, tail: int | None) -> str:
         """One follow request: ``eof`` (the server ended it), ``dropped``, ``gone`` or ``refused``
@@ -320,7 +342,7 @@ class _Reader:
             self.response = resp = self.watcher.api.follow_log(
                 pod, since=cursor.since, tail=tail)
         except ApiException as e:
-            if e.status == 404:
+            if e.status == 404 and self._ended(pod):
                 return "gone"
             if e.status == 400:  # not started, or no longer readable: the pod's state decides
                 return "gone" if self._ended(pod) else "dropped"
@@ -329,6 +351,9 @@ class _Reader:
         except Exception:  # noqa: BLE001 - the connection failed: try again
             return "dropped"
         self.opened = True
+        if self.noticed:
+            self.noticed = False
+            self.out.put(LogLine(self.task, f"[tfk8s: the log of {pod} is read again]"))
         buffer = b""
         try:
             for chunk in resp.stream(4096, decode_content=True):
