@@ -81,10 +81,11 @@ class Procs:
         files = sorted(self.pids.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
         return [f.stem for f in files]
 
-    def stop(self, name: str, grace: float = 10.0) -> None:
-        """SIGTERM the process group of ``name``, SIGKILL after ``grace`` seconds.
+    def stop(self, name: str, grace: float = 10.0, sig: int = signal.SIGTERM) -> None:
+        """Send ``sig`` (SIGTERM) to the process group of ``name``, SIGKILL after ``grace`` seconds.
 
-        Its record (the command line) stays, so :meth:`restart` can start it again.
+        Its record (the command line) stays, so :meth:`restart` can start it again.  A fault
+        test passes ``sig=signal.SIGKILL``: the process dies with no chance to clean up.
         """
         rec = self._record(name)
         if rec:
@@ -92,7 +93,7 @@ class Procs:
         if rec and self.alive(name):
             pid = rec["pid"]
             try:
-                os.killpg(pid, signal.SIGTERM)
+                os.killpg(pid, sig)
             except ProcessLookupError:
                 pass
             deadline = time.monotonic() + grace

@@ -8,7 +8,8 @@ one ClusterRole — the hub holds none of these rules itself.  The tests
 prove that every request the backend makes is allowed by :func:`role_rules`
 (and stays inside the user's namespace).
 
-What is *not* granted, on purpose: ``secrets`` (nothing here reads them),
+What is *not* granted, on purpose: reading ``secrets`` (only ``create``, for TensorBoard's token;
+nothing here reads one),
 ``pods/exec`` and ``pods/attach`` (logs are read, never a shell), ``nodes``
 (cluster-scoped; the node pre-flight check is opt-in and needs a separate
 ClusterRole), creating, changing or deleting pods (JobSet's controller makes
@@ -44,6 +45,10 @@ def role_rules() -> list[dict[str, Any]]:
       LimitRange defaults as admission will, then compares with the quota.
       Nothing watches them.
     * ``deployments`` — TensorBoard.
+    * ``secrets`` (``create`` only) — the token TensorBoard asks of every request, drawn by the
+      notebook; the notebook keeps its own copy and never reads a Secret back, so a user's
+      credentials Secrets stay unreadable from the notebook. Owned by the cluster's root, the
+      Secret goes with it.
 
     No ``networkpolicies``: the namespace's isolation policy is the
     administrator's (the hub's bootstrap), and a user who could delete it
@@ -80,6 +85,7 @@ def role_rules() -> list[dict[str, Any]]:
             "resources": ["deployments"],
             "verbs": [*_READ, "create", "delete"],
         },
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     ]
 
 
