@@ -1,5 +1,10 @@
 """Jupyter server settings of the lab's notebook image.
 
+The lab's JupyterLab defaults, as on one machine (``hub_config/jupyter``): the server never
+fetches JupyterLab's news or checks for updates; ``overrides.json`` (installed beside JupyterLab)
+turns their pop-up off and starts new notebooks on the lab's kernel. A user whose home has no
+``examples/`` yet gets the lab's example notebooks there (never overwriting a folder of theirs).
+
 TensorBoard is reached through jupyter-server-proxy under the user's server
 URL (so behind the hub's authentication, never a NodePort): a local one at
 ``proxy/<port>/`` and a cluster's TensorBoard Service in the user's own
@@ -9,6 +14,8 @@ may be proxied.
 
 import os
 import re
+import shutil
+from pathlib import Path
 
 c = get_config()  # noqa: F821 - provided by Jupyter when it loads this file
 
@@ -22,3 +29,25 @@ def host_allowlist(handler, host):
 
 
 c.ServerProxy.host_allowlist = host_allowlist
+
+
+c.LabApp.news_url = None
+c.LabApp.check_for_updates_class = "jupyterlab.NeverCheckForUpdate"
+
+#: The example notebooks the image ships (``notebooks/`` of the repository).
+EXAMPLES = Path("/opt/tfk8s/examples")
+
+
+def give_examples(home: Path, examples: Path = EXAMPLES) -> bool:
+    """Copy the example notebooks into ``home/examples`` unless that exists; whether it did."""
+    target = home / "examples"
+    if not examples.is_dir() or target.exists() or target.is_symlink():
+        return False
+    try:
+        shutil.copytree(examples, target)
+    except OSError:  # a read-only or full home: the server starts anyway
+        return False
+    return True
+
+
+give_examples(Path(os.path.expanduser("~")))
