@@ -107,12 +107,13 @@ class Procs:
                 while self.alive(name) and time.monotonic() < deadline + 5:
                     time.sleep(0.1)
 
-    def restart(self, name: str, down_for: float = 0.0) -> int:
-        """Stop ``name`` and start it again with the same command line (a fault test's tool)."""
+    def restart(self, name: str, down_for: float = 0.0, sig: int = signal.SIGTERM) -> int:
+        """Stop ``name`` (with ``sig``) and start it again with the same command line (a fault
+        test's tool)."""
         rec = self._record(name)
         if not rec:
             raise KeyError(f"no process {name!r} was started here")
-        self.stop(name)
+        self.stop(name, sig=sig)
         time.sleep(down_for)
         return self.start(name, rec["argv"], env=rec.get("env"))
 
