@@ -35,16 +35,19 @@ c.LabApp.news_url = None
 c.LabApp.check_for_updates_class = "jupyterlab.NeverCheckForUpdate"
 
 #: The example notebooks the image ships (``notebooks/`` of the repository).
-EXAMPLES = Path("/opt/tfk8s/examples")
+EXAMPLES = Path("/opt/tfk8s/notebooks")
 
 
 def give_examples(home: Path, examples: Path = EXAMPLES) -> bool:
     """Copy the example notebooks into ``home/examples`` unless that exists; whether it did."""
     target = home / "examples"
-    if not examples.is_dir() or target.exists() or target.is_symlink():
+    notebooks = sorted(examples.glob("*.ipynb")) if examples.is_dir() else []
+    if not notebooks or target.exists() or target.is_symlink():
         return False
     try:
-        shutil.copytree(examples, target)
+        target.mkdir()
+        for nb in notebooks:
+            shutil.copyfile(nb, target / nb.name)
     except OSError:  # a read-only or full home: the server starts anyway
         return False
     return True
