@@ -241,7 +241,8 @@ def _screenshot(base: str, token: str) -> None:
     path = SCREENSHOT_DIR / "kube-tensorboard-headline.png"
     with chromium(SCREENSHOT_DIR / ".tb-profile") as page:
         page.context.set_extra_http_headers({"Authorization": f"Bearer {token}"})
-        page.goto(f"{base}/?darkMode=false#timeseries", wait_until="networkidle", timeout=120_000)
+        page.goto(f"{base}/?darkMode=false&forceSVG=true#timeseries", wait_until="networkidle",
+                  timeout=120_000)
         page.get_by_text("loss").first.wait_for(timeout=60_000)
         time.sleep(3)  # the chart's lines are drawn just after its card
         page.screenshot(path=str(path))

@@ -47,7 +47,8 @@ def test_the_lead_task_writes_scalars_and_the_others_do_not():
 
 
 @pytest.mark.slow
-def test_tensorboard_shows_the_readme_runs_loss_by_step_as_the_dashboard_does(local, workdir):
+@pytest.mark.browser
+def test_tensorboard_shows_the_readme_runs_loss_by_step_as_the_dashboard_does(local, workdir, tmp_path):
     cluster = tk.launch("mnist", workers=2, script=headline_script(), backend=local)
     st = cluster.wait(timeout=600)
     assert st.phase == Phase.SUCCEEDED, cluster.logs()[-3000:]
@@ -59,4 +60,14 @@ def test_tensorboard_shows_the_readme_runs_loss_by_step_as_the_dashboard_does(lo
     assert steps == sorted(steps) and steps[-1] == 8, got
     # The value at the last step is the one the dashboard shows (the run's last progress record).
     assert got[-1][2] == pytest.approx(st.progress.metrics["loss"], rel=1e-5)
+    # And in the browser: TensorBoard's time series lists the run and draws its loss.
+    from tests.browserlab import chromium, shot
+
+    with chromium(tmp_path / "chromium-profile") as page:
+        # forceSVG: TensorBoard's canvas draws no line in a headless Chromium without a GPU
+        page.goto(f"http://127.0.0.1:{tb.port}/?darkMode=false&forceSVG=true#timeseries",
+                  wait_until="networkidle")
+        page.get_by_text(summaries.RUN, exact=True).first.wait_for(timeout=60_000)  # the runs list
+        page.locator(".card-title, .tag", has_text="loss").first.wait_for(timeout=60_000)
+        shot(page, "tensorboard-readme-local.png")
     cluster.delete()
