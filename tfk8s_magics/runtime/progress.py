@@ -319,6 +319,11 @@ def progress_callback(total: int | None = None, metric_names: tuple[str, ...] = 
     TensorBoard under every strategy (tf-keras's batch logs, summed over the
     replicas, are divided back: ``replica_sum_divisor``).
 
+    In a task with a log dir, the lead task also writes what it reports as TensorBoard scalars
+    (the run ``progress``: :mod:`.summaries`), so TensorBoard shows the same curve as the
+    dashboard with no summary code.  A fit resumed at a later epoch (``BackupAndRestore``)
+    counts its steps from that epoch.
+
     Cheap by design (``bench/progress_callback.py`` measures it): a batch only
     records the step and Keras's log object (no tensor is read, so Keras does
     not convert its logs for us either); a thread reads the newest one at most
