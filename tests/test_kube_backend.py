@@ -156,7 +156,8 @@ def test_in_graph_tensorboard_and_no_network_policy(realkube, user, monkeypatch)
     assert not [k for k in objects(realkube, ns.name, "ig") if k[0] == "networkpolicies"]
     monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/alice/")
     tb = backend.tensorboard("ig")
-    assert tb.url == f"/user/alice/proxy/ig-tensorboard.{ns.name}.svc:6006/"
+    # the user's own server's proxy, which adds TensorBoard's token (tfk8s_magics.sidebar.tbproxy)
+    assert tb.url == f"/user/alice/tfk8s/tensorboard/ig-tensorboard.{ns.name}.svc:6006/"
     assert tb.reused is False and tb.logdir == "/log"
     assert backend.tensorboard("ig").reused is True
     assert ("deployments", "ig-tensorboard") in objects(realkube, ns.name, "ig")

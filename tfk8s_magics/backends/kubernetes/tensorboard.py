@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -135,8 +136,9 @@ def _why(api: Api, spec) -> str:
 
 
 def _wait_answer(api: Api, name: str, port: int) -> None:
-    """Until the Service answers the readiness path from here (best effort: a kernel outside the
-    cluster network may not reach it at all, and then the pod's readiness is all there is)."""
+    """Until the Service answers the readiness path from here, while it refuses (its endpoint not
+    programmed yet). Best effort: where the kernel cannot reach the cluster network at all (it runs
+    outside it) the first other error ends the wait, and the pod's readiness is all there is."""
     svc = api.get("v1", "Service", name) or {}
     ip = (svc.get("spec") or {}).get("clusterIP")
     if not ip or ip == "None":
@@ -144,9 +146,14 @@ def _wait_answer(api: Api, name: str, port: int) -> None:
     deadline = time.monotonic() + ANSWER_TIMEOUT
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"http://{ip}:{port}{TENSORBOARD_READY_PATH}", timeout=2) as r:
-                if r.status == 200:
-                    return
+            with urllib.request.urlopen(f"http://{ip}:{port}{TENSORBOARD_READY_PATH}", timeout=2):
+                return
+        except urllib.error.HTTPError as e:
+            if e.code != 503:
+                return  # something answers: TensorBoard's guard or a proxy in between
+        except urllib.error.URLError as e:
+            if not isinstance(e.reason, ConnectionRefusedError):
+                return  # not reachable from here (or too slow to tell): nothing to wait for
         except OSError:
-            pass
+            return
         time.sleep(0.3)
