@@ -149,8 +149,9 @@ def test_delete_then_relaunch_under_the_same_name(realkube, user):
     deleter.join(5)
 
 
-def test_in_graph_tensorboard_and_no_network_policy(realkube, user, monkeypatch):
+def test_in_graph_tensorboard_and_no_network_policy(realkube, user, monkeypatch, tmp_path):
     ns, backend = user
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))  # where TensorBoard's token is kept
     backend.launch(spec("ig", mode="in-graph"), detach=True)
     # NetworkPolicies are additive: a per-cluster one could not narrow the namespace's isolation
     assert not [k for k in objects(realkube, ns.name, "ig") if k[0] == "networkpolicies"]
