@@ -301,22 +301,8 @@ class _Reader:
             ended_before = self._ended(pod)
             outcome = self._stream(pod, cursor, tail)
             if outcome == "refused":
-                status, reason = self.refusal
                 refused_since = refused_since or time.monotonic()
-                waited = time.monotonic() - refused_since
-                if status in NODE_STATUSES:
-                    # The node's kubelet is away (restarting, or its node lost): the container may
-                    # still run and write. Say so once, and go on trying while the pod lives.
-                    if self._ended(pod) and waited > REFUSAL_WINDOW:
-                        self.out.put(LogLine(self.task, f"[tfk8s: cannot read the rest of the log of "
-                                                        f"{pod}: {reason}]"))
-                        return
-                    if not self.noticed and waited > NOTICE_AFTER:
-                        self.noticed = True
-                        self.out.put(LogLine(self.task, f"[tfk8s: the log of {pod} cannot be read for now "
-                                                        f"({reason}); still trying]"))
-                elif not (status in AUTH_STATUSES and opened) or waited > REFUSAL_WINDOW:
-                    self.out.put(LogLine(self.task, f"[tfk8s: cannot read the log of {pod}: {reason}]"))
+                if self._give_up(pod, time.monotonic() - refused_since, opened):
                     return
             else:
                 refused_since = None
@@ -332,6 +318,27 @@ class _Reader:
                 backoff = 0.0  # once more: the lines written just before the end
             self.halt.wait(backoff)
             backoff = min(max(backoff * 2, 0.2), MAX_BACKOFF)
+
+    def _give_up(self, pod: str, waited: float, opened: bool) -> bool:
+        """After a refused re-open (``self.refusal``), refused for ``waited`` seconds: whether to
+        stop following ``pod`` (said in one line), or try again (a notice said once, maybe)."""
+        status, reason = self.refusal
+        if status in NODE_STATUSES:
+            # The node's kubelet is away (restarting, or its node lost): the container may still
+            # run and write. Say so once, and go on trying while the pod lives.
+            if self._ended(pod) and waited > REFUSAL_WINDOW:
+                self.out.put(LogLine(self.task, f"[tfk8s: cannot read the rest of the log of {pod}: "
+                                                f"{reason}]"))
+                return True
+            if not self.noticed and waited > NOTICE_AFTER:
+                self.noticed = True
+                self.out.put(LogLine(self.task, f"[tfk8s: the log of {pod} cannot be read for now "
+                                                f"({reason}); still trying]"))
+            return False
+        if not (status in AUTH_STATUSES and opened) or waited > REFUSAL_WINDOW:
+            self.out.put(LogLine(self.task, f"[tfk8s: cannot read the log of {pod}: {reason}]"))
+            return True
+        return False
 
     def _stream(self, pod: str, cursor: LogCursor, tail: int | None) -> str:
         """One follow request: ``eof`` (the server ended it), ``dropped``, ``gone`` or ``refused``

@@ -45,10 +45,8 @@ def role_rules() -> list[dict[str, Any]]:
       LimitRange defaults as admission will, then compares with the quota.
       Nothing watches them.
     * ``deployments`` — TensorBoard.
-    * ``secrets`` (``create`` only) — the token TensorBoard asks of every request, drawn by the
-      notebook; the notebook keeps its own copy and never reads a Secret back, so a user's
-      credentials Secrets stay unreadable from the notebook. Owned by the cluster's root, the
-      Secret goes with it.
+    * ``secrets`` (``create`` only) — TensorBoard's token (kept by the notebook itself: no
+      Secret is ever read back); owned by the cluster's root, it goes with it.
 
     No ``networkpolicies``: the namespace's isolation policy is the
     administrator's (the hub's bootstrap), and a user who could delete it
