@@ -320,7 +320,7 @@ def progress_callback(total: int | None = None, metric_names: tuple[str, ...] = 
     replicas, are divided back: ``replica_sum_divisor``).
 
     In a task with a log dir, the lead task also writes what it reports as TensorBoard scalars
-    (the run ``progress``: :mod:`.summaries`), so TensorBoard shows the same curve as the
+    (the run ``progress``, ``tfk8s_magics.runtime.summaries``), so TensorBoard shows the same curve as the
     dashboard with no summary code.  A fit resumed at a later epoch (``BackupAndRestore``)
     counts its steps from that epoch.
 
