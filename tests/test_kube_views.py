@@ -176,6 +176,8 @@ def _get(url: str, token: str | None = None) -> tuple[int, bytes]:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+    except OSError as e:  # refused or unreachable: no answer
+        return 0, str(e).encode()
 
 
 def test_tensorboard_shows_the_readme_runs_scalars_and_answers_only_its_owner(
