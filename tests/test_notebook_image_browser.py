@@ -53,9 +53,12 @@ def test_the_notebook_image_is_the_labs_jupyterlab(notebook_image, pods, tmp_pat
 
     port, token = free_port(), secrets.token_hex(16)
     name = f"{pods.prefix}-notebook"
-    # As KubeSpawner starts it: the image's user and home (an empty volume there), its own config.
+    # As KubeSpawner starts it: the image's user, an empty home volume of theirs, its own config.
+    home = tmp_path / "home"
+    home.mkdir()
+    os.chown(home, 1000, 100)
     pods.run("run", "--detach", "--name", name, "--label", f"tfk8s.test-run={pods.prefix}",
-             *build_flags(), "--tmpfs", "/home/jovyan:uid=1000,gid=100,mode=0755",
+             *build_flags(), "-v", f"{home}:/home/jovyan",
              "--publish", f"127.0.0.1:{port}:8888", notebook_image,
              "jupyter", "lab", "--ip=0.0.0.0", "--port=8888", "--no-browser",
              f"--IdentityProvider.token={token}")
@@ -72,6 +75,10 @@ def test_the_notebook_image_is_the_labs_jupyterlab(notebook_image, pods, tmp_pat
     listing = requests.get(f"{url}/api/contents/examples", params={"token": token}, timeout=30)
     assert listing.status_code == 200, (listing.status_code, pods.logs(name)[-2000:])
     assert sorted(c["name"] for c in listing.json()["content"]) == EXAMPLES
+    for nb in EXAMPLES:  # the shipped notebooks in the user's own volume, with the kernel's metadata
+        copy = json.loads((home / "examples" / nb).read_text())
+        assert copy["cells"] == json.loads((REPO / "notebooks" / nb).read_text())["cells"]
+        assert copy["metadata"]["kernelspec"]["display_name"] == KERNEL
     specs = requests.get(f"{url}/api/kernelspecs", params={"token": token}, timeout=30).json()
     assert specs["default"] == "python3" and list(specs["kernelspecs"]) == ["python3"], specs
     assert specs["kernelspecs"]["python3"]["spec"]["display_name"] == KERNEL

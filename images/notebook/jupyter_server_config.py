@@ -12,9 +12,9 @@ namespace at ``proxy/<service>.<namespace>.svc:<port>/``.  Only those hosts
 may be proxied.
 """
 
+import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 c = get_config()  # noqa: F821 - provided by Jupyter when it loads this file
@@ -38,6 +38,17 @@ c.LabApp.check_for_updates_class = "jupyterlab.NeverCheckForUpdate"
 EXAMPLES = Path("/opt/tfk8s/notebooks")
 
 
+def lab_kernel_metadata() -> dict:
+    """What the lab's kernel writes into a notebook it runs: its kernelspec and language info (a
+    copy that carried other values would open "modified", asking to be saved)."""
+    from ipykernel.ipkernel import IPythonKernel
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    return {"kernelspec": {"display_name": spec.display_name, "language": spec.language, "name": "python3"},
+            "language_info": dict(IPythonKernel.language_info)}
+
+
 def give_examples(home: Path, examples: Path = EXAMPLES) -> bool:
     """Copy the example notebooks into ``home/examples`` unless that exists; whether it did."""
     target = home / "examples"
@@ -45,10 +56,14 @@ def give_examples(home: Path, examples: Path = EXAMPLES) -> bool:
     if not notebooks or target.exists() or target.is_symlink():
         return False
     try:
+        metadata = lab_kernel_metadata()
         target.mkdir()
         for nb in notebooks:
-            shutil.copyfile(nb, target / nb.name)
-    except OSError:  # a read-only or full home: the server starts anyway
+            doc = json.loads(nb.read_text(encoding="utf-8"))
+            doc.setdefault("metadata", {}).update(metadata)
+            (target / nb.name).write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n",
+                                          encoding="utf-8")
+    except (OSError, ValueError):  # a read-only or full home: the server starts anyway
         return False
     return True
 
