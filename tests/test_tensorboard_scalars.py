@@ -17,12 +17,12 @@ from tfk8s_magics.runtime import summaries
 
 
 def headline_script() -> str:
-    """The cell body of the README's headline launch (the first ``%%tfcluster launch`` cell)."""
+    """The cell body of the README's headline launch (its ``%%tfcluster launch`` cell)."""
     block = README.split("<!-- headline -->", 1)[1].split("<!-- /headline -->", 1)[0]
-    (code,) = blocks(block, "python")
+    (code,) = [b for b in blocks(block, "python") if "%%tfcluster launch" in b]
     cell = code.split("%%tfcluster launch", 1)[1]
     body = cell.split("\n", 1)[1]
-    return body.split("\n\n%tfcluster", 1)[0]
+    return body.split("\n\n%tfcluster", 1)[0]  # a block that holds more cells: this one only
 
 
 def scalars(port: int, run: str, tag: str) -> list[list[float]]:
