@@ -81,10 +81,11 @@ class Procs:
         files = sorted(self.pids.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
         return [f.stem for f in files]
 
-    def stop(self, name: str, grace: float = 10.0) -> None:
-        """SIGTERM the process group of ``name``, SIGKILL after ``grace`` seconds.
+    def stop(self, name: str, grace: float = 10.0, sig: int = signal.SIGTERM) -> None:
+        """Send ``sig`` (SIGTERM) to the process group of ``name``, SIGKILL after ``grace`` seconds.
 
-        Its record (the command line) stays, so :meth:`restart` can start it again.
+        Its record (the command line) stays, so :meth:`restart` can start it again.  A fault
+        test passes ``sig=signal.SIGKILL``: the process dies with no chance to clean up.
         """
         rec = self._record(name)
         if rec:
@@ -92,7 +93,7 @@ class Procs:
         if rec and self.alive(name):
             pid = rec["pid"]
             try:
-                os.killpg(pid, signal.SIGTERM)
+                os.killpg(pid, sig)
             except ProcessLookupError:
                 pass
             deadline = time.monotonic() + grace
@@ -106,12 +107,13 @@ class Procs:
                 while self.alive(name) and time.monotonic() < deadline + 5:
                     time.sleep(0.1)
 
-    def restart(self, name: str, down_for: float = 0.0) -> int:
-        """Stop ``name`` and start it again with the same command line (a fault test's tool)."""
+    def restart(self, name: str, down_for: float = 0.0, sig: int = signal.SIGTERM) -> int:
+        """Stop ``name`` (with ``sig``) and start it again with the same command line (a fault
+        test's tool)."""
         rec = self._record(name)
         if not rec:
             raise KeyError(f"no process {name!r} was started here")
-        self.stop(name)
+        self.stop(name, sig=sig)
         time.sleep(down_for)
         return self.start(name, rec["argv"], env=rec.get("env"))
 

@@ -111,8 +111,8 @@ def test_claims_use_storage_class_and_skip_named_claims():
     assert (env["TFK8S_LOG_DIR"], env["TFK8S_CHECKPOINT_DIR"]) == (
         "/log/mnist", "/log/mnist/checkpoints")
     assert pod["containers"][0]["command"][3] == "/log/mnist/tasks/{task}.log"
-    assert m.tensorboard_deployment(spec, settings)["spec"]["template"]["spec"][
-        "containers"][0]["command"][2] == "/log/mnist"
+    command = m.tensorboard_deployment(spec, settings)["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--logdir") + 1] == "/log/mnist"
 
 
 def test_tensorboard_service_and_deployment():
@@ -134,9 +134,26 @@ def test_tensorboard_service_and_deployment():
     dep = m.tensorboard_deployment(spec, SETTINGS)
     pod = dep["spec"]["template"]["spec"]
     assert dep["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
-    assert pod["containers"][0]["command"] == [
-        "tensorboard", "--logdir", "/log", "--bind_all", "--port", "6006",
+    container = pod["containers"][0]
+    # TensorBoard behind its token (the runner's guard), the token from the cluster's Secret
+    assert container["command"] == [
+        "python", "-m", "tfk8s_magics.runtime.tensorboard", "0",
+        "--logdir", "/log", "--bind_all", "--port", "6006",
     ]
+    assert container["env"][1] == {"name": "TFK8S_TENSORBOARD_TOKEN", "valueFrom": {
+        "secretKeyRef": {"name": "mnist-tensorboard", "key": "token"}}}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/tfk8s-ready", "port": 6006}
+    named = m.tensorboard_deployment(spec, SETTINGS, "mnist-tensorboard-abc123")
+    assert named["spec"]["template"]["spec"]["containers"][0]["env"][1]["valueFrom"] == {
+        "secretKeyRef": {"name": "mnist-tensorboard-abc123", "key": "token"}}
+    assert m.tensorboard_secret(spec, SETTINGS, "mnist-tensorboard-abc123", "t0k") == {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "mnist-tensorboard-abc123", "namespace": "alice",
+                     "labels": labels("tensorboard")},
+        "type": "Opaque",
+        "stringData": {"token": "t0k"},
+    }
     assert pod["volumes"][0] == {
         "name": "log", "persistentVolumeClaim": {"claimName": "mnist-log", "readOnly": True},
     }

@@ -292,8 +292,9 @@ def test_a_script_over_one_mib_is_refused_before_any_api_call(backend):
     assert sum(len(k) + len(v.encode()) for k, v in (cm.data or {}).items()) <= 1024 * 1024
 
 
-def test_task_and_tensorboard_pods_are_admitted_under_restricted(realkube, backend, monkeypatch):
+def test_task_and_tensorboard_pods_are_admitted_under_restricted(realkube, backend, monkeypatch, tmp_path):
     monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/alice/")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))  # where TensorBoard's token is kept
     ns, b = backend()
     b.launch(ClusterSpec(name="ig", mode="in-graph", ps=1, workers=1), detach=True)
     b.tensorboard("ig")

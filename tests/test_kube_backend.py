@@ -149,14 +149,16 @@ def test_delete_then_relaunch_under_the_same_name(realkube, user):
     deleter.join(5)
 
 
-def test_in_graph_tensorboard_and_no_network_policy(realkube, user, monkeypatch):
+def test_in_graph_tensorboard_and_no_network_policy(realkube, user, monkeypatch, tmp_path):
     ns, backend = user
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))  # where TensorBoard's token is kept
     backend.launch(spec("ig", mode="in-graph"), detach=True)
     # NetworkPolicies are additive: a per-cluster one could not narrow the namespace's isolation
     assert not [k for k in objects(realkube, ns.name, "ig") if k[0] == "networkpolicies"]
     monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/alice/")
     tb = backend.tensorboard("ig")
-    assert tb.url == f"/user/alice/proxy/ig-tensorboard.{ns.name}.svc:6006/"
+    # the user's own server's proxy, which adds TensorBoard's token (tfk8s_magics.sidebar.tbproxy)
+    assert tb.url == f"/user/alice/tfk8s/tensorboard/ig-tensorboard.{ns.name}.svc:6006/"
     assert tb.reused is False and tb.logdir == "/log"
     assert backend.tensorboard("ig").reused is True
     assert ("deployments", "ig-tensorboard") in objects(realkube, ns.name, "ig")

@@ -155,3 +155,66 @@ def test_a_batch_reads_no_tensor_on_the_training_thread(tmp_path, monkeypatch):
     assert read_on and all(t is not th.main_thread() for t in read_on[:-1])
     records = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert records[-1]["step"] == 300 and records[-1]["metrics"]["loss"] == pytest.approx(1 / 300)
+
+
+@pytest.mark.slow
+def test_callback_under_parameter_server_strategy_reports_the_run_quietly(state_dir, tmp_path):
+    """A ``fit`` driven from the coordinator of an in-graph cluster hands its callbacks one
+    ``RemoteValue`` per batch, not a dict: the callback's thread raised "argument of type
+    'RemoteValueImpl' is not iterable" on it, and TensorFlow printed one "Reduce to
+    /device:CPU:0 then broadcast" INFO line per variable.  Now the run ends at its last step,
+    with the epoch's loss, and neither is printed."""
+    import tfk8s_magics as tk
+    from tests.conftest import REPO
+
+    cluster = tk.launch("psprogress", mode="in-graph", ps=1, workers=1, backend="local", wait_ready=300)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+               TF_USE_LEGACY_KERAS="1")
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # what a notebook kernel has: TensorFlow's INFO lines on
+    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "scripts" / "ps_fit_progress.py")],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "FIT DONE" in proc.stdout, out[-5000:]
+    assert "Exception in thread" not in out and "RemoteValue" not in out, out[-5000:]
+    assert "Reduce to" not in out, out[-5000:]
+    p = cluster.status().progress
+    assert p is not None and (p.step, p.total) == (15, 15), p
+    last_loss = float(proc.stdout.split("FIT DONE")[1].split()[0])
+    assert p.metrics.get("loss") == pytest.approx(last_loss, rel=1e-5)
+    cluster.delete()
+
+
+@pytest.mark.parametrize(("epoch", "batches"), [(0, 4), (2, 4)])
+def test_a_resumed_fit_counts_steps_from_the_epoch_it_resumes_at(tmp_path, monkeypatch, epoch, batches):
+    """BackupAndRestore resumes ``fit`` at a later epoch: a run resumed after a lost worker ended
+    at "200/240" (the resumed process counted from 0).  The step is the epoch's start plus the
+    batch index Keras gives."""
+    path = tmp_path / "p.jsonl"
+    monkeypatch.setenv("TFK8S_PROGRESS_FILE", str(path))
+    monkeypatch.setenv("TFK8S_TASK", "worker-0")
+    monkeypatch.setattr(progress, "_reporter", progress._Reporter())
+    cb = progress._ProgressLogic()
+    cb._setup(None, ("loss",))
+    cb.params = {"epochs": 3, "steps": batches}
+    cb.on_train_begin()
+    for e in range(epoch, 3):
+        cb.on_epoch_begin(e)
+        for b in range(batches):
+            cb.on_train_batch_end(b, {"loss": 1.0})
+        cb.on_epoch_end(e, {"loss": 0.5})
+    cb.on_train_end()
+    records = [json.loads(x) for x in path.read_text().splitlines()]
+    assert (records[-1]["step"], records[-1]["total"]) == (12, 12), records
+    assert [r["step"] for r in records if r["step"] % batches == 0][0] == (epoch + 1) * batches
+
+
+def test_a_batch_log_that_is_not_a_mapping_gives_no_metrics_and_no_error():
+    cb = progress._ProgressLogic()
+    cb._setup(None, ("loss",))
+
+    class RemoteValueImpl:  # what ParameterServerStrategy's fit hands a batch callback
+        def fetch(self):
+            raise AssertionError("a batch's remote value must not be waited for")
+
+    assert cb.metrics_of(RemoteValueImpl()) == {}
+    assert cb.metrics_of({"loss": 2.0}, 2) == {"loss": 1.0}

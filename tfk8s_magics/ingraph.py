@@ -293,10 +293,16 @@ def _first_line(e: BaseException) -> str:
 class _CoordinatorInfoFilter(logging.Filter):
     """Drops the INFO lines of TensorFlow's distributed coordinator ("Stopping cluster, starting
     with failure handler", "ClusterCoordinator destructor: ..."), which it prints when a
-    coordinator is garbage-collected: after connect() returned, or at the kernel's exit."""
+    coordinator is garbage-collected: after connect() returned, or at the kernel's exit; and
+    those of its cross-device reductions ("Reduce to /device:CPU:0 then broadcast to ...", up to
+    ten per process), which a Keras ``fit`` under the strategy prints as it starts."""
+
+    #: The modules whose INFO lines are dropped (paths inside TensorFlow's distribute package).
+    NOISY = ("coordinator", "/distribute/cross_device_ops")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or "coordinator" not in record.pathname.replace("\\", "/")
+        path = record.pathname.replace("\\", "/")
+        return record.levelno >= logging.WARNING or not any(part in path for part in self.NOISY)
 
 
 _COORDINATOR_FILTER = _CoordinatorInfoFilter()

@@ -204,6 +204,17 @@ class ClusterStatus:
         return cls(**d)
 
 
+def overwritten(text: str) -> str:
+    r"""What a terminal (and Jupyter) shows of a line that carriage returns rewrote: the text after
+    the last ``\r`` that has any (a progress bar's last state)."""
+    if "\r" not in text:
+        return text
+    for part in reversed(text.split("\r")):
+        if part:
+            return part
+    return ""
+
+
 class LogLine(NamedTuple):
     """One line a task printed (stdout and stderr are merged, as kubectl logs does).
 

@@ -24,10 +24,11 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import records
+from . import summaries
 
 #: The longest progress record read (a record is a step, a total, a rate and a few metrics).
 MAX_RECORD = 16 * 1024
@@ -208,6 +209,8 @@ class _ProgressLogic:
         self._supports_tf_logs = True  # Keras hands over its tensors as they are
         self._metric_names = metric_names
         self._step = 0
+        self._epoch_start = 0  # the step count before this epoch
+        self._steps: int | None = None  # batches per epoch, when Keras knows it
         self._total = total
         self._latest: tuple[int, Any] | None = None  # (step, batch logs): the main thread's
         self._written = -1
@@ -216,10 +219,18 @@ class _ProgressLogic:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._write_lock = threading.Lock()
+        self._scalars = None  # a summaries.ScalarWriter in the lead task (opened at train begin)
 
     def metrics_of(self, logs, divisor: int = 1) -> dict[str, float]:
-        """The chosen metrics of a Keras log as floats, divided by ``divisor``."""
-        metrics = {}
+        """The chosen metrics of a Keras log as floats, divided by ``divisor``.
+
+        Under ``ParameterServerStrategy`` a batch's logs are one ``RemoteValue`` (a step
+        scheduled on a worker, not read yet): it gives no metrics, and is not waited for; the
+        epoch's logs, which Keras has read, give them.
+        """
+        metrics: dict[str, float] = {}
+        if not isinstance(logs, Mapping):
+            return metrics
         for k in self._metric_names:
             if logs and k in logs:
                 try:
@@ -236,6 +247,18 @@ class _ProgressLogic:
             self._metrics = metrics or self._metrics
             self._written = step
             _reporter.report(step, self._total, self._metrics, force=True)
+            if metrics and self._scalars is not None:
+                self._write_scalars(step, metrics)
+
+    def _write_scalars(self, step: int, metrics: dict[str, float], flush: bool = False) -> None:
+        """The values just reported, as TensorBoard scalars (the dashboard's curve, in TensorBoard)."""
+        try:
+            self._scalars.write(step, metrics)
+            if flush:
+                self._scalars.flush()
+        except Exception as e:  # noqa: BLE001 - training goes on without them
+            print(f"tfk8s: TensorBoard scalars stopped: {e}", file=sys.stderr)
+            self._scalars = None
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(1.0 / MAX_RATE_HZ):
@@ -244,23 +267,33 @@ class _ProgressLogic:
                 self._write(latest[0], latest[1], self._divisor)
 
     def on_train_begin(self, logs=None):
-        if self._total is None:
-            params = getattr(self, "params", None) or {}
-            epochs, steps = params.get("epochs"), params.get("steps")
-            if epochs and steps:
-                self._total = int(epochs) * int(steps)
+        params = getattr(self, "params", None) or {}
+        epochs, steps = params.get("epochs"), params.get("steps")
+        self._steps = int(steps) if steps else None
+        if self._total is None and epochs and steps:
+            self._total = int(epochs) * int(steps)
         self._divisor = replica_sum_divisor(getattr(self, "model", None))
+        if self._scalars is None:
+            self._scalars = summaries.open_writer()
         self._stop.clear()
         self._thread = threading.Thread(target=self._flush_loop, name="tfk8s-progress", daemon=True)
         self._thread.start()
 
+    def on_epoch_begin(self, epoch, logs=None):
+        # A resumed fit (BackupAndRestore, initial_epoch) starts at a later epoch: count from it.
+        self._epoch_start = epoch * self._steps if self._steps else self._step
+
     def on_train_batch_end(self, batch, logs=None):
-        self._step += 1
+        # ``batch`` is the epoch's index of the last batch run (a resumed epoch starts past 0).
+        self._step = self._epoch_start + int(batch) + 1 if self._steps else self._step + 1
         self._latest = (self._step, logs)  # one assignment: read by the flush thread
 
     def on_epoch_end(self, epoch, logs=None):
         # Epoch logs are the metrics' results (already reduced): what History records.
         self._write(self._step, logs, 1)
+        with self._write_lock:
+            if self._scalars is not None:
+                self._write_scalars(self._step, {}, flush=True)
 
     def on_train_end(self, logs=None):
         self._stop.set()
@@ -272,6 +305,9 @@ class _ProgressLogic:
         if self._total is None:  # the end: this step was the last
             _reporter.report(self._step, self._step, self._metrics, force=True)
         _reporter.flush()
+        with self._write_lock:
+            if self._scalars is not None:
+                self._write_scalars(self._step, {}, flush=True)
 
 
 def progress_callback(total: int | None = None, metric_names: tuple[str, ...] = ("loss",)):
@@ -282,6 +318,11 @@ def progress_callback(total: int | None = None, metric_names: tuple[str, ...] = 
     Keras knows them.  The values are Keras's own: those of ``History`` and
     TensorBoard under every strategy (tf-keras's batch logs, summed over the
     replicas, are divided back: ``replica_sum_divisor``).
+
+    In a task with a log dir, the lead task also writes what it reports as TensorBoard scalars
+    (the run ``progress``, ``tfk8s_magics.runtime.summaries``), so TensorBoard shows the same curve as the
+    dashboard with no summary code.  A fit resumed at a later epoch (``BackupAndRestore``)
+    counts its steps from that epoch.
 
     Cheap by design (``bench/progress_callback.py`` measures it): a batch only
     records the step and Keras's log object (no tensor is read, so Keras does

@@ -70,5 +70,8 @@ def _load_jupyter_server_extension(server_app) -> None:
     # A stopped TensorBoard's link: a page that says so and how to start it again (not a bare 500).
     # Deferred, as the handlers: it subclasses jupyter-server-proxy's, a server's package.
     from .stopped import wrap_local_proxy
+    from .tbproxy import add_tensorboard_proxy
 
     wrap_local_proxy(web_app, server_app.log)
+    # The user's Kubernetes TensorBoards, with the token they ask of every request.
+    add_tensorboard_proxy(web_app, server_app)

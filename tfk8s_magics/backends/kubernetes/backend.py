@@ -41,6 +41,7 @@ from ...spec import IN_GRAPH, ClusterSpec
 from ..base import Backend, ClusterStatus, Coordinator, Event, LogLine, LogLocation, Phase, TensorBoardInfo
 from . import logs as logs_mod
 from . import state
+from . import tensorboard as tensorboard_mod
 from .apply import apply, failure_sentence, preflight
 from .client import KUEUE_API_VERSIONS, Api, api_reason
 from .feed import NamespaceFeed
@@ -57,8 +58,6 @@ from .manifests import (
     log_claim_name,
     owner_reference,
     selector,
-    tensorboard_manifests,
-    tensorboard_name,
     with_owner,
 )
 from .serving import (
@@ -634,35 +633,16 @@ class KubernetesBackend(Backend):
         return cluster_addresses(spec, self.settings)
 
     def tensorboard(self, name: str) -> TensorBoardInfo:
-        """Create (or reuse) the cluster's TensorBoard Deployment + Service.
+        """Create (or reuse) the cluster's TensorBoard (Secret, Deployment, Service); return once
+        it answers (:mod:`.tensorboard`).
 
-        The URL goes through jupyter-server-proxy (``<prefix>proxy/<host>:<port>/``):
-        the notebook server reaches the Service by its DNS name, so the
-        browser needs no Ingress or port-forward.  jupyter-server-proxy must
-        allow that host (``c.ServerProxy.host_allowlist``).
+        The URL goes through the notebook server's own proxy
+        (``<prefix>tfk8s/tensorboard/<host>:<port>/``), which adds the token TensorBoard asks
+        of every request: the browser needs no Ingress or port-forward, and another user's
+        request to the Service is refused.
         """
         root = self._require_root(name)
-        spec = self._spec_of(root)
-        svc = tensorboard_name(spec)
-        host = f"{svc}.{self.settings.namespace}.svc"
-        port = self.settings.tensorboard_port
-        prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/")
-        url = f"{prefix.rstrip('/')}/proxy/{host}:{port}/"
-        try:
-            reused = self.api.get("apps/v1", "Deployment", svc) is not None
-            if not reused:
-                owner = owner_reference(root)
-                created = []
-                try:
-                    for m in tensorboard_manifests(spec, self.settings):
-                        created.append(self.api.create(with_owner(m, owner)))
-                except ApiException as e:
-                    for obj in reversed(created):
-                        self.api.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
-                    raise LaunchFailed(failure_sentence(e, m, self.settings.namespace)) from e
-        except ApiException as e:
-            raise BackendError(f"could not start TensorBoard for {name!r}: {api_reason(e)}.") from e
-        return TensorBoardInfo(port=port, url=url, logdir="/log", reused=reused)
+        return tensorboard_mod.start(self.api, self._spec_of(root), root, self.settings)
 
     # -- TF Serving (pure builders in .serving) -----------------------------------
     def render_serving(self, spec: ClusterSpec, model: str, **options: Any) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from kubernetes.client.rest import ApiException
 
 from ...runtime.progress import STDOUT_MARKER, parse_record
-from ..base import LogLine, Phase, Progress
+from ..base import LogLine, Phase, Progress, overwritten
 from .client import abort
 from .watch import ClusterWatch
 
@@ -32,6 +32,13 @@ _STARTED = ("Running", "Succeeded", "Failed")
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 AUTH_STATUSES = frozenset({401, 403})
 REFUSAL_WINDOW = 30.0
+#: Answers while the node's kubelet is away: the API server cannot reach it (5xx), or a kubelet
+#: just restarted does not know the pod yet (404 for a pod the API still shows running). Retried
+#: for as long as the pod runs, with a notice line after :data:`NOTICE_AFTER` seconds.
+NODE_STATUSES = TRANSIENT_STATUSES | {404}
+NOTICE_AFTER = 5.0
+#: The longest wait between two attempts to re-open a log.
+MAX_BACKOFF = 2.0
 
 
 def container_terminated(pod: dict) -> bool:
@@ -101,14 +108,50 @@ def progress_of(record: dict, task: str) -> Progress:
     )
 
 
-def split_progress(watcher: ClusterWatch, task: str, text: str) -> LogLine | None:
-    """A user-visible line, or ``None`` after recording a progress line on the watch."""
-    if text.startswith(STDOUT_MARKER):
-        record = parse_record(text)
-        if record is not None:
-            watcher.record_progress(progress_of(record, task))
-            return None
-    return LogLine(task, text, time.time())
+class LineJoiner:
+    r"""A task's kubelet log lines as a terminal shows them, with progress records taken out.
+
+    The kubelet cuts a container's output at ``\n`` only, and Keras's progress bar (``verbose=1``)
+    rewrites its line with ``\b`` and ``\r`` until the epoch's end: one kubelet line then holds
+    every state of an epoch's bar, and a progress record written meanwhile (by the callback's
+    thread) ends that line, glued to the bar's text.  :meth:`take` finds the record anywhere in
+    the line, keeps the text before it as the unfinished line (shown as an update, ``\r`` +
+    its newest state, as the local backend shows one) and joins it to the next line, which
+    finishes it.  Backspaces are dropped: after a ``\r`` they change nothing a terminal shows.
+    """
+
+    def __init__(self) -> None:
+        self.partial = ""
+
+    def take(self, text: str) -> tuple[str | None, dict | None]:
+        """One kubelet line: (what to show, or None; the progress record in it, or None).
+
+        What is shown is a finished line (no ``\r``) or an update (``\r`` + the newest state).
+        """
+        text = text.rstrip("\r")
+        at = text.find(STDOUT_MARKER)
+        record = parse_record(text[at:]) if at >= 0 else None
+        if record is None:
+            whole, self.partial = self.partial + text, ""
+            return overwritten(whole.replace("\b", "")), None
+        self.partial += text[:at]
+        if len(self.partial) > MAX_PARTIAL:  # one endless bar: keep its newest states only
+            self.partial = "\r" + self.partial[-MAX_PARTIAL:].partition("\r")[2]
+        state = overwritten(self.partial.replace("\b", ""))
+        return ("\r" + state if state else None), record
+
+
+#: The longest unfinished line kept between two kubelet lines (an epoch's bar states, in chars).
+MAX_PARTIAL = 64 * 1024
+
+
+def split_progress(watcher: ClusterWatch, task: str, text: str,
+                   joiner: LineJoiner | None = None) -> LogLine | None:
+    """A user-visible line, or ``None``; a progress record in ``text`` is recorded on the watch."""
+    shown, record = (joiner or LineJoiner()).take(text)
+    if record is not None:
+        watcher.record_progress(progress_of(record, task))
+    return None if shown is None else LogLine(task, shown, time.time())
 
 
 def read(watcher: ClusterWatch, tasks: list[str], tail: int | None) -> list[LogLine]:
@@ -127,8 +170,12 @@ def read(watcher: ClusterWatch, tasks: list[str], tail: int | None) -> list[LogL
             if e.status in (400, 404):  # not started yet, or already deleted
                 continue
             raise
-        lines = [split_progress(watcher, task, t) for t in text.splitlines()]
-        shown = [line for line in lines if line is not None]
+        joiner = LineJoiner()
+        lines = [split_progress(watcher, task, t, joiner) for t in text.split("\n")]
+        if lines and lines[-1] is not None and not lines[-1].text:
+            lines.pop()  # the text ended with a newline
+        # A ``read`` shows finished lines: an update is replaced by the line that finishes it.
+        shown = [line for line in lines if line is not None and "\r" not in line.text]
         out += shown if tail is None else (shown[-tail:] if tail else [])
     return out
 
@@ -189,6 +236,8 @@ class _Reader:
         self.response = None
         self.opened = False  # the last follow request got a stream
         self.refusal: tuple[int | None, str] = (None, "")
+        self.joiner = LineJoiner()
+        self.noticed = False  # the user was told that the log cannot be read for now
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"tfk8s-log-{watcher.spec.name}-{task}")
 
@@ -241,24 +290,25 @@ class _Reader:
         lines already shown, so none is shown twice and none is lost.
         """
         cursor = LogCursor()
+        self.joiner = LineJoiner()  # a new attempt starts a new line
         tail = None if self.from_start else 0
         self.from_start = True  # later attempts are new output: read them whole
         backoff = 0.2
         opened = False  # a stream of this pod was open once: a later 401/403 is the server's restart
         refused_since: float | None = None
+        self.noticed = False
         while not self.halt.is_set():
             ended_before = self._ended(pod)
             outcome = self._stream(pod, cursor, tail)
             if outcome == "refused":
-                status, reason = self.refusal
                 refused_since = refused_since or time.monotonic()
-                retry = status in TRANSIENT_STATUSES or (status in AUTH_STATUSES and opened)
-                if not retry or time.monotonic() - refused_since > REFUSAL_WINDOW:
-                    self.out.put(LogLine(self.task, f"[tfk8s: cannot read the log of {pod}: {reason}]"))
+                if self._give_up(pod, time.monotonic() - refused_since, opened):
                     return
             else:
                 refused_since = None
                 opened = opened or self.opened
+                if self.opened:
+                    backoff = 0.0  # it answered: the next re-open is at once
             tail = None  # a re-opened stream starts at the cursor, never at the tail
             if self.halt.is_set() or outcome == "gone":
                 return
@@ -267,7 +317,28 @@ class _Reader:
             if outcome == "eof" and self._ended(pod):
                 backoff = 0.0  # once more: the lines written just before the end
             self.halt.wait(backoff)
-            backoff = min(max(backoff * 2, 0.2), 5.0)
+            backoff = min(max(backoff * 2, 0.2), MAX_BACKOFF)
+
+    def _give_up(self, pod: str, waited: float, opened: bool) -> bool:
+        """After a refused re-open (``self.refusal``), refused for ``waited`` seconds: whether to
+        stop following ``pod`` (said in one line), or try again (a notice said once, maybe)."""
+        status, reason = self.refusal
+        if status in NODE_STATUSES:
+            # The node's kubelet is away (restarting, or its node lost): the container may still
+            # run and write. Say so once, and go on trying while the pod lives.
+            if self._ended(pod) and waited > REFUSAL_WINDOW:
+                self.out.put(LogLine(self.task, f"[tfk8s: cannot read the rest of the log of {pod}: "
+                                                f"{reason}]"))
+                return True
+            if not self.noticed and waited > NOTICE_AFTER:
+                self.noticed = True
+                self.out.put(LogLine(self.task, f"[tfk8s: the log of {pod} cannot be read for now "
+                                                f"({reason}); still trying]"))
+            return False
+        if not (status in AUTH_STATUSES and opened) or waited > REFUSAL_WINDOW:
+            self.out.put(LogLine(self.task, f"[tfk8s: cannot read the log of {pod}: {reason}]"))
+            return True
+        return False
 
     def _stream(self, pod: str, cursor: LogCursor, tail: int | None) -> str:
         """One follow request: ``eof`` (the server ended it), ``dropped``, ``gone`` or ``refused``
@@ -278,7 +349,7 @@ class _Reader:
             self.response = resp = self.watcher.api.follow_log(
                 pod, since=cursor.since, tail=tail)
         except ApiException as e:
-            if e.status == 404:
+            if e.status == 404 and self._ended(pod):
                 return "gone"
             if e.status == 400:  # not started, or no longer readable: the pod's state decides
                 return "gone" if self._ended(pod) else "dropped"
@@ -287,6 +358,9 @@ class _Reader:
         except Exception:  # noqa: BLE001 - the connection failed: try again
             return "dropped"
         self.opened = True
+        if self.noticed:
+            self.noticed = False
+            self.out.put(LogLine(self.task, f"[tfk8s: the log of {pod} is read again]"))
         buffer = b""
         try:
             for chunk in resp.stream(4096, decode_content=True):
@@ -311,6 +385,6 @@ class _Reader:
             self._emit(text.encode())
 
     def _emit(self, raw: bytes) -> None:
-        line = split_progress(self.watcher, self.task, raw.decode("utf-8", "replace").rstrip("\r"))
+        line = split_progress(self.watcher, self.task, raw.decode("utf-8", "replace"), self.joiner)
         if line is not None:
             self.out.put(line)

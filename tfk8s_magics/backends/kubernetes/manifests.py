@@ -364,19 +364,45 @@ def tensorboard_name(spec: ClusterSpec) -> str:
     return f"{spec.name}-tensorboard"
 
 
-def tensorboard_deployment(spec: ClusterSpec, settings: K8sSettings) -> Manifest:
-    """A TensorBoard reading the cluster's ``/log`` volume (read-only)."""
+#: The environment variable and Secret key holding the token TensorBoard's requests must carry.
+TENSORBOARD_TOKEN_ENV = "TFK8S_TENSORBOARD_TOKEN"
+TENSORBOARD_TOKEN_KEY = "token"
+#: The path TensorBoard's guard answers without a token (the readiness probe's): it reveals nothing.
+TENSORBOARD_READY_PATH = "/tfk8s-ready"
+
+
+def tensorboard_secret(spec: ClusterSpec, settings: K8sSettings, name: str, token: str) -> Manifest:
+    """The Secret holding the token TensorBoard asks of every request (a ``Bearer`` header that
+    only its owner's notebook server adds: :mod:`tfk8s_magics.sidebar.tbproxy`)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(spec, settings, name, "tensorboard"),
+        "type": "Opaque",
+        "stringData": {TENSORBOARD_TOKEN_KEY: token},
+    }
+
+
+def tensorboard_deployment(spec: ClusterSpec, settings: K8sSettings, secret: str | None = None) -> Manifest:
+    """A TensorBoard reading the cluster's ``/log`` volume (read-only), answering only requests
+    that carry the token of the Secret ``secret`` (default: named like the Deployment)."""
     labels = object_labels(spec, settings, "tensorboard")
     match = {CLUSTER_LABEL: spec.name, COMPONENT_LABEL: "tensorboard"}
     port = settings.tensorboard_port
+    token_ref = {"name": secret or tensorboard_name(spec), "key": TENSORBOARD_TOKEN_KEY}
     container = {
         "name": "tensorboard",
         "image": spec.image or settings.image,
         **pull_policy(settings),
-        "command": ["tensorboard", "--logdir", log_dir(spec), "--bind_all", "--port", str(port)],
-        "env": [{"name": "HOME", "value": "/tmp"}],
+        # "0": no owner process to live with (the local backend's runner ties it to a kernel).
+        "command": ["python", "-m", "tfk8s_magics.runtime.tensorboard", "0",
+                    "--logdir", log_dir(spec), "--bind_all", "--port", str(port)],
+        "env": [
+            {"name": "HOME", "value": "/tmp"},
+            {"name": TENSORBOARD_TOKEN_ENV, "valueFrom": {"secretKeyRef": token_ref}},
+        ],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
-        "readinessProbe": {"httpGet": {"path": "/", "port": port}, "periodSeconds": 3},
+        "readinessProbe": {"httpGet": {"path": TENSORBOARD_READY_PATH, "port": port}, "periodSeconds": 1},
         "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
         "securityContext": copy.deepcopy(_CONTAINER_SECURITY),
         "volumeMounts": [
@@ -434,9 +460,12 @@ def tensorboard_service(spec: ClusterSpec, settings: K8sSettings) -> Manifest:
     }
 
 
-def tensorboard_manifests(spec: ClusterSpec, settings: K8sSettings) -> list[Manifest]:
-    """TensorBoard's Deployment then Service."""
-    return [tensorboard_deployment(spec, settings), tensorboard_service(spec, settings)]
+def tensorboard_manifests(
+    spec: ClusterSpec, settings: K8sSettings, secret: str | None = None
+) -> list[Manifest]:
+    """TensorBoard's Deployment then Service (its token's Secret ``secret`` is made apart:
+    :func:`tensorboard_secret`, with a token only the backend draws)."""
+    return [tensorboard_deployment(spec, settings, secret), tensorboard_service(spec, settings)]
 
 
 def owner_reference(root: Manifest) -> Manifest:

@@ -8,7 +8,8 @@ one ClusterRole — the hub holds none of these rules itself.  The tests
 prove that every request the backend makes is allowed by :func:`role_rules`
 (and stays inside the user's namespace).
 
-What is *not* granted, on purpose: ``secrets`` (nothing here reads them),
+What is *not* granted, on purpose: reading ``secrets`` (only ``create``, for TensorBoard's token;
+nothing here reads one),
 ``pods/exec`` and ``pods/attach`` (logs are read, never a shell), ``nodes``
 (cluster-scoped; the node pre-flight check is opt-in and needs a separate
 ClusterRole), creating, changing or deleting pods (JobSet's controller makes
@@ -46,6 +47,8 @@ def role_rules() -> list[dict[str, Any]]:
     * ``deployments`` — TensorBoard.
     * ``localqueues`` (``kueue.x-k8s.io``, get) — a launch's ``--queue`` is checked
       first: a queue the namespace lacks would leave the cluster unadmitted for ever.
+    * ``secrets`` (``create`` only) — TensorBoard's token (kept by the notebook itself: no
+      Secret is ever read back); owned by the cluster's root, it goes with it.
 
     No ``networkpolicies``: the namespace's isolation policy is the
     administrator's (the hub's bootstrap), and a user who could delete it
@@ -83,6 +86,7 @@ def role_rules() -> list[dict[str, Any]]:
             "verbs": [*_READ, "create", "delete"],
         },
         {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     ]
 
 

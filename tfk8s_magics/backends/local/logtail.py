@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..base import LogChunk, LogLine
+from ..base import LogChunk, LogLine, overwritten
 from ..pacing import Pacer
 from .inotify import DirWatcher
 from .layout import open_for_reading
@@ -114,17 +114,6 @@ def _read_tail(f, n: int | None, max_bytes: int) -> tuple[bytes, int]:
 def _cut(line: bytes) -> str:
     text = overwritten(line[:MAX_LINE].decode("utf-8", "replace"))
     return text + f" [... line cut: {len(line)} bytes]" if len(line) > MAX_LINE else text
-
-
-def overwritten(text: str) -> str:
-    """What a terminal (and Jupyter) shows of a line that carriage returns rewrote: the text after
-    the last ``\r`` that has any (a progress bar's last state)."""
-    if "\r" not in text:
-        return text
-    for part in reversed(text.split("\r")):
-        if part:
-            return part
-    return ""
 
 
 class _FileCursor:
