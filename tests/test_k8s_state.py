@@ -139,14 +139,40 @@ def test_parameter_servers_end_when_the_jobset_succeeds():
 
 
 def test_a_gone_jobset_and_a_stopped_cluster():
-    v = view(pod("ps-0"), stopped=True)
-    assert all(t.phase == Phase.STOPPED for t in state.task_statuses(v))
+    # asked to stop, a pod still there (running, or Terminating): stopping until it has ended
+    terminating = pod("worker-0")
+    terminating["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    v = view(pod("ps-0"), terminating, stopped=True)
+    assert {t.name: t.phase for t in state.task_statuses(v)} == {
+        "ps-0": Phase.STOPPING, "worker-0": Phase.STOPPING, "worker-1": Phase.STOPPED}
+    assert state.cluster_phase(v, state.task_statuses(v)) == (
+        Phase.STOPPING, "stopping: waiting for ps-0, worker-0 to end")
+    # a pod that has ended keeps its end; none left: stopped
+    v = view(pod("worker-0", "Failed", terminated={"exitCode": 143}), stopped=True)
+    assert all(t.phase in Phase.TERMINAL for t in state.task_statuses(v))
+    assert state.cluster_phase(v, state.task_statuses(v)) == (Phase.STOPPED, "stopped by the user")
+    v = view(stopped=True, jobset=None)
     assert state.cluster_phase(v, state.task_statuses(v)) == (Phase.STOPPED, "stopped by the user")
     v = view(jobset=None)
     assert state.cluster_phase(v, state.task_statuses(v))[0] == Phase.STOPPED
     assert "its JobSet is gone" in state.cluster_phase(v, state.task_statuses(v))[1]
     v = view(jobset=None, jobset_seen=False)  # not listed yet: nothing concluded
     assert state.cluster_phase(v, state.task_statuses(v))[0] == Phase.PENDING
+
+
+def test_a_jobset_kueue_suspends_again_is_pending_not_stopped():
+    """Kueue takes an admission back (preemption, eviction): it suspends the JobSet and JobSet
+    deletes the pods. A suspension the user did not ask for is pending, with the queue named."""
+    js = jobset(suspend=True)
+    js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "team-a"
+    ending = pod("worker-0")
+    ending["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    v = view(ending, jobset=js)
+    tasks = state.task_statuses(v)
+    assert {t.name: t.phase for t in tasks} == {
+        "ps-0": Phase.PENDING, "worker-0": Phase.PENDING, "worker-1": Phase.PENDING}
+    assert tasks[1].reason == "waiting for admission by queue team-a (its pod is ending)"
+    assert state.cluster_phase(v, tasks)[0] == Phase.PENDING
 
 
 def test_a_queued_jobset_says_it_waits_for_admission():

@@ -30,6 +30,8 @@ ENDED_BY_JOBSET = "ended when the JobSet succeeded"
 SIGTERM_EXIT = 143
 #: How a task of a JobSet that Kueue holds (suspended, queued) reads; Kueue's reason follows.
 WAITING_FOR_QUEUE = "waiting for admission by queue"
+#: How a task of a stopped cluster reads while its pod has not ended yet.
+STOPPING_REASON = "stopping: its pod is ending"
 
 
 def parse_time(value: str | None) -> float | None:
@@ -328,10 +330,15 @@ def task_statuses(view: View) -> list[TaskStatus]:
     for task in view.spec.tasks():
         pod = view.pods.get(task.name)
         status = task_status(task.name, pod)
-        if pod is not None and pod.get("metadata", {}).get("deletionTimestamp") and \
-                status.phase not in Phase.TERMINAL:
-            status.phase, status.reason = Phase.STOPPED, "being deleted"
-        if status.phase not in Phase.TERMINAL or pod is None:
+        live = pod is not None and status.phase not in Phase.TERMINAL
+        if view.stopped and live:  # asked to stop: stopping until the pod has ended
+            status.phase, status.reason = Phase.STOPPING, STOPPING_REASON
+        elif live and pod.get("metadata", {}).get("deletionTimestamp"):
+            if waiting:  # Kueue took the admission back (preempted, evicted): queued again
+                status.phase, status.reason = Phase.PENDING, f"{waiting} (its pod is ending)"
+            else:
+                status.phase, status.reason = Phase.STOPPED, "being deleted"
+        if status.phase not in Phase.TERMINAL and status.phase != Phase.STOPPING or pod is None:
             if view.stopped:
                 status.phase, status.reason = Phase.STOPPED, "stopped by the user"
             elif success and task.role not in view.policy.success_roles:
@@ -415,6 +422,9 @@ def failed_steps(view: View) -> list[TaskStatus]:
 def cluster_phase(view: View, tasks: list[TaskStatus]) -> tuple[str, str]:
     """The cluster's phase and reason: JobSet's verdict, else what its steps and tasks show."""
     if view.stopped:
+        ending = [t.name for t in tasks if t.phase == Phase.STOPPING]
+        if ending:
+            return Phase.STOPPING, f"stopping: waiting for {', '.join(ending)} to end"
         return Phase.STOPPED, "stopped by the user"
     # A task's failure first: a step ended by the JobSet's own end is not its cause; nor is a
     # task or step SIGTERMed (143), which is what a failing or restarting JobSet does to the rest.

@@ -45,7 +45,8 @@ _VAGUE = ("waiting to be scheduled", "no pod", "ContainerCreating", "PodInitiali
 class ClusterWatch:
     """Keeps one cluster's JobSet and pod state current, in daemon threads; never changes it."""
 
-    def __init__(self, api: Api, spec: ClusterSpec, root: dict[str, Any], feed: NamespaceFeed) -> None:
+    def __init__(self, api: Api, spec: ClusterSpec, root: dict[str, Any], feed: NamespaceFeed,
+                 jobset: dict[str, Any] | None = None) -> None:
         self.api = api
         self.feed = feed  # the namespace's shared watches bring this cluster's objects
         self.spec = spec
@@ -53,8 +54,12 @@ class ClusterWatch:
         annotations = root["metadata"].get("annotations") or {}
         self.stopped = bool(annotations.get(STOPPED_ANNOTATION))
         self.pods: dict[str, dict[str, Any]] = {}  # pod name → pod (guarded by _cond)
-        self.jobset: dict[str, Any] | None = None  # guarded by _cond
-        self.jobset_seen = False  # the JobSet has been listed once (absent means gone)
+        # ``jobset``: the JobSet this process has just created (launch). The namespace's
+        # watch may bring it seconds later on a loaded machine: until then a listing made
+        # before its creation says nothing about it, and it is not "gone".
+        self.jobset: dict[str, Any] | None = jobset  # guarded by _cond
+        self.jobset_seen = jobset is not None  # the JobSet has been listed once (absent means gone)
+        self._known_since = time.monotonic() if jobset is not None else None
         self.progress: Progress | None = None
         self.events: list[Event] = []
         self.api_events: list[dict[str, Any]] = []
@@ -98,7 +103,15 @@ class ClusterWatch:
                 self.pods[name] = pod
             self._changed()
 
+    def _mine(self, jobset: dict[str, Any] | None) -> bool:
+        """Whether ``jobset`` belongs to this cluster's root (not to a deleted namesake's)."""
+        owners = (jobset or {}).get("metadata", {}).get("ownerReferences") or []
+        uid = self.root["metadata"].get("uid")
+        return not owners or not uid or any(o.get("uid") == uid for o in owners)
+
     def _apply_jobset(self, kind: str | None, jobset: dict[str, Any]) -> None:
+        if not self._mine(jobset):  # an event of a deleted cluster of the same name
+            return
         with self._cond:
             before = self.jobset
             self.jobset = None if kind == "DELETED" else jobset
@@ -110,11 +123,16 @@ class ClusterWatch:
 
     # -- what the namespace feed calls (on its threads) ----------------------------------
     def replace_state(self, pods: list[dict[str, Any]], jobset: dict[str, Any] | None,
-                      listed: bool) -> None:
-        """A (re-)listing of this cluster's pods and JobSet (``listed``: JobSets were listed)."""
+                      listed: bool, listed_at: float | None = None) -> None:
+        """A (re-)listing of this cluster's pods and JobSet (``listed``: JobSets were listed,
+        the listing began at ``listed_at``, monotonic, and the watch events since are in)."""
+        if not self._mine(jobset):
+            jobset = None
         with self._cond:
             self.pods = {p["metadata"]["name"]: p for p in pods}
-            if listed:
+            stale = (jobset is None and self._known_since is not None
+                     and (listed_at is None or listed_at < self._known_since))
+            if listed and not stale:  # a listing older than the launch cannot say it is gone
                 self.jobset = jobset
                 self.jobset_seen = True
             self._changed()
