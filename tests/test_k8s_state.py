@@ -86,9 +86,55 @@ def test_exit_codes_are_explained():
     own = {"exitCode": 3, "reason": "Error"}
     s = state.task_status("worker-0", pod("worker-0", "Failed", terminated=own))
     assert (s.phase, s.exit_code, s.reason) == (Phase.FAILED, 3, "exit code 3")  # the script's sys.exit(3)
-    s = state.task_status("worker-0", pod("worker-0", "Failed",
-                                          terminated={"exitCode": 137, "reason": "OOMKilled"}))
-    assert (s.exit_code, s.signal, s.reason) == (137, "SIGKILL", "OOMKilled")
+    # an OOM kill names the limit it went past and the option that changes it
+    oom = pod("worker-0", "Failed", terminated={"exitCode": 137, "reason": "OOMKilled"})
+    oom["spec"] = {"containers": [{"name": "tensorflow", "resources": {"limits": {"memory": "512Mi"}}}]}
+    s = state.task_status("worker-0", oom)
+    assert (s.exit_code, s.signal, s.reason) == (
+        137, "SIGKILL", "OOMKilled: the task used more than its memory limit of 512Mi; launch with a "
+        "larger --memory for its role than 512Mi")
+
+
+def test_the_first_end_is_the_cause_not_the_peer_that_lost_it():
+    """A worker's pod deleted by hand, then its peer's collective breaks (exit 1, not retried
+    alone): the deleted pod is the cause and JobSet restarts. The order the watch saw the ends
+    in decides; without it (a fresh listing), the API's seconds: the deletion was asked for at
+    :00 (its timestamp less its grace), the peer ended at :01."""
+    deleted = pod("worker-1", "Failed", terminated={"exitCode": 143, "reason": "Error",
+                                                    "finishedAt": "2026-01-01T00:00:01Z"})
+    deleted["metadata"].update(deletionTimestamp="2026-01-01T00:00:30Z", deletionGracePeriodSeconds=30)
+    peer = pod("worker-0", "Failed", terminated={"exitCode": 1, "reason": "Error",
+                                                 "finishedAt": "2026-01-01T00:00:01Z"})
+    for ends in ({}, {deleted["metadata"]["name"]: 1.0, peer["metadata"]["name"]: 2.0}):
+        v = view(deleted, peer, pod("ps-0"), ends=ends)
+        assert state.cluster_phase(v, state.task_statuses(v)) == (
+            Phase.STARTING, "restarting: worker-1 failed: killed by SIGTERM: its pod was deleted "
+            "(1 restarts left)"), ends
+    # the order the watch saw wins over the API's seconds
+    v = view(deleted, peer, pod("ps-0"), ends={deleted["metadata"]["name"]: 2.0, peer["metadata"]["name"]: 1.0})
+    assert state.cluster_phase(v, state.task_statuses(v))[1].startswith("failing: worker-0 failed")
+
+
+def test_an_ended_container_is_not_starting_again():
+    """The container ended, the pod's phase not written yet (not ready for a moment); or a task
+    that was ready stops answering its probe: neither is starting."""
+    done = pod("worker-0", "Running", ready=False,
+               terminated={"exitCode": 0, "finishedAt": "2026-01-01T00:01:00Z"})
+    assert state.task_status("worker-0", done).phase == Phase.SUCCEEDED
+    crashed = pod("worker-0", "Running", ready=False, terminated={"exitCode": 1})
+    assert state.task_status("worker-0", crashed).phase == Phase.FAILED
+    was_ready = pod("worker-0", ready=False,
+                    conditions=[{"type": "Ready", "status": "False",
+                                 "lastTransitionTime": "2026-01-01T00:01:00Z"}])
+    was_ready["status"]["containerStatuses"][0]["state"] = {
+        "running": {"startedAt": "2026-01-01T00:00:00Z"}}
+    assert state.task_status("worker-0", was_ready).phase == Phase.RUNNING
+    starting = pod("worker-0", ready=False,
+                   conditions=[{"type": "Ready", "status": "False",
+                                "lastTransitionTime": "2025-12-31T23:59:59Z"}])
+    starting["status"]["containerStatuses"][0]["state"] = {
+        "running": {"startedAt": "2026-01-01T00:00:00Z"}}
+    assert state.task_status("worker-0", starting).phase == Phase.STARTING
 
 
 def test_a_failed_task_reads_as_restarting_until_jobset_says_otherwise():
@@ -328,3 +374,14 @@ def test_the_task_that_failed_not_the_one_the_failing_jobset_terminated_is_the_c
                                                           "worker-1": pod(1, 1)})
         phase, reason = state.cluster_phase(view, state.task_statuses(view))
         assert "worker-1 failed: the script raised an exception (exit code 1)" in reason, reason
+
+
+def test_a_memory_quota_refusal_says_gi_not_bytes():
+    """The quota controller may write a memory total in bytes: the sentence says 1Gi."""
+    quota = {"metadata": {"name": "tfk8s-quota"},
+             "status": {"hard": {"limits.memory": "4294967296"},
+                        "used": {"limits.memory": "1073741824"}}}
+    ms = _manifests(worker={"cpu": "1", "memory": "2Gi"}, ps={"cpu": "1", "memory": "1Gi"})
+    [problem] = quota_problems(ms, [quota])
+    assert "(hard 4Gi, used 1Gi)" in problem, problem
+    assert "1073741824" not in problem

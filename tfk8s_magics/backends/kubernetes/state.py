@@ -129,14 +129,50 @@ def task_status(name: str, pod: Pod | None) -> TaskStatus:
     phase = status.get("phase") or "Pending"
     if phase == "Pending":
         out.phase, out.reason = Phase.PENDING, _pending_reason(pod, waiting)
+    elif phase == "Running" and terminated:
+        # The container has ended; the kubelet has not written the pod's phase yet (a moment
+        # in which the pod is not ready): an ending task, not one starting again.
+        if terminated.get("exitCode") == 0:
+            out.phase, out.exit_code = Phase.SUCCEEDED, 0
+        else:
+            _explain_failure(out, pod)
     elif phase == "Running":
         ready = container.get("ready") or (_condition(pod, "Ready") or {}).get("status") == "True"
-        out.phase = Phase.RUNNING if ready else Phase.STARTING
+        out.phase = Phase.RUNNING if ready or _was_ready(pod, running) else Phase.STARTING
     elif phase == "Succeeded":
         out.phase, out.exit_code = Phase.SUCCEEDED, 0
     else:  # Failed or Unknown
         _explain_failure(out, pod)
     return out
+
+
+def _was_ready(pod: Pod, running: dict[str, Any] | None) -> bool:
+    """Whether a running pod that is not ready now has been ready since its container started:
+    its Ready condition turned false after the start (it was true in between). A task whose
+    script has ended, or that stopped answering, is not starting again."""
+    ready = _condition(pod, "Ready") or {}
+    changed, started = parse_time(ready.get("lastTransitionTime")), parse_time((running or {}).get("startedAt"))
+    return ready.get("status") == "False" and changed is not None and started is not None and changed > started
+
+
+def _memory_limit(pod: Pod) -> str:
+    """The memory limit of the pod's first container (the task's), as written in the pod."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    name = _container(pod).get("name")
+    for c in containers:
+        if c.get("name") == name or name is None:
+            return str(((c.get("resources") or {}).get("limits") or {}).get("memory") or "")
+    return ""
+
+
+def oom_reason(pod: Pod) -> str:
+    """An out-of-memory kill, with the limit it went past and what to change."""
+    limit = _memory_limit(pod)
+    if not limit:
+        return ("OOMKilled: the task ran out of memory; launch with more memory for its role "
+                "(--memory, e.g. --memory 4Gi)")
+    return (f"OOMKilled: the task used more than its memory limit of {limit}; launch with a "
+            f"larger --memory for its role than {limit}")
 
 
 def _pending_reason(pod: Pod, waiting: dict[str, Any] | None) -> str:
@@ -160,8 +196,12 @@ def _explain_failure(out: TaskStatus, pod: Pod) -> None:
         out.reason = _sentence(status["reason"], status.get("message"))
     elif end.reason == lifecycle.SCRIPT_BROKEN:
         out.reason = lifecycle.explain_exit(end.exit_code, end.reason)
+    elif end.reason == "OOMKilled":
+        out.reason = oom_reason(pod)
     elif end.reason and end.reason != "Error":  # "Error" says nothing the exit code does not
         out.reason = end.reason
+    elif out.signal and (pod.get("metadata") or {}).get("deletionTimestamp"):
+        out.reason = f"killed by {out.signal}: its pod was deleted"
     elif out.signal:
         out.reason = f"killed by {out.signal}"
     else:
@@ -314,6 +354,7 @@ class View:
     jobset_seen: bool = True  # False until the first listing of the JobSet is in
     steps: dict[str, Pod] = field(default_factory=dict)  # sync/backup step → newest pod
     step_line: str = ""  # the working step's newest log line (its progress)
+    ends: dict[str, float] = field(default_factory=dict)  # pod name → when the watch saw it end
 
     @property
     def policy(self) -> LifecyclePolicy:
@@ -429,7 +470,7 @@ def cluster_phase(view: View, tasks: list[TaskStatus]) -> tuple[str, str]:
     # A task's failure first: a step ended by the JobSet's own end is not its cause; nor is a
     # task or step SIGTERMed (143), which is what a failing or restarting JobSet does to the rest.
     failed = sorted([*(t for t in tasks if t.phase == Phase.FAILED), *failed_steps(view)],
-                    key=lambda t: t.exit_code == SIGTERM_EXIT)
+                    key=lambda t: _end_order(view, t))
     ended = jobset_condition(view.jobset)
     if ended is not None:
         return _ended_phase(ended, failed)
@@ -446,6 +487,34 @@ def cluster_phase(view: View, tasks: list[TaskStatus]) -> tuple[str, str]:
             waiting = [t for t in tasks if t.phase == phase]
             return phase, f"{waiting[0].name}: {waiting[0].reason}" if waiting[0].reason else ""
     return Phase.RUNNING, ""
+
+
+def end_began(pod: Pod) -> float | None:
+    """When a pod's end began, by the API's clock (seconds): its deletion was asked for (the
+    deletion timestamp less its grace) or its container ended, whichever came first."""
+    meta = pod.get("metadata") or {}
+    times = []
+    deleted = parse_time(meta.get("deletionTimestamp"))
+    if deleted is not None:
+        times.append(deleted - float(meta.get("deletionGracePeriodSeconds") or 0))
+    finished = parse_time(((_container(pod).get("state") or {}).get("terminated") or {}).get("finishedAt"))
+    if finished is not None:
+        times.append(finished)
+    return min(times) if times else None
+
+
+def _end_order(view: View, t: TaskStatus) -> tuple[float, float, bool]:
+    """Which failure came first, so the cause is named and not a peer that lost it (a worker
+    whose pod was deleted, then the peer whose collective broke): the order in which the watch
+    saw the ends begin, else the API's timestamps (to the second), else a SIGTERMed task last
+    (what JobSet does to the rest of a failing or restarting cluster)."""
+    pod = view.pods.get(t.name) or {}
+    name = (pod.get("metadata") or {}).get("name", "")
+    seen = view.ends.get(name)
+    began = end_began(pod) if pod else None
+    inf = float("inf")
+    return (inf if seen is None else seen, inf if began is None else began,
+            t.exit_code == SIGTERM_EXIT)
 
 
 def _ended_phase(ended: dict[str, Any], failed: list[TaskStatus]) -> tuple[str, str]:

@@ -42,6 +42,14 @@ _VAGUE = ("waiting to be scheduled", "no pod", "ContainerCreating", "PodInitiali
           state.WAITING_FOR_QUEUE)
 
 
+def _ending(pod: dict[str, Any]) -> bool:
+    """Whether a pod's end has begun: its deletion was asked for, or its container ended."""
+    status = pod.get("status") or {}
+    if (pod.get("metadata") or {}).get("deletionTimestamp") or status.get("phase") in ("Failed", "Succeeded"):
+        return True
+    return any("terminated" in (c.get("state") or {}) for c in status.get("containerStatuses") or [])
+
+
 class ClusterWatch:
     """Keeps one cluster's JobSet and pod state current, in daemon threads; never changes it."""
 
@@ -54,6 +62,8 @@ class ClusterWatch:
         annotations = root["metadata"].get("annotations") or {}
         self.stopped = bool(annotations.get(STOPPED_ANNOTATION))
         self.pods: dict[str, dict[str, Any]] = {}  # pod name → pod (guarded by _cond)
+        self._gone: dict[str, dict[str, Any]] = {}  # pod name → last state of a pod that went
+        self._ends: dict[str, float] = {}  # pod name → when the watch saw its end begin
         # ``jobset``: the JobSet this process has just created (launch). The namespace's
         # watch may bring it seconds later on a loaded machine: until then a listing made
         # before its creation says nothing about it, and it is not "gone".
@@ -97,11 +107,29 @@ class ClusterWatch:
     def _apply_pod(self, kind: str | None, pod: dict[str, Any]) -> None:
         name = pod.get("metadata", {}).get("name", "")
         with self._cond:
+            if name not in self._ends and _ending(pod):
+                self._ends[name] = time.monotonic()  # the order the ends began in names the cause
             if kind == "DELETED":
                 self.pods.pop(name, None)
+                self._keep_gone(name, pod)
+                if name not in self._gone:
+                    self._ends.pop(name, None)
             else:
                 self.pods[name] = pod
             self._changed()
+
+    def _keep_gone(self, name: str, pod: dict[str, Any]) -> None:
+        """Keep a failed pod that went while its cluster runs (deleted by hand, its end read):
+        until a newer pod of its task comes, it is that task's last word, and the cause of
+        what its peers do next. Call under ``_cond``."""
+        ended = (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded")
+        if self.stopped or self.jobset is None or state.jobset_condition(self.jobset) or not ended:
+            self._gone.pop(name, None)
+            return
+        self._gone[name] = pod
+        attempt = state.jobset_restarts(self.jobset)
+        for old in [n for n, p in self._gone.items() if state.pod_attempt(p) < attempt]:
+            del self._gone[old]  # a finished restart attempt: its pods say nothing any more
 
     def _mine(self, jobset: dict[str, Any] | None) -> bool:
         """Whether ``jobset`` belongs to this cluster's root (not to a deleted namesake's)."""
@@ -130,6 +158,10 @@ class ClusterWatch:
             jobset = None
         with self._cond:
             self.pods = {p["metadata"]["name"]: p for p in pods}
+            listed_now = time.monotonic()  # ends found by a listing: at once, before later ones
+            for name, p in self.pods.items():
+                if name not in self._ends and _ending(p):
+                    self._ends[name] = listed_now
             stale = (jobset is None and self._known_since is not None
                      and (listed_at is None or listed_at < self._known_since))
             if listed and not stale:  # a listing older than the launch cannot say it is gone
@@ -199,9 +231,14 @@ class ClusterWatch:
         """The cluster as :mod:`.state` sees it now."""
         with self._cond:
             pods = list(self.pods.values())
-            jobset, seen = self.jobset, self.jobset_seen
-        return state.View(spec=self.spec, jobset=jobset, pods=state.latest_pods(pods),
-                          stopped=self.stopped, jobset_seen=seen, steps=state.latest_steps(pods))
+            gone = [p for n, p in self._gone.items() if n not in self.pods]
+            jobset, seen, ends = self.jobset, self.jobset_seen, dict(self._ends)
+            if self.stopped or jobset is None:
+                gone = []
+        # a gone pod first: a live pod of the same task and attempt made in the same second wins
+        return state.View(spec=self.spec, jobset=jobset, pods=state.latest_pods(gone + pods),
+                          stopped=self.stopped, jobset_seen=seen, steps=state.latest_steps(pods),
+                          ends=ends)
 
     def _maybe_list_events(self, view: state.View) -> None:
         vague = [
