@@ -385,3 +385,35 @@ def test_a_memory_quota_refusal_says_gi_not_bytes():
     [problem] = quota_problems(ms, [quota])
     assert "(hard 4Gi, used 1Gi)" in problem, problem
     assert "1073741824" not in problem
+
+
+def test_a_cluster_that_cannot_start_says_so_in_one_stable_sentence():
+    """An image no node can pull: at once, the same sentence whichever of the kubelet's two
+    reasons it shows; a pod no node has room for: after the grace, in the scheduler's words."""
+    def pulling(reason, message):
+        p = pod("worker-0", "Pending", ready=False)
+        p["status"]["containerStatuses"][0].update(
+            image="nope/missing:1", state={"waiting": {"reason": reason, "message": message}})
+        return p
+
+    failed = 'failed to pull and unpack image "docker.io/nope/missing:1": not found'
+    first = state.cannot_start(view(pulling("ErrImagePull", failed), pod("ps-0")), now=0)
+    again = state.cannot_start(view(pulling("ImagePullBackOff",
+                                            f'Back-off pulling image "nope/missing:1": ErrImagePull: {failed}'),
+                                    pod("ps-0")), now=0)
+    assert first == again == (
+        "cannot start: worker-0: its image 'nope/missing:1' cannot be pulled: " + failed +
+        "; launch with an --image the nodes can pull (or ask your administrator to make this one "
+        "available); then stop this cluster and launch again")
+    unschedulable = pod("worker-1", "Pending", ready=False, conditions=[{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+        "message": "0/1 nodes are available: 1 Insufficient cpu."}])
+    born = state.parse_time("2026-01-01T00:00:00Z")
+    v = view(unschedulable, pod("ps-0"), pod("worker-0"))
+    assert state.cannot_start(v, now=born + 119) is None  # a node may still be on its way
+    assert state.cannot_start(v, now=born + 121) == (
+        "cannot start: worker-1 has fit on no node for more than 120 s (0/1 nodes are available: "
+        "1 Insufficient cpu.): stop this cluster and launch it asking for less (--cpu, --memory, "
+        "fewer tasks), or ask your administrator for larger nodes")
+    assert state.cannot_start(view(pod("ps-0"), pod("worker-0")), now=born + 999) is None

@@ -343,6 +343,68 @@ def create_blocked(tasks: list[TaskStatus], events: list[dict[str, Any]], cluste
     return None
 
 
+#: A container's waiting reasons that mean its image will not come without a change.
+IMAGE_PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+#: Seconds a task may fit on no node before its cluster says it cannot start (a cluster
+#: autoscaler adding a node takes about a minute or two; after that, the sentence).
+SCHEDULE_GRACE = 120.0
+
+
+def _pull_error(message: str) -> str:
+    """The kubelet's pull error without the back-off wrapper, so the sentence does not change
+    every 10 s between ``ErrImagePull`` and ``ImagePullBackOff``."""
+    text = message or ""
+    if text.startswith("Back-off pulling image"):
+        _, _, text = text.partition(": ")
+    for prefix in ("ErrImagePull: ", "ImagePullBackOff: "):
+        text = text.removeprefix(prefix)
+    return text.strip()
+
+
+def _image_of(pod: Pod) -> str:
+    spec_containers = (pod.get("spec") or {}).get("containers") or []
+    return _container(pod).get("image") or (spec_containers[0].get("image") if spec_containers else "")
+
+
+def pull_failure(pod: Pod) -> str | None:
+    """Why a pending pod's image will not come (one stable sentence), or None."""
+    waiting = (_container(pod).get("state") or {}).get("waiting") or {}
+    if waiting.get("reason") not in IMAGE_PULL_FAILURES:
+        return None
+    why = _pull_error(waiting.get("message") or "")
+    image = _image_of(pod)
+    detail = f": {why}" if why and not why.startswith("Back-off") else ""
+    return (f"its image {image!r} cannot be pulled{detail}; launch with an --image the "
+            "nodes can pull (or ask your administrator to make this one available)")
+
+
+def cannot_start(view: View, now: float, grace: float | None = None) -> str | None:
+    """Why a pending cluster will not start without a change (its pods would wait for ever),
+    as one sentence saying what to do; None while it may still start by itself.
+
+    An image no node can pull is said at once (the kubelet only retries it); a pod no node
+    has room for after ``grace`` seconds (default :data:`SCHEDULE_GRACE`), as the scheduler
+    says it.
+    """
+    grace = SCHEDULE_GRACE if grace is None else grace
+    for task, pod in sorted(view.pods.items()):
+        if (pod.get("status") or {}).get("phase") != "Pending" or \
+                (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        pulled = pull_failure(pod)
+        if pulled:
+            return f"cannot start: {task}: {pulled}; then stop this cluster and launch again"
+        scheduled = _condition(pod, "PodScheduled") or {}
+        since = parse_time(scheduled.get("lastTransitionTime"))
+        if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable" \
+                and since is not None and now - since >= grace:
+            return (f"cannot start: {task} has fit on no node for more than {grace:.0f} s "
+                    f"({scheduled.get('message') or 'Unschedulable'}): stop this cluster and "
+                    "launch it asking for less (--cpu, --memory, fewer tasks), or ask your "
+                    "administrator for larger nodes")
+    return None
+
+
 @dataclass
 class View:
     """What the watch knows about one cluster at one instant."""

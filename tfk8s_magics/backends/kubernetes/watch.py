@@ -296,12 +296,17 @@ class ClusterWatch:
         with self._cond:
             events = list(self.api_events)
         # Event times are the API server's, to the second: compare with the wall clock.
-        blocked = state.create_blocked(snap.tasks, events, self.spec.name, self._born(view),
-                                       time.time()) or ""
+        now = time.time()
+        created = state.create_blocked(snap.tasks, events, self.spec.name, self._born(view), now)
+        blocked = created or state.cannot_start(view, now) or ""
         if blocked:
-            snap.reason = blocked
+            snap.reason = snap.cannot_start = blocked
+            for t in snap.tasks:  # the container's own words, not the kubelet's back-off Events
+                pulled = state.pull_failure(view.pods[t.name]) if t.name in view.pods else None
+                if pulled and t.phase == Phase.PENDING:
+                    t.reason = pulled
             if not self.blocked:
-                self.record_event("", "FailedCreate", blocked, "Warning")
+                self.record_event("", "FailedCreate" if created else "CannotStart", blocked, "Warning")
         self.blocked = blocked
 
     def _working_step_line(self, view: state.View) -> str:
