@@ -417,3 +417,29 @@ def test_a_cluster_that_cannot_start_says_so_in_one_stable_sentence():
         "1 Insufficient cpu.): stop this cluster and launch it asking for less (--cpu, --memory, "
         "fewer tasks), or ask your administrator for larger nodes")
     assert state.cannot_start(view(pod("ps-0"), pod("worker-0")), now=born + 999) is None
+
+
+def test_start_up_probe_failures_and_a_deleted_namesakes_events_are_not_shown():
+    probe = {"reason": "Unhealthy", "message": "Readiness probe failed: ", "type": "Warning",
+             "firstTimestamp": "2026-01-01T00:00:05Z", "lastTimestamp": "2026-01-01T00:00:07Z"}
+    became_ready = pod("worker-0", conditions=[{"type": "Ready", "status": "True",
+                                                "lastTransitionTime": "2026-01-01T00:00:08Z"}])
+    assert state.startup_probe_noise(probe, became_ready)  # before TensorFlow listened
+    assert state.startup_probe_noise(probe, pod("worker-0", ready=False))  # still starting
+    later = {**probe, "firstTimestamp": "2026-01-01T00:05:00Z", "lastTimestamp": "2026-01-01T00:05:00Z"}
+    was_ready = pod("worker-0", ready=False, conditions=[{"type": "Ready", "status": "False",
+                                                         "lastTransitionTime": "2026-01-01T00:05:00Z"}])
+    was_ready["status"]["containerStatuses"][0]["state"] = {"running": {"startedAt": "2026-01-01T00:00:01Z"}}
+    assert not state.startup_probe_noise(later, was_ready)  # it had answered, then stopped
+    assert not state.startup_probe_noise({**probe, "reason": "BackOff"}, became_ready)
+
+    born = state.parse_time("2026-01-01T01:00:00Z")
+    old = {"reason": "Killing", "lastTimestamp": "2026-01-01T00:59:59Z",
+           "involvedObject": {"kind": "Pod", "name": "c-worker-0-0-abc", "uid": "old-pod"}}
+    assert state.of_another_incarnation(old, born, {"new-pod"})
+    same_second = {**old, "lastTimestamp": "2026-01-01T01:00:00Z"}
+    assert state.of_another_incarnation(same_second, born, {"new-pod"})
+    assert not state.of_another_incarnation({**same_second, "involvedObject": {"uid": "new-pod"}},
+                                            born, {"new-pod"})
+    assert not state.of_another_incarnation({**old, "lastTimestamp": "2026-01-01T01:00:01Z"},
+                                            born, {"new-pod"})

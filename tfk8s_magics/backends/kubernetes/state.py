@@ -317,6 +317,27 @@ def explain_no_pod(tasks: list[TaskStatus], events: list[dict[str, Any]], cluste
             t.reason = f"FailedCreate: {newest.get('message', '')}".rstrip(": ")
 
 
+def startup_probe_noise(e: dict[str, Any], pod: Pod | None) -> bool:
+    """Whether an Event is a readiness probe failing while its task starts: the probe fails
+    until TensorFlow listens (normal start-up, with an empty message). Only a failure after the
+    pod had been ready says something is wrong."""
+    if e.get("reason") != "Unhealthy" or not str(e.get("message", "")).startswith("Readiness probe"):
+        return False
+    ready = _condition(pod or {}, "Ready") or {}
+    became = parse_time(ready.get("lastTransitionTime"))
+    if ready.get("status") != "True" or became is None:
+        return not _was_ready(pod or {}, ((_container(pod or {}).get("state") or {}).get("running")))
+    return first_time(e) <= became
+
+
+def of_another_incarnation(e: dict[str, Any], born: float, known_uids: set[str]) -> bool:
+    """Whether an Event is about a deleted cluster of the same name: older than this cluster's
+    root, or in the root's second about an object this cluster does not have."""
+    when = event_time(e)
+    uid = (e.get("involvedObject") or {}).get("uid")
+    return when < born or (when <= born and bool(uid) and uid not in known_uids)
+
+
 def first_time(e: dict[str, Any]) -> float:
     """When an Event's series began (its ``firstTimestamp``, else its newest time)."""
     return parse_time(e.get("firstTimestamp")) or parse_time(e.get("eventTime")) or event_time(e)

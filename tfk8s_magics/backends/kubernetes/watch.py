@@ -258,11 +258,18 @@ class ClusterWatch:
             self.error = api_reason(e)
             return list(self.api_events)
         name, prefix = self.spec.name, f"{self.spec.name}-"
+        with self._cond:
+            pods = {**self._gone, **self.pods}
+            known = {p["metadata"].get("uid") for p in pods.values()}
+            known |= {self.root["metadata"].get("uid"), ((self.jobset or {}).get("metadata") or {}).get("uid")}
+        born = state.parse_time(self.root["metadata"].get("creationTimestamp")) or 0.0
         mine = [
             e for e in items
-            if (e.get("involvedObject") or {}).get("name", "") == name
-            or (e.get("involvedObject") or {}).get("name", "").startswith(prefix)
-            or state.is_kueue_workload(e.get("involvedObject") or {}, name)
+            if ((e.get("involvedObject") or {}).get("name", "") == name
+                or (e.get("involvedObject") or {}).get("name", "").startswith(prefix)
+                or state.is_kueue_workload(e.get("involvedObject") or {}, name))
+            and not state.of_another_incarnation(e, born, known)
+            and not state.startup_probe_noise(e, pods.get((e.get("involvedObject") or {}).get("name", "")))
         ]
         with self._cond:
             self.api_events = mine
