@@ -111,7 +111,8 @@ def test_the_first_end_is_the_cause_not_the_peer_that_lost_it():
             Phase.STARTING, "restarting: worker-1 failed: killed by SIGTERM: its pod was deleted "
             "(1 restarts left)"), ends
     # the order the watch saw wins over the API's seconds
-    v = view(deleted, peer, pod("ps-0"), ends={deleted["metadata"]["name"]: 2.0, peer["metadata"]["name"]: 1.0})
+    v = view(deleted, peer, pod("ps-0"),
+             ends={deleted["metadata"]["name"]: 2.0, peer["metadata"]["name"]: 1.0})
     assert state.cluster_phase(v, state.task_statuses(v))[1].startswith("failing: worker-0 failed")
 
 
@@ -398,9 +399,8 @@ def test_a_cluster_that_cannot_start_says_so_in_one_stable_sentence():
 
     failed = 'failed to pull and unpack image "docker.io/nope/missing:1": not found'
     first = state.cannot_start(view(pulling("ErrImagePull", failed), pod("ps-0")), now=0)
-    again = state.cannot_start(view(pulling("ImagePullBackOff",
-                                            f'Back-off pulling image "nope/missing:1": ErrImagePull: {failed}'),
-                                    pod("ps-0")), now=0)
+    backoff = f'Back-off pulling image "nope/missing:1": ErrImagePull: {failed}'
+    again = state.cannot_start(view(pulling("ImagePullBackOff", backoff), pod("ps-0")), now=0)
     assert first == again == (
         "cannot start: worker-0: its image 'nope/missing:1' cannot be pulled: " + failed +
         "; launch with an --image the nodes can pull (or ask your administrator to make this one "

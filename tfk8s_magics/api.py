@@ -257,6 +257,10 @@ def launch(
     return cluster
 
 
+#: Seconds a re-run launch waits for a cluster stopped a moment ago to end.
+_STOPPING_WAIT = 120.0
+
+
 def _retire_previous_run(name: str, be: Backend, replace: bool, force: bool) -> Any:
     """Make way for a launch of cluster ``name``: an ended cluster of that name (succeeded,
     failed, stopped) is replaced — re-running a launch cell just works — and its logs are kept as
@@ -268,6 +272,8 @@ def _retire_previous_run(name: str, be: Backend, replace: bool, force: bool) -> 
         return None
     if st.phase == Phase.UNKNOWN:  # unreadable (e.g. an interrupted launch's empty dir): the backend decides
         return None
+    if st.phase == Phase.STOPPING and not (replace and force):
+        st = old.wait(_STOPPING_WAIT)  # stopped a moment ago, its tasks still ending: let them
     if not st.terminal and not (replace and force):
         raise ClusterExists(
             f"cluster {name!r} is still {st.phase}: stop it first (%tfcluster stop {name}) and run "

@@ -67,25 +67,25 @@ def clean_namespace(api: Callable[[str], Any], namespace: str, role: str) -> lis
                                                      propagation_policy="Background")
         gone += [f"deployment/{d.metadata.name}" for d in deployments]
     for pod in core.list_namespaced_pod(namespace, label_selector=SERVER_PODS).items:
-        _gone_ok(lambda: core.delete_namespaced_pod(pod.metadata.name, namespace))
+        _gone_ok(core.delete_namespaced_pod, pod.metadata.name, namespace)
         gone.append(f"pod/{pod.metadata.name}")
     for svc in core.list_namespaced_service(namespace, label_selector=SERVER_PODS).items:
-        _gone_ok(lambda: core.delete_namespaced_service(svc.metadata.name, namespace))
+        _gone_ok(core.delete_namespaced_service, svc.metadata.name, namespace)
         gone.append(f"service/{svc.metadata.name}")
     for binding in rbac.list_namespaced_role_binding(namespace).items:
         ref = binding.role_ref
         if ref.kind == "ClusterRole" and ref.name == role:
-            _gone_ok(lambda: rbac.delete_namespaced_role_binding(binding.metadata.name, namespace))
+            _gone_ok(rbac.delete_namespaced_role_binding, binding.metadata.name, namespace)
             gone.append(f"rolebinding/{binding.metadata.name}")
     return gone
 
 
-def _gone_ok(call: Callable[[], Any]) -> None:
+def _gone_ok(delete: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
     """A delete that may meet an object already gone (the hub or the user was quicker)."""
     from kubernetes.client.rest import ApiException
 
     try:
-        call()
+        delete(*args, **kwargs)
     except ApiException as e:
         if e.status != 404:
             raise
@@ -98,7 +98,7 @@ def run(api: Callable[[str], Any], hub_namespace: str, role: str, remove_namespa
     done: dict[str, list[str]] = {}
     for ns in user_namespaces(core, hub_namespace):
         if remove_namespaces:
-            _gone_ok(lambda: core.delete_namespace(ns, propagation_policy="Background"))
+            _gone_ok(core.delete_namespace, ns, propagation_policy="Background")
             done[ns] = [f"namespace/{ns}"]
         else:
             done[ns] = clean_namespace(api, ns, role)

@@ -151,8 +151,9 @@ def _was_ready(pod: Pod, running: dict[str, Any] | None) -> bool:
     its Ready condition turned false after the start (it was true in between). A task whose
     script has ended, or that stopped answering, is not starting again."""
     ready = _condition(pod, "Ready") or {}
-    changed, started = parse_time(ready.get("lastTransitionTime")), parse_time((running or {}).get("startedAt"))
-    return ready.get("status") == "False" and changed is not None and started is not None and changed > started
+    changed = parse_time(ready.get("lastTransitionTime"))
+    started = parse_time((running or {}).get("startedAt"))
+    return ready.get("status") == "False" and None not in (changed, started) and changed > started
 
 
 def _memory_limit(pod: Pod) -> str:

@@ -261,7 +261,8 @@ class ClusterWatch:
         with self._cond:
             pods = {**self._gone, **self.pods}
             known = {p["metadata"].get("uid") for p in pods.values()}
-            known |= {self.root["metadata"].get("uid"), ((self.jobset or {}).get("metadata") or {}).get("uid")}
+            jobset_uid = ((self.jobset or {}).get("metadata") or {}).get("uid")
+            known |= {self.root["metadata"].get("uid"), jobset_uid}
         born = state.parse_time(self.root["metadata"].get("creationTimestamp")) or 0.0
         mine = [
             e for e in items
