@@ -129,21 +129,29 @@ def task_status(name: str, pod: Pod | None) -> TaskStatus:
     phase = status.get("phase") or "Pending"
     if phase == "Pending":
         out.phase, out.reason = Phase.PENDING, _pending_reason(pod, waiting)
-    elif phase == "Running" and terminated:
+    elif phase == "Running":
+        _running(out, pod, container)
+    elif phase == "Succeeded":
+        out.phase, out.exit_code = Phase.SUCCEEDED, 0
+    else:  # Failed or Unknown
+        _explain_failure(out, pod)
+    return out
+
+
+def _running(out: TaskStatus, pod: Pod, container: dict[str, Any]) -> None:
+    """The phase of a task whose pod's phase is ``Running``."""
+    state = container.get("state") or {}
+    terminated = state.get("terminated")
+    if terminated:
         # The container has ended; the kubelet has not written the pod's phase yet (a moment
         # in which the pod is not ready): an ending task, not one starting again.
         if terminated.get("exitCode") == 0:
             out.phase, out.exit_code = Phase.SUCCEEDED, 0
         else:
             _explain_failure(out, pod)
-    elif phase == "Running":
-        ready = container.get("ready") or (_condition(pod, "Ready") or {}).get("status") == "True"
-        out.phase = Phase.RUNNING if ready or _was_ready(pod, running) else Phase.STARTING
-    elif phase == "Succeeded":
-        out.phase, out.exit_code = Phase.SUCCEEDED, 0
-    else:  # Failed or Unknown
-        _explain_failure(out, pod)
-    return out
+        return
+    ready = container.get("ready") or (_condition(pod, "Ready") or {}).get("status") == "True"
+    out.phase = Phase.RUNNING if ready or _was_ready(pod, state.get("running")) else Phase.STARTING
 
 
 def _was_ready(pod: Pod, running: dict[str, Any] | None) -> bool:
@@ -454,15 +462,7 @@ def task_statuses(view: View) -> list[TaskStatus]:
     out = []
     for task in view.spec.tasks():
         pod = view.pods.get(task.name)
-        status = task_status(task.name, pod)
-        live = pod is not None and status.phase not in Phase.TERMINAL
-        if view.stopped and live:  # asked to stop: stopping until the pod has ended
-            status.phase, status.reason = Phase.STOPPING, STOPPING_REASON
-        elif live and pod.get("metadata", {}).get("deletionTimestamp"):
-            if waiting:  # Kueue took the admission back (preempted, evicted): queued again
-                status.phase, status.reason = Phase.PENDING, f"{waiting} (its pod is ending)"
-            else:
-                status.phase, status.reason = Phase.STOPPED, "being deleted"
+        status = _ending(view, task_status(task.name, pod), pod, waiting)
         if status.phase not in Phase.TERMINAL and status.phase != Phase.STOPPING or pod is None:
             if view.stopped:
                 status.phase, status.reason = Phase.STOPPED, "stopped by the user"
@@ -476,6 +476,20 @@ def task_statuses(view: View) -> list[TaskStatus]:
                 status.phase, status.reason = Phase.STOPPED, "its JobSet is gone"
         out.append(status)
     return out
+
+
+def _ending(view: View, status: TaskStatus, pod: Pod | None, waiting: str | None) -> TaskStatus:
+    """A task whose pod has not ended while its cluster was stopped, or whose pod is being
+    deleted: stopping; pending again when Kueue took the admission back; else being deleted."""
+    live = pod is not None and status.phase not in Phase.TERMINAL
+    if view.stopped and live:  # asked to stop: stopping until the pod has ended
+        status.phase, status.reason = Phase.STOPPING, STOPPING_REASON
+    elif live and pod.get("metadata", {}).get("deletionTimestamp"):
+        if waiting:  # Kueue took the admission back (preempted, evicted): queued again
+            status.phase, status.reason = Phase.PENDING, f"{waiting} (its pod is ending)"
+        else:
+            status.phase, status.reason = Phase.STOPPED, "being deleted"
+    return status
 
 
 def step_status(step: str, pod: Pod | None) -> TaskStatus:
