@@ -113,8 +113,9 @@ class Kernel:
         self.kc.wait_for_ready(timeout=60)
         self.seen: list[str] = []  # every text any output carried, from any thread
 
-    def run(self, code: str, cell: str, timeout: float = 180, interrupt_after: float | None = None) -> str:
-        """Run ``code`` as cell ``cell``; return the text of every output while it ran."""
+    def run(self, code: str, cell: str, timeout: float = 180, interrupt_when=None) -> str:
+        """Run ``code`` as cell ``cell``; return the text of every output while it ran.
+        ``interrupt_when``: a predicate polled meanwhile; once true, the kernel is interrupted (■)."""
         msg = self.kc.session.msg("execute_request", {
             "code": code, "silent": False, "store_history": True, "user_expressions": {},
             "allow_stdin": False, "stop_on_error": True}, metadata={"cellId": cell})
@@ -122,11 +123,10 @@ class Kernel:
         msg_id = msg["header"]["msg_id"]
         texts: list[str] = []
         deadline = time.monotonic() + timeout
-        interrupt_at = time.monotonic() + interrupt_after if interrupt_after else None
         while time.monotonic() < deadline:
-            if interrupt_at and time.monotonic() >= interrupt_at:
+            if interrupt_when is not None and interrupt_when():
                 self.km.interrupt_kernel()
-                interrupt_at = None
+                interrupt_when = None
             try:
                 m = self.kc.get_iopub_msg(timeout=1)
             except Exception:  # noqa: BLE001 - queue.Empty: keep waiting
@@ -144,6 +144,11 @@ class Kernel:
     def close(self) -> None:
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=True)
+
+
+def jobset_exists(realkube, ns: str, name: str) -> bool:
+    return any(j["metadata"]["name"] == name for j in realkube.custom.list_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", ns, "jobsets")["items"])
 
 
 def _text(m: dict) -> str:
@@ -193,8 +198,15 @@ def test_an_interrupted_in_graph_launch_says_one_sentence(realkube, kernel):
     gets them: ■ (KeyboardInterrupt) ends the wait with one line, not a traceback."""
     ns, backend, k = kernel
     k.run("%load_ext tfk8s_magics", "load")
+    since = []
+
+    def waiting() -> bool:  # the launch is done and the cell waits for the servers
+        if not since and jobset_exists(realkube, ns.name, "ig"):
+            since.append(time.monotonic())
+        return bool(since) and time.monotonic() - since[0] > 3
+
     out = k.run("%tfcluster launch ig --mode in-graph --ps 1 --workers 1 --queue nobody",
-                "launch", interrupt_after=8)
+                "launch", interrupt_when=waiting)
     assert "ig: interrupted while waiting for its servers to be ready" in out, out
     assert "%tfcluster stop ig" in out
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
