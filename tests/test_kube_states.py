@@ -183,7 +183,9 @@ def test_stop_rerun_refused_rerun_then_delete_prints_no_traceback(realkube, kern
     out = k.run("%tfcluster stop c8", "stop")
     assert "c8: stop" in out, out
     out = k.run(SCRIPT_CELL, "launch")  # the re-run replaces the stopped cluster
-    wait_for(lambda: backend.status("c8").phase == Phase.RUNNING, 90, message="the re-run c8 running")
+    assert "Traceback" not in out and "Error" not in out, out
+    wait_for(lambda: backend.status("c8").phase == Phase.RUNNING, 90,
+             message=f"the re-run c8 running (the cell said: {out[-2000:]})")
     out = k.run(SCRIPT_CELL, "launch")  # refused: it runs
     assert "is still running" in out and "Traceback" not in out, out
     out = k.run("%tfcluster delete c8", "delete")

@@ -74,6 +74,7 @@ class ClusterWatch:
         self.events: list[Event] = []
         self.api_events: list[dict[str, Any]] = []
         self.deleted = False
+        self.superseded = False  # a newer cluster of this name exists (see _apply_jobset)
         self.error: str = ""
         self.requests = 0  # API requests this watch made (for the bench)
         self._cond = threading.Condition()
@@ -101,8 +102,9 @@ class ClusterWatch:
 
     @property
     def alive(self) -> bool:
-        """Whether the namespace feed runs and this view has not been asked to stop."""
-        return self.feed.alive and not self._halt.is_set()
+        """Whether the namespace feed runs, this view has not been asked to stop, and no newer
+        cluster of its name has replaced the one it watches."""
+        return self.feed.alive and not self._halt.is_set() and not self.superseded
 
     def _apply_pod(self, kind: str | None, pod: dict[str, Any]) -> None:
         name = pod.get("metadata", {}).get("name", "")
@@ -138,7 +140,12 @@ class ClusterWatch:
         return not owners or not uid or any(o.get("uid") == uid for o in owners)
 
     def _apply_jobset(self, kind: str | None, jobset: dict[str, Any]) -> None:
-        if not self._mine(jobset):  # an event of a deleted cluster of the same name
+        if not self._mine(jobset):
+            # Another root's JobSet of this name: a deleted namesake's last events (ignored), or
+            # a new cluster of this name, launched elsewhere after this one was deleted: then
+            # this view is over, and the backend reads the new root (see ``alive``).
+            if kind != "DELETED":
+                self.superseded = True
             return
         with self._cond:
             before = self.jobset
@@ -155,6 +162,7 @@ class ClusterWatch:
         """A (re-)listing of this cluster's pods and JobSet (``listed``: JobSets were listed,
         the listing began at ``listed_at``, monotonic, and the watch events since are in)."""
         if not self._mine(jobset):
+            self.superseded = True
             jobset = None
         with self._cond:
             self.pods = {p["metadata"]["name"]: p for p in pods}
