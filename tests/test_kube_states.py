@@ -123,10 +123,11 @@ def test_a_pod_deleted_by_hand_is_the_cause_not_the_peer_that_lost_it(realkube, 
     # JobSet's verdict then wins over what the notebook read meanwhile. (Here the Job controller
     # meets both ends in one pass, and podFailurePolicy's FailJob on exit 1 fails the cluster; in
     # the run this reproduces it had counted the deleted pod first, and JobSet restarted.)
-    st = wait_for(lambda: (s := backend.status("blame")).terminal or (
-        jobset(realkube, ns.name, "blame").get("status", {}).get("restarts", 0) == 1) and s, 120,
+    st = wait_for(lambda: ((s := backend.status("blame")).terminal or jobset(
+        realkube, ns.name, "blame").get("status", {}).get("restarts", 0) == 1) and s, 120,
         message="JobSet's verdict")
-    assert st.phase in (Phase.FAILED, Phase.STARTING, Phase.RUNNING, Phase.PENDING), st
+    if st.terminal:
+        assert st.phase == Phase.FAILED and "PodFailurePolicy" in st.reason or "failed" in st.reason, st
 
 
 # -- a real notebook kernel -------------------------------------------------------------------------
