@@ -2,8 +2,9 @@
 
 Build: ``scripts/docs`` (build, then serve on 127.0.0.1), or
 ``.venv/bin/python -m sphinx -W --keep-going -n -b html docs build/docs/html``.
-Generated reference pages (options, chart values) are written at build time by
-``docs/_ext/tfk8s_docs.py``; they are not committed.
+Generated reference pages (options, chart values, error sentences) are written at build time by
+``docs/_ext/tfk8s_docs.py`` and committed (``scripts/docs generate``; a test checks they are
+current).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ misspelt field would therefore vanish without a word on a real cluster.
 Here both are refused: :func:`problems` returns the schema violations and
 every undeclared field (except under ``x-kubernetes-preserve-unknown-fields``).
 The builder tests call it on every JobSet we make; the real API server and JobSet's
-CRD prove the same objects are accepted (``tests/test_k8s_issue23_real.py``).
+CRD prove the same objects are accepted (``tests/test_k8s_defects_real.py``).
 
 Not evaluated: the CRD's CEL rules (``x-kubernetes-validations``, e.g.
 "Value is immutable" on update) and JobSet's validating webhook.  The pod

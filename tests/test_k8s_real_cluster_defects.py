@@ -5,7 +5,7 @@ a quota is counted, and a notebook that may not read PriorityClasses (the test c
 grant it).
 
 Every other fix is proven on the real cluster as the user's ServiceAccount in
-tests/test_k8s_issue23_real.py (``k8s``); the log followed through a quiet period on real pods
+tests/test_k8s_defects_real.py (``k8s``); the log followed through a quiet period on real pods
 in tests/test_k8s_pods.py.
 """
 
@@ -127,7 +127,7 @@ def test_ttl_is_an_option_of_the_magic_cli_api_and_hub(monkeypatch):
     rendered = backend.render(api.make_spec("x", script=SCRIPT, ttl=60))
     assert [m["spec"]["ttlSecondsAfterFinished"] for m in rendered if m["kind"] == "JobSet"] == [60]
     # what a detached launch gets on the cluster (TFK8S_DETACHED_TTL):
-    # tests/test_k8s_issue23_real.py::test_detached_runs_get_the_admin_default_ttl_and_an_own_ttl_wins
+    # tests/test_k8s_defects_real.py::test_detached_runs_get_the_admin_default_ttl_and_an_own_ttl_wins
 
 
 # -- 7. the smaller sentences ----------------------------------------------------------------

@@ -228,8 +228,9 @@ def launch(
     ``backend`` is a backend name or object (default: option ``backend``).
     Unless ``detach``, the cluster is stopped when this process exits.
     With ``wait_ready`` (seconds), also wait until every task is ready.
-    ``replace`` first deletes a finished or stopped cluster of the same
-    name (a running one only with ``force``), so a launch cell can be re-run.
+    An ended cluster of the same name (succeeded, failed, stopped) is always
+    replaced, its logs kept as the new run's previous run, so a launch cell can
+    be re-run; ``replace`` with ``force`` deletes a running one first.
     An in-graph launch starts importing TensorFlow in the background, as this
     process is likely to become the cluster's client; ``prepare_client=False``
     skips that in a process that never connects (the Jupyter server's sidebar).

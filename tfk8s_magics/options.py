@@ -474,7 +474,8 @@ _OPTIONS = (
            flag="--no-dashboard", aliases=("--no-follow",), trait="show_dashboard",
            commands=("launch",), action="store_false"),
     Option("replace", parse_bool, False,
-           "first delete a finished or stopped cluster of the same name (re-running a launch cell)",
+           "with --force: delete a running cluster of the same name first (an ended one is always "
+           "replaced, its logs kept as the previous run)",
            commands=("launch",), action="store_true"),
     Option("force", parse_bool, False, "launch --replace: replace a running cluster too; delete: "
            "remove a cluster whose state is unreadable", commands=("launch", "delete"), action="store_true"),

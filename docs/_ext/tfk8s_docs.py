@@ -1,7 +1,9 @@
 """Sphinx extension of the tfk8s-lab docs: reference pages generated at build time.
 
-Nothing it writes is committed (``docs/_generated/`` and ``docs/users/notebooks/`` are
-ignored by git). The pages
+The three reference pages are committed (``docs/_generated/*.md``), so the repository's own
+site shows them where a page includes them; ``tests/test_docs.py`` fails when a committed page
+differs from what its source gives now (``scripts/docs generate`` rewrites them). The notebooks'
+rendered copies (``docs/users/notebooks/``) are not committed. The pages
 are derived from their one source so they cannot drift from it:
 
 * ``options.md`` from the options registry, :mod:`tfk8s_magics.options`
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -347,13 +350,27 @@ def copy_notebooks(require_outputs: bool) -> list[str]:
     return unexecuted
 
 
+#: each committed reference page and the function that writes it
+PAGES = {"options.md": options_page, "values.md": values_page, "errors.md": errors_page}
+
+
+def write_pages() -> list[str]:
+    """Write every reference page whose text changed; return the names rewritten."""
+    changed = []
+    for name, page in PAGES.items():
+        path = GENERATED / name
+        text = page()
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            changed.append(name)
+        _write(path, text)
+    return changed
+
+
 def generate(app) -> None:
     """builder-inited: write every generated page."""
     if Path(app.srcdir).resolve() != DOCS:
         return  # a test's scratch project that borrows conf.py
-    _write(GENERATED / "options.md", options_page())
-    _write(GENERATED / "values.md", values_page())
-    _write(GENERATED / "errors.md", errors_page())
+    write_pages()
     unexecuted = copy_notebooks(os.environ.get("TFK8S_DOCS_REQUIRE_OUTPUTS") == "1")
     if unexecuted:
         from sphinx.util import logging
@@ -361,6 +378,20 @@ def generate(app) -> None:
         logging.getLogger(__name__).info(
             "tfk8s_docs: %d example notebook(s) rendered without outputs (run tests/test_notebooks.py "
             "to render the executed copies): %s", len(unexecuted), ", ".join(unexecuted))
+
+
+#: a page's link to a committed notebook (``docs/users/x.md`` → ``../../notebooks/NAME.ipynb``)
+NOTEBOOK_LINK = re.compile(r"\]\(\.\./\.\./notebooks/([A-Za-z0-9_-]+\.ipynb)\)")
+
+
+def link_rendered_notebooks(app, docname: str, source: list[str]) -> None:
+    """source-read: in the built site, a link to a committed notebook opens its rendered page.
+
+    The pages link the committed file, so the link works on the repository's own site too;
+    the build points the same link at ``users/notebooks/NAME``, the copy rendered with outputs.
+    """
+    if docname.startswith("users/"):
+        source[0] = NOTEBOOK_LINK.sub(r"](notebooks/\1)", source[0])
 
 
 def private_reference(app, env, node, contnode):
@@ -380,5 +411,14 @@ def private_reference(app, env, node, contnode):
 def setup(app):
     """Register the build hooks."""
     app.connect("builder-inited", generate)
+    app.connect("source-read", link_rendered_notebooks)
     app.connect("missing-reference", private_reference)
     return {"version": "0.1", "parallel_read_safe": True, "parallel_write_safe": True}
+
+
+if __name__ == "__main__":  # scripts/docs generate
+    import sys
+
+    sys.path[:0] = [str(REPO), str(REPO / "hub_config")]
+    for name in write_pages():
+        print(f"docs: rewrote docs/_generated/{name}")

@@ -3,7 +3,7 @@
 What it is still for
 ====================
 Every behaviour of the lab on Kubernetes is proven on the real cluster of
-``scripts/kube up`` (tests/test_kube_*.py, tests/test_k8s_issue23_real.py, and
+``scripts/kube up`` (tests/test_kube_*.py, tests/test_k8s_defects_real.py, and
 tests/test_k8s_pods.py on the tier-2 node). This double stays only where the real
 cluster cannot produce the case on demand, or not in tier 1:
 

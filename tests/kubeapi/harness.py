@@ -138,7 +138,7 @@ class KubeHarness:
     def set_role(self, role: dict, namespace: str, service_account: str = "default") -> None:
         """Enforce ``role`` (a rbac/v1 Role dict) bound to ``service_account`` in
         ``namespace`` for every non-admin request from now on (cluster-scoped requests are
-        refused: the real authorizer's ClusterRoles are tests/test_k8s_issue23_real.py's)."""
+        refused: the real authorizer's ClusterRoles are tests/test_k8s_defects_real.py's)."""
         self.api.authorizer = RoleAuthorizer(role, namespace, service_account)
 
     def clear_role(self) -> None:
