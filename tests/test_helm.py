@@ -191,6 +191,11 @@ def test_default_objects(helm):
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
+            # the uninstall hook (pre-delete: exists only while `helm uninstall` runs it)
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Job",
         ]
     )
     assert not by_kind(docs, "StorageClass")

@@ -317,7 +317,9 @@ def test_in_graph_cluster_driven_from_a_notebook_pod(user):
         phase, log = _pod_log(user.core, user.ns, "notebook")
         assert phase == "Succeeded", log[-3000:]
         assert re.search(r"in-graph total 10\.0 on /job:ps/replica:0/task:0", log), log[-3000:]
-        assert backend.stop("ig").phase == "stopped"
+        # its servers still run when stop returns: stopping, then stopped once they have ended
+        assert backend.stop("ig").phase == "stopping"
+        _wait(backend, "ig", lambda s: s.phase == "stopped")
         backend.delete("ig")
     finally:
         backend.close()

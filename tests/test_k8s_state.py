@@ -86,9 +86,56 @@ def test_exit_codes_are_explained():
     own = {"exitCode": 3, "reason": "Error"}
     s = state.task_status("worker-0", pod("worker-0", "Failed", terminated=own))
     assert (s.phase, s.exit_code, s.reason) == (Phase.FAILED, 3, "exit code 3")  # the script's sys.exit(3)
-    s = state.task_status("worker-0", pod("worker-0", "Failed",
-                                          terminated={"exitCode": 137, "reason": "OOMKilled"}))
-    assert (s.exit_code, s.signal, s.reason) == (137, "SIGKILL", "OOMKilled")
+    # an OOM kill names the limit it went past and the option that changes it
+    oom = pod("worker-0", "Failed", terminated={"exitCode": 137, "reason": "OOMKilled"})
+    oom["spec"] = {"containers": [{"name": "tensorflow", "resources": {"limits": {"memory": "512Mi"}}}]}
+    s = state.task_status("worker-0", oom)
+    assert (s.exit_code, s.signal, s.reason) == (
+        137, "SIGKILL", "OOMKilled: the task used more than its memory limit of 512Mi; launch with a "
+        "larger --memory for its role than 512Mi")
+
+
+def test_the_first_end_is_the_cause_not_the_peer_that_lost_it():
+    """A worker's pod deleted by hand, then its peer's collective breaks (exit 1, not retried
+    alone): the deleted pod is the cause and JobSet restarts. The order the watch saw the ends
+    in decides; without it (a fresh listing), the API's seconds: the deletion was asked for at
+    :00 (its timestamp less its grace), the peer ended at :01."""
+    deleted = pod("worker-1", "Failed", terminated={"exitCode": 143, "reason": "Error",
+                                                    "finishedAt": "2026-01-01T00:00:01Z"})
+    deleted["metadata"].update(deletionTimestamp="2026-01-01T00:00:30Z", deletionGracePeriodSeconds=30)
+    peer = pod("worker-0", "Failed", terminated={"exitCode": 1, "reason": "Error",
+                                                 "finishedAt": "2026-01-01T00:00:01Z"})
+    for ends in ({}, {deleted["metadata"]["name"]: 1.0, peer["metadata"]["name"]: 2.0}):
+        v = view(deleted, peer, pod("ps-0"), ends=ends)
+        assert state.cluster_phase(v, state.task_statuses(v)) == (
+            Phase.STARTING, "restarting: worker-1 failed: killed by SIGTERM: its pod was deleted "
+            "(1 restarts left)"), ends
+    # the order the watch saw wins over the API's seconds
+    v = view(deleted, peer, pod("ps-0"),
+             ends={deleted["metadata"]["name"]: 2.0, peer["metadata"]["name"]: 1.0})
+    assert state.cluster_phase(v, state.task_statuses(v))[1].startswith("failing: worker-0 failed")
+
+
+def test_an_ended_container_is_not_starting_again():
+    """The container ended, the pod's phase not written yet (not ready for a moment); or a task
+    that was ready stops answering its probe: neither is starting."""
+    done = pod("worker-0", "Running", ready=False,
+               terminated={"exitCode": 0, "finishedAt": "2026-01-01T00:01:00Z"})
+    assert state.task_status("worker-0", done).phase == Phase.SUCCEEDED
+    crashed = pod("worker-0", "Running", ready=False, terminated={"exitCode": 1})
+    assert state.task_status("worker-0", crashed).phase == Phase.FAILED
+    was_ready = pod("worker-0", ready=False,
+                    conditions=[{"type": "Ready", "status": "False",
+                                 "lastTransitionTime": "2026-01-01T00:01:00Z"}])
+    was_ready["status"]["containerStatuses"][0]["state"] = {
+        "running": {"startedAt": "2026-01-01T00:00:00Z"}}
+    assert state.task_status("worker-0", was_ready).phase == Phase.RUNNING
+    starting = pod("worker-0", ready=False,
+                   conditions=[{"type": "Ready", "status": "False",
+                                "lastTransitionTime": "2025-12-31T23:59:59Z"}])
+    starting["status"]["containerStatuses"][0]["state"] = {
+        "running": {"startedAt": "2026-01-01T00:00:00Z"}}
+    assert state.task_status("worker-0", starting).phase == Phase.STARTING
 
 
 def test_a_failed_task_reads_as_restarting_until_jobset_says_otherwise():
@@ -139,14 +186,40 @@ def test_parameter_servers_end_when_the_jobset_succeeds():
 
 
 def test_a_gone_jobset_and_a_stopped_cluster():
-    v = view(pod("ps-0"), stopped=True)
-    assert all(t.phase == Phase.STOPPED for t in state.task_statuses(v))
+    # asked to stop, a pod still there (running, or Terminating): stopping until it has ended
+    terminating = pod("worker-0")
+    terminating["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    v = view(pod("ps-0"), terminating, stopped=True)
+    assert {t.name: t.phase for t in state.task_statuses(v)} == {
+        "ps-0": Phase.STOPPING, "worker-0": Phase.STOPPING, "worker-1": Phase.STOPPED}
+    assert state.cluster_phase(v, state.task_statuses(v)) == (
+        Phase.STOPPING, "stopping: waiting for ps-0, worker-0 to end")
+    # a pod that has ended keeps its end; none left: stopped
+    v = view(pod("worker-0", "Failed", terminated={"exitCode": 143}), stopped=True)
+    assert all(t.phase in Phase.TERMINAL for t in state.task_statuses(v))
+    assert state.cluster_phase(v, state.task_statuses(v)) == (Phase.STOPPED, "stopped by the user")
+    v = view(stopped=True, jobset=None)
     assert state.cluster_phase(v, state.task_statuses(v)) == (Phase.STOPPED, "stopped by the user")
     v = view(jobset=None)
     assert state.cluster_phase(v, state.task_statuses(v))[0] == Phase.STOPPED
     assert "its JobSet is gone" in state.cluster_phase(v, state.task_statuses(v))[1]
     v = view(jobset=None, jobset_seen=False)  # not listed yet: nothing concluded
     assert state.cluster_phase(v, state.task_statuses(v))[0] == Phase.PENDING
+
+
+def test_a_jobset_kueue_suspends_again_is_pending_not_stopped():
+    """Kueue takes an admission back (preemption, eviction): it suspends the JobSet and JobSet
+    deletes the pods. A suspension the user did not ask for is pending, with the queue named."""
+    js = jobset(suspend=True)
+    js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "team-a"
+    ending = pod("worker-0")
+    ending["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    v = view(ending, jobset=js)
+    tasks = state.task_statuses(v)
+    assert {t.name: t.phase for t in tasks} == {
+        "ps-0": Phase.PENDING, "worker-0": Phase.PENDING, "worker-1": Phase.PENDING}
+    assert tasks[1].reason == "waiting for admission by queue team-a (its pod is ending)"
+    assert state.cluster_phase(v, tasks)[0] == Phase.PENDING
 
 
 def test_a_queued_jobset_says_it_waits_for_admission():
@@ -304,3 +377,71 @@ def test_the_task_that_failed_not_the_one_the_failing_jobset_terminated_is_the_c
                                                           "worker-1": pod(1, 1)})
         phase, reason = state.cluster_phase(view, state.task_statuses(view))
         assert "worker-1 failed: the script raised an exception (exit code 1)" in reason, reason
+
+
+def test_a_memory_quota_refusal_says_gi_not_bytes():
+    """The quota controller may write a memory total in bytes: the sentence says 1Gi."""
+    quota = {"metadata": {"name": "tfk8s-quota"},
+             "status": {"hard": {"limits.memory": "4294967296"},
+                        "used": {"limits.memory": "1073741824"}}}
+    ms = _manifests(worker={"cpu": "1", "memory": "2Gi"}, ps={"cpu": "1", "memory": "1Gi"})
+    [problem] = quota_problems(ms, [quota])
+    assert "(hard 4Gi, used 1Gi)" in problem, problem
+    assert "1073741824" not in problem
+
+
+def test_a_cluster_that_cannot_start_says_so_in_one_stable_sentence():
+    """An image no node can pull: at once, the same sentence whichever of the kubelet's two
+    reasons it shows; a pod no node has room for: after the grace, in the scheduler's words."""
+    def pulling(reason, message):
+        p = pod("worker-0", "Pending", ready=False)
+        p["status"]["containerStatuses"][0].update(
+            image="nope/missing:1", state={"waiting": {"reason": reason, "message": message}})
+        return p
+
+    failed = 'failed to pull and unpack image "docker.io/nope/missing:1": not found'
+    first = state.cannot_start(view(pulling("ErrImagePull", failed), pod("ps-0")), now=0)
+    backoff = f'Back-off pulling image "nope/missing:1": ErrImagePull: {failed}'
+    again = state.cannot_start(view(pulling("ImagePullBackOff", backoff), pod("ps-0")), now=0)
+    assert first == again == (
+        "cannot start: worker-0: its image 'nope/missing:1' cannot be pulled: " + failed +
+        "; launch with an --image the nodes can pull (or ask your administrator to make this one "
+        "available); then stop this cluster and launch again")
+    unschedulable = pod("worker-1", "Pending", ready=False, conditions=[{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+        "message": "0/1 nodes are available: 1 Insufficient cpu."}])
+    born = state.parse_time("2026-01-01T00:00:00Z")
+    v = view(unschedulable, pod("ps-0"), pod("worker-0"))
+    assert state.cannot_start(v, now=born + 119) is None  # a node may still be on its way
+    assert state.cannot_start(v, now=born + 121) == (
+        "cannot start: worker-1 has fit on no node for more than 120 s (0/1 nodes are available: "
+        "1 Insufficient cpu.): stop this cluster and launch it asking for less (--cpu, --memory, "
+        "fewer tasks), or ask your administrator for larger nodes")
+    assert state.cannot_start(view(pod("ps-0"), pod("worker-0")), now=born + 999) is None
+
+
+def test_start_up_probe_failures_and_a_deleted_namesakes_events_are_not_shown():
+    probe = {"reason": "Unhealthy", "message": "Readiness probe failed: ", "type": "Warning",
+             "firstTimestamp": "2026-01-01T00:00:05Z", "lastTimestamp": "2026-01-01T00:00:07Z"}
+    became_ready = pod("worker-0", conditions=[{"type": "Ready", "status": "True",
+                                                "lastTransitionTime": "2026-01-01T00:00:08Z"}])
+    assert state.startup_probe_noise(probe, became_ready)  # before TensorFlow listened
+    assert state.startup_probe_noise(probe, pod("worker-0", ready=False))  # still starting
+    later = {**probe, "firstTimestamp": "2026-01-01T00:05:00Z", "lastTimestamp": "2026-01-01T00:05:00Z"}
+    was_ready = pod("worker-0", ready=False, conditions=[{"type": "Ready", "status": "False",
+                                                         "lastTransitionTime": "2026-01-01T00:05:00Z"}])
+    was_ready["status"]["containerStatuses"][0]["state"] = {"running": {"startedAt": "2026-01-01T00:00:01Z"}}
+    assert not state.startup_probe_noise(later, was_ready)  # it had answered, then stopped
+    assert not state.startup_probe_noise({**probe, "reason": "BackOff"}, became_ready)
+
+    born = state.parse_time("2026-01-01T01:00:00Z")
+    old = {"reason": "Killing", "lastTimestamp": "2026-01-01T00:59:59Z",
+           "involvedObject": {"kind": "Pod", "name": "c-worker-0-0-abc", "uid": "old-pod"}}
+    assert state.of_another_incarnation(old, born, {"new-pod"})
+    same_second = {**old, "lastTimestamp": "2026-01-01T01:00:00Z"}
+    assert state.of_another_incarnation(same_second, born, {"new-pod"})
+    assert not state.of_another_incarnation({**same_second, "involvedObject": {"uid": "new-pod"}},
+                                            born, {"new-pod"})
+    assert not state.of_another_incarnation({**old, "lastTimestamp": "2026-01-01T01:00:01Z"},
+                                            born, {"new-pod"})

@@ -333,8 +333,11 @@ def test_stop_deletes_the_jobset_keeps_record_and_volumes(realkube, user):
     ns, backend = user
     backend.launch(spec(), detach=True)
     backend.launch(spec("other", ps=0, workers=1), detach=True)
+    running(realkube, ns.name, "mnist")
     status = backend.stop("mnist")
-    assert status.phase == Phase.STOPPED
+    # its pods have not ended when stop returns: stopping until they have, then stopped
+    assert status.phase == Phase.STOPPING, status
+    assert wait_for(lambda: backend.status("mnist").phase == Phase.STOPPED, 90, message="stopped")
     # the JobSet goes at once; its Jobs and pods after it, by the garbage collector
     wait_for(lambda: [k for k, _ in objects(realkube, ns.name, "mnist", with_pods=True)] == [
         "configmaps", "persistentvolumeclaims", "persistentvolumeclaims"], 90,

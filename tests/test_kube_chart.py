@@ -86,8 +86,10 @@ def release(realkube, helm):
         message="the hub's fence to be in force",
     )
     yield realkube
+    # --no-hooks: kwok runs no container, so the uninstall hook's pod would never end here
+    # (tests/test_kube_states.py runs the hook's command for its pod)
     subprocess.run(
-        [str(helm), "uninstall", RELEASE, "-n", HUB_NS, "--kubeconfig", realkube.kubeconfig],
+        [str(helm), "uninstall", RELEASE, "-n", HUB_NS, "--kubeconfig", realkube.kubeconfig, "--no-hooks"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -263,6 +263,10 @@ def launch(
     return cluster
 
 
+#: Seconds a re-run launch waits for a cluster stopped a moment ago to end.
+_STOPPING_WAIT = 120.0
+
+
 def _retire_previous_run(name: str, be: Backend, replace: bool, force: bool) -> Any:
     """Make way for a launch of cluster ``name``: an ended cluster of that name (succeeded,
     failed, stopped) is replaced — re-running a launch cell just works — and its logs are kept as
@@ -274,6 +278,8 @@ def _retire_previous_run(name: str, be: Backend, replace: bool, force: bool) -> 
         return None
     if st.phase == Phase.UNKNOWN:  # unreadable (e.g. an interrupted launch's empty dir): the backend decides
         return None
+    if st.phase == Phase.STOPPING and not (replace and force):
+        st = old.wait(_STOPPING_WAIT)  # stopped a moment ago, its tasks still ending: let them
     if not st.terminal and not (replace and force):
         raise ClusterExists(
             f"cluster {name!r} is still {st.phase}: stop it first (%tfcluster stop {name}) and run "
@@ -438,11 +444,17 @@ class Cluster:
         run on for their grace period and are not waited for.  ``timeout`` is seconds ≥ 0;
         None or an infinite value waits without a limit.
         """
-        return self._wait(_ended, _check_timeout(timeout), "end")
+        st = self._wait(_ended, _check_timeout(timeout), "end", give_up=True)
+        if st.cannot_start and not st.terminal:  # it would wait for ever: say why now
+            raise LaunchFailed(f"cluster {self.name!r} {st.cannot_start}.")
+        return st
 
     def wait_ready(self, timeout: float | None = 180.0) -> ClusterStatus:
         """Wait until every task is ready; raise LaunchFailed if the cluster ends first."""
-        st = self._wait(lambda st: st.ready or st.terminal, _check_timeout(timeout), "be ready")
+        st = self._wait(lambda st: st.ready or st.terminal, _check_timeout(timeout), "be ready",
+                        give_up=True)
+        if st.cannot_start and not st.ready:  # it would wait for ever: say why now
+            raise LaunchFailed(f"cluster {self.name!r} {st.cannot_start}.")
         if not st.ready:
             bad = [t for t in st.tasks if t.phase == Phase.FAILED]
             details = ""
@@ -455,7 +467,9 @@ class Cluster:
             )
         return st
 
-    def _wait(self, done, timeout: float | None, what: str) -> ClusterStatus:
+    def _wait(self, done, timeout: float | None, what: str, give_up: bool = False) -> ClusterStatus:
+        """Wait until ``done(status)``; with ``give_up``, also once the cluster cannot start
+        (``status.cannot_start``: it would wait for ever)."""
         stop = threading.Event()
         timer = threading.Timer(timeout, stop.set) if timeout is not None else None
         if timer:
@@ -465,7 +479,7 @@ class Cluster:
             last = None
             for st in self.backend.watch(self.name, stop):
                 last = st
-                if done(st):
+                if done(st) or (give_up and st.cannot_start):
                     return st
             last = self.status()
             if done(last) or (done is _ended and last.terminal):  # the backend has nothing more to say

@@ -145,7 +145,11 @@ class TFClusterMagics(Magics, MagicDefaults):
         # HTML/text alternative (no second copy under the live view), else an output of its own.
         summary.show(cluster, view=board)
         if spec.mode == "in-graph":
-            cluster.wait_ready(self.ready_timeout)
+            try:
+                cluster.wait_ready(self.ready_timeout)
+            except KeyboardInterrupt:  # one sentence, not the traceback of a wait
+                _interrupted(cluster, "its servers to be ready")
+                return None
             print(f"{spec.name}: every server is ready; `strategy = %tfcluster connect {spec.name}` "
                   "makes this kernel the client, or — for code that builds its own strategy (as "
                   f"TensorFlow's tutorial does) — `resolver = %tfcluster resolver {spec.name}`.")
@@ -195,7 +199,11 @@ class TFClusterMagics(Magics, MagicDefaults):
 
     def _cmd_wait(self, args, cell):
         cluster = api.get(args.name, args.backend)
-        st = cluster.wait(args.timeout)
+        try:
+            st = cluster.wait(args.timeout)
+        except KeyboardInterrupt:
+            _interrupted(cluster, "it to end")
+            return
         if st.terminal:
             summary.finish_all(cluster.backend, cluster.name, st)
         display(StatusView(st))
@@ -285,3 +293,15 @@ def _partitioner(shards: int | None, min_shard_bytes: int | None):
     if min_shard_bytes is None:
         return partitioners.FixedShardsPartitioner(shards)
     return partitioners.MinSizePartitioner(min_shard_bytes=min_shard_bytes, max_shards=shards or 1 << 16)
+
+
+def _interrupted(cluster: api.Cluster, waiting_for: str) -> None:
+    """Say in one sentence what an interrupted wait leaves behind (the cluster goes on)."""
+    try:
+        st = cluster.status()
+        where = f"{st.phase}" + (f": {st.cannot_start or st.reason}" if st.cannot_start or st.reason else "")
+    except Exception:  # noqa: BLE001 - the sentence must come out whatever the backend says
+        where = "its state could not be read"
+    print(f"{cluster.name}: interrupted while waiting for {waiting_for}; the cluster goes on "
+          f"({where}): `%tfcluster status {cluster.name}` shows it, "
+          f"`%tfcluster stop {cluster.name}` ends it.")

@@ -151,6 +151,9 @@ class ClusterStatus:
     progress: Progress | None = None
     #: Set while the cluster runs but nothing happens (see :mod:`tfk8s_magics.stall`).
     stall: Stall | None = None
+    #: Set while the cluster waits for what will not come without a change (an image no node
+    #: can pull, pods no node has room for, pods the API refuses): what to do, one sentence.
+    cannot_start: str = ""
 
     @property
     def shown_phase(self) -> str:

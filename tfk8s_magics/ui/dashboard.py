@@ -508,7 +508,7 @@ class Dashboard:
             data = {"text/plain": repr(record), "text/html": record._repr_html_()}
         else:
             data = {"text/plain": repr(self), "text/html": self._repr_html_()}
-        if self.widget is not None:
+        if self.widget is not None and not self._destroyed:  # closed widgets have no model id
             plain = data["text/plain"]
             data.update(self.widget._repr_mimebundle_(**kwargs) or {})
             data["text/plain"] = plain
@@ -521,7 +521,9 @@ class Dashboard:
         state, nbconvert and a text front end show the record instead — one copy, not two.
         """
         self.record = record
-        if self._display_handle is not None:
+        # A view freed by a re-run of its cell has no output left to update (and its widgets,
+        # closed, cannot describe themselves any more).
+        if self._display_handle is not None and not self._destroyed:
             self._display_handle.update(self)
 
     def catch_up(self, st: ClusterStatus | None, deleted: bool = False) -> None:

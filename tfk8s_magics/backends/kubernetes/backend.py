@@ -211,7 +211,8 @@ class KubernetesBackend(Backend):
                 manifests[0]["metadata"]["ownerReferences"] = [owner]
         preflight(self.api, manifests, check_nodes=self.check_nodes)
         created = apply(self.api, manifests)
-        watch = self._start_watch(spec, created[0])
+        made = next((o for o in created if o.get("kind") == KIND), None)
+        watch = self._start_watch(spec, created[0], jobset=made)
         if not detach:
             self._stop_when_exiting(spec.name)
         return watch.snapshot()
@@ -415,14 +416,17 @@ class KubernetesBackend(Backend):
         record["files"] = {n: data[n] for n in record.get("files") or [] if n in data}
         return ClusterSpec.from_dict(record)
 
-    def _start_watch(self, spec: ClusterSpec, root: dict[str, Any]) -> ClusterWatch:
+    def _start_watch(self, spec: ClusterSpec, root: dict[str, Any],
+                     jobset: dict[str, Any] | None = None) -> ClusterWatch:
+        """The cluster's watch (``jobset``: the JobSet this process just created, which the
+        namespace's watch may bring only later)."""
         uid = root["metadata"]["uid"]
         with self._lock:
             current = self._watches.get(spec.name)
         if current is not None and current.alive and current.root["metadata"]["uid"] == uid:
             return current
         # waits for the first listings
-        new = ClusterWatch(self.api, spec, root, feed=self._namespace_feed()).start()
+        new = ClusterWatch(self.api, spec, root, feed=self._namespace_feed(), jobset=jobset).start()
         with self._lock:
             current, self._watches[spec.name] = self._watches.get(spec.name), new
         if current is not None and current is not new:

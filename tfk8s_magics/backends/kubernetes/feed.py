@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ class NamespaceFeed:
         self._jobsets: dict[str, dict[str, Any]] = {}  # JobSet name → JobSet (watch thread only)
         self._halt = threading.Event()
         self._synced = {"pods": threading.Event(), "jobsets": threading.Event()}
+        self._jobsets_listed_at: float | None = None  # when the newest JobSet listing began
         self._responses: dict[str, Any] = {}
         self._threads = [
             threading.Thread(target=self._loop, args=(what,), daemon=True,
@@ -103,7 +105,8 @@ class NamespaceFeed:
         for name, watch in subs.items():
             mine = [p for p in pods.values()
                     if (p["metadata"].get("labels") or {}).get(CLUSTER_LABEL) == name]
-            watch.replace_state(mine, jobsets.get(name), listed="jobsets" in self._synced_names())
+            watch.replace_state(mine, jobsets.get(name), listed="jobsets" in self._synced_names(),
+                                listed_at=self._jobsets_listed_at)
             watch.after_change()
 
     def _synced_names(self) -> set[str]:
@@ -191,9 +194,11 @@ class NamespaceFeed:
 
     def _relist_jobsets(self) -> str:
         self.requests += 1
+        began = time.monotonic()
         listing = self.api.list_objects(API_VERSION, KIND, selector(None, "jobset"))
         with self._lock:
             self._jobsets = {j["metadata"]["name"]: j for j in listing.get("items", [])}
+            self._jobsets_listed_at = began
         return listing.get("metadata", {}).get("resourceVersion", "")
 
     def _apply_pod(self, kind: str | None, pod: dict[str, Any]) -> None:

@@ -138,6 +138,19 @@ def _fmt(key: str, value: Decimal) -> str:
     return f"{value.normalize():f}"
 
 
+def _shown(key: str, quantity: str) -> str:
+    """A quota's own quantity as a person reads it: bytes (the quota controller may write
+    ``1073741824``) in Gi/Mi, anything else as written."""
+    text = str(quantity)
+    if "memory" not in key and "storage" not in key or not text.isdigit():
+        return text
+    value = int(text)
+    for unit, size in (("Gi", 1 << 30), ("Mi", 1 << 20)):
+        if value >= size and value % size == 0:
+            return f"{value // size}{unit}"
+    return f"{value / (1 << 20):.4g}Mi" if value >= 1 << 20 else text
+
+
 _JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 _RJOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 _ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
@@ -208,7 +221,8 @@ def quota_problems(manifests: list[Manifest], quotas: list[Manifest],
                 problems.append(
                     f"the cluster needs {key} {_fmt(key, wanted)} but ResourceQuota {name} "
                     f"leaves {_fmt(key, max(left, Decimal(0)))} "
-                    f"(hard {limit}, used {used.get(key, '0')}{others}): ask for fewer tasks or "
+                    f"(hard {_shown(key, limit)}, used {_shown(key, used.get(key, '0'))}{others}): "
+                    "ask for fewer tasks or "
                     "resources, or delete finished clusters; --queue (Kueue) admits a cluster "
                     "all at once or not at all."
                 )

@@ -30,6 +30,8 @@ ENDED_BY_JOBSET = "ended when the JobSet succeeded"
 SIGTERM_EXIT = 143
 #: How a task of a JobSet that Kueue holds (suspended, queued) reads; Kueue's reason follows.
 WAITING_FOR_QUEUE = "waiting for admission by queue"
+#: How a task of a stopped cluster reads while its pod has not ended yet.
+STOPPING_REASON = "stopping: its pod is ending"
 
 
 def parse_time(value: str | None) -> float | None:
@@ -128,13 +130,58 @@ def task_status(name: str, pod: Pod | None) -> TaskStatus:
     if phase == "Pending":
         out.phase, out.reason = Phase.PENDING, _pending_reason(pod, waiting)
     elif phase == "Running":
-        ready = container.get("ready") or (_condition(pod, "Ready") or {}).get("status") == "True"
-        out.phase = Phase.RUNNING if ready else Phase.STARTING
+        _running(out, pod, container)
     elif phase == "Succeeded":
         out.phase, out.exit_code = Phase.SUCCEEDED, 0
     else:  # Failed or Unknown
         _explain_failure(out, pod)
     return out
+
+
+def _running(out: TaskStatus, pod: Pod, container: dict[str, Any]) -> None:
+    """The phase of a task whose pod's phase is ``Running``."""
+    state = container.get("state") or {}
+    terminated = state.get("terminated")
+    if terminated:
+        # The container has ended; the kubelet has not written the pod's phase yet (a moment
+        # in which the pod is not ready): an ending task, not one starting again.
+        if terminated.get("exitCode") == 0:
+            out.phase, out.exit_code = Phase.SUCCEEDED, 0
+        else:
+            _explain_failure(out, pod)
+        return
+    ready = container.get("ready") or (_condition(pod, "Ready") or {}).get("status") == "True"
+    out.phase = Phase.RUNNING if ready or _was_ready(pod, state.get("running")) else Phase.STARTING
+
+
+def _was_ready(pod: Pod, running: dict[str, Any] | None) -> bool:
+    """Whether a running pod that is not ready now has been ready since its container started:
+    its Ready condition turned false after the start (it was true in between). A task whose
+    script has ended, or that stopped answering, is not starting again."""
+    ready = _condition(pod, "Ready") or {}
+    changed = parse_time(ready.get("lastTransitionTime"))
+    started = parse_time((running or {}).get("startedAt"))
+    return ready.get("status") == "False" and None not in (changed, started) and changed > started
+
+
+def _memory_limit(pod: Pod) -> str:
+    """The memory limit of the pod's first container (the task's), as written in the pod."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    name = _container(pod).get("name")
+    for c in containers:
+        if c.get("name") == name or name is None:
+            return str(((c.get("resources") or {}).get("limits") or {}).get("memory") or "")
+    return ""
+
+
+def oom_reason(pod: Pod) -> str:
+    """An out-of-memory kill, with the limit it went past and what to change."""
+    limit = _memory_limit(pod)
+    if not limit:
+        return ("OOMKilled: the task ran out of memory; launch with more memory for its role "
+                "(--memory, e.g. --memory 4Gi)")
+    return (f"OOMKilled: the task used more than its memory limit of {limit}; launch with a "
+            f"larger --memory for its role than {limit}")
 
 
 def _pending_reason(pod: Pod, waiting: dict[str, Any] | None) -> str:
@@ -158,8 +205,12 @@ def _explain_failure(out: TaskStatus, pod: Pod) -> None:
         out.reason = _sentence(status["reason"], status.get("message"))
     elif end.reason == lifecycle.SCRIPT_BROKEN:
         out.reason = lifecycle.explain_exit(end.exit_code, end.reason)
+    elif end.reason == "OOMKilled":
+        out.reason = oom_reason(pod)
     elif end.reason and end.reason != "Error":  # "Error" says nothing the exit code does not
         out.reason = end.reason
+    elif out.signal and (pod.get("metadata") or {}).get("deletionTimestamp"):
+        out.reason = f"killed by {out.signal}: its pod was deleted"
     elif out.signal:
         out.reason = f"killed by {out.signal}"
     else:
@@ -275,6 +326,27 @@ def explain_no_pod(tasks: list[TaskStatus], events: list[dict[str, Any]], cluste
             t.reason = f"FailedCreate: {newest.get('message', '')}".rstrip(": ")
 
 
+def startup_probe_noise(e: dict[str, Any], pod: Pod | None) -> bool:
+    """Whether an Event is a readiness probe failing while its task starts: the probe fails
+    until TensorFlow listens (normal start-up, with an empty message). Only a failure after the
+    pod had been ready says something is wrong."""
+    if e.get("reason") != "Unhealthy" or not str(e.get("message", "")).startswith("Readiness probe"):
+        return False
+    ready = _condition(pod or {}, "Ready") or {}
+    became = parse_time(ready.get("lastTransitionTime"))
+    if ready.get("status") != "True" or became is None:
+        return not _was_ready(pod or {}, ((_container(pod or {}).get("state") or {}).get("running")))
+    return first_time(e) <= became
+
+
+def of_another_incarnation(e: dict[str, Any], born: float, known_uids: set[str]) -> bool:
+    """Whether an Event is about a deleted cluster of the same name: older than this cluster's
+    root, or in the root's second about an object this cluster does not have."""
+    when = event_time(e)
+    uid = (e.get("involvedObject") or {}).get("uid")
+    return when < born or (when <= born and bool(uid) and uid not in known_uids)
+
+
 def first_time(e: dict[str, Any]) -> float:
     """When an Event's series began (its ``firstTimestamp``, else its newest time)."""
     return parse_time(e.get("firstTimestamp")) or parse_time(e.get("eventTime")) or event_time(e)
@@ -301,6 +373,68 @@ def create_blocked(tasks: list[TaskStatus], events: list[dict[str, Any]], cluste
     return None
 
 
+#: A container's waiting reasons that mean its image will not come without a change.
+IMAGE_PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+#: Seconds a task may fit on no node before its cluster says it cannot start (a cluster
+#: autoscaler adding a node takes about a minute or two; after that, the sentence).
+SCHEDULE_GRACE = 120.0
+
+
+def _pull_error(message: str) -> str:
+    """The kubelet's pull error without the back-off wrapper, so the sentence does not change
+    every 10 s between ``ErrImagePull`` and ``ImagePullBackOff``."""
+    text = message or ""
+    if text.startswith("Back-off pulling image"):
+        _, _, text = text.partition(": ")
+    for prefix in ("ErrImagePull: ", "ImagePullBackOff: "):
+        text = text.removeprefix(prefix)
+    return text.strip()
+
+
+def _image_of(pod: Pod) -> str:
+    spec_containers = (pod.get("spec") or {}).get("containers") or []
+    return _container(pod).get("image") or (spec_containers[0].get("image") if spec_containers else "")
+
+
+def pull_failure(pod: Pod) -> str | None:
+    """Why a pending pod's image will not come (one stable sentence), or None."""
+    waiting = (_container(pod).get("state") or {}).get("waiting") or {}
+    if waiting.get("reason") not in IMAGE_PULL_FAILURES:
+        return None
+    why = _pull_error(waiting.get("message") or "")
+    image = _image_of(pod)
+    detail = f": {why}" if why and not why.startswith("Back-off") else ""
+    return (f"its image {image!r} cannot be pulled{detail}; launch with an --image the "
+            "nodes can pull (or ask your administrator to make this one available)")
+
+
+def cannot_start(view: View, now: float, grace: float | None = None) -> str | None:
+    """Why a pending cluster will not start without a change (its pods would wait for ever),
+    as one sentence saying what to do; None while it may still start by itself.
+
+    An image no node can pull is said at once (the kubelet only retries it); a pod no node
+    has room for after ``grace`` seconds (default :data:`SCHEDULE_GRACE`), as the scheduler
+    says it.
+    """
+    grace = SCHEDULE_GRACE if grace is None else grace
+    for task, pod in sorted(view.pods.items()):
+        if (pod.get("status") or {}).get("phase") != "Pending" or \
+                (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        pulled = pull_failure(pod)
+        if pulled:
+            return f"cannot start: {task}: {pulled}; then stop this cluster and launch again"
+        scheduled = _condition(pod, "PodScheduled") or {}
+        since = parse_time(scheduled.get("lastTransitionTime"))
+        if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable" \
+                and since is not None and now - since >= grace:
+            return (f"cannot start: {task} has fit on no node for more than {grace:.0f} s "
+                    f"({scheduled.get('message') or 'Unschedulable'}): stop this cluster and "
+                    "launch it asking for less (--cpu, --memory, fewer tasks), or ask your "
+                    "administrator for larger nodes")
+    return None
+
+
 @dataclass
 class View:
     """What the watch knows about one cluster at one instant."""
@@ -312,6 +446,7 @@ class View:
     jobset_seen: bool = True  # False until the first listing of the JobSet is in
     steps: dict[str, Pod] = field(default_factory=dict)  # sync/backup step → newest pod
     step_line: str = ""  # the working step's newest log line (its progress)
+    ends: dict[str, float] = field(default_factory=dict)  # pod name → when the watch saw it end
 
     @property
     def policy(self) -> LifecyclePolicy:
@@ -327,11 +462,8 @@ def task_statuses(view: View) -> list[TaskStatus]:
     out = []
     for task in view.spec.tasks():
         pod = view.pods.get(task.name)
-        status = task_status(task.name, pod)
-        if pod is not None and pod.get("metadata", {}).get("deletionTimestamp") and \
-                status.phase not in Phase.TERMINAL:
-            status.phase, status.reason = Phase.STOPPED, "being deleted"
-        if status.phase not in Phase.TERMINAL or pod is None:
+        status = _ending(view, task_status(task.name, pod), pod, waiting)
+        if status.phase not in Phase.TERMINAL and status.phase != Phase.STOPPING or pod is None:
             if view.stopped:
                 status.phase, status.reason = Phase.STOPPED, "stopped by the user"
             elif success and task.role not in view.policy.success_roles:
@@ -344,6 +476,20 @@ def task_statuses(view: View) -> list[TaskStatus]:
                 status.phase, status.reason = Phase.STOPPED, "its JobSet is gone"
         out.append(status)
     return out
+
+
+def _ending(view: View, status: TaskStatus, pod: Pod | None, waiting: str | None) -> TaskStatus:
+    """A task whose pod has not ended while its cluster was stopped, or whose pod is being
+    deleted: stopping; pending again when Kueue took the admission back; else being deleted."""
+    live = pod is not None and status.phase not in Phase.TERMINAL
+    if view.stopped and live:  # asked to stop: stopping until the pod has ended
+        status.phase, status.reason = Phase.STOPPING, STOPPING_REASON
+    elif live and pod.get("metadata", {}).get("deletionTimestamp"):
+        if waiting:  # Kueue took the admission back (preempted, evicted): queued again
+            status.phase, status.reason = Phase.PENDING, f"{waiting} (its pod is ending)"
+        else:
+            status.phase, status.reason = Phase.STOPPED, "being deleted"
+    return status
 
 
 def step_status(step: str, pod: Pod | None) -> TaskStatus:
@@ -415,11 +561,14 @@ def failed_steps(view: View) -> list[TaskStatus]:
 def cluster_phase(view: View, tasks: list[TaskStatus]) -> tuple[str, str]:
     """The cluster's phase and reason: JobSet's verdict, else what its steps and tasks show."""
     if view.stopped:
+        ending = [t.name for t in tasks if t.phase == Phase.STOPPING]
+        if ending:
+            return Phase.STOPPING, f"stopping: waiting for {', '.join(ending)} to end"
         return Phase.STOPPED, "stopped by the user"
     # A task's failure first: a step ended by the JobSet's own end is not its cause; nor is a
     # task or step SIGTERMed (143), which is what a failing or restarting JobSet does to the rest.
     failed = sorted([*(t for t in tasks if t.phase == Phase.FAILED), *failed_steps(view)],
-                    key=lambda t: t.exit_code == SIGTERM_EXIT)
+                    key=lambda t: _end_order(view, t))
     ended = jobset_condition(view.jobset)
     if ended is not None:
         return _ended_phase(ended, failed)
@@ -436,6 +585,34 @@ def cluster_phase(view: View, tasks: list[TaskStatus]) -> tuple[str, str]:
             waiting = [t for t in tasks if t.phase == phase]
             return phase, f"{waiting[0].name}: {waiting[0].reason}" if waiting[0].reason else ""
     return Phase.RUNNING, ""
+
+
+def end_began(pod: Pod) -> float | None:
+    """When a pod's end began, by the API's clock (seconds): its deletion was asked for (the
+    deletion timestamp less its grace) or its container ended, whichever came first."""
+    meta = pod.get("metadata") or {}
+    times = []
+    deleted = parse_time(meta.get("deletionTimestamp"))
+    if deleted is not None:
+        times.append(deleted - float(meta.get("deletionGracePeriodSeconds") or 0))
+    finished = parse_time(((_container(pod).get("state") or {}).get("terminated") or {}).get("finishedAt"))
+    if finished is not None:
+        times.append(finished)
+    return min(times) if times else None
+
+
+def _end_order(view: View, t: TaskStatus) -> tuple[float, float, bool]:
+    """Which failure came first, so the cause is named and not a peer that lost it (a worker
+    whose pod was deleted, then the peer whose collective broke): the order in which the watch
+    saw the ends begin, else the API's timestamps (to the second), else a SIGTERMed task last
+    (what JobSet does to the rest of a failing or restarting cluster)."""
+    pod = view.pods.get(t.name) or {}
+    name = (pod.get("metadata") or {}).get("name", "")
+    seen = view.ends.get(name)
+    began = end_began(pod) if pod else None
+    inf = float("inf")
+    return (inf if seen is None else seen, inf if began is None else began,
+            t.exit_code == SIGTERM_EXIT)
 
 
 def _ended_phase(ended: dict[str, Any], failed: list[TaskStatus]) -> tuple[str, str]:

@@ -42,10 +42,19 @@ _VAGUE = ("waiting to be scheduled", "no pod", "ContainerCreating", "PodInitiali
           state.WAITING_FOR_QUEUE)
 
 
+def _ending(pod: dict[str, Any]) -> bool:
+    """Whether a pod's end has begun: its deletion was asked for, or its container ended."""
+    status = pod.get("status") or {}
+    if (pod.get("metadata") or {}).get("deletionTimestamp") or status.get("phase") in ("Failed", "Succeeded"):
+        return True
+    return any("terminated" in (c.get("state") or {}) for c in status.get("containerStatuses") or [])
+
+
 class ClusterWatch:
     """Keeps one cluster's JobSet and pod state current, in daemon threads; never changes it."""
 
-    def __init__(self, api: Api, spec: ClusterSpec, root: dict[str, Any], feed: NamespaceFeed) -> None:
+    def __init__(self, api: Api, spec: ClusterSpec, root: dict[str, Any], feed: NamespaceFeed,
+                 jobset: dict[str, Any] | None = None) -> None:
         self.api = api
         self.feed = feed  # the namespace's shared watches bring this cluster's objects
         self.spec = spec
@@ -53,12 +62,19 @@ class ClusterWatch:
         annotations = root["metadata"].get("annotations") or {}
         self.stopped = bool(annotations.get(STOPPED_ANNOTATION))
         self.pods: dict[str, dict[str, Any]] = {}  # pod name → pod (guarded by _cond)
-        self.jobset: dict[str, Any] | None = None  # guarded by _cond
-        self.jobset_seen = False  # the JobSet has been listed once (absent means gone)
+        self._gone: dict[str, dict[str, Any]] = {}  # pod name → last state of a pod that went
+        self._ends: dict[str, float] = {}  # pod name → when the watch saw its end begin
+        # ``jobset``: the JobSet this process has just created (launch). The namespace's
+        # watch may bring it seconds later on a loaded machine: until then a listing made
+        # before its creation says nothing about it, and it is not "gone".
+        self.jobset: dict[str, Any] | None = jobset  # guarded by _cond
+        self.jobset_seen = jobset is not None  # the JobSet has been listed once (absent means gone)
+        self._known_since = time.monotonic() if jobset is not None else None
         self.progress: Progress | None = None
         self.events: list[Event] = []
         self.api_events: list[dict[str, Any]] = []
         self.deleted = False
+        self.superseded = False  # a newer cluster of this name exists (see _apply_jobset)
         self.error: str = ""
         self.requests = 0  # API requests this watch made (for the bench)
         self._cond = threading.Condition()
@@ -86,19 +102,51 @@ class ClusterWatch:
 
     @property
     def alive(self) -> bool:
-        """Whether the namespace feed runs and this view has not been asked to stop."""
-        return self.feed.alive and not self._halt.is_set()
+        """Whether the namespace feed runs, this view has not been asked to stop, and no newer
+        cluster of its name has replaced the one it watches."""
+        return self.feed.alive and not self._halt.is_set() and not self.superseded
 
     def _apply_pod(self, kind: str | None, pod: dict[str, Any]) -> None:
         name = pod.get("metadata", {}).get("name", "")
         with self._cond:
+            if name not in self._ends and _ending(pod):
+                self._ends[name] = time.monotonic()  # the order the ends began in names the cause
             if kind == "DELETED":
                 self.pods.pop(name, None)
+                self._keep_gone(name, pod)
+                if name not in self._gone:
+                    self._ends.pop(name, None)
             else:
                 self.pods[name] = pod
             self._changed()
 
+    def _keep_gone(self, name: str, pod: dict[str, Any]) -> None:
+        """Keep a failed pod that went while its cluster runs (deleted by hand, its end read):
+        until a newer pod of its task comes, it is that task's last word, and the cause of
+        what its peers do next. Call under ``_cond``."""
+        ended = (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded")
+        if self.stopped or self.jobset is None or state.jobset_condition(self.jobset) or not ended:
+            self._gone.pop(name, None)
+            return
+        self._gone[name] = pod
+        attempt = state.jobset_restarts(self.jobset)
+        for old in [n for n, p in self._gone.items() if state.pod_attempt(p) < attempt]:
+            del self._gone[old]  # a finished restart attempt: its pods say nothing any more
+
+    def _mine(self, jobset: dict[str, Any] | None) -> bool:
+        """Whether ``jobset`` belongs to this cluster's root (not to a deleted namesake's)."""
+        owners = (jobset or {}).get("metadata", {}).get("ownerReferences") or []
+        uid = self.root["metadata"].get("uid")
+        return not owners or not uid or any(o.get("uid") == uid for o in owners)
+
     def _apply_jobset(self, kind: str | None, jobset: dict[str, Any]) -> None:
+        if not self._mine(jobset):
+            # Another root's JobSet of this name: a deleted namesake's last events (ignored), or
+            # a new cluster of this name, launched elsewhere after this one was deleted: then
+            # this view is over, and the backend reads the new root (see ``alive``).
+            if kind != "DELETED":
+                self.superseded = True
+            return
         with self._cond:
             before = self.jobset
             self.jobset = None if kind == "DELETED" else jobset
@@ -110,11 +158,21 @@ class ClusterWatch:
 
     # -- what the namespace feed calls (on its threads) ----------------------------------
     def replace_state(self, pods: list[dict[str, Any]], jobset: dict[str, Any] | None,
-                      listed: bool) -> None:
-        """A (re-)listing of this cluster's pods and JobSet (``listed``: JobSets were listed)."""
+                      listed: bool, listed_at: float | None = None) -> None:
+        """A (re-)listing of this cluster's pods and JobSet (``listed``: JobSets were listed,
+        the listing began at ``listed_at``, monotonic, and the watch events since are in)."""
+        if not self._mine(jobset):
+            self.superseded = True
+            jobset = None
         with self._cond:
             self.pods = {p["metadata"]["name"]: p for p in pods}
-            if listed:
+            listed_now = time.monotonic()  # ends found by a listing: at once, before later ones
+            for name, p in self.pods.items():
+                if name not in self._ends and _ending(p):
+                    self._ends[name] = listed_now
+            stale = (jobset is None and self._known_since is not None
+                     and (listed_at is None or listed_at < self._known_since))
+            if listed and not stale:  # a listing older than the launch cannot say it is gone
                 self.jobset = jobset
                 self.jobset_seen = True
             self._changed()
@@ -181,9 +239,14 @@ class ClusterWatch:
         """The cluster as :mod:`.state` sees it now."""
         with self._cond:
             pods = list(self.pods.values())
-            jobset, seen = self.jobset, self.jobset_seen
-        return state.View(spec=self.spec, jobset=jobset, pods=state.latest_pods(pods),
-                          stopped=self.stopped, jobset_seen=seen, steps=state.latest_steps(pods))
+            gone = [p for n, p in self._gone.items() if n not in self.pods]
+            jobset, seen, ends = self.jobset, self.jobset_seen, dict(self._ends)
+            if self.stopped or jobset is None:
+                gone = []
+        # a gone pod first: a live pod of the same task and attempt made in the same second wins
+        return state.View(spec=self.spec, jobset=jobset, pods=state.latest_pods(gone + pods),
+                          stopped=self.stopped, jobset_seen=seen, steps=state.latest_steps(pods),
+                          ends=ends)
 
     def _maybe_list_events(self, view: state.View) -> None:
         vague = [
@@ -203,11 +266,19 @@ class ClusterWatch:
             self.error = api_reason(e)
             return list(self.api_events)
         name, prefix = self.spec.name, f"{self.spec.name}-"
+        with self._cond:
+            pods = {**self._gone, **self.pods}
+            known = {p["metadata"].get("uid") for p in pods.values()}
+            jobset_uid = ((self.jobset or {}).get("metadata") or {}).get("uid")
+            known |= {self.root["metadata"].get("uid"), jobset_uid}
+        born = state.parse_time(self.root["metadata"].get("creationTimestamp")) or 0.0
         mine = [
             e for e in items
-            if (e.get("involvedObject") or {}).get("name", "") == name
-            or (e.get("involvedObject") or {}).get("name", "").startswith(prefix)
-            or state.is_kueue_workload(e.get("involvedObject") or {}, name)
+            if ((e.get("involvedObject") or {}).get("name", "") == name
+                or (e.get("involvedObject") or {}).get("name", "").startswith(prefix)
+                or state.is_kueue_workload(e.get("involvedObject") or {}, name))
+            and not state.of_another_incarnation(e, born, known)
+            and not state.startup_probe_noise(e, pods.get((e.get("involvedObject") or {}).get("name", "")))
         ]
         with self._cond:
             self.api_events = mine
@@ -241,12 +312,17 @@ class ClusterWatch:
         with self._cond:
             events = list(self.api_events)
         # Event times are the API server's, to the second: compare with the wall clock.
-        blocked = state.create_blocked(snap.tasks, events, self.spec.name, self._born(view),
-                                       time.time()) or ""
+        now = time.time()
+        created = state.create_blocked(snap.tasks, events, self.spec.name, self._born(view), now)
+        blocked = created or state.cannot_start(view, now) or ""
         if blocked:
-            snap.reason = blocked
+            snap.reason = snap.cannot_start = blocked
+            for t in snap.tasks:  # the container's own words, not the kubelet's back-off Events
+                pulled = state.pull_failure(view.pods[t.name]) if t.name in view.pods else None
+                if pulled and t.phase == Phase.PENDING:
+                    t.reason = pulled
             if not self.blocked:
-                self.record_event("", "FailedCreate", blocked, "Warning")
+                self.record_event("", "FailedCreate" if created else "CannotStart", blocked, "Warning")
         self.blocked = blocked
 
     def _working_step_line(self, view: state.View) -> str:
