@@ -64,11 +64,7 @@ def role_rules() -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["configmaps/finalizers"], "verbs": ["update"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": _READ},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
-        {
-            "apiGroups": ["jobset.x-k8s.io"],
-            "resources": ["jobsets"],
-            "verbs": [*_READ, "create", "delete"],
-        },
+        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": [*_READ, "create", "delete"]},
         {
             "apiGroups": [""],
             "resources": ["persistentvolumeclaims"],
@@ -80,11 +76,7 @@ def role_rules() -> list[dict[str, Any]]:
             "resources": ["events", "resourcequotas", "limitranges"],
             "verbs": ["get", "list"],
         },
-        {
-            "apiGroups": ["apps"],
-            "resources": ["deployments"],
-            "verbs": [*_READ, "create", "delete"],
-        },
+        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": [*_READ, "create", "delete"]},
         {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     ]
