@@ -46,7 +46,7 @@ def test_a_rendered_task_pod_is_mapped_field_by_field():
     assert flag_values(args, "--entrypoint") == [
         '["python", "-m", "tfk8s_magics.backends.kubernetes.logcopy", "/log/tasks/{task}.log", '
         '"--", "python", "-m", "tfk8s_magics.runtime.task"]']
-    assert flag_values(args, "--user") == ["1000:1000"] and flag_values(args, "--group-add") == ["1000"]
+    assert flag_values(args, "--user") == ["1000:1000"] and flag_values(args, "--group-add") == ["100"]
     assert "--read-only" in args and "--read-only-tmpfs=false" in args
     assert flag_values(args, "--cap-drop") == ["ALL"]
     assert flag_values(args, "--security-opt") == ["no-new-privileges"]

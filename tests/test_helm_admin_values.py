@@ -105,6 +105,7 @@ def test_every_pod_template_pulls_with_the_secrets(helm, values_file):
         "Deployment/lab-tfk8s-lab-hub",
         "Deployment/lab-tfk8s-lab-placeholder",
         "Deployment/lab-tfk8s-lab-proxy",
+        "Job/lab-tfk8s-lab-uninstall",
     ]
     for name, spec in templates.items():
         assert spec["imagePullSecrets"] == PULL, name
