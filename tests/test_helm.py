@@ -179,6 +179,8 @@ def test_default_objects(helm):
             "ClusterRole",
             "ClusterRoleBinding",
             "ClusterRoleBinding",
+            "Role",  # reads default/kubernetes: where the API server is
+            "RoleBinding",
             "Service",
             "Service",
             "Service",

@@ -317,5 +317,9 @@ def test_cilium_gets_a_policy_for_the_in_cluster_api_server_when_asked(helm):
     assert policy["apiVersion"] == "cilium.io/v2"
     assert policy["spec"]["endpointSelector"] == {"matchLabels": {
         f"k8s:io.cilium.k8s.namespace.labels.{USER_NAMESPACE_LABEL}": "jhub"}}
-    assert policy["spec"]["egress"] == [{"toEntities": ["kube-apiserver"], "toPorts": [{"ports": [
-        {"port": "443", "protocol": "TCP"}, {"port": "6443", "protocol": "TCP"}]}]}]
+    assert policy["spec"]["egress"] == [
+        {"toEntities": ["kube-apiserver"], "toPorts": [{"ports": [
+            {"port": "443", "protocol": "TCP"}, {"port": "6443", "protocol": "TCP"}]}]},
+        # a NodeLocal DNSCache in the host network is Cilium's host entity, matched by no ipBlock
+        {"toEntities": ["host"], "toPorts": [{"ports": [
+            {"port": "53", "protocol": "UDP"}, {"port": "53", "protocol": "TCP"}]}]}]

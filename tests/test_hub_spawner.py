@@ -133,6 +133,14 @@ def test_extra_config_runs_last(kubeconfig, tmp_path, monkeypatch):
     assert app.config.KubeSpawner.start_timeout == 123
 
 
+#: What the fake API answers for the API server's Service and EndpointSlice (read at each spawn).
+READS = {
+    "read_namespaced_service": {"spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 443}]}},
+    "read_namespaced_endpoint_slice": {"endpoints": [{"addresses": ["10.245.0.1"]}],
+                                       "ports": [{"port": 6443, "protocol": "TCP"}]},
+}
+
+
 class FakeApi:
     """Records calls; ``fail`` maps a method name to the exception it raises once."""
 
@@ -144,9 +152,10 @@ class FakeApi:
             self.calls.append((method, args, kwargs))
             if method in self.fail:
                 raise self.fail.pop(method)
+            result = READS.get(method)
             if self.is_async:
-                return asyncio.sleep(0)
-            return None
+                return asyncio.sleep(0, result)
+            return result
 
         return call
 
@@ -203,14 +212,44 @@ def test_modify_pod_hook_bootstraps_the_namespace_and_returns_the_pod():
     spawner = SimpleNamespace(namespace="jhub-bob", log=SimpleNamespace(info=lambda *a: None))
     pod = object()
     assert asyncio.run(hook(spawner, pod)) is pod
-    assert [c[0] for c in calls] == [
+    reads, writes = calls[:2], calls[2:]
+    # where the API server is, read at each spawn: the Service and its endpoints
+    assert [(c[0], c[1]) for c in reads] == [
+        ("read_namespaced_service", ("kubernetes", "default")),
+        ("read_namespaced_endpoint_slice", ("kubernetes", "default")),
+    ]
+    assert [c[0] for c in writes] == [
         "create_namespaced_service_account",
         "create_namespaced_role_binding",
         "create_namespaced_limit_range",
         "create_namespaced_resource_quota",
+        "create_namespaced_resource_quota",
         "create_namespaced_network_policy",
     ]
-    assert all(c[1][0] == "jhub-bob" for c in calls)
+    assert all(c[1][0] == "jhub-bob" for c in writes)
+    policy = writes[-1][1][1]
+    (api_rule,) = [r for r in policy["spec"]["egress"]
+                   if {"ipBlock": {"cidr": "10.245.0.1/32"}} in r["to"]]
+    assert api_rule["to"] == [{"ipBlock": {"cidr": "10.96.0.1/32"}},
+                              {"ipBlock": {"cidr": "10.245.0.1/32"}}]
+    assert api_rule["ports"] == [{"protocol": "TCP", "port": p} for p in (443, 6443)]
+
+
+def test_the_hook_refuses_to_spawn_when_it_cannot_find_the_api_server():
+    calls: list = []
+    denied = kubernetes_asyncio.client.ApiException(status=403)
+    hook = make_modify_pod_hook(LabSettings(hub_namespace="jhub"),
+                                api=api_of(calls, fail={"read_namespaced_service": denied}))
+    spawner = SimpleNamespace(namespace="jhub-bob", log=SimpleNamespace(info=lambda *a: None))
+    with pytest.raises(RuntimeError, match="HTTP 403.*lab.api_server_cidrs"):
+        asyncio.run(hook(spawner, object()))
+    assert [c[0] for c in calls] == ["read_namespaced_service"]  # nothing written
+    # named CIDRs: nothing to read
+    calls.clear()
+    hook = make_modify_pod_hook(LabSettings(hub_namespace="jhub", api_server_cidrs=["10.0.0.2/32"]),
+                                api=api_of(calls))
+    asyncio.run(hook(spawner, object()))
+    assert not [c for c in calls if c[0].startswith("read_")]
 
 
 @pytest.mark.parametrize("enabled", [True, False])

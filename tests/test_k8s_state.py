@@ -302,3 +302,29 @@ def test_the_task_that_failed_not_the_one_the_failing_jobset_terminated_is_the_c
                                                           "worker-1": pod(1, 1)})
         phase, reason = state.cluster_phase(view, state.task_statuses(view))
         assert "worker-1 failed: the script raised an exception (exit code 1)" in reason, reason
+
+
+def test_a_gpu_quota_counts_gpus_without_asking_every_pod_to_name_one():
+    # the API server requires only CPU and memory to be named; a pod without GPUs uses none
+    quota = {"metadata": {"name": "q"}, "spec": {"hard": {"requests.nvidia.com/gpu": "0"}}}
+    assert quota_problems(_manifests(worker={"cpu": "1"}), [quota]) == []
+    (problem,) = quota_problems(_manifests(worker={"cpu": "1", "gpus": 1}), [quota])
+    assert problem.startswith("the cluster needs requests.nvidia.com/gpu 2 but ResourceQuota q leaves 0")
+
+
+def test_a_scoped_quota_counts_only_the_pods_in_its_scope():
+    # the bootstrap's CrossNamespacePodAffinity quota holds no pod: the lab's own pods are not in it
+    no_cross = {"metadata": {"name": "x"}, "spec": {"hard": {"pods": "0"}, "scopeSelector": {
+        "matchExpressions": [{"scopeName": "CrossNamespacePodAffinity", "operator": "Exists"}]}}}
+    ms = _manifests(worker={"cpu": "1"})
+    assert quota_problems(ms, [no_cross]) == []
+    jobset = next(m for m in ms if m["kind"] == "JobSet")
+    pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {}, "topologyKey": "kubernetes.io/hostname", "namespaceSelector": {}}]}}
+    (problem,) = quota_problems(ms, [no_cross])
+    assert "ResourceQuota x leaves 0" in problem
+    # a scope this check does not evaluate is left to the API server
+    priority = {"metadata": {"name": "p"}, "spec": {"hard": {"pods": "0"}, "scopeSelector": {
+        "matchExpressions": [{"scopeName": "PriorityClass", "operator": "In", "values": ["x"]}]}}}
+    assert quota_problems(ms, [priority]) == []

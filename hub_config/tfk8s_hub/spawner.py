@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .bootstrap import BootstrapSpec, Manifest, bootstrap_objects, namespace_labels
+from .bootstrap import ApiServer, BootstrapSpec, Manifest, bootstrap_objects, namespace_labels
 from .settings import LabSettings
 
 log = logging.getLogger("tfk8s_hub")
@@ -103,6 +103,50 @@ def kubespawner_api(api_name: str) -> Any:
     return shared_client(api_name)
 
 
+#: Where the API server's Service and its EndpointSlices are (every cluster has them).
+API_SERVICE = ("default", "kubernetes")
+
+
+def _plain(obj: Any) -> Any:
+    """A client model (either client's) or a dict, as the API's JSON dict."""
+    if obj is None or isinstance(obj, dict):
+        return obj
+    to_dict = getattr(obj, "to_dict", None)
+    if to_dict is None:
+        return obj
+    # to_dict() keys are snake_case; the builders read the API's camelCase names
+    from kubernetes.client import ApiClient
+
+    return ApiClient().sanitize_for_serialization(obj)
+
+
+async def read_api_server(api: Callable[[str], Any]) -> ApiServer:
+    """Where pods reach the API server: the ``kubernetes`` Service and its endpoints.
+
+    Raises ``RuntimeError`` naming the setting to use when the hub may not
+    read them or finds no address (its NetworkPolicy rule would be empty).
+    """
+    namespace, name = API_SERVICE
+    try:
+        service = await _call(api("CoreV1Api").read_namespaced_service, name, namespace)
+        slices = await _call(api("DiscoveryV1Api").read_namespaced_endpoint_slice, name, namespace)
+    except Exception as e:
+        if _status(e) is None:
+            raise
+        raise RuntimeError(
+            f"the hub could not read the Service and EndpointSlice {namespace}/{name} to find "
+            f"the Kubernetes API server's addresses (HTTP {_status(e)}): set "
+            "LabSettings.api_server_cidrs (the chart's lab.api_server_cidrs) to them."
+        ) from e
+    found = ApiServer.from_objects(_plain(service), [_plain(slices)])
+    if not found.cidrs:
+        raise RuntimeError(
+            f"the Service {namespace}/{name} names no address of the Kubernetes API server: set "
+            "LabSettings.api_server_cidrs (the chart's lab.api_server_cidrs) to them."
+        )
+    return found
+
+
 def make_modify_pod_hook(
     settings: LabSettings, api: Callable[[str], Any] = kubespawner_api
 ) -> Callable[[Any, Any], Any]:
@@ -110,7 +154,9 @@ def make_modify_pod_hook(
     spec = BootstrapSpec.from_settings(settings)
 
     async def bootstrap_user_namespace(spawner: Any, pod: Any) -> Any:
-        objs = bootstrap_objects(spec, spawner.namespace)
+        # read at each spawn: a control plane's addresses change (managed clusters' upgrades)
+        api_server = await read_api_server(api) if spec.discovers_api_server else None
+        objs = bootstrap_objects(spec, spawner.namespace, api_server)
         done = await Applier(api).apply_all(objs)
         spawner.log.info(
             "tfk8s: bootstrapped namespace %s: %s",
