@@ -164,9 +164,17 @@ class RealKube:
             {"metadata": {"name": name, "labels": namespace_labels(spec), "annotations": annotations}}
         )
         self._namespaces.append(name)
-        self.apply(bootstrap_objects(spec, name))
+        self.apply(bootstrap_objects(spec, name, self.api_server() if spec.discovers_api_server else None))
         token = self.token(name, spec.service_account)
         return UserNamespace(self, name, spec.service_account, self.client_with_token(token), offset)
+
+    def api_server(self):
+        """Where pods reach the API server, read as the hub reads it (``tfk8s_hub.spawner``)."""
+        import asyncio
+
+        from tfk8s_hub.spawner import read_api_server
+
+        return asyncio.run(read_api_server(lambda name: getattr(kubernetes.client, name)(self.admin)))
 
     def namespace(self, prefix: str = "ns", labels: dict | None = None) -> str:
         """A bare namespace (no bootstrap objects, pods land on kwok nodes), deleted at cleanup."""
