@@ -302,3 +302,21 @@ def test_applier_recreates_a_role_binding_whose_role_ref_changed():
     assert asyncio.run(Applier(lambda name: Rbac()).apply(binding)) == "recreated"
     assert calls == ["create_namespaced_role_binding", "replace_namespaced_role_binding",
                      "delete_namespaced_role_binding", "create_namespaced_role_binding"]
+
+
+def test_a_control_plane_without_an_endpoint_slice_gives_the_service_address():
+    calls: list = []
+    missing = kubernetes.client.ApiException(status=404)
+    apis: dict = {}
+
+    def api(name):
+        return apis.setdefault(name, FakeApi(
+            calls, {"read_namespaced_endpoint_slice": missing} if name == "DiscoveryV1Api" else None))
+
+    hook = make_modify_pod_hook(LabSettings(hub_namespace="jhub"), api=api)
+    spawner = SimpleNamespace(namespace="jhub-bob", log=SimpleNamespace(info=lambda *a: None))
+    asyncio.run(hook(spawner, object()))
+    policy = calls[-1][1][1]
+    assert {"to": [{"ipBlock": {"cidr": "10.96.0.1/32"}}],
+            "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]
+            } in policy["spec"]["egress"]
