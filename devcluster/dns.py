@@ -132,14 +132,14 @@ def ready(address: str) -> bool:
         return r.status == 200
 
 
-def query(server: str, name: str, timeout: float = 2.0) -> list[str]:
+def query(server: str, name: str, timeout: float = 2.0, port: int = 53) -> list[str]:
     """The A records ``server`` answers for ``name`` over UDP (a minimal resolver, no library)."""
     qid = random.randrange(1 << 16)
     labels = b"".join(bytes([len(p)]) + p.encode() for p in name.rstrip(".").split(".")) + b"\0"
     packet = struct.pack(">HHHHHH", qid, 0x0100, 1, 0, 0, 0) + labels + struct.pack(">HH", 1, 1)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.settimeout(timeout)
-        s.sendto(packet, (server, 53))
+        s.sendto(packet, (server, port))
         data = s.recv(4096)
     rid, _flags, qd, an = struct.unpack(">HHHH", data[:8])
     if rid != qid:
