@@ -1,4 +1,4 @@
-"""The real nodes' pure builders (devcluster/network.py, nodes.py, dns.py) against literal values; no cluster."""
+"""The real nodes' pure builders (devcluster/network.py, nodes.py, dns.py) against literal values."""
 
 from __future__ import annotations
 

@@ -189,7 +189,8 @@ def test_a_reimport_removes_the_previous_image_and_its_content_from_containerd(r
         assert sorted(n for n in node.containerd_images(lay) if n.startswith(repo)) == [release, new_hash]
         assert not (v3 & _content(lay)), "the superseded h- image's content stayed"
         for other in node.layouts(cluster)[1:]:  # every real node got the same, once
-            assert sorted(n for n in node.containerd_images(other) if n.startswith(repo)) == [release, new_hash]
+            mine = sorted(n for n in node.containerd_images(other) if n.startswith(repo))
+            assert mine == [release, new_hash], other.name
     finally:
         for each in node.layouts(cluster):
             for image in (release, old_hash, new_hash):
