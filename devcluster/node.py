@@ -51,7 +51,7 @@ from .network import (  # noqa: F401 - the fence's names, for the tests that wat
     fence_rules,
     outside_interfaces,
 )
-from .nodes import CNI_BIN_DIR, RUN_ROOT, Node, NodeError, ctr  # noqa: F401
+from .nodes import CNI_BIN_DIR, RUN_ROOT, Node, NodeError, ctr, make_cgroup_root, start, write_configs  # noqa: F401
 from .pki import CA
 from .procs import Procs
 from .versions import cache_root  # noqa: F401
@@ -61,6 +61,9 @@ NODE_NAMES = tuple(n.name for n in network.nodes(NODE_COUNT))
 NODE_NAME = NODE_NAMES[0]  # the first real node
 #: sysctls the kubelets set on their own (machine-wide ones): saved before they start, restored by ``down``
 RESTORED = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory")
+#: machine-wide limits several kubelets and containerds exhaust (kind's known issues): raised to at
+#: least these by ``up``, restored by ``down``
+RAISED = {"fs/inotify/max_user_instances": 512, "fs/inotify/max_user_watches": 524288}
 
 
 def bins() -> dict[str, Path]:
@@ -200,7 +203,11 @@ def up(cluster, log=print, count: int = NODE_COUNT) -> float:
         (RUN_ROOT / "owner").write_text(str(cluster.root))
         saved = base / "sysctls.json"
         if not saved.exists():
-            saved.write_text(json.dumps({k: _sysctl(k) for k in RESTORED if Path("/proc/sys", k).exists()}))
+            keys = (*RESTORED, *RAISED)
+            saved.write_text(json.dumps({k: _sysctl(k) for k in keys if Path("/proc/sys", k).exists()}))
+        for k, v in RAISED.items():
+            if int(_sysctl(k)) < v:
+                _sysctl(k, str(v))
         network.host_up(_api_port(cluster))
         ca = CA(cluster.root / "pki")
         # the cluster's CoreDNS, on the host
@@ -215,8 +222,6 @@ def up(cluster, log=print, count: int = NODE_COUNT) -> float:
         all_nets = [n.net for n in nodes]
         for n in nodes:
             network.node_up(n.net, all_nets, _api_port(cluster))
-            from .nodes import make_cgroup_root, start, write_configs
-
             write_configs(n, ca, POD_RANGE)
             make_cgroup_root(n)
             start(n, "containerd", env)
