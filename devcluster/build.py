@@ -9,6 +9,7 @@ upstream code or binaries.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -126,6 +127,34 @@ def _consumer(module: str, pkg: str, binary: str) -> Callable[[str, Path], None]
     return build
 
 
+CILIUM_MODULE = "github.com/cilium/cilium"
+#: the agent, the generic operator (Cilium's Makefile: cilium-operator-generic = the operator package
+#: with the ipam_provider_operator tag) and the CNI plugin, each with the tags upstream's Makefile uses
+CILIUM_BINARIES = {
+    "cilium-agent": ("daemon", "osusergo"),
+    "cilium-operator-generic": ("operator", "osusergo,ipam_provider_operator"),
+    "cilium-cni": ("plugins/cilium-cni", "osusergo"),
+}
+
+
+def _build_cilium(version: str, out: Path) -> None:
+    """Cilium's three binaries, and its BPF sources (the agent compiles them at run time) as ``lib/bpf``."""
+    mod = GO_DIR / "cilium"
+    _check_module_version(mod, CILIUM_MODULE, version)
+    ldflags = f"-s -w -X {CILIUM_MODULE}/pkg/version.ciliumVersion={version.lstrip('v')}"
+    for binary, (pkg, tags) in CILIUM_BINARIES.items():
+        _run(
+            ["go", "build", "-trimpath", "-tags", tags, "-ldflags", ldflags, "-o", str(out / binary),
+             f"{CILIUM_MODULE}/{pkg}"],
+            cwd=mod,
+        )  # fmt: skip
+    listing = subprocess.run(
+        ["go", "mod", "download", "-json", f"{CILIUM_MODULE}@{version}"],
+        cwd=mod, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    shutil.copytree(Path(json.loads(listing.stdout)["Dir"]) / "bpf", out / "lib" / "bpf")
+
+
 def _go_install(
     *pkgs: str, cgo: bool = False, tags: str = "", ldflags: Callable[[str], str] = lambda version: ""
 ) -> Callable[[str, Path], None]:
@@ -183,6 +212,8 @@ COMPONENTS: dict[str, Component] = {
             ),
         ),
         Component("coredns", "COREDNS", ("coredns",), _go_install("github.com/coredns/coredns")),
+        # the NetworkPolicy enforcer of the real nodes (devcluster/enforcer.py)
+        Component("cilium", "CILIUM", tuple(CILIUM_BINARIES), _build_cilium),
     )
 }
 
