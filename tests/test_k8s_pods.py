@@ -75,11 +75,13 @@ class User:
     Role, LimitRange, quota, NetworkPolicy), hostPath claims owned by the task user, and backends
     acting as the user's own ServiceAccount token."""
 
-    def __init__(self, kube, tmp: Path):
+    def __init__(self, kube, tmp: Path, prefix: str = "pods", bootstrap=None):
         self.kube = kube
         self.admin = kube.admin
         self.core = kube.core
-        self.ns_obj = kube.user_namespace("pods", kwok=False)  # pods go to the real node
+        self.bootstrap = bootstrap
+        # pods go to the real nodes
+        self.ns_obj = kube.user_namespace(prefix, bootstrap=bootstrap, kwok=False)
         self.ns = self.ns_obj.name
         self.pvs: list[str] = []
         self.paths: dict[str, Path] = {}  # claim → its hostPath on this machine
