@@ -78,15 +78,16 @@ while True:
 #: A notebook server and a kernel on fixed ports, as the single-user image runs them.
 NOTEBOOK = """
 import json, os, subprocess, sys
+names = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 conn = {"ip": "0.0.0.0", "transport": "tcp", "key": os.urandom(16).hex(),
         "signature_scheme": "hmac-sha256", "kernel_name": "python3",
-        "shell_port": %d, "iopub_port": %d, "stdin_port": %d, "control_port": %d, "hb_port": %d}
+        **dict(zip(names, map(int, os.environ["KERNEL_PORTS"].split())))}
 with open("/tmp/kernel.json", "w") as f:
     json.dump(conn, f)
 subprocess.Popen([sys.executable, "-m", "ipykernel_launcher", "-f", "/tmp/kernel.json"])
 os.execvp("jupyter", ["jupyter", "server", "--ip=0.0.0.0", "--port=8888", "--no-browser",
                       "--ServerApp.token=" + os.urandom(16).hex(), "--ServerApp.root_dir=/tmp"])
-""".replace("%d", "{}").format(*KERNEL_PORTS)
+"""
 
 #: Listens on the given TCP ports (a stand-in server process where no image has the real one).
 LISTEN = """
@@ -208,7 +209,8 @@ class Servers:
             "worker": (f"kubernetes.io/hostname={nodes[1]}",)}, **_claims())
         self.backend.launch(spec, detach=True)
         # the notebook server and its kernel, on the first node
-        nb = _on(_restricted_pod("notebook", NOTEBOOK_IMAGE, ["python", "-c", NOTEBOOK]), nodes[0])
+        nb = _on(_restricted_pod("notebook", NOTEBOOK_IMAGE, ["python", "-c", NOTEBOOK],
+                                 env={"KERNEL_PORTS": " ".join(map(str, KERNEL_PORTS))}), nodes[0])
         core.create_namespaced_pod(ns, nb)
         # the served model: the backend's Deployment and Service, a listener for the model server
         served = self.backend.render_serving(spec, "ig")
