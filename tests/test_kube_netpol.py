@@ -417,7 +417,7 @@ def _chart_policies(helm: Path, namespace: str) -> list[dict]:
     return docs
 
 
-class TestHosts:
+class OffClusterHosts:
     """A network namespace on the node bridge holding the metadata address and a private address
     outside the cluster, each listening on TCP 80 and 53; routes to it from each real node."""
 
@@ -459,7 +459,7 @@ def test_hosts(two):
     from devcluster import network
 
     nets = {n.name: n for n in network.nodes(8)}
-    hosts = TestHosts([nets[name] for name in two])
+    hosts = OffClusterHosts([nets[name] for name in two])
     yield hosts
     hosts.close()
 
