@@ -128,23 +128,21 @@ def _consumer(module: str, pkg: str, binary: str) -> Callable[[str, Path], None]
 
 
 CILIUM_MODULE = "github.com/cilium/cilium"
-#: the agent, the generic operator (Cilium's Makefile: cilium-operator-generic = the operator package
-#: with the ipam_provider_operator tag) and the CNI plugin, each with the tags upstream's Makefile uses
-CILIUM_BINARIES = {
-    "cilium-agent": ("daemon", "osusergo"),
-    "cilium-operator-generic": ("operator", "osusergo,ipam_provider_operator"),
-    "cilium-cni": ("plugins/cilium-cni", "osusergo"),
-}
+#: the agent and the CNI plugin, with the tags of upstream's Makefile. Not the operator: its package
+#: imports sigs.k8s.io/mcs-api/controllers v0.5.2, which the module proxy refuses ("403 Forbidden:
+#: This module version is not available"); the enforcer registers the operator's CRDs itself.
+CILIUM_BINARIES = {"cilium-agent": "daemon", "cilium-cni": "plugins/cilium-cni"}
 
 
 def _build_cilium(version: str, out: Path) -> None:
-    """Cilium's three binaries, and its BPF sources (the agent compiles them at run time) as ``lib/bpf``."""
+    """Cilium's agent and CNI plugin, its BPF sources (the agent compiles them when it starts) as
+    ``lib/bpf``, and its CRDs (the operator's embedded copies) as ``crds/``."""
     mod = GO_DIR / "cilium"
     _check_module_version(mod, CILIUM_MODULE, version)
     ldflags = f"-s -w -X {CILIUM_MODULE}/pkg/version.ciliumVersion={version.lstrip('v')}"
-    for binary, (pkg, tags) in CILIUM_BINARIES.items():
+    for binary, pkg in CILIUM_BINARIES.items():
         _run(
-            ["go", "build", "-trimpath", "-tags", tags, "-ldflags", ldflags, "-o", str(out / binary),
+            ["go", "build", "-trimpath", "-tags", "osusergo", "-ldflags", ldflags, "-o", str(out / binary),
              f"{CILIUM_MODULE}/{pkg}"],
             cwd=mod,
         )  # fmt: skip
@@ -152,7 +150,13 @@ def _build_cilium(version: str, out: Path) -> None:
         ["go", "mod", "download", "-json", f"{CILIUM_MODULE}@{version}"],
         cwd=mod, capture_output=True, text=True, check=True,
     )  # fmt: skip
-    shutil.copytree(Path(json.loads(listing.stdout)["Dir"]) / "bpf", out / "lib" / "bpf")
+    src = Path(json.loads(listing.stdout)["Dir"])
+    shutil.copytree(src / "bpf", out / "lib" / "bpf")
+    (out / "crds").mkdir()
+    for crd in sorted((src / "pkg/k8s/apis/cilium.io/client/crds").glob("*/*.yaml")):
+        shutil.copyfile(crd, out / "crds" / crd.name)
+    for p in out.rglob("*"):  # the module cache's files are read-only
+        p.chmod(p.stat().st_mode | 0o200)
 
 
 def _go_install(
@@ -220,7 +224,7 @@ COMPONENTS: dict[str, Component] = {
 # What `scripts/kube up` needs (tier 1: a control plane with kwok nodes, JobSet and Kueue).
 TIER1 = ("etcd", "kubernetes", "kwok", "jobset", "kueue")
 # What `scripts/kube up --pods` adds (tier 2: a real node running real pods).
-TIER2 = ("containerd", "runc", "coredns", "kubelet")
+TIER2 = ("containerd", "runc", "coredns", "kubelet", "cilium")
 
 
 def ensure(name: str) -> Component:

@@ -26,7 +26,7 @@ import time
 import urllib.error
 from pathlib import Path
 
-from . import build, dns, network
+from . import build, dns, enforcer, network
 from .images import (  # noqa: F401 - the image API the tests and scripts use
     LAB_IMAGES,
     _marker,
@@ -51,7 +51,17 @@ from .network import (  # noqa: F401 - the fence's names, for the tests that wat
     fence_rules,
     outside_interfaces,
 )
-from .nodes import CNI_BIN_DIR, RUN_ROOT, Node, NodeError, ctr, make_cgroup_root, start, write_configs  # noqa: F401
+from .nodes import (  # noqa: F401
+    CNI_BIN_DIR,
+    RUN_ROOT,
+    Node,
+    NodeError,
+    cni_config,
+    ctr,
+    make_cgroup_root,
+    start,
+    write_configs,
+)
 from .pki import CA
 from .procs import Procs
 from .versions import cache_root  # noqa: F401
@@ -223,8 +233,12 @@ def up(cluster, log=print, count: int = NODE_COUNT) -> float:
         for n in nodes:
             network.node_up(n.net, all_nets, _api_port(cluster))
             write_configs(n, ca, POD_RANGE)
+            # the enforcer's CNI plugin, chained after the pod network
+            (n.cni_dir / "10-tfk8s.conflist").write_text(
+                json.dumps(enforcer.chained(cni_config(n), n), indent=2)
+            )
             make_cgroup_root(n)
-            start(n, "containerd", env)
+            start(n, "containerd", {**env, **enforcer.cni_env(n)})
         for n in nodes:
             _wait(
                 f"containerd of {n.name}",
@@ -240,6 +254,7 @@ def up(cluster, log=print, count: int = NODE_COUNT) -> float:
         for n in nodes:
             for name in ("kubelet", "kube-proxy", "nodelocaldns"):
                 start(n, name, env)
+        t_enf = enforcer.up(cluster, nodes, log)
         _wait("CoreDNS ready", lambda: dns.ready(network.HOST_IP), 60, dns_procs, "coredns")
         for n in nodes:
             _wait(
@@ -266,7 +281,7 @@ def up(cluster, log=print, count: int = NODE_COUNT) -> float:
     took = time.monotonic() - t0
     log(
         f"devcluster: {count} real node(s) Ready in {took:.1f} s ({', '.join(n.name for n in nodes)}; "
-        f"image imports {t_img:.0f} s; images: {', '.join(imported) or 'none'})"
+        f"image imports {t_img:.0f} s; Cilium {t_enf:.0f} s; images: {', '.join(imported) or 'none'})"
     )
     return took
 
@@ -292,6 +307,7 @@ def down(cluster, log=print) -> None:
         return
     dirs = {n: build.COMPONENTS[n].dir for n in build.TIER2}
     nodes = _nodes(cluster, dirs, _count(cluster))
+    enforcer.down(nodes)
     for n in nodes:
         stop(n)
     Procs(base).stop("coredns")

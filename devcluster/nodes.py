@@ -102,6 +102,11 @@ class Node:
         return self.state / "cni" / "net.d"
 
     @property
+    def cni_bin_dirs(self) -> list[str]:
+        """Where containerd looks for CNI plugins: Debian's, and the enforcer's when it is built."""
+        return [CNI_BIN_DIR, *([str(self.bins["cilium"])] if "cilium" in self.bins else [])]
+
+    @property
     def cgroup(self) -> str:
         """The kubelet's cgroupRoot (pods live below it)."""
         return f"/{self.net.netns}"
@@ -170,7 +175,7 @@ state = {q(str(node.run / "containerd"))}
           SystemdCgroup = false
 
     [plugins.'io.containerd.cri.v1.runtime'.cni]
-      bin_dirs = [{q(CNI_BIN_DIR)}]
+      bin_dirs = {q(node.cni_bin_dirs)}
       conf_dir = {q(str(node.cni_dir))}
       max_conf_num = 1
 

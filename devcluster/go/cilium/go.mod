@@ -1,6 +1,6 @@
 // Cilium for the test cluster's NetworkPolicy enforcer. github.com/cilium/cilium has a replace
 // directive of its own (controller-tools), so `go install pkg@version` refuses it; this consumer
-// module requires the published release and builds its agent, generic operator and CNI plugin.
+// module requires the published release and builds its agent and CNI plugin.
 module tfk8s.dev/devcluster/cilium
 
 go 1.26.0
