@@ -212,6 +212,11 @@ def _in_scope(quota: Manifest, manifests: list[Manifest]) -> list[Manifest] | No
             if any(_cross_namespace_affinity(pod) for _, pod, _ in _pod_groups(m))]
 
 
+def counts_any(quota: Manifest, manifests: list[Manifest]) -> bool:
+    """Whether ``quota`` counts any of ``manifests`` (a scoped one may count none of them)."""
+    return bool(_in_scope(quota, manifests))
+
+
 def quota_problems(manifests: list[Manifest], quotas: list[Manifest],
                    pending: list[Manifest] = ()) -> list[str]:
     """Why ``manifests`` would not fit ``quotas`` (ResourceQuota dicts); empty if they fit.
