@@ -1,10 +1,11 @@
-"""Tenancy on the enforcing multi-node cluster (markers ``netpol`` and ``k8s``; tier 2 with a
-NetworkPolicy enforcer: ``scripts/kube up --pods``).
+"""Tenancy on the enforcing multi-node cluster (markers ``netpol`` and ``k8s``; tier 2 with its
+NetworkPolicy enforcer, Cilium: ``scripts/kube up --pods``).
 
 Every attack runs twice: first with the policies removed, where it must succeed (so the test can
 fail), then with them in place, where it must be refused. The policies are the lab's own: each
 user namespace's is the one the hub's bootstrap builds (``tfk8s_hub.bootstrap``, applied as the
-hub applies it), the hub's and the proxy's are the chart's (``helm template``).
+hub applies it), the hub's and the proxy's and the Cilium policies are the chart's (``helm
+template``, as ``helm install`` on a cluster serving Cilium's CRDs renders them).
 
 - User B's pods -- a pod of B's namespace, and a cluster B's notebook launches with B's own
   token -- open no TCP connection to any of user A's servers: the TensorFlow gRPC ports of A's
@@ -37,10 +38,12 @@ import pytest
 import yaml
 
 import tests.test_k8s_pods as pods_tests
-from tests.realkube import require_or_skip, wait_for
+import tests.test_kube_netpol as enforcer_tests
+from tests.realkube import wait_for
 from tests.test_k8s_pods import NOTEBOOK_IMAGE, TASK_IMAGE, User, _claims, _restricted_pod
+from tests.test_kube_nodes import _on, _running
 
-realnode = pods_tests.realnode
+realnode, enforcing = pods_tests.realnode, enforcer_tests.enforcing
 
 pytestmark = [pytest.mark.k8s, pytest.mark.netpol]
 
@@ -103,29 +106,6 @@ threading.Event().wait()
 """
 
 
-def _real_nodes(kube) -> list[str]:
-    out = []
-    for n in kube.core.list_node().items:
-        if (n.metadata.annotations or {}).get("kwok.x-k8s.io/node") == "fake":
-            continue
-        if {c.type: c.status for c in n.status.conditions or []}.get("Ready") == "True":
-            out.append(n.metadata.name)
-    return sorted(out)
-
-
-def _on(pod: dict, node_name: str) -> dict:
-    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node_name}
-    return pod
-
-
-def _running(core, ns, name, timeout=BOUND):
-    def ready():
-        p = core.read_namespaced_pod(name, ns)
-        return p if p.status.phase == "Running" and p.status.pod_ip else None
-
-    return wait_for(ready, timeout, 1, f"pod {ns}/{name} running")
-
-
 # -- the lab's policies, applied and removed as an administrator would ---------------------------
 
 
@@ -137,19 +117,62 @@ def _bootstrap_policy(user: User):
     return network_policy(spec, user.ns, api)
 
 
-def remove_policies(kube, namespaces: list[str]) -> None:
-    """Delete every NetworkPolicy of ``namespaces`` (the defence removed)."""
+CILIUM_KINDS = {"CiliumNetworkPolicy": "ciliumnetworkpolicies",
+                "CiliumClusterwideNetworkPolicy": "ciliumclusterwidenetworkpolicies"}
+
+
+def chart_policies(helm: Path, namespace: str) -> list[dict]:
+    """The chart's policies for a release in ``namespace``: the hub's and the proxy's
+    NetworkPolicies and the Cilium policies (the user namespaces' and the hub's)."""
+    from test_helm import CHART, JOBSET_API
+
+    out = subprocess.run([str(helm), "template", "lab", str(CHART), "--namespace", namespace,
+                          "--set", "networkPolicy.ciliumApiServer=true", *JOBSET_API],
+                         capture_output=True, text=True, check=True).stdout
+    docs = [d for d in yaml.safe_load_all(out)
+            if d and d["kind"] in ("NetworkPolicy", *CILIUM_KINDS)]
+    for d in docs:
+        if d["kind"] != "CiliumClusterwideNetworkPolicy":
+            d["metadata"]["namespace"] = namespace
+    return docs
+
+
+def remove_policies(kube, namespaces: list[str], chart: list[dict] = ()) -> None:
+    """Delete every NetworkPolicy of ``namespaces`` and the chart's objects ``chart`` (the defence
+    removed: a Cilium policy with egress rules alone would put its pods in default deny)."""
     from kubernetes import client
+    from kubernetes.client.rest import ApiException
 
     net = client.NetworkingV1Api(kube.admin)
     for ns in namespaces:
         for p in net.list_namespaced_network_policy(ns).items:
             net.delete_namespaced_network_policy(p.metadata.name, ns)
+    for d in chart:
+        name, ns = d["metadata"]["name"], d["metadata"].get("namespace")
+        try:
+            if d["kind"] == "NetworkPolicy":
+                net.delete_namespaced_network_policy(name, ns)
+            elif d["kind"] == "CiliumClusterwideNetworkPolicy":
+                kube.custom.delete_cluster_custom_object("cilium.io", "v2", CILIUM_KINDS[d["kind"]], name)
+            else:
+                kube.custom.delete_namespaced_custom_object("cilium.io", "v2", ns, CILIUM_KINDS[d["kind"]],
+                                                            name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
 
 
-def restore_policies(kube, users: list[User], extra: list[dict] = ()) -> None:
-    """Apply each user's bootstrap policy (as the hub does) and ``extra`` objects."""
-    kube.apply([_bootstrap_policy(u) for u in users] + list(extra))
+def restore_policies(kube, users: list[User], chart: list[dict] = ()) -> None:
+    """Apply each user's bootstrap policy (as the hub does) and the chart's objects."""
+    kube.apply([_bootstrap_policy(u) for u in users] + list(chart))
+
+
+@pytest.fixture(scope="module")
+def helm(request, tmp_path_factory) -> Path:
+    """The helm binary, as tests/test_helm.py extracts it."""
+    from test_helm import helm_binary
+
+    return helm_binary(request, tmp_path_factory)
 
 
 # -- probes --------------------------------------------------------------------------------------
@@ -158,16 +181,21 @@ def restore_policies(kube, users: list[User], extra: list[dict] = ()) -> None:
 class Probe:
     """A pod that connects to every target once a second and logs which ones opened."""
 
-    def __init__(self, user: User, name: str, node_name: str, targets: list[tuple[str, str, int]]):
-        self.user, self.name = user, name
+    def __init__(self, user: User | None, name: str, node_name: str, targets: list[tuple[str, str, int]],
+                 core=None, ns: str = "", labels: dict | None = None):
+        self.core = core or user.core
+        self.ns = ns or user.ns
+        self.name = name
         self.labels = [t[0] for t in targets]
         pod = _on(_restricted_pod(name, TASK_IMAGE, ["python", "-c", PROBE],
                                   env={"TARGETS": json.dumps(targets)}), node_name)
-        user.core.create_namespaced_pod(user.ns, pod)
-        _running(user.core, user.ns, name)
+        if labels:
+            pod["metadata"]["labels"] = labels
+        self.core.create_namespaced_pod(self.ns, pod)
+        _running(self.core, self.ns, name)
 
     def rounds(self) -> list[dict]:
-        log = self.user.core.read_namespaced_pod_log(self.name, self.user.ns, tail_lines=50)
+        log = self.core.read_namespaced_pod_log(self.name, self.ns, tail_lines=50)
         return [json.loads(line) for line in log.splitlines() if line.startswith("{")]
 
     def wait(self, expect: set[str], since: float, timeout: float = PROPAGATION) -> set[str]:
@@ -188,7 +216,7 @@ class Probe:
         return last
 
     def delete(self) -> None:
-        self.user.core.delete_namespaced_pod(self.name, self.user.ns, grace_period_seconds=0)
+        self.core.delete_namespaced_pod(self.name, self.ns, grace_period_seconds=0)
 
 
 # -- user A's servers ----------------------------------------------------------------------------
@@ -262,40 +290,43 @@ class Servers:
 
 
 @pytest.fixture(scope="module")
-def two(realnode):
-    names = _real_nodes(realnode)
-    if len(names) < 2:
-        require_or_skip(f"the devcluster has {len(names)} Ready real node(s), not 2: scripts/kube up --pods")
-    return names[:2]
+def two(enforcing):
+    """The names of two real nodes, each with its enforcer ready (test_kube_netpol's check)."""
+    _, layouts = enforcing
+    return [n.name for n in layouts]
 
 
 @pytest.fixture(scope="module")
-def tenants(realnode, two, tmp_path_factory):
-    """Users A and B, bootstrapped as the hub does (each with the bootstrap's NetworkPolicy), and
-    A's servers running on both nodes."""
+def tenants(realnode, two, tmp_path_factory, helm):
+    """Users A and B, bootstrapped as the hub does (each with the bootstrap's NetworkPolicy, and the
+    chart's Cilium policy for the user namespaces of a hub in ``default``), and A's servers running
+    on both nodes."""
+    chart = [d for d in chart_policies(helm, "default") if d["kind"] == "CiliumClusterwideNetworkPolicy"]
     a = User(realnode, tmp_path_factory.mktemp("a"), prefix="alice")
     b = User(realnode, tmp_path_factory.mktemp("b"), prefix="bob")
     try:
+        restore_policies(realnode, [a, b], chart)
         servers = Servers(a, two)
         targets = servers.targets()
-        yield a, b, servers, targets
+        yield a, b, servers, targets, chart
     finally:
+        remove_policies(realnode, [], chart)
         for u in (a, b):
             u.close()
 
 
 def test_user_b_reaches_none_of_user_as_servers_from_either_node(realnode, two, tenants):
-    a, b, servers, targets = tenants
+    a, b, servers, targets, chart = tenants
     labels = {t[0] for t in targets}
     # the attack first succeeds: no policy in either namespace
-    remove_policies(realnode, [a.ns, b.ns])
+    remove_policies(realnode, [a.ns, b.ns], chart)
     since = time.time()
     probes = [Probe(b, f"attack-{i}", node, targets) for i, node in enumerate(two)]
     try:
         for p in probes:  # same node for some servers, the other node for the rest
             p.wait(labels, since, BOUND)  # (A's servers may still be starting)
         # in place: every connection refused, from both nodes, by address and by name
-        restore_policies(realnode, [a, b])
+        restore_policies(realnode, [a, b], chart)
         since = time.time()
         for p in probes:
             p.wait(set(), since)
@@ -308,7 +339,7 @@ def test_user_b_reaches_none_of_user_as_servers_from_either_node(realnode, two, 
     finally:
         for p in probes:
             p.delete()
-        restore_policies(realnode, [a, b])
+        restore_policies(realnode, [a, b], chart)
 
 
 def test_what_b_launches_with_bs_own_token_reaches_none_of_as_servers(realnode, two, tenants):
@@ -316,10 +347,10 @@ def test_what_b_launches_with_bs_own_token_reaches_none_of_as_servers(realnode, 
     its two workers spread over both nodes, probing A's servers."""
     from tfk8s_magics.spec import ClusterSpec
 
-    a, b, servers, targets = tenants
+    a, b, servers, targets, chart = tenants
     backend = b.backend()
     script = f"import os\nos.environ['TARGETS'] = {json.dumps(targets)!r}\nexec({PROBE!r})\n"
-    remove_policies(realnode, [a.ns, b.ns])
+    remove_policies(realnode, [a.ns, b.ns], chart)
     try:
         backend.launch(ClusterSpec(name="steal", workers=2, script=script, spread=("worker",),
                                    **_claims()), detach=True)
@@ -339,11 +370,11 @@ def test_what_b_launches_with_bs_own_token_reaches_none_of_as_servers(realnode, 
         labels = {t[0] for t in targets}
         since = time.time()
         wait_for(lambda: opened(since) == [labels, labels], PROPAGATION, 2, "B's tasks reaching A")
-        restore_policies(realnode, [a, b])
+        restore_policies(realnode, [a, b], chart)
         since = time.time()
         wait_for(lambda: opened(since) == [set(), set()], PROPAGATION, 2, "B's tasks refused")
     finally:
-        restore_policies(realnode, [a, b])
+        restore_policies(realnode, [a, b], chart)
         backend.delete("steal")
 
 
@@ -351,8 +382,8 @@ def test_as_own_pods_reach_as_servers_and_names_resolve_through_the_node_local_c
     """With the policies in place: A's notebook (and any pod of A's) reaches A's in-graph servers,
     notebook, TensorBoard and model on both nodes; every name was resolved by the node-local cache
     (the pods' only resolver), so DNS passes the policy too."""
-    a, _, _, targets = tenants
-    restore_policies(realnode, [a])
+    a, _, _, targets, chart = tenants
+    restore_policies(realnode, [a], chart)
     probes = [Probe(a, f"own-{i}", node, targets) for i, node in enumerate(two)]
     try:
         for p in probes:
@@ -379,8 +410,8 @@ def test_mwms_all_reduces_across_nodes_under_the_policy(realnode, two, tenants):
     from tests.test_k8s_pods import MWMS, _wait
     from tfk8s_magics.spec import ClusterSpec
 
-    a, *_ = tenants
-    restore_policies(realnode, [a])
+    a, *_, chart = tenants
+    restore_policies(realnode, [a], chart)
     backend = a.backend()
     backend.launch(ClusterSpec(name="ar", workers=2, script=MWMS, spread=("worker",), **_claims()),
                    detach=True)
@@ -394,27 +425,6 @@ def test_mwms_all_reduces_across_nodes_under_the_policy(realnode, two, tenants):
 
 
 # -- the hub, the metadata server, private addresses outside the cluster -------------------------
-
-
-@pytest.fixture(scope="module")
-def helm(request, tmp_path_factory) -> Path:
-    """The helm binary, as tests/test_helm.py extracts it."""
-    from test_helm import helm_binary
-
-    return helm_binary(request, tmp_path_factory)
-
-
-def _chart_policies(helm: Path, namespace: str) -> list[dict]:
-    """The chart's hub and proxy NetworkPolicies, rendered for ``namespace``."""
-    from test_helm import CHART, JOBSET_API
-
-    out = subprocess.run([str(helm), "template", "lab", str(CHART), "--namespace", namespace,
-                          "--set", "networkPolicy.ciliumApiServer=false", *JOBSET_API],
-                         capture_output=True, text=True, check=True).stdout
-    docs = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "NetworkPolicy"]
-    for d in docs:
-        d["metadata"]["namespace"] = namespace
-    return docs
 
 
 class OffClusterHosts:
@@ -484,18 +494,29 @@ def test_a_user_pod_reaches_the_hub_api_only_and_neither_metadata_nor_outside_ad
                ("proxy api", proxy.status.pod_ip, 8001), ("proxy public", proxy.status.pod_ip, 8000),
                ("metadata http", METADATA, 80), ("metadata dns", METADATA, 53),
                ("outside http", OUTSIDE, 80), ("outside dns", OUTSIDE, 53)]
-    chart = _chart_policies(helm, hub_ns)
+    # the hub's own traffic: the API server (the kubernetes Service) and the proxy's API
+    hub_targets = [("api server", "10.96.0.1", 443), ("proxy api", proxy.status.pod_ip, 8001),
+                   ("metadata http", METADATA, 80), ("outside http", OUTSIDE, 80)]
+    chart = chart_policies(helm, hub_ns)
+    probes = []
     try:
-        remove_policies(realnode, [user.ns])
+        remove_policies(realnode, [user.ns], chart)
         since = time.time()
         probes = [Probe(user, f"reach-{i}", node, targets) for i, node in enumerate(two)]
+        probes.append(Probe(None, "hub-probe", two[0], hub_targets, core=core, ns=hub_ns,
+                            labels={**labels, "app.kubernetes.io/component": "hub"}))
         for p in probes:
-            p.wait({t[0] for t in targets}, since, BOUND)
+            p.wait(set(p.labels), since, BOUND)
         restore_policies(realnode, [user], chart)
         since = time.time()
         # the hub API, as the chart intends; DNS ports of private and metadata addresses
         # (dnsPortsPrivateIPs, dnsPortsCloudMetadataServer); nothing else
-        for p in probes:
+        for p in probes[:2]:
             p.wait({"hub api", "metadata dns", "outside dns"}, since)
+        # the hub reaches the API server and the proxy, and neither test host
+        probes[2].wait({"api server", "proxy api"}, since)
     finally:
+        remove_policies(realnode, [], chart)
+        for p in probes:
+            p.delete()
         user.close()
