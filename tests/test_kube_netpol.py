@@ -130,7 +130,7 @@ def test_every_real_node_runs_a_ready_cilium_agent_that_manages_its_pods(enforci
         status = enforcer.agent_api(n, "/v1/healthz")
         assert status["cilium"]["state"] == "Ok", status
         assert status["kubernetes"]["state"] == "Ok", status
-        assert enforcer.agent_api(n, "/v1/config")["status"]["realized"]["policyEnforcement"] == "default"
+        assert enforcer.agent_api(n, "/v1/config")["status"]["realized"]["policy-enforcement"] == "default"
         # its own process, inside its node's network namespace
         assert n.procs.pid(enforcer.AGENT) in network.pids_in(n.net)
         chain = json.loads((n.cni_dir / "10-tfk8s.conflist").read_text())["plugins"]
@@ -144,7 +144,7 @@ def test_a_default_deny_policy_drops_a_connection_between_namespaces_and_an_allo
     core = kube.core
     a = kube.namespace("netpol-a")
     b = kube.namespace("netpol-b")
-    server = _on(_restricted_pod("srv", TASK_IMAGE, ["python", "-c", SERVER]), first.name)
+    server = _on(_restricted_pod("srv", TASK_IMAGE, ["python3", "-c", SERVER]), first.name)
     server["metadata"]["labels"] = {"app": "srv"}
     core.create_namespaced_pod(a, server)
     clients = {}
