@@ -136,7 +136,8 @@ CILIUM_BINARIES = {"cilium-agent": "daemon", "cilium-cni": "plugins/cilium-cni"}
 
 def _build_cilium(version: str, out: Path) -> None:
     """Cilium's agent and CNI plugin, its BPF sources (the agent compiles them when it starts) as
-    ``lib/bpf``, and its CRDs (the operator's embedded copies) as ``crds/``."""
+    ``lib/bpf``, its CRDs (the operator's embedded copies) as ``crds/`` and its Helm chart (the
+    agent's RBAC is rendered from it) as ``chart/``."""
     mod = GO_DIR / "cilium"
     _check_module_version(mod, CILIUM_MODULE, version)
     ldflags = f"-s -w -X {CILIUM_MODULE}/pkg/version.ciliumVersion={version.lstrip('v')}"
@@ -152,6 +153,7 @@ def _build_cilium(version: str, out: Path) -> None:
     )  # fmt: skip
     src = Path(json.loads(listing.stdout)["Dir"])
     shutil.copytree(src / "bpf", out / "lib" / "bpf")
+    shutil.copytree(src / "install" / "kubernetes" / "cilium", out / "chart")
     (out / "crds").mkdir()
     for crd in sorted((src / "pkg/k8s/apis/cilium.io/client/crds").glob("*/*.yaml")):
         shutil.copyfile(crd, out / "crds" / crd.name)

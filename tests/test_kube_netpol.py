@@ -20,13 +20,10 @@ import time
 
 import pytest
 
-import tests.test_k8s_pods as pods_tests
-from devcluster import enforcer, node
+from devcluster import enforcer, network, node
 from tests.realkube import require_or_skip, wait_for
 from tests.test_k8s_pods import TASK_IMAGE, _restricted_pod
 from tests.test_kube_nodes import _on, _real_nodes, _running
-
-realnode = pods_tests.realnode
 
 pytestmark = [pytest.mark.k8s, pytest.mark.netpol]
 
@@ -62,16 +59,21 @@ def _cluster():
 
 
 @pytest.fixture(scope="module")
-def enforcing(realnode):
-    """The cluster's real nodes, each with its Cilium agent ready (the enforcer's readiness check)."""
-    names = _real_nodes(realnode)
+def enforcing(realkube):
+    """Two Ready real nodes holding the task image, each with its Cilium agent ready."""
+    names = _real_nodes(realkube)
     if len(names) < 2:
         require_or_skip(f"the devcluster has {len(names)} Ready real node(s), not 2: scripts/kube up --pods")
     nodes = {n.name: n for n in node.layouts(_cluster())}
-    for name in names:
+    for name in names[:2]:
+        images = {i for im in realkube.core.read_node(name).status.images or [] for i in im.names or []}
+        if TASK_IMAGE not in images:
+            require_or_skip(
+                f"{TASK_IMAGE} is not on {name}: scripts/build_images.py task, then scripts/kube up --pods"
+            )
         if not enforcer.agent_ready(nodes[name]):
             require_or_skip(f"the Cilium agent of {name} is not ready: see {nodes[name].state / 'logs'}")
-    return realnode, [nodes[n] for n in names[:2]]
+    return realkube, [nodes[n] for n in names[:2]]
 
 
 def _container_pid(n, pod) -> int:
@@ -128,10 +130,8 @@ def test_every_real_node_runs_a_ready_cilium_agent_that_manages_its_pods(enforci
         status = enforcer.agent_api(n, "/v1/healthz")
         assert status["cilium"]["state"] == "Ok", status
         assert status["kubernetes"]["state"] == "Ok", status
-        assert enforcer.agent_api(n, "/v1/config")["status"]["realized"]["policyEnforcement"] == "default"
+        assert enforcer.agent_api(n, "/v1/config")["status"]["realized"]["policy-enforcement"] == "default"
         # its own process, inside its node's network namespace
-        from devcluster import network
-
         assert n.procs.pid(enforcer.AGENT) in network.pids_in(n.net)
         chain = json.loads((n.cni_dir / "10-tfk8s.conflist").read_text())["plugins"]
         assert [p["type"] for p in chain][-1] == "cilium-cni", chain
@@ -144,7 +144,7 @@ def test_a_default_deny_policy_drops_a_connection_between_namespaces_and_an_allo
     core = kube.core
     a = kube.namespace("netpol-a")
     b = kube.namespace("netpol-b")
-    server = _on(_restricted_pod("srv", TASK_IMAGE, ["python", "-c", SERVER]), first.name)
+    server = _on(_restricted_pod("srv", TASK_IMAGE, ["python3", "-c", SERVER]), first.name)
     server["metadata"]["labels"] = {"app": "srv"}
     core.create_namespaced_pod(a, server)
     clients = {}
