@@ -617,8 +617,9 @@ class Cluster:
             "metrics": {"bindAddress": "0"},
             "health": {"healthProbeBindAddress": f"127.0.0.1:{st['jobset_health_port']}"},
         }
-        self._run_controller("jobset", comp, conf, ["--zap-log-level", "info"], hooks, _probe_jobset(),
-                             timeout)
+        self._run_controller(
+            "jobset", comp, conf, ["--zap-log-level", "info"], hooks, _probe_jobset(), timeout
+        )
 
     def _start_kueue(self, comp: build.Component, timeout: float) -> None:
         st = self.state()
@@ -667,17 +668,35 @@ class Cluster:
             "manageJobsWithoutQueueName": False,
             "integrations": {"frameworks": ["jobset.x-k8s.io/jobset"]},
         }
-        self._run_controller("kueue", comp, conf, ["--feature-gates=VisibilityOnDemand=false"], hooks,
-                             _probe_resource_flavor(), timeout)
+        self._run_controller(
+            "kueue",
+            comp,
+            conf,
+            ["--feature-gates=VisibilityOnDemand=false"],
+            hooks,
+            _probe_resource_flavor(),
+            timeout,
+        )
 
-    def _run_controller(self, name: str, comp: build.Component, conf: dict, args: list[str],
-                        hooks: list[dict], probe: dict, timeout: float) -> None:
+    def _run_controller(
+        self,
+        name: str,
+        comp: build.Component,
+        conf: dict,
+        args: list[str],
+        hooks: list[dict],
+        probe: dict,
+        timeout: float,
+    ) -> None:
         """Start a controller-runtime controller (JobSet, Kueue) with its config file, register its
         webhooks, and wait until a dry-run of ``probe`` has passed through them."""
         path = self.root / f"{name}-config.yaml"
         path.write_text(yaml.safe_dump(conf))
-        self.procs.start(name, [str(comp.path(name)), "--config", str(path), *args],
-                         env={"KUBECONFIG": str(self.kubeconfig)})
+        self.procs.start(
+            name,
+            [str(comp.path(name)), "--config", str(path), *args],
+            env={"KUBECONFIG": str(self.kubeconfig)},
+        )
         self.apply(hooks)
         self._wait(lambda: self._webhook_roundtrip(probe), name, timeout, proc=name)
 

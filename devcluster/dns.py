@@ -1,7 +1,7 @@
 """The test cluster's DNS, laid out as production clusters lay it out.
 
 - **CoreDNS** serves the cluster's zones. It runs once, on the host (it is the cluster's, not a
-  node's), bound to the host's end of the node bridge (:data:`devcluster.network.HOST_IP`), and
+  node's), bound to the host's end of the slot's node bridge (``Slot.host_ip``), and
   is the only endpoint of the ``kube-dns`` Service (10.96.0.10). It has no ``forward``: no query
   ever leaves the machine.
 - **A node-local cache** runs in every node's namespace on kubespray's link-local address
@@ -23,7 +23,7 @@ import socket
 import struct
 import urllib.request
 
-from .network import HOST_IP, LOCAL_DNS_IP, NodeNet
+from .network import LOCAL_DNS_IP, NodeNet
 
 DNS_IP = "10.96.0.10"  # the kube-dns Service's ClusterIP
 CLUSTER_DOMAIN = "cluster.local"
@@ -31,13 +31,13 @@ READY_PORT = 8181
 COREDNS_CLIENT = "tfk8s:coredns"  # CoreDNS's client certificate's CN (bound to its ClusterRole)
 
 
-def corefile(kubeconfig: str) -> str:
-    """CoreDNS: the cluster's zones only, no ``forward`` (no query ever leaves the machine)."""
+def corefile(host_ip: str, kubeconfig: str) -> str:
+    """CoreDNS on ``host_ip``: the cluster's zones only, no ``forward`` (no query leaves the machine)."""
     return f"""\
 .:53 {{
-    bind {HOST_IP}
+    bind {host_ip}
     errors
-    ready {HOST_IP}:{READY_PORT}
+    ready {host_ip}:{READY_PORT}
     kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
         kubeconfig {kubeconfig}
         pods insecure
@@ -67,7 +67,7 @@ def local_corefile(node: NodeNet) -> str:
 """
 
 
-def objects() -> list[dict]:
+def objects(host_ip: str) -> list[dict]:
     """kube-dns (a Service with no selector, its endpoint the host's CoreDNS) and CoreDNS's RBAC."""
     ports = [
         {"name": "dns", "port": 53, "protocol": "UDP"},
@@ -92,7 +92,7 @@ def objects() -> list[dict]:
                 },
             },
             "addressType": "IPv4",
-            "endpoints": [{"addresses": [HOST_IP], "conditions": {"ready": True}}],
+            "endpoints": [{"addresses": [host_ip], "conditions": {"ready": True}}],
             "ports": ports,
         },
         {

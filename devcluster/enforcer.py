@@ -41,17 +41,18 @@ import time
 from pathlib import Path
 
 from . import build
+from .network import POD_RANGE
 from .nodes import NodeError, kubeconfig
 from .pki import CA
 from .procs import Procs
 
 COMPONENT = "cilium"
-POD_RANGE = "10.244.0.0/16"  # devcluster.network.POD_RANGE: routed natively between the nodes
+ROUTER_RANGE = "10.247.0.0/16"  # every node's Cilium range is a /24 in it, numbered as its pod range
 
 
-def router_cidr(index: int) -> str:
-    """Node ``index``'s Cilium IPAM range (its ``spec.podCIDR``): only ``cilium_host`` takes an address."""
-    return f"10.247.{index}.0/24"
+def router_cidr(net) -> str:
+    """Node ``net``'s Cilium IPAM range (its ``spec.podCIDR``): only ``cilium_host`` takes an address."""
+    return f"10.247.{16 * net.slot + net.index}.0/24"
 
 
 CLANG_DIR = Path("/usr/lib/llvm-19/bin")  # Debian's clang-19 (bookworm): Cilium 1.20 wants LLVM >= 18.1
@@ -301,7 +302,7 @@ def up(cluster, nodes: list, log=print, timeout: float = 300.0) -> float:
     for n in nodes:
         _wait(
             f"node {n.name} registered with its Cilium range",
-            lambda n=n: _pod_cidr(cluster, n.name, router_cidr(n.net.index)),
+            lambda n=n: _pod_cidr(cluster, n.name, router_cidr(n.net)),
             120,
         )
         run_dir(n).mkdir(parents=True, exist_ok=True)

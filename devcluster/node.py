@@ -11,8 +11,9 @@ pieces, one module each:
 - :mod:`devcluster.images`: the pause image and the lab's images, from podman into each node.
 
 Everything runs as host processes (there is no systemd here); a node's processes, logs and
-configuration live in ``<cluster dir>/nodes/<node>``. Only one cluster directory at a time may
-own this machine's real nodes (the device and namespace names are the machine's).
+configuration live in ``<cluster dir>/nodes/<node>``. Several cluster directories may run real
+nodes at once: each takes a free slot (:class:`devcluster.network.Slot`), which names every
+machine-wide device, namespace, chain and range its nodes make, and ``down`` removes only its own.
 """
 
 from __future__ import annotations
@@ -42,12 +43,13 @@ from .images import (  # noqa: F401 - the image API the tests and scripts use
     superseded,
 )
 from .network import (  # noqa: F401 - the fence's names, for the tests that watch it
-    FENCE_CHAIN,
     FENCE_HOOK,
     FENCE_TABLE,
     LOCAL_RANGES,
     POD_RANGE,
     SERVICE_CIDR,
+    SLOTS,
+    Slot,
     fence_rules,
     outside_interfaces,
 )
@@ -67,7 +69,7 @@ from .procs import Procs
 from .versions import cache_root  # noqa: F401
 
 NODE_COUNT = int(os.environ.get("TFK8S_KUBE_REAL_NODES", "2"))
-NODE_NAMES = tuple(n.name for n in network.nodes(NODE_COUNT))
+NODE_NAMES = tuple(f"tfk8s-node-{i}" for i in range(1, NODE_COUNT + 1))
 NODE_NAME = NODE_NAMES[0]  # the first real node
 #: sysctls the kubelets set on their own (machine-wide ones): saved before they start, restored by ``down``
 RESTORED = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory")
@@ -89,21 +91,34 @@ def _api_port(cluster) -> int:
     return int(cluster.server.rsplit(":", 1)[1])
 
 
-def _nodes(cluster, dirs: dict[str, Path], count: int) -> list[Node]:
-    server = f"https://{network.HOST_IP}:{_api_port(cluster)}"
-    return [Node(net, cluster.root, dirs, server) for net in network.nodes(count)]
+def _nodes(cluster, dirs: dict[str, Path], slot: Slot, count: int) -> list[Node]:
+    server = f"https://{slot.host_ip}:{_api_port(cluster)}"
+    return [Node(net, cluster.root, dirs, server) for net in slot.nodes(count)]
 
 
-def _count(cluster) -> int:
+def _recorded(cluster) -> tuple[Slot, int] | None:
+    """The slot and node count ``up`` recorded for ``cluster`` (None before it took a slot)."""
     try:
-        return json.loads((_base(cluster) / "nodes.json").read_text())["count"]
+        rec = json.loads((_base(cluster) / "nodes.json").read_text())
+        return Slot(rec["slot"]), rec["count"]
     except (OSError, ValueError, KeyError):
-        return len(list(_base(cluster).glob("tfk8s-node-*")))
+        return None
+
+
+def slot_of(cluster) -> Slot:
+    """The slot of ``cluster``'s running real nodes (its bridge, host address and fence chain)."""
+    rec = _recorded(cluster)
+    if rec is None:
+        raise NodeError(
+            f"the cluster in {cluster.root} has no real nodes: start them with scripts/kube up --pods"
+        )
+    return rec[0]
 
 
 def layouts(cluster) -> list[Node]:
     """The running cluster's real nodes (where their sockets, state and binaries are)."""
-    return _nodes(cluster, bins(), _count(cluster))
+    slot, count = _recorded(cluster) or (None, 0)
+    return _nodes(cluster, bins(), slot, count) if slot else []
 
 
 def layout(cluster) -> Node:
@@ -168,12 +183,42 @@ def _sysctl(name: str, value: str | None = None) -> str:
     return path.read_text().strip()
 
 
-def _owner() -> str | None:
-    """The cluster directory whose nodes hold this machine's node devices, if any."""
+def _owner(slot: Slot) -> str | None:
+    """The cluster directory whose real nodes hold ``slot``, if any."""
     try:
-        return (RUN_ROOT / "owner").read_text().strip() or None
+        return (RUN_ROOT / f"slot-{slot.k}").read_text().strip() or None
     except OSError:
         return None
+
+
+def _take_slot(cluster) -> Slot:
+    """The slot ``cluster`` recorded, else the first one no running cluster holds (claimed here)."""
+    rec = _recorded(cluster)
+    if rec and _owner(rec[0]) == str(cluster.root):
+        return rec[0]
+    RUN_ROOT.mkdir(parents=True, exist_ok=True)
+    for k in SLOTS:
+        slot = Slot(k)
+        owner = _owner(slot)
+        if (
+            owner
+            and (owner == str(cluster.root) or not running_in(Path(owner)))
+            and not network.slot_in_use(slot)
+        ):
+            (RUN_ROOT / f"slot-{k}").write_text(str(cluster.root))  # a dead cluster's: ours now
+            return slot
+        if owner is None and not network.slot_in_use(slot):
+            try:
+                fd = os.open(RUN_ROOT / f"slot-{k}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                continue  # another cluster took it just now
+            with os.fdopen(fd, "w") as f:
+                f.write(str(cluster.root))
+            return slot
+    held = ", ".join(f"{k}: {_owner(Slot(k))}" for k in SLOTS)
+    raise NodeError(
+        f"every slot for real nodes on this machine is held ({held}): stop one (scripts/kube down)"
+    )
 
 
 def up(cluster, log=print, count: int = NODE_COUNT) -> float:
@@ -190,12 +235,6 @@ def up(cluster, log=print, count: int = NODE_COUNT) -> float:
             raise NodeError(f"{tool} is missing: run scripts/bootstrap kube-node")
     if not Path(CNI_BIN_DIR, "bridge").is_file():
         raise NodeError(f"the CNI plugins are missing in {CNI_BIN_DIR}: run scripts/bootstrap kube-node")
-    owner = _owner()
-    if owner not in (None, str(cluster.root)) and running_in(Path(owner)):
-        raise NodeError(
-            f"this machine already runs the real nodes of the cluster in {owner}: "
-            f"stop that one first (TFK8S_KUBE_DIR={owner} scripts/kube down)"
-        )
     t_build = time.monotonic()
     dirs = bins()
     pause = build_pause(log)
@@ -203,14 +242,13 @@ def up(cluster, log=print, count: int = NODE_COUNT) -> float:
     if t0 - t_build > 1:
         log(f"devcluster: node binaries ready in {t0 - t_build:.0f} s")
     base = _base(cluster)
-    nodes = _nodes(cluster, dirs, count)
+    base.mkdir(parents=True, exist_ok=True)
+    slot = _take_slot(cluster)
+    (base / "nodes.json").write_text(json.dumps({"count": count, "slot": slot.k}))
+    nodes = _nodes(cluster, dirs, slot, count)
     dns_procs = Procs(base)
     env = {"PATH": f"{dirs['containerd']}:{dirs['runc']}:/usr/sbin:/usr/bin:/sbin:/bin"}
     try:
-        base.mkdir(parents=True, exist_ok=True)
-        (base / "nodes.json").write_text(json.dumps({"count": count}))
-        RUN_ROOT.mkdir(parents=True, exist_ok=True)
-        (RUN_ROOT / "owner").write_text(str(cluster.root))
         saved = base / "sysctls.json"
         if not saved.exists():
             keys = (*RESTORED, *RAISED)
@@ -218,14 +256,14 @@ def up(cluster, log=print, count: int = NODE_COUNT) -> float:
         for k, v in RAISED.items():
             if int(_sysctl(k)) < v:
                 _sysctl(k, str(v))
-        network.host_up(_api_port(cluster))
+        network.host_up(slot, _api_port(cluster))
         ca = CA(cluster.root / "pki")
         # the cluster's CoreDNS, on the host
         crt, key = ca.issue("coredns", dns.COREDNS_CLIENT, client=True)
         kc = base / "coredns.kubeconfig"
         kc.write_text(json.dumps(nodes_kubeconfig(cluster, crt, key)))
-        (base / "Corefile").write_text(dns.corefile(str(kc)))
-        cluster.apply(dns.objects())
+        (base / "Corefile").write_text(dns.corefile(slot.host_ip, str(kc)))
+        cluster.apply(dns.objects(slot.host_ip))
         dns_procs.start(
             "coredns", [str(dirs["coredns"] / "coredns"), "-conf", str(base / "Corefile")], env=env
         )
@@ -255,7 +293,7 @@ def up(cluster, log=print, count: int = NODE_COUNT) -> float:
             for name in ("kubelet", "kube-proxy", "nodelocaldns"):
                 start(n, name, env)
         t_enf = enforcer.up(cluster, nodes, log)
-        _wait("CoreDNS ready", lambda: dns.ready(network.HOST_IP), 60, dns_procs, "coredns")
+        _wait("CoreDNS ready", lambda: dns.ready(slot.host_ip), 60, dns_procs, "coredns")
         for n in nodes:
             _wait(
                 f"the DNS cache of {n.name} ready",
@@ -303,10 +341,13 @@ def down(cluster, log=print) -> None:
     from .nodes import stop
 
     base = _base(cluster)
-    if not base.is_dir() or _owner() not in (None, str(cluster.root)):
+    rec = _recorded(cluster)
+    if not base.is_dir() or rec is None or _owner(rec[0]) != str(cluster.root):
+        shutil.rmtree(base, ignore_errors=True)  # nothing of the machine's is ours
         return
+    slot, count = rec
     dirs = {n: build.COMPONENTS[n].dir for n in build.TIER2}
-    nodes = _nodes(cluster, dirs, _count(cluster))
+    nodes = _nodes(cluster, dirs, slot, count)
     enforcer.down(nodes)
     for n in nodes:
         stop(n)
@@ -314,7 +355,7 @@ def down(cluster, log=print) -> None:
     for n in nodes:
         network.node_down(n.net)
         shutil.rmtree(n.run, ignore_errors=True)
-    network.host_down()
+    network.host_down(slot)
     saved = base / "sysctls.json"
     if saved.exists():
         for k, v in json.loads(saved.read_text()).items():
@@ -322,7 +363,7 @@ def down(cluster, log=print) -> None:
                 _sysctl(k, v)
             except OSError as e:
                 log(f"devcluster: could not restore the sysctl {k}={v}: {e}")
-    shutil.rmtree(RUN_ROOT, ignore_errors=True)
+    (RUN_ROOT / f"slot-{slot.k}").unlink(missing_ok=True)
     shutil.rmtree(base, ignore_errors=True)
     log("devcluster: real nodes down")
 

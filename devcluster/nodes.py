@@ -5,10 +5,11 @@ started inside the node's network namespace (``nsenter --net``, the mount namesp
 host's so the kubelet and containerd see the same mounts). Each node has its own:
 
 - directory ``<cluster>/nodes/<name>`` (certificates' kubeconfigs, configs, logs, the kubelet's
-  ``--root-dir``, pod logs, CNI state) and run directory ``/run/tfk8s-nodes/<name>`` (sockets,
+  ``--root-dir``, pod logs, CNI state) and run directory ``/run/tfk8s-rn/<netns>`` (sockets,
   containerd's state, runc's state, the pods' network namespaces);
-- containerd root (the image store) ``<cache>/nodes-images/<name>``, kept across clusters;
-- cgroup root ``/tfk8s-n<i>`` in every cgroup hierarchy (two kubelets sharing ``/kubepods`` kill
+- containerd root (the image store) ``<cache>/nodes-images/<netns>``, kept across clusters (the
+  same slot's next cluster finds its images there);
+- cgroup root ``/<netns>`` in every cgroup hierarchy (two kubelets sharing ``/kubepods`` kill
   each other's pods);
 - ports (each listens in its own network namespace, so the defaults never clash) and pod range.
 
@@ -38,7 +39,7 @@ from .versions import cache_root
 
 CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
 PAUSE_IMAGE = "localhost/tfk8s/pause:3.10-tfk8s"
-RUN_ROOT = Path("/run/tfk8s-nodes")  # sockets and containerd's state: short paths, gone at reboot
+RUN_ROOT = Path("/run/tfk8s-rn")  # sockets and containerd's state: short paths, gone at reboot
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROCESSES = ("containerd", "kubelet", "kube-proxy", "nodelocaldns")
 
@@ -69,7 +70,7 @@ class Node:
     @property
     def run(self) -> Path:
         """The node's run directory (sockets, containerd's and runc's state)."""
-        return RUN_ROOT / self.name
+        return RUN_ROOT / self.net.netns
 
     @property
     def pki(self) -> Path:
@@ -94,7 +95,7 @@ class Node:
     @property
     def images(self) -> Path:
         """containerd's root: the node's image store, kept across clusters (imports are slow)."""
-        return cache_root() / "nodes-images" / self.name
+        return cache_root() / "nodes-images" / self.net.netns
 
     @property
     def cni_dir(self) -> Path:

@@ -16,7 +16,7 @@ def n2(tmp_path):
 
     bins = {k: tmp_path / k for k in ("containerd", "runc", "coredns", "kubelet", "cilium")}
     return nodes.Node(
-        net=network.NodeNet(2), cluster=tmp_path / "cluster", bins=bins, server="https://10.246.0.1:6443"
+        net=network.NodeNet(1, 2), cluster=tmp_path / "cluster", bins=bins, server="https://10.246.1.1:6443"
     )
 
 
@@ -50,7 +50,7 @@ def test_containerd_finds_cilium_cni_and_its_nodes_agent(n2):
         "/usr/lib/cni",
         str(n2.bins["cilium"]),
     ]
-    assert enforcer.cni_env(n2) == {"CILIUM_SOCK": "/run/tfk8s-nodes/tfk8s-node-2/cilium/cilium.sock"}
+    assert enforcer.cni_env(n2) == {"CILIUM_SOCK": str(n2.run / "cilium" / "cilium.sock")}
 
 
 def test_the_agent_keeps_kube_proxy_and_the_default_policy_mode_and_shares_nothing_with_another(n2, tmp_path):
@@ -62,7 +62,7 @@ def test_the_agent_keeps_kube_proxy_and_the_default_policy_mode_and_shares_nothi
     assert "policy-cidr-match-mode" not in flags and "enable-policy" not in flags  # Cilium's defaults
     assert flags["cni-chaining-mode"] == "generic-veth" and flags["cni-exclusive"] == "false"
     assert flags["routing-mode"] == "native" and flags["enable-ipv4-masquerade"] == "false"
-    run = "/run/tfk8s-nodes/tfk8s-node-2/cilium"
+    run = str(n2.run / "cilium")
     for key in ("state-dir", "bpf-root", "cgroup-root", "socket-path"):
         assert flags[key].startswith(run + "/"), key
     assert enforcer.agent_env(n2)["K8S_NODE_NAME"] == "tfk8s-node-2"
@@ -74,8 +74,9 @@ def test_each_nodes_cilium_range_is_its_own_and_clashes_with_no_cluster_range():
 
     from devcluster import enforcer, network
 
-    ranges = [ipaddress.ip_network(enforcer.router_cidr(n.index)) for n in network.nodes(8)]
-    assert len(set(ranges)) == 8
+    nets = [network.NodeNet(slot, i) for slot in network.SLOTS for i in range(1, network.MAX_NODES + 1)]
+    ranges = [ipaddress.ip_network(enforcer.router_cidr(n)) for n in nets]
+    assert len(set(ranges)) == len(nets)
     for r in ranges:
         for other in (*network.LOCAL_RANGES, "10.244.0.0/24", "10.245.0.0/16"):
             assert not r.overlaps(ipaddress.ip_network(other)), (r, other)

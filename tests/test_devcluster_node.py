@@ -23,7 +23,7 @@ def n2(tmp_path):
 
     bins = {k: tmp_path / k for k in ("containerd", "runc", "coredns", "kubelet")}
     return nodes.Node(
-        net=network.NodeNet(2), cluster=tmp_path / "cluster", bins=bins, server="https://10.246.0.1:6443"
+        net=network.NodeNet(1, 2), cluster=tmp_path / "cluster", bins=bins, server="https://10.246.1.1:6443"
     )
 
 
@@ -51,32 +51,61 @@ def test_the_node_components_are_in_the_build_registry():
 def test_each_node_has_its_own_names_addresses_and_range():
     from devcluster import network
 
-    a, b = network.nodes(2)
-    assert (a.name, a.netns, a.ip, a.pod_cidr, a.pod_gateway) == (
+    a, b = network.Slot(1).nodes(2)
+    assert (a.name, a.netns, a.ip, a.pod_cidr, a.pod_gateway, a.host_ip) == (
         "tfk8s-node-1",
-        "tfk8s-n1",
-        "10.246.0.11",
-        "10.244.1.0/24",
-        "10.244.1.1",
+        "tfk8s-s1n1",
+        "10.246.1.11",
+        "10.244.17.0/24",
+        "10.244.17.1",
+        "10.246.1.1",
     )
-    assert (b.name, b.netns, b.ip, b.pod_cidr) == ("tfk8s-node-2", "tfk8s-n2", "10.246.0.12", "10.244.2.0/24")
-    assert str(b.netns_path) == "/run/netns/tfk8s-n2"
+    assert (b.name, b.netns, b.ip, b.pod_cidr) == (
+        "tfk8s-node-2",
+        "tfk8s-s1n2",
+        "10.246.1.12",
+        "10.244.18.0/24",
+    )
+    assert str(b.netns_path) == "/run/netns/tfk8s-s1n2"
+    s3 = network.Slot(3)
+    assert (s3.bridge, s3.net, s3.host_ip, s3.fence_chain, s3.api_chain) == (
+        "tfk8s-s3",
+        "10.246.3.0/24",
+        "10.246.3.1",
+        "TFK8S-S3-FENCE",
+        "TFK8S-S3-API",
+    )
+    with pytest.raises(network.NetworkError, match="between 1 and 15 real nodes, not 16"):
+        s3.nodes(16)
 
 
-def test_the_new_names_never_clash_with_a_one_node_cluster_of_the_previous_layout():
-    """The previous layout (bridge tfk8s-br0, device tfk8s-node, pods 10.244.0.0/24, the node at
-    10.245.0.1, chains TFK8S-NODE-*, /run/tfk8s-node) may run on the same machine."""
+def test_slots_never_clash_with_each_other_nor_with_the_one_node_layout():
+    """Several clusters' real nodes run at once, one slot each; and the one-node layout (bridge
+    tfk8s-br0, device tfk8s-node, pods 10.244.0.0/24, the node at 10.245.0.1, chains
+    TFK8S-NODE-*, /run/tfk8s-node) may run beside them."""
     import ipaddress
 
     from devcluster import network, nodes
 
-    for n in network.nodes(4):
-        assert n.netns not in ("tfk8s-br0", "tfk8s-node") and n.name != "tfk8s-node"
-        assert not ipaddress.ip_network(n.pod_cidr).overlaps(ipaddress.ip_network("10.244.0.0/24"))
-        assert ipaddress.ip_address(n.ip) not in ipaddress.ip_network("10.245.0.0/16")
-    assert network.HOST_BRIDGE not in ("tfk8s-br0", "tfk8s-node")
-    for chain in (network.FENCE_CHAIN, network.API_CHAIN):
-        assert not chain.startswith("TFK8S-NODE-")
+    names = {"tfk8s-br0", "tfk8s-node"}
+    nets = [ipaddress.ip_network("10.244.0.0/24"), ipaddress.ip_network("10.245.0.0/16")]
+    for k in network.SLOTS:
+        slot = network.Slot(k)
+        for thing in (slot.bridge, slot.fence_chain, slot.api_chain):
+            assert thing not in names, thing
+            names.add(thing)
+        assert len(slot.bridge) <= 15 and not slot.fence_chain.startswith("TFK8S-NODE-")
+        mine = [ipaddress.ip_network(slot.net)]
+        for n in slot.nodes(network.MAX_NODES):
+            assert n.netns not in names and len(n.netns) <= 15, n.netns  # also a device name
+            names.add(n.netns)
+            mine.append(ipaddress.ip_network(n.pod_cidr))
+        for net in mine:
+            assert not any(net.overlaps(other) for other in nets), net
+            assert any(
+                net.subnet_of(ipaddress.ip_network(r)) for r in (network.POD_RANGE, network.NODES_RANGE)
+            )
+        nets += mine
     assert nodes.RUN_ROOT.name != "tfk8s-node"
 
 
@@ -93,16 +122,16 @@ def test_containerd_config(n2):
         "runtime_type": "io.containerd.runc.v2",
         "options": {
             "BinaryName": str(n2.bins["runc"] / "runc"),
-            "Root": "/run/tfk8s-nodes/tfk8s-node-2/runc",
+            "Root": "/run/tfk8s-rn/tfk8s-s1n2/runc",
             "SystemdCgroup": False,
         },
     }
-    assert cfg["root"] == str(nodes.cache_root() / "nodes-images" / "tfk8s-node-2")  # outlives a cluster
-    assert cfg["state"] == "/run/tfk8s-nodes/tfk8s-node-2/containerd"
+    assert cfg["root"] == str(nodes.cache_root() / "nodes-images" / "tfk8s-s1n2")  # outlives a cluster
+    assert cfg["state"] == "/run/tfk8s-rn/tfk8s-s1n2/containerd"
     assert cfg["plugins"]["io.containerd.nri.v1.nri"] == {"disable": True}  # a machine-wide socket
     images = cfg["plugins"]["io.containerd.cri.v1.images"]
     assert images["pinned_images"] == {"sandbox": "localhost/tfk8s/pause:3.10-tfk8s"}
-    assert cfg["grpc"]["address"] == "/run/tfk8s-nodes/tfk8s-node-2/containerd.sock"
+    assert cfg["grpc"]["address"] == "/run/tfk8s-rn/tfk8s-s1n2/containerd.sock"
     assert cfg["plugins"]["io.containerd.grpc.v1.cri"]["stream_server_address"] == "127.0.0.1"
 
 
@@ -111,7 +140,7 @@ def test_cni_config(n2):
 
     assert nodes.cni_config(n2) == {
         "cniVersion": "1.0.0",
-        "name": "tfk8s-n2",
+        "name": "tfk8s-s1n2",
         "plugins": [
             {
                 "type": "bridge",
@@ -121,7 +150,7 @@ def test_cni_config(n2):
                 "hairpinMode": True,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": "10.244.2.0/24"}]],
+                    "ranges": [[{"subnet": "10.244.18.0/24"}]],
                     "routes": [{"dst": "0.0.0.0/0"}],
                     "dataDir": str(n2.state / "cni" / "ipam"),
                 },
@@ -138,7 +167,7 @@ def test_kubelet_config(n2):
     expected = {
         "failCgroupV1": False,
         "cgroupDriver": "cgroupfs",
-        "cgroupRoot": "/tfk8s-n2",
+        "cgroupRoot": "/tfk8s-s1n2",
         "failSwapOn": False,
         "readOnlyPort": 0,
         "resolvConf": "",
@@ -146,7 +175,7 @@ def test_kubelet_config(n2):
         "clusterDomain": "cluster.local",
         "imageGCHighThresholdPercent": 100,
         "serializeImagePulls": False,
-        "address": "10.246.0.12",
+        "address": "10.246.1.12",
         "authorization": {"mode": "Webhook"},
         "authentication": {
             "anonymous": {"enabled": False},
@@ -159,7 +188,7 @@ def test_kubelet_config(n2):
             "imagefs.available": "0%",
             "imagefs.inodesFree": "0%",
         },
-        "containerRuntimeEndpoint": "unix:///run/tfk8s-nodes/tfk8s-node-2/containerd.sock",
+        "containerRuntimeEndpoint": "unix:///run/tfk8s-rn/tfk8s-s1n2/containerd.sock",
         "podLogsDir": str(n2.cluster / "nodes" / "tfk8s-node-2" / "pod-logs"),
     }
     assert {k: cfg[k] for k in expected} == expected
@@ -170,7 +199,7 @@ def test_every_process_of_a_node_runs_in_its_namespace_with_its_own_dirs(n2):
 
     kubelet = nodes.argv(n2, "kubelet")
     assert kubelet[kubelet.index("--root-dir") + 1] == str(n2.state / "kubelet")
-    assert kubelet[kubelet.index("--node-ip") + 1] == "10.246.0.12"
+    assert kubelet[kubelet.index("--node-ip") + 1] == "10.246.1.12"
     assert kubelet[kubelet.index("--hostname-override") + 1] == "tfk8s-node-2"
     assert set(nodes.PROCESSES) == {"containerd", "kubelet", "kube-proxy", "nodelocaldns"}
     for name in nodes.PROCESSES:
@@ -182,7 +211,7 @@ def test_the_node_reaches_the_api_server_by_the_host_end_checking_its_certificat
 
     kc = nodes.kubeconfig(n2.server, n2.ca, n2.pki / "a.crt", n2.pki / "a.key", "kubelet")
     assert kc["clusters"][0]["cluster"] == {
-        "server": "https://10.246.0.1:6443",
+        "server": "https://10.246.1.1:6443",
         "certificate-authority": str(n2.ca),
         "tls-server-name": "localhost",
     }
@@ -196,7 +225,7 @@ def test_kube_proxy_config(n2):
     cfg = nodes.kube_proxy_config(n2, "10.244.0.0/16")
     assert cfg["mode"] == "iptables"
     assert cfg["hostnameOverride"] == "tfk8s-node-2"
-    assert cfg["nodePortAddresses"] == ["10.246.0.12/32"]
+    assert cfg["nodePortAddresses"] == ["10.246.1.12/32"]
     assert cfg["clusterCIDR"] == "10.244.0.0/16"
     assert cfg["conntrack"] == {"maxPerCore": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"}
 
@@ -204,9 +233,9 @@ def test_kube_proxy_config(n2):
 def test_coredns_answers_only_the_cluster_zones_on_the_host_end_of_the_node_bridge():
     from devcluster import dns
 
-    text = dns.corefile("/k/coredns.kubeconfig")
+    text = dns.corefile("10.246.1.1", "/k/coredns.kubeconfig")
     assert "forward" not in text and "proxy" not in text
-    assert "bind 10.246.0.1" in text and "ready 10.246.0.1:8181" in text
+    assert "bind 10.246.1.1" in text and "ready 10.246.1.1:8181" in text
     assert "kubernetes cluster.local in-addr.arpa ip6.arpa {" in text
     assert "kubeconfig /k/coredns.kubeconfig" in text
 
@@ -214,19 +243,19 @@ def test_coredns_answers_only_the_cluster_zones_on_the_host_end_of_the_node_brid
 def test_the_node_local_cache_listens_on_the_link_local_address_and_asks_kube_dns():
     from devcluster import dns, network
 
-    text = dns.local_corefile(network.NodeNet(2))
+    text = dns.local_corefile(network.NodeNet(1, 2))
     assert "bind 169.254.25.10" in text
     assert "forward . 10.96.0.10 {\n        force_tcp\n    }" in text
-    assert "ready 10.246.0.12:8181" in text and "cache {" in text
+    assert "ready 10.246.1.12:8181" in text and "cache {" in text
 
 
 def test_dns_objects_point_kube_dns_at_the_host_coredns():
     from devcluster import dns
 
-    svc, slice_, role, binding = dns.objects()
+    svc, slice_, role, binding = dns.objects("10.246.1.1")
     assert svc["spec"]["clusterIP"] == "10.96.0.10" and "selector" not in svc["spec"]
     assert slice_["metadata"]["labels"]["kubernetes.io/service-name"] == "kube-dns"
-    assert slice_["endpoints"] == [{"addresses": ["10.246.0.1"], "conditions": {"ready": True}}]
+    assert slice_["endpoints"] == [{"addresses": ["10.246.1.1"], "conditions": {"ready": True}}]
     assert all(set(r["verbs"]) == {"list", "watch"} for r in role["rules"])
     assert binding["subjects"][0]["name"] == dns.COREDNS_CLIENT
 
@@ -260,39 +289,40 @@ def test_dns_query_builds_and_parses_a_real_answer():
 def test_fence_rules_drop_every_local_range_towards_each_outside_interface():
     from devcluster import network
 
-    rules = network.fence_rules(["eth0"])
-    assert ["-A", "TFK8S-NET-FENCE", "-o", "eth0", "-s", "10.244.0.0/16", "-j", "DROP"] in rules
-    assert ["-A", "TFK8S-NET-FENCE", "-o", "eth0", "-d", "10.0.0.0/24", "-j", "DROP"] in rules
-    assert ["-A", "TFK8S-NET-FENCE", "-o", "eth0", "-s", "10.246.0.0/24", "-j", "DROP"] in rules
+    rules = network.fence_rules(network.Slot(2), ["eth0"])
+    assert ["-A", "TFK8S-S2-FENCE", "-o", "eth0", "-s", "10.244.0.0/16", "-j", "DROP"] in rules
+    assert ["-A", "TFK8S-S2-FENCE", "-o", "eth0", "-d", "10.0.0.0/24", "-j", "DROP"] in rules
+    assert ["-A", "TFK8S-S2-FENCE", "-o", "eth0", "-s", "10.246.0.0/16", "-j", "DROP"] in rules
     assert len(rules) == 2 * len(network.LOCAL_RANGES)
-    assert network.fence_rules([]) == []
+    assert network.fence_rules(network.Slot(2), []) == []
 
 
 def test_routes_take_pod_traffic_across_nodes_without_nat_and_nothing_elsewhere():
     from devcluster import network
 
-    a, b, c = network.nodes(3)
+    a, b, c = network.Slot(1).nodes(3)
     assert network.node_routes(b, [a, b, c]) == [
-        ["10.244.1.0/24", "via", "10.246.0.11", "dev", "eth0"],
-        ["10.244.3.0/24", "via", "10.246.0.13", "dev", "eth0"],
-        ["10.96.0.0/16", "via", "10.246.0.1", "dev", "eth0", "src", "10.246.0.12"],
+        ["10.244.17.0/24", "via", "10.246.1.11", "dev", "eth0"],
+        ["10.244.19.0/24", "via", "10.246.1.13", "dev", "eth0"],
+        ["10.96.0.0/16", "via", "10.246.1.1", "dev", "eth0", "src", "10.246.1.12"],
     ]  # and no default route: an outside address is unreachable from a node
     assert network.host_routes([a, b]) == [
-        ["10.244.1.0/24", "via", "10.246.0.11", "dev", "tfk8s-nodes"],
-        ["10.244.2.0/24", "via", "10.246.0.12", "dev", "tfk8s-nodes"],
+        ["10.244.17.0/24", "via", "10.246.1.11", "dev", "tfk8s-s1"],
+        ["10.244.18.0/24", "via", "10.246.1.12", "dev", "tfk8s-s1"],
     ]
 
 
 def test_the_api_server_is_reached_through_the_host_end_and_the_kubernetes_service():
     from devcluster import network
 
-    assert network.host_api_rule(6443) == [
-        "-A", "TFK8S-NET-API", "-i", "tfk8s-nodes", "-d", "10.246.0.1/32", "-p", "tcp", "--dport", "6443",
+    slot = network.Slot(1)
+    assert network.host_api_rule(slot, 6443) == [
+        "-A", "TFK8S-S1-API", "-i", "tfk8s-s1", "-d", "10.246.1.1/32", "-p", "tcp", "--dport", "6443",
         "-j", "DNAT", "--to-destination", "127.0.0.1:6443",
     ]  # fmt: skip
-    assert network.node_api_rule(6443) == [
+    assert network.node_api_rule(slot.nodes(1)[0], 6443) == [
         "-A", "TFK8S-API", "-d", "10.96.0.1/32", "-p", "tcp", "--dport", "443",
-        "-j", "DNAT", "--to-destination", "10.246.0.1:6443",
+        "-j", "DNAT", "--to-destination", "10.246.1.1:6443",
     ]  # fmt: skip
 
 
@@ -320,7 +350,7 @@ def test_down_stops_only_processes_of_its_own_nodes(tmp_path):
 
     if os.geteuid() != 0:
         pytest.skip("needs root (a network namespace)")
-    net = network.NodeNet(9)
+    net = network.NodeNet(8, 15)
     n = nodes.Node(net=net, cluster=tmp_path, bins={}, server="")
     subprocess.run(["ip", "netns", "add", net.netns], check=True)
     inside = outside = None

@@ -57,9 +57,7 @@ def load_hub(config_file: Path, values: dict | None, tmp_path: Path, monkeypatch
 
 
 def make_spawner(app: JupyterHub, name: str = "alice") -> KubeSpawner:
-    user = SimpleNamespace(
-        name=name, id=7, url=f"/user/{name}/", server_url=lambda s="": f"/user/{name}/"
-    )
+    user = SimpleNamespace(name=name, id=7, url=f"/user/{name}/", server_url=lambda s="": f"/user/{name}/")
     hub = SimpleNamespace(
         public_host="", url="http://hub:8081/hub/", base_url="/", api_url="http://hub:8081/hub/api"
     )
@@ -71,9 +69,7 @@ def make_spawner(app: JupyterHub, name: str = "alice") -> KubeSpawner:
 
 
 def test_kubespawner_config_from_settings():
-    cfg = kubespawner_config(
-        LabSettings(storage_class="kadalu.gluster", notebook_cpu_guarantee="500m")
-    )
+    cfg = kubespawner_config(LabSettings(storage_class="kadalu.gluster", notebook_cpu_guarantee="500m"))
     assert cfg["enable_user_namespaces"] is True
     assert cfg["storage_class"] == "kadalu.gluster"
     assert cfg["storage_pvc_ensure"] is True
@@ -81,9 +77,7 @@ def test_kubespawner_config_from_settings():
     assert cfg["service_account"] == "tfk8s-user"
     assert cfg["automount_service_account_token"] is True
     assert cfg["cpu_guarantee"] == 0.5
-    assert cfg["volumes"] == [
-        {"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}
-    ]
+    assert cfg["volumes"] == [{"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
     assert cfg["environment"]["TFK8S_STORAGE_CLASS"] == "kadalu.gluster"
     assert cfg["environment"]["TFK8S_NAMESPACE"] == "{namespace}"
 
@@ -164,17 +158,19 @@ def api_of(calls, fail=None, is_async=True):
     apis: dict = {}
 
     def get(name):
-        return apis.setdefault(
-            name, FakeApi(calls, fail if name == "CoreV1Api" else None, is_async)
-        )
+        return apis.setdefault(name, FakeApi(calls, fail if name == "CoreV1Api" else None, is_async))
 
     return get
 
 
 @pytest.mark.parametrize(
-    "exc_class", [kubernetes.client.ApiException, kubernetes_asyncio.client.ApiException,
-                  # what the pinned client really raises for a 409 (a subclass)
-                  kubernetes.client.exceptions.ConflictException]
+    "exc_class",
+    [
+        kubernetes.client.ApiException,
+        kubernetes_asyncio.client.ApiException,
+        # what the pinned client really raises for a 409 (a subclass)
+        kubernetes.client.exceptions.ConflictException,
+    ],
 )
 def test_applier_replaces_on_conflict(exc_class):
     calls: list = []
@@ -190,9 +186,7 @@ def test_applier_replaces_on_conflict(exc_class):
 
 def test_applier_raises_other_errors():
     sa = bootstrap_objects(BootstrapSpec(), "ns")[0]
-    api = api_of(
-        [], fail={"create_namespaced_service_account": kubernetes.client.ApiException(status=403)}
-    )
+    api = api_of([], fail={"create_namespaced_service_account": kubernetes.client.ApiException(status=403)})
     with pytest.raises(kubernetes.client.ApiException) as err:
         asyncio.run(Applier(api).apply(sa))
     assert err.value.status == 403
@@ -296,12 +290,17 @@ def test_applier_recreates_a_role_binding_whose_role_ref_changed():
                     raise kubernetes.client.ApiException(status=409)
                 if name == "replace_namespaced_role_binding":
                     raise kubernetes.client.ApiException(status=422, reason="Invalid")
+
             return call
 
     binding = next(o for o in bootstrap_objects(BootstrapSpec(), "ns") if o["kind"] == "RoleBinding")
     assert asyncio.run(Applier(lambda name: Rbac()).apply(binding)) == "recreated"
-    assert calls == ["create_namespaced_role_binding", "replace_namespaced_role_binding",
-                     "delete_namespaced_role_binding", "create_namespaced_role_binding"]
+    assert calls == [
+        "create_namespaced_role_binding",
+        "replace_namespaced_role_binding",
+        "delete_namespaced_role_binding",
+        "create_namespaced_role_binding",
+    ]
 
 
 def test_a_control_plane_without_an_endpoint_slice_gives_the_service_address():

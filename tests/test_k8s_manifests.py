@@ -108,11 +108,12 @@ def test_claims_use_storage_class_and_skip_named_claims():
     ]
     # a shared log claim: each cluster writes in its own directory of it
     env = m.role_env(spec, settings, "worker")
-    assert (env["TFK8S_LOG_DIR"], env["TFK8S_CHECKPOINT_DIR"]) == (
-        "/log/mnist", "/log/mnist/checkpoints")
+    assert (env["TFK8S_LOG_DIR"], env["TFK8S_CHECKPOINT_DIR"]) == ("/log/mnist", "/log/mnist/checkpoints")
     assert pod["containers"][0]["command"][3] == "/log/mnist/tasks/{task}.log"
-    assert m.tensorboard_deployment(spec, settings)["spec"]["template"]["spec"][
-        "containers"][0]["command"][2] == "/log/mnist"
+    assert (
+        m.tensorboard_deployment(spec, settings)["spec"]["template"]["spec"]["containers"][0]["command"][2]
+        == "/log/mnist"
+    )
 
 
 def test_tensorboard_service_and_deployment():
@@ -135,13 +136,21 @@ def test_tensorboard_service_and_deployment():
     pod = dep["spec"]["template"]["spec"]
     assert dep["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
     assert pod["containers"][0]["command"] == [
-        "tensorboard", "--logdir", "/log", "--bind_all", "--port", "6006",
+        "tensorboard",
+        "--logdir",
+        "/log",
+        "--bind_all",
+        "--port",
+        "6006",
     ]
     assert pod["volumes"][0] == {
-        "name": "log", "persistentVolumeClaim": {"claimName": "mnist-log", "readOnly": True},
+        "name": "log",
+        "persistentVolumeClaim": {"claimName": "mnist-log", "readOnly": True},
     }
     assert pod["containers"][0]["volumeMounts"][0] == {
-        "name": "log", "mountPath": "/log", "readOnly": True,
+        "name": "log",
+        "mountPath": "/log",
+        "readOnly": True,
     }
     assert pod["securityContext"]["runAsNonRoot"] is True
 
@@ -172,8 +181,7 @@ def test_with_owner_copies_and_points_at_the_root():
     svc = m.claims(between(), SETTINGS)[0]
     owned = m.with_owner(svc, m.owner_reference(root))
     assert owned["metadata"]["ownerReferences"] == [
-        {"apiVersion": "v1", "kind": "ConfigMap", "name": "mnist", "uid": "u-1",
-         "blockOwnerDeletion": True}
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "mnist", "uid": "u-1", "blockOwnerDeletion": True}
     ]
     assert "ownerReferences" not in svc["metadata"]
 
@@ -209,11 +217,9 @@ def test_every_manifest_validates_strictly(version, which):
         "between": between(),
         "in-graph": in_graph(),
         "gpu": between(
-            resources={"worker": Resources(cpu="500m", memory="1Gi", gpus=2),
-                       "ps": Resources(cpu="1")},
+            resources={"worker": Resources(cpu="500m", memory="1Gi", gpus=2), "ps": Resources(cpu="1")},
             node_selector={"accelerator": "nvidia"},
-            tolerations=({"key": "nvidia.com/gpu", "operator": "Exists",
-                          "effect": "NoSchedule"},),
+            tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
         ),
         "claims": between(log_claim="logs", data_claim="data"),
     }
@@ -236,14 +242,18 @@ def test_strict_validation_catches_an_unknown_field():
 
 def _images(js: dict) -> dict[str, str]:
     """Role → the image of its JobSet pod template."""
-    return {r["name"]: r["template"]["spec"]["template"]["spec"]["containers"][0]["image"]
-            for r in js["spec"]["replicatedJobs"]}
+    return {
+        r["name"]: r["template"]["spec"]["template"]["spec"]["containers"][0]["image"]
+        for r in js["spec"]["replicatedJobs"]
+    }
 
 
 def test_gpus_select_the_gpu_image_and_cpu_roles_keep_the_cpu_image():
     spec = between(resources={"worker": Resources(gpus=1)})
     assert _images(j.jobset(spec, SETTINGS, LifecyclePolicy.of(spec))) == {
-        "ps": "tfk8s/tensorflow-task:0.1.0", "worker": "tfk8s/tensorflow-task-gpu:0.1.0"}
+        "ps": "tfk8s/tensorflow-task:0.1.0",
+        "worker": "tfk8s/tensorflow-task-gpu:0.1.0",
+    }
     # TensorBoard needs no GPU
     tb = m.tensorboard_deployment(spec, SETTINGS)["spec"]["template"]["spec"]["containers"][0]
     assert tb["image"] == "tfk8s/tensorflow-task:0.1.0"
@@ -271,8 +281,12 @@ def _worker_template(spec: ClusterSpec, settings: K8sSettings) -> dict:
 
 
 def test_files_travel_with_the_script_beside_it_and_quiet_is_one_setting():
-    spec = ClusterSpec(name="mnist", workers=1, script="import helper\n",
-                       files={"helper.py": "X = 1\n", "labels.txt": "a\nb\n"})
+    spec = ClusterSpec(
+        name="mnist",
+        workers=1,
+        script="import helper\n",
+        files={"helper.py": "X = 1\n", "labels.txt": "a\nb\n"},
+    )
     root = m.root_configmap(spec, SETTINGS)
     assert root["data"]["helper.py"] == "X = 1\n" and root["data"]["labels.txt"] == "a\nb\n"
     assert json.loads(root["data"]["spec.json"])["files"] == ["helper.py", "labels.txt"]

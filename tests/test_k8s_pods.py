@@ -407,9 +407,15 @@ def test_a_log_is_followed_live_through_a_quiet_period_longer_than_the_request_t
         backend.close()
 
 
+def _fence_chain() -> str:
+    from devcluster.cluster import Cluster
+
+    return node.slot_of(Cluster()).fence_chain
+
+
 def _fence_packets() -> int:
     r = subprocess.run(
-        ["iptables", "-w", "-t", node.FENCE_TABLE, "-n", "-v", "-x", "-L", node.FENCE_CHAIN],
+        ["iptables", "-w", "-t", node.FENCE_TABLE, "-n", "-v", "-x", "-L", _fence_chain()],
         capture_output=True,
         text=True,
         check=True,
@@ -451,10 +457,14 @@ def test_no_packet_of_the_node_ranges_leaves_by_the_outside_interface(user, tmp_
     rules = subprocess.run(
         ["iptables", "-w", "-t", node.FENCE_TABLE, "-S"], capture_output=True, text=True, check=True
     ).stdout.splitlines()
+    chain = _fence_chain()
     for dev in outside:
-        assert f"-A {node.FENCE_CHAIN} -s {node.POD_RANGE} -o {dev} -j DROP" in rules, rules
+        assert f"-A {chain} -s {node.POD_RANGE} -o {dev} -j DROP" in rules, rules
     hook = [r for r in rules if r.startswith(f"-A {node.FENCE_HOOK} ")]
-    assert hook[0] == f"-A {node.FENCE_HOOK} -j {node.FENCE_CHAIN}", hook
+    assert f"-A {node.FENCE_HOOK} -j {chain}" in hook, hook
+    # nothing before it accepts: every chain hung in front of it is another slot's fence (drops only)
+    before = hook[: hook.index(f"-A {node.FENCE_HOOK} -j {chain}")]
+    assert all(r.split()[-1].endswith("-FENCE") for r in before), hook
     ranges = " or ".join(f"net {c}" for c in node.LOCAL_RANGES)
     captures = []
     for dev in outside:
@@ -483,10 +493,10 @@ def test_no_packet_of_the_node_ranges_leaves_by_the_outside_interface(user, tmp_
             assert f"sent {ip}" in log or f"refused {ip}" in log, log
         # the host's end of the node bridge is in the cluster's ranges; the machine's default
         # route would take this packet out: only the fence stops it
-        from devcluster import network
+        from devcluster.cluster import Cluster
 
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.bind((network.HOST_IP, 0))
+            s.bind((node.slot_of(Cluster()).host_ip, 0))
             s.sendto(b"probe", ("192.0.2.1", 9))
     finally:
         for _, p in captures:
@@ -550,15 +560,17 @@ def test_logs_progress_and_success_are_read_from_real_pods(user):
     stop = threading.Event()
     lines: list = []
     try:
-        backend.launch(ClusterSpec(name="prog", ps=1, workers=2, script=PROGRESS, **_claims()),
-                       detach=True)
-        follower = threading.Thread(target=lambda: lines.extend(backend.follow_logs("prog", stop)),
-                                    daemon=True)
+        backend.launch(ClusterSpec(name="prog", ps=1, workers=2, script=PROGRESS, **_claims()), detach=True)
+        follower = threading.Thread(
+            target=lambda: lines.extend(backend.follow_logs("prog", stop)), daemon=True
+        )
         follower.start()  # asked while every pod is still pending
         status = _wait(backend, "prog", lambda s: s.terminal)
         assert status.phase == Phase.SUCCEEDED, (status, [ln.text for ln in lines])
         assert (status.task("ps-0").phase, status.task("ps-0").reason) == (
-            Phase.SUCCEEDED, "ended when the JobSet succeeded")
+            Phase.SUCCEEDED,
+            "ended when the JobSet succeeded",
+        )
         assert status.progress is not None and (status.progress.step, status.progress.total) == (5, 10)
         follower.join(120)
         assert not follower.is_alive(), "follow_logs did not end with the cluster"
@@ -594,8 +606,7 @@ def test_a_stalled_cluster_is_reported_from_real_pod_log_timestamps(user, monkey
     monkeypatch.setenv("TFK8S_STALL_TIMEOUT", "5")
     backend = user.backend()
     try:
-        backend.launch(ClusterSpec(name="stall", ps=0, workers=2, script=STALL, **_claims()),
-                       detach=True)
+        backend.launch(ClusterSpec(name="stall", ps=0, workers=2, script=STALL, **_claims()), detach=True)
         backend._watcher("stall").stalls.period = 0.5  # log tails re-read at most this often
         status = _wait(backend, "stall", lambda s: s.stall is not None or s.terminal)
         assert status.shown_phase == "stalled" and status.phase == Phase.RUNNING, status
@@ -623,12 +634,23 @@ def test_a_missing_secret_is_the_real_kubelets_sentence_in_the_status(user):
     # it asks (a 403 for the shipped Role: the check is skipped, not the launch)
     user.expect_denied.add(f"/api/v1/namespaces/{user.ns}/secrets/s3-creds")
     try:
-        backend.launch(ClusterSpec(name="nosecret", workers=1, script="print(1)\n",
-                                   data_url="s3://bucket/datasets/mnist", data_sync=True,
-                                   credentials_secret="s3-creds", **_claims()), detach=True)
+        backend.launch(
+            ClusterSpec(
+                name="nosecret",
+                workers=1,
+                script="print(1)\n",
+                data_url="s3://bucket/datasets/mnist",
+                data_sync=True,
+                credentials_secret="s3-creds",
+                **_claims(),
+            ),
+            detach=True,
+        )
         status = _wait(backend, "nosecret", lambda s: "secret" in s.reason or s.terminal)
         assert (status.phase, status.reason) == (
-            Phase.PENDING, 'sync: CreateContainerConfigError: secret "s3-creds" not found')
+            Phase.PENDING,
+            'sync: CreateContainerConfigError: secret "s3-creds" not found',
+        )
         events = [(e.task, e.reason, e.message) for e in backend.events("nosecret")]
         assert ("sync", "Failed", 'Error: secret "s3-creds" not found') in events, events
         backend.delete("nosecret")

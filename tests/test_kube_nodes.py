@@ -25,7 +25,12 @@ realnode, user = pods_tests.realnode, pods_tests.user
 pytestmark = pytest.mark.k8s
 
 BOUND = 600.0
-NETS = {n.name: n for n in network.nodes(8)}
+
+
+def _nets():
+    from devcluster.cluster import Cluster
+
+    return {n.name: n.net for n in node.layouts(Cluster())}
 
 
 def _real_nodes(kube) -> list[str]:
@@ -99,13 +104,13 @@ def test_at_least_two_real_nodes_each_with_its_own_address_and_runtime(two, real
     addresses = {
         name: [a.address for a in n.status.addresses if a.type == "InternalIP"] for name, n in nodes.items()
     }
-    assert addresses == {name: [NETS[name].ip] for name in two}, addresses
+    assert addresses == {name: [_nets()[name].ip] for name in two}, addresses
     for n in nodes.values():
         assert n.status.node_info.container_runtime_version.startswith("containerd://"), n.status.node_info
     # each node's containerd, kubelet and cache run in that node's network namespace only
     for name in two:
         procs = node.node_procs(realnode_cluster(), name)
-        pids = set(network.pids_in(NETS[name]))
+        pids = set(network.pids_in(_nets()[name]))
         for proc in ("containerd", "kubelet", "kube-proxy", "nodelocaldns"):
             assert procs.alive(proc), (name, proc)
             assert procs.pid(proc) in pids, (name, proc)
@@ -126,7 +131,7 @@ def test_a_pod_reaches_a_pod_on_the_other_node_by_address_and_through_a_service(
         },
     )
     srv = _running(core, ns, "srv")
-    assert ipaddress.ip_address(srv.status.pod_ip) in ipaddress.ip_network(NETS[second].pod_cidr)
+    assert ipaddress.ip_address(srv.status.pod_ip) in ipaddress.ip_network(_nets()[second].pod_cidr)
     cluster_ip = core.read_namespaced_service("srv", ns).spec.cluster_ip
     urls = [
         f"http://{srv.status.pod_ip}:8080/",
@@ -142,7 +147,7 @@ def test_a_pod_reaches_a_pod_on_the_other_node_by_address_and_through_a_service(
     for url in urls:
         assert f"got {url} srv" in log, log
     cli_ip = core.read_namespaced_pod("cli", ns).status.pod_ip
-    assert ipaddress.ip_address(cli_ip) in ipaddress.ip_network(NETS[first].pod_cidr)
+    assert ipaddress.ip_address(cli_ip) in ipaddress.ip_network(_nets()[first].pod_cidr)
     # no address translation on the way: the server saw the client pod's own address each time
     seen = [
         line.split()[1]
@@ -188,7 +193,7 @@ def test_names_resolve_through_the_node_local_cache_and_not_without_it(two, user
         procs.restart("nodelocaldns")
         from devcluster import dns
 
-        wait_for(lambda: _ready(dns, NETS[two[1]].ip), 60, 1, "the cache back")
+        wait_for(lambda: _ready(dns, _nets()[two[1]].ip), 60, 1, "the cache back")
 
 
 def _ready(dns, address) -> bool:
@@ -214,7 +219,7 @@ def test_mwms_all_reduces_with_one_worker_on_each_node(two, user):
         assert where == set(two), where  # one worker per node: the all-reduce crossed nodes
         resolved = {line.split()[2] for line in lines if line.startswith("resolved ")}
         cidrs = {str(ipaddress.ip_network(f"{ip}/24", strict=False)) for ip in resolved}
-        assert cidrs == {NETS[n].pod_cidr for n in two}, resolved
+        assert cidrs == {_nets()[n].pod_cidr for n in two}, resolved
         backend.delete("spread")
     finally:
         backend.close()
@@ -301,7 +306,7 @@ def test_a_task_pod_moves_to_the_other_node_when_its_node_is_drained(two, user):
             "the task pod recreated and running",
         )
         assert moved.spec.node_name == other, (moved.spec.node_name, cordoned)
-        assert ipaddress.ip_address(moved.status.pod_ip) in ipaddress.ip_network(NETS[other].pod_cidr)
+        assert ipaddress.ip_address(moved.status.pod_ip) in ipaddress.ip_network(_nets()[other].pod_cidr)
         backend.delete("drain")
     finally:
         if cordoned:
