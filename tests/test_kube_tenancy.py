@@ -54,7 +54,7 @@ PROPAGATION = 90.0
 KERNEL_PORTS = (50001, 50002, 50003, 50004, 50005)  # shell, iopub, stdin, control, heartbeat
 METADATA = "169.254.169.254"
 OUTSIDE = "192.168.77.10"  # a private address outside the cluster's ranges
-TEST_HOST_NET = "10.246.0.250"  # the test hosts' namespace on the node bridge
+TEST_HOST = 250  # the test hosts' namespace on the slot's node bridge: 10.246.<slot>.250
 
 #: Connects to every target at once, every second, forever; one JSON line per round:
 #: {"start": t, "open": [...]} (every connection of the round began after ``start``).
@@ -428,48 +428,48 @@ def test_mwms_all_reduces_across_nodes_under_the_policy(realnode, two, tenants):
 
 
 class OffClusterHosts:
-    """A network namespace on the node bridge holding the metadata address and a private address
-    outside the cluster, each listening on TCP 80 and 53; routes to it from each real node."""
+    """A network namespace on the cluster's node bridge holding the metadata address and a private
+    address outside the cluster, each listening on TCP 80 and 53; a route to each from every real
+    node. Everything is removed by :meth:`close`."""
 
-    NETNS = "tfk8s-nphosts"
-
-    def __init__(self, nodes):
+    def __init__(self, nets):
         from devcluster import network
 
-        self.network, self.nodes = network, nodes
+        self.network, self.nets = network, nets
+        slot = network.Slot(nets[0].slot)
+        self.netns = f"tfk8s-s{slot.k}np"
+        self.address = f"10.246.{slot.k}.{TEST_HOST}"
         ip = network.ip
-        ip("netns", "add", self.NETNS)
-        ip("link", "add", self.NETNS, "type", "veth", "peer", "name", "eth0", "netns", self.NETNS)
-        ip("link", "set", self.NETNS, "master", network.HOST_BRIDGE, "up")
-        run = ["ip", "-n", self.NETNS]
-        for args in (["link", "set", "lo", "up"], ["addr", "add", TEST_HOST_NET + "/24", "dev", "eth0"],
+        ip("netns", "add", self.netns)
+        ip("link", "add", self.netns, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
+        ip("link", "set", self.netns, "master", slot.bridge, "up")
+        run = ["ip", "-n", self.netns]
+        for args in (["link", "set", "lo", "up"], ["addr", "add", self.address + "/24", "dev", "eth0"],
                      ["addr", "add", METADATA + "/32", "dev", "lo"],
                      ["addr", "add", OUTSIDE + "/32", "dev", "lo"], ["link", "set", "eth0", "up"]):
             subprocess.run([*run, *args], check=True)
-        for n in nodes:  # answers to pods go back through their node
+        for n in nets:  # answers to pods go back through their node
             subprocess.run([*run, "route", "add", n.pod_cidr, "via", n.ip], check=True)
             for addr in (METADATA, OUTSIDE):
-                ip("route", "replace", addr + "/32", "via", TEST_HOST_NET, "dev", "eth0", node=n)
+                ip("route", "replace", addr + "/32", "via", self.address, "dev", "eth0", node=n)
         self.server = subprocess.Popen(
-            ["ip", "netns", "exec", self.NETNS, sys.executable, "-c", LISTEN],
+            ["ip", "netns", "exec", self.netns, sys.executable, "-c", LISTEN],
             env={**os.environ, "PORTS": "80 53", "ADDRESS": "0.0.0.0"})
 
     def close(self):
         self.server.terminate()
         self.server.wait(10)
-        for n in self.nodes:
+        for n in self.nets:
             for addr in (METADATA, OUTSIDE):
                 self.network.ip("route", "del", addr + "/32", node=n, check=False)
-        self.network.ip("link", "del", self.NETNS, check=False)
-        self.network.ip("netns", "del", self.NETNS, check=False)
+        self.network.ip("link", "del", self.netns, check=False)
+        self.network.ip("netns", "del", self.netns, check=False)
 
 
 @pytest.fixture(scope="module")
-def test_hosts(two):
-    from devcluster import network
-
-    nets = {n.name: n for n in network.nodes(8)}
-    hosts = OffClusterHosts([nets[name] for name in two])
+def test_hosts(enforcing):
+    _, layouts = enforcing
+    hosts = OffClusterHosts([n.net for n in layouts])
     yield hosts
     hosts.close()
 
