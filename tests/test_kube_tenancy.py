@@ -182,12 +182,12 @@ class Probe:
     """A pod that connects to every target once a second and logs which ones opened."""
 
     def __init__(self, user: User | None, name: str, node_name: str, targets: list[tuple[str, str, int]],
-                 core=None, ns: str = "", labels: dict | None = None):
+                 core=None, ns: str = "", labels: dict | None = None, image: str = TASK_IMAGE):
         self.core = core or user.core
         self.ns = ns or user.ns
         self.name = name
         self.labels = [t[0] for t in targets]
-        pod = _on(_restricted_pod(name, TASK_IMAGE, ["python", "-c", PROBE],
+        pod = _on(_restricted_pod(name, image, ["python3", "-c", PROBE],
                                   env={"TARGETS": json.dumps(targets)}), node_name)
         if labels:
             pod["metadata"]["labels"] = labels
@@ -520,3 +520,91 @@ def test_a_user_pod_reaches_the_hub_api_only_and_neither_metadata_nor_outside_ad
         for p in probes:
             p.delete()
         user.close()
+
+
+# -- the same attacks on the lab's policy, with the base image only -------------------------------
+
+
+def _base_image(kube, node_name: str) -> str:
+    """The lab images' base (Debian with python3) as the node's containerd has it ('' if not)."""
+    names = [n for i in kube.core.read_node(node_name).status.images or [] for n in i.names or []]
+    return next((n for n in names if n.startswith("localhost/tfk8s/base:")), "")
+
+
+@pytest.fixture(scope="module")
+def cilium_nodes(realkube):
+    """Two Ready real nodes with their Cilium agents ready (whatever images they hold)."""
+    from devcluster import enforcer, node
+    from tests.realkube import require_or_skip
+    from tests.test_kube_nodes import _real_nodes
+
+    names = _real_nodes(realkube)
+    if len(names) < 2:
+        require_or_skip(f"the devcluster has {len(names)} Ready real node(s), not 2: scripts/kube up --pods")
+    nodes = {n.name: n for n in node.layouts(enforcer_tests._cluster())}
+    for name in names[:2]:
+        if not enforcer.agent_ready(nodes[name]):
+            require_or_skip(f"the Cilium agent of {name} is not ready: see {nodes[name].state / 'logs'}")
+    return names[:2]
+
+
+def test_bs_pods_reach_no_port_of_as_pods_on_either_node_and_as_own_pods_do(realkube, cilium_nodes,
+                                                                           tmp_path_factory, helm):
+    """The bootstrap's policy against B, with listeners on A's ports (the TF gRPC port, the notebook
+    and kernel ports, TensorBoard's and TF Serving's) in A's pods on both nodes, reached by pod
+    address and by the DNS names a headless Service gives them (as JobSet's does); every name is
+    resolved by the node-local cache under the policy. Needs only the lab images' base image (python3)
+    on the nodes: the servers' own processes are in the test above."""
+    two = cilium_nodes
+    image = _base_image(realkube, two[0])
+    if not image or _base_image(realkube, two[1]) != image:
+        from tests.realkube import require_or_skip
+
+        require_or_skip("the lab images' base image is not on both real nodes: scripts/kube up --pods")
+    ports = [2222, 8888, *KERNEL_PORTS, 6006, 8500, 8501]
+    chart = [d for d in chart_policies(helm, "default") if d["kind"] == "CiliumClusterwideNetworkPolicy"]
+    a = User(realkube, tmp_path_factory.mktemp("la"), prefix="alice")
+    b = User(realkube, tmp_path_factory.mktemp("lb"), prefix="bob")
+    probes: list[Probe] = []
+    try:
+        a.core.create_namespaced_service(a.ns, {"metadata": {"name": "ig"}, "spec": {
+            "clusterIP": "None", "selector": {"app": "servers"}, "publishNotReadyAddresses": True}})
+        targets = []
+        for i, node_name in enumerate(two):
+            pod = _on(_restricted_pod(f"srv-{i}", image, ["python3", "-c", LISTEN],
+                                      env={"PORTS": " ".join(map(str, ports))}), node_name)
+            pod["metadata"]["labels"] = {"app": "servers"}
+            pod["spec"].update(hostname=f"srv-{i}", subdomain="ig")
+            a.core.create_namespaced_pod(a.ns, pod)
+            ip = _running(a.core, a.ns, f"srv-{i}").status.pod_ip
+            targets += [(f"{node_name} {port} by address", ip, port) for port in ports]
+            targets += [(f"{node_name} {port} by name", f"srv-{i}.ig.{a.ns}.svc.cluster.local", port)
+                        for port in ports]
+        every = {t[0] for t in targets}
+        restore_policies(realkube, [a, b], chart)
+        remove_policies(realkube, [a.ns, b.ns], chart)  # the attack first succeeds
+        since = time.time()
+        probes = [Probe(b, f"attack-{i}", node, targets, image=image) for i, node in enumerate(two)]
+        for p in probes:
+            p.wait(every, since, BOUND)
+        restore_policies(realkube, [a, b], chart)
+        since = time.time()
+        for p in probes:
+            p.wait(set(), since)
+        remove_policies(realkube, [b.ns])  # A's ingress rule alone
+        since = time.time()
+        for p in probes:
+            p.wait(set(), since)
+        restore_policies(realkube, [b])
+        # what must keep working: A's own pods on both nodes, names through the node-local cache
+        since = time.time()
+        own = [Probe(a, f"own-{i}", node, targets, image=image) for i, node in enumerate(two)]
+        probes += own
+        for p in own:
+            p.wait(every, since, BOUND)
+    finally:
+        for p in probes:
+            p.delete()
+        remove_policies(realkube, [], chart)
+        for u in (a, b):
+            u.close()
