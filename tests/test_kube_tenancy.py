@@ -467,22 +467,27 @@ class OffClusterHosts:
 
 
 @pytest.fixture(scope="module")
-def test_hosts(enforcing):
-    _, layouts = enforcing
+def test_hosts(cilium_nodes):
+    from devcluster import node
+
+    layouts = [n for n in node.layouts(enforcer_tests._cluster()) if n.name in cilium_nodes]
     hosts = OffClusterHosts([n.net for n in layouts])
     yield hosts
     hosts.close()
 
 
 def test_a_user_pod_reaches_the_hub_api_only_and_neither_metadata_nor_outside_addresses(
-        realnode, two, tmp_path_factory, test_hosts, helm):
+        realkube, cilium_nodes, tmp_path_factory, test_hosts, helm):
     from tfk8s_hub.bootstrap import BootstrapSpec
+
+    realnode, two = realkube, cilium_nodes
+    image = _base_image(realkube, two[0])  # the stand-ins need python3 only
 
     hub_ns = realnode.namespace("hub")
     labels = {"app.kubernetes.io/name": "tfk8s-lab", "app.kubernetes.io/instance": "lab"}
     core = realnode.core
     for component, ports in (("hub", "8081 9090"), ("proxy", "8000 8001")):
-        pod = _on(_restricted_pod(component, TASK_IMAGE, ["python", "-c", LISTEN],
+        pod = _on(_restricted_pod(component, image, ["python3", "-c", LISTEN],
                                   env={"PORTS": ports}), two[1])
         pod["metadata"]["labels"] = {**labels, "app.kubernetes.io/component": component}
         pod["spec"].pop("tolerations", None)
@@ -502,9 +507,9 @@ def test_a_user_pod_reaches_the_hub_api_only_and_neither_metadata_nor_outside_ad
     try:
         remove_policies(realnode, [user.ns], chart)
         since = time.time()
-        probes = [Probe(user, f"reach-{i}", node, targets) for i, node in enumerate(two)]
+        probes = [Probe(user, f"reach-{i}", node, targets, image=image) for i, node in enumerate(two)]
         probes.append(Probe(None, "hub-probe", two[0], hub_targets, core=core, ns=hub_ns,
-                            labels={**labels, "app.kubernetes.io/component": "hub"}))
+                            labels={**labels, "app.kubernetes.io/component": "hub"}, image=image))
         for p in probes:
             p.wait(set(p.labels), since, BOUND)
         restore_policies(realnode, [user], chart)
