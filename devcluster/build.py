@@ -9,6 +9,7 @@ upstream code or binaries.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -126,6 +127,40 @@ def _consumer(module: str, pkg: str, binary: str) -> Callable[[str, Path], None]
     return build
 
 
+CILIUM_MODULE = "github.com/cilium/cilium"
+#: the agent and the CNI plugin, with the tags of upstream's Makefile. Not the operator: its package
+#: imports sigs.k8s.io/mcs-api/controllers v0.5.2, which the module proxy refuses ("403 Forbidden:
+#: This module version is not available"); the enforcer registers the operator's CRDs itself.
+CILIUM_BINARIES = {"cilium-agent": "daemon", "cilium-cni": "plugins/cilium-cni"}
+
+
+def _build_cilium(version: str, out: Path) -> None:
+    """Cilium's agent and CNI plugin, its BPF sources (the agent compiles them when it starts) as
+    ``lib/bpf``, its CRDs (the operator's embedded copies) as ``crds/`` and its Helm chart (the
+    agent's RBAC is rendered from it) as ``chart/``."""
+    mod = GO_DIR / "cilium"
+    _check_module_version(mod, CILIUM_MODULE, version)
+    ldflags = f"-s -w -X {CILIUM_MODULE}/pkg/version.ciliumVersion={version.lstrip('v')}"
+    for binary, pkg in CILIUM_BINARIES.items():
+        _run(
+            ["go", "build", "-trimpath", "-tags", "osusergo", "-ldflags", ldflags, "-o", str(out / binary),
+             f"{CILIUM_MODULE}/{pkg}"],
+            cwd=mod,
+        )  # fmt: skip
+    listing = subprocess.run(
+        ["go", "mod", "download", "-json", f"{CILIUM_MODULE}@{version}"],
+        cwd=mod, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    src = Path(json.loads(listing.stdout)["Dir"])
+    shutil.copytree(src / "bpf", out / "lib" / "bpf")
+    shutil.copytree(src / "install" / "kubernetes" / "cilium", out / "chart")
+    (out / "crds").mkdir()
+    for crd in sorted((src / "pkg/k8s/apis/cilium.io/client/crds").glob("*/*.yaml")):
+        shutil.copyfile(crd, out / "crds" / crd.name)
+    for p in out.rglob("*"):  # the module cache's files are read-only
+        p.chmod(p.stat().st_mode | 0o200)
+
+
 def _go_install(
     *pkgs: str, cgo: bool = False, tags: str = "", ldflags: Callable[[str], str] = lambda version: ""
 ) -> Callable[[str, Path], None]:
@@ -183,13 +218,15 @@ COMPONENTS: dict[str, Component] = {
             ),
         ),
         Component("coredns", "COREDNS", ("coredns",), _go_install("github.com/coredns/coredns")),
+        # the NetworkPolicy enforcer of the real nodes (devcluster/enforcer.py)
+        Component("cilium", "CILIUM", tuple(CILIUM_BINARIES), _build_cilium),
     )
 }
 
 # What `scripts/kube up` needs (tier 1: a control plane with kwok nodes, JobSet and Kueue).
 TIER1 = ("etcd", "kubernetes", "kwok", "jobset", "kueue")
 # What `scripts/kube up --pods` adds (tier 2: a real node running real pods).
-TIER2 = ("containerd", "runc", "coredns", "kubelet")
+TIER2 = ("containerd", "runc", "coredns", "kubelet", "cilium")
 
 
 def ensure(name: str) -> Component:

@@ -174,7 +174,7 @@ class Cluster:
     def up(self, nodes: int = 2, timeout: float = 240.0, pods: bool = False) -> None:
         """Build what is missing, then start the whole cluster; raise :class:`ClusterError` on failure.
 
-        ``pods``: also join this machine as a real node (tier 2, :mod:`devcluster.node`).
+        ``pods``: also start real nodes on this machine (tier 2, :mod:`devcluster.node`).
         """
         if self.running():
             print(f"devcluster: already running ({self.server})", file=sys.stderr)
@@ -227,12 +227,12 @@ class Cluster:
         from . import node
 
         if node.running(self):
-            print(f"devcluster: node {node.NODE_NAME} already running", file=sys.stderr)
+            print(f"devcluster: real nodes {', '.join(node.NODE_NAMES)} already running", file=sys.stderr)
             return
         try:
             node.up(self, log=lambda line: print(line, file=sys.stderr))
         except node.NodeError as e:
-            raise ClusterError(f"the real node did not start: {e}") from e
+            raise ClusterError(f"the real nodes did not start: {e}") from e
 
     def _wait(self, pred, what: str, timeout: float, proc: str | None = None) -> None:
         deadline = time.monotonic() + timeout
@@ -617,8 +617,9 @@ class Cluster:
             "metrics": {"bindAddress": "0"},
             "health": {"healthProbeBindAddress": f"127.0.0.1:{st['jobset_health_port']}"},
         }
-        self._run_controller("jobset", comp, conf, ["--zap-log-level", "info"], hooks, _probe_jobset(),
-                             timeout)
+        self._run_controller(
+            "jobset", comp, conf, ["--zap-log-level", "info"], hooks, _probe_jobset(), timeout
+        )
 
     def _start_kueue(self, comp: build.Component, timeout: float) -> None:
         st = self.state()
@@ -667,17 +668,35 @@ class Cluster:
             "manageJobsWithoutQueueName": False,
             "integrations": {"frameworks": ["jobset.x-k8s.io/jobset"]},
         }
-        self._run_controller("kueue", comp, conf, ["--feature-gates=VisibilityOnDemand=false"], hooks,
-                             _probe_resource_flavor(), timeout)
+        self._run_controller(
+            "kueue",
+            comp,
+            conf,
+            ["--feature-gates=VisibilityOnDemand=false"],
+            hooks,
+            _probe_resource_flavor(),
+            timeout,
+        )
 
-    def _run_controller(self, name: str, comp: build.Component, conf: dict, args: list[str],
-                        hooks: list[dict], probe: dict, timeout: float) -> None:
+    def _run_controller(
+        self,
+        name: str,
+        comp: build.Component,
+        conf: dict,
+        args: list[str],
+        hooks: list[dict],
+        probe: dict,
+        timeout: float,
+    ) -> None:
         """Start a controller-runtime controller (JobSet, Kueue) with its config file, register its
         webhooks, and wait until a dry-run of ``probe`` has passed through them."""
         path = self.root / f"{name}-config.yaml"
         path.write_text(yaml.safe_dump(conf))
-        self.procs.start(name, [str(comp.path(name)), "--config", str(path), *args],
-                         env={"KUBECONFIG": str(self.kubeconfig)})
+        self.procs.start(
+            name,
+            [str(comp.path(name)), "--config", str(path), *args],
+            env={"KUBECONFIG": str(self.kubeconfig)},
+        )
         self.apply(hooks)
         self._wait(lambda: self._webhook_roundtrip(probe), name, timeout, proc=name)
 

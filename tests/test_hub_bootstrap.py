@@ -70,9 +70,7 @@ def test_quota_and_limits_from_settings():
         "apiVersion": "v1",
         "kind": "LimitRange",
         "metadata": {"name": "tfk8s-limits", "namespace": NS, "labels": LABELS},
-        "spec": {
-            "limits": [{"type": "Container", "default": {"cpu": "1"}, "max": {"memory": "8Gi"}}]
-        },
+        "spec": {"limits": [{"type": "Container", "default": {"cpu": "1"}, "max": {"memory": "8Gi"}}]},
     }
 
 
@@ -80,12 +78,20 @@ def test_no_quota_no_limits_no_policy_when_switched_off():
     spec = b.BootstrapSpec.from_settings(
         LabSettings(quota={}, default_limits={}, default_requests={}, network_policy=False)
     )
-    kinds = [o["kind"] for o in b.bootstrap_objects(spec, NS)]
-    assert kinds == ["ServiceAccount", "RoleBinding"]
+    objs = b.bootstrap_objects(spec, NS)
+    # the cross-namespace affinity quota is isolation, not a resource limit: it always stays
+    assert [(o["kind"], o["metadata"]["name"]) for o in objs] == [
+        ("ServiceAccount", "tfk8s-user"), ("RoleBinding", "tfk8s-backend"),
+        ("ResourceQuota", "tfk8s-no-cross-namespace-affinity")]
+
+
+API = b.ApiServer(("10.96.0.1/32", "192.168.5.2/32"), (443, 6443, 8443))
+DNS_PORTS = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+PRIVATE = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"]
 
 
 def test_network_policy(spec):
-    assert b.network_policy(spec, NS) == {
+    assert b.network_policy(spec, NS, API) == {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": {"name": "tfk8s-user-isolation", "namespace": NS, "labels": LABELS},
@@ -97,9 +103,7 @@ def test_network_policy(spec):
                     "from": [
                         {"podSelector": {}},
                         {
-                            "namespaceSelector": {
-                                "matchLabels": {"kubernetes.io/metadata.name": "jhub"}
-                            },
+                            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "jhub"}},
                             "podSelector": {
                                 "matchLabels": {"hub.jupyter.org/network-access-singleuser": "true"}
                             },
@@ -112,56 +116,103 @@ def test_network_policy(spec):
                 {
                     "to": [
                         {
-                            "namespaceSelector": {
-                                "matchLabels": {"kubernetes.io/metadata.name": "jhub"}
-                            },
+                            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "jhub"}},
                             "podSelector": {"matchLabels": {"app.kubernetes.io/component": "hub"}},
                         }
                     ],
                     "ports": [{"protocol": "TCP", "port": 8081}],
                 },
+                # the API server where the cluster says it is (Service and endpoints), not 0.0.0.0/0
                 {
+                    "to": [{"ipBlock": {"cidr": "10.96.0.1/32"}},
+                           {"ipBlock": {"cidr": "192.168.5.2/32"}}],
+                    "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443},
+                              {"protocol": "TCP", "port": 8443}],
+                },
+                # Zero-to-JupyterHub's singleuser defaults: DNS three ways, then the internet
+                {
+                    "ports": DNS_PORTS,
                     "to": [
-                        {
-                            "namespaceSelector": {
-                                "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
-                            }
-                        },
-                        # NodeLocal DNSCache: pods' resolv.conf names it when it runs
+                        {"ipBlock": {"cidr": "169.254.169.254/32"}},  # GKE Cloud DNS
+                        {"namespaceSelector": {
+                            "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}},
+                        # a node-local cache on the kube-dns ClusterIP, or on its link-local
+                        # address (upstream's and kubespray's)
+                        *({"ipBlock": {"cidr": c}} for c in PRIVATE),
                         {"ipBlock": {"cidr": "169.254.20.10/32"}},
+                        {"ipBlock": {"cidr": "169.254.25.10/32"}},
                     ],
-                    "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
                 },
-                {
-                    "to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}],
-                    "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}],
-                },
-                {
-                    "to": [
-                        {
-                            "ipBlock": {
-                                "cidr": "0.0.0.0/0",
-                                "except": [
-                                    "10.0.0.0/8",
-                                    "172.16.0.0/12",
-                                    "192.168.0.0/16",
-                                    "169.254.0.0/16",
-                                ],
-                            }
-                        }
-                    ]
-                },
+                {"to": [{"ipBlock": {"cidr": "0.0.0.0/0",
+                                     "except": [*PRIVATE, "169.254.0.0/16"]}}]},
             ],
         },
     }
 
 
+# Zero-to-JupyterHub's flags, one at a time: (flag, the rule it adds)
+ONE_RULE = [
+    ("dnsPortsCloudMetadataServer", {"ports": DNS_PORTS, "to": [
+        {"ipBlock": {"cidr": "169.254.169.254/32"}}]}),
+    ("dnsPortsKubeSystemNamespace", {"ports": DNS_PORTS, "to": [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}]}),
+    ("dnsPortsPrivateIPs", {"ports": DNS_PORTS, "to": [
+        *({"ipBlock": {"cidr": c}} for c in PRIVATE),
+        {"ipBlock": {"cidr": "169.254.20.10/32"}}, {"ipBlock": {"cidr": "169.254.25.10/32"}}]}),
+    ("nonPrivateIPs", {"to": [{"ipBlock": {"cidr": "0.0.0.0/0",
+                                           "except": [*PRIVATE, "169.254.0.0/16"]}}]}),
+    ("privateIPs", {"to": [{"ipBlock": {"cidr": c}} for c in PRIVATE]}),
+    ("cloudMetadataServer", {"to": [{"ipBlock": {"cidr": "169.254.169.254/32"}}]}),
+]
+
+
+@pytest.mark.parametrize(("flag", "rule"), ONE_RULE, ids=[f for f, _ in ONE_RULE])
+def test_each_egress_allow_rule_adds_its_rule(flag, rule):
+    rules = {k: k == flag for k in b.EGRESS_ALLOW_RULES}
+    assert b.egress_allow_rules(rules) == [rule]
+
+
+def test_egress_allow_rules_have_zero_to_jupyterhubs_singleuser_defaults():
+    assert b.EGRESS_ALLOW_RULES == {
+        "cloudMetadataServer": False, "dnsPortsCloudMetadataServer": True,
+        "dnsPortsKubeSystemNamespace": True, "dnsPortsPrivateIPs": True,
+        "nonPrivateIPs": True, "privateIPs": False}
+    assert b.egress_allow_rules({}) == []
+
+
+def test_extra_egress_and_a_partial_rule_set_from_settings():
+    mirror = {"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}], "ports": [{"port": 3128}]}
+    spec = b.BootstrapSpec.from_settings(LabSettings(
+        hub_namespace="jhub", egress_allow_rules={"nonPrivateIPs": False}, extra_egress=[mirror],
+        api_server_cidrs=["10.0.0.1/32"]))
+    egress = b.network_policy(spec, NS)["spec"]["egress"]
+    assert egress[-1] == mirror  # last, as Zero-to-JupyterHub's .egress
+    assert not any(p.get("ipBlock", {}).get("cidr") == "0.0.0.0/0" for r in egress for p in r["to"])
+    assert any(r.get("ports") == DNS_PORTS for r in egress)  # the other flags kept their defaults
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"egress_allow_rules": {"dnsPortsNodeLocal": True}}, "no rule 'dnsPortsNodeLocal'"),
+])
+def test_an_unknown_egress_rule_is_named(kwargs, words):
+    from traitlets import TraitError
+
+    with pytest.raises(TraitError, match=words):
+        LabSettings(**kwargs)
+
+
+def test_allow_internet_is_the_deprecated_name_of_non_private_ips():
+    with pytest.warns(DeprecationWarning, match="nonPrivateIPs"):
+        settings = LabSettings(hub_namespace="jhub", allow_internet=False)
+    assert b.BootstrapSpec.from_settings(settings).egress_allow_rules["nonPrivateIPs"] is False
+
+
 def test_network_policy_without_internet_denies_every_other_namespace():
-    spec = b.BootstrapSpec.from_settings(
-        LabSettings(hub_namespace="jhub", allow_internet=False, api_server_cidrs=["10.0.0.1/32"])
-    )
-    pol = b.network_policy(spec, NS)["spec"]
-    # every peer is this namespace, the hub namespace, kube-system DNS or the API server
+    spec = b.BootstrapSpec.from_settings(LabSettings(
+        hub_namespace="jhub", egress_allow_rules={"nonPrivateIPs": False, "dnsPortsPrivateIPs": False},
+        api_server_cidrs=["10.0.0.1/32"]))
+    pol = b.network_policy(spec, NS, API)["spec"]  # set CIDRs win over what the cluster says
+    # every peer is this namespace, the hub namespace, kube-system DNS, GKE's DNS or the API server
     peers = [peer for rule in pol["egress"] for peer in rule["to"]] + pol["ingress"][0]["from"]
     for peer in peers:
         if "namespaceSelector" in peer:
@@ -170,9 +221,53 @@ def test_network_policy_without_internet_denies_every_other_namespace():
                 "kube-system",
             )
         elif "ipBlock" in peer:
-            assert peer["ipBlock"] in ({"cidr": "10.0.0.1/32"}, {"cidr": "169.254.20.10/32"})
+            assert peer["ipBlock"] in ({"cidr": "10.0.0.1/32"}, {"cidr": "169.254.169.254/32"})
         else:
             assert peer == {"podSelector": {}}
+    (metadata,) = [r for r in pol["egress"] if {"ipBlock": {"cidr": "169.254.169.254/32"}} in r["to"]]
+    assert metadata["ports"] == DNS_PORTS  # the metadata server on DNS ports only
+
+
+def test_no_api_server_rule_reopens_private_ranges():
+    # the defect: a 0.0.0.0/0 default opened every private address on 443/6443
+    assert b.BootstrapSpec().api_server_cidrs == ()
+    assert LabSettings().api_server_cidrs == []
+    spec = b.BootstrapSpec.from_settings(LabSettings(hub_namespace="jhub"))
+    egress = b.network_policy(spec, NS, API)["spec"]["egress"]
+    for rule in egress:
+        for peer in rule["to"]:
+            block = peer.get("ipBlock")
+            if block and "ports" in rule and rule["ports"] != DNS_PORTS:
+                assert block["cidr"].endswith("/32"), rule
+    # no address known: no API rule (the hub refuses to spawn instead, spawner.read_api_server)
+    assert len(b.network_policy(spec, NS)["spec"]["egress"]) == len(egress) - 1
+
+
+def test_the_api_server_is_where_the_kubernetes_service_and_its_endpoints_are():
+    service = {"spec": {"clusterIP": "10.96.0.1", "clusterIPs": ["10.96.0.1", "fd00::1"],
+                        "ports": [{"name": "https", "port": 443, "protocol": "TCP"}]}}
+    slices = [{"addressType": "IPv4", "endpoints": [{"addresses": ["192.168.5.2"]},
+                                                    {"addresses": ["192.168.5.3"]}],
+               "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}]}]
+    assert b.ApiServer.from_objects(service, slices) == b.ApiServer(
+        ("10.96.0.1/32", "fd00::1/128", "192.168.5.2/32", "192.168.5.3/32"), (443, 6443))
+    assert b.ApiServer.from_objects(None, []) == b.ApiServer((), ())
+
+
+def test_cross_namespace_affinity_is_refused_by_a_scoped_quota(spec):
+    assert b.affinity_quota(spec, NS) == {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "tfk8s-no-cross-namespace-affinity", "namespace": NS,
+                     "labels": LABELS},
+        "spec": {"hard": {"pods": "0"}, "scopeSelector": {"matchExpressions": [
+            {"scopeName": "CrossNamespacePodAffinity", "operator": "Exists"}]}},
+    }
+
+
+def test_the_default_quota_gives_no_gpu():
+    spec = b.BootstrapSpec.from_settings(LabSettings(hub_namespace="jhub"))
+    assert b.resource_quota(spec, NS)["spec"]["hard"]["requests.nvidia.com/gpu"] == "0"
 
 
 def test_order_service_account_first_and_nothing_cluster_scoped(spec):
@@ -181,6 +276,7 @@ def test_order_service_account_first_and_nothing_cluster_scoped(spec):
         "ServiceAccount",
         "RoleBinding",
         "LimitRange",
+        "ResourceQuota",
         "ResourceQuota",
         "NetworkPolicy",
     ]
@@ -196,7 +292,7 @@ def test_builders_are_pure(spec):
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_objects_validate_strictly(spec, version):
-    for obj in b.bootstrap_objects(spec, NS):
+    for obj in b.bootstrap_objects(spec, NS, API):
         kubernetes_validate.validate(obj, version, strict=True)
 
 

@@ -80,7 +80,7 @@ def test_a_local_queue_feeds_the_cluster_queue_of_the_same_name(spec):
     assert b.local_queue(b.BootstrapSpec(), NS) is None
     assert [o["kind"] for o in b.bootstrap_objects(spec, NS)] == [
         "ServiceAccount", "ServiceAccount", "RoleBinding", "LimitRange", "ResourceQuota",
-        "NetworkPolicy", "LocalQueue"]
+        "ResourceQuota", "NetworkPolicy", "LocalQueue"]
 
 
 @pytest.mark.parametrize("version", ["1.29", "1.37"])

@@ -57,9 +57,7 @@ def load_hub(config_file: Path, values: dict | None, tmp_path: Path, monkeypatch
 
 
 def make_spawner(app: JupyterHub, name: str = "alice") -> KubeSpawner:
-    user = SimpleNamespace(
-        name=name, id=7, url=f"/user/{name}/", server_url=lambda s="": f"/user/{name}/"
-    )
+    user = SimpleNamespace(name=name, id=7, url=f"/user/{name}/", server_url=lambda s="": f"/user/{name}/")
     hub = SimpleNamespace(
         public_host="", url="http://hub:8081/hub/", base_url="/", api_url="http://hub:8081/hub/api"
     )
@@ -71,9 +69,7 @@ def make_spawner(app: JupyterHub, name: str = "alice") -> KubeSpawner:
 
 
 def test_kubespawner_config_from_settings():
-    cfg = kubespawner_config(
-        LabSettings(storage_class="kadalu.gluster", notebook_cpu_guarantee="500m")
-    )
+    cfg = kubespawner_config(LabSettings(storage_class="kadalu.gluster", notebook_cpu_guarantee="500m"))
     assert cfg["enable_user_namespaces"] is True
     assert cfg["storage_class"] == "kadalu.gluster"
     assert cfg["storage_pvc_ensure"] is True
@@ -81,9 +77,7 @@ def test_kubespawner_config_from_settings():
     assert cfg["service_account"] == "tfk8s-user"
     assert cfg["automount_service_account_token"] is True
     assert cfg["cpu_guarantee"] == 0.5
-    assert cfg["volumes"] == [
-        {"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}
-    ]
+    assert cfg["volumes"] == [{"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
     assert cfg["environment"]["TFK8S_STORAGE_CLASS"] == "kadalu.gluster"
     assert cfg["environment"]["TFK8S_NAMESPACE"] == "{namespace}"
 
@@ -133,6 +127,16 @@ def test_extra_config_runs_last(kubeconfig, tmp_path, monkeypatch):
     assert app.config.KubeSpawner.start_timeout == 123
 
 
+#: What the fake API answers for the API server's Service and EndpointSlice (read at each spawn).
+READS = {
+    "read_namespaced_service": {"spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 443}]}},
+    "read_namespaced_endpoint_slice": {
+        "endpoints": [{"addresses": ["10.245.0.1"]}],
+        "ports": [{"port": 6443, "protocol": "TCP"}],
+    },
+}
+
+
 class FakeApi:
     """Records calls; ``fail`` maps a method name to the exception it raises once."""
 
@@ -144,9 +148,10 @@ class FakeApi:
             self.calls.append((method, args, kwargs))
             if method in self.fail:
                 raise self.fail.pop(method)
+            result = READS.get(method)
             if self.is_async:
-                return asyncio.sleep(0)
-            return None
+                return asyncio.sleep(0, result)
+            return result
 
         return call
 
@@ -155,17 +160,14 @@ def api_of(calls, fail=None, is_async=True):
     apis: dict = {}
 
     def get(name):
-        return apis.setdefault(
-            name, FakeApi(calls, fail if name == "CoreV1Api" else None, is_async)
-        )
+        return apis.setdefault(name, FakeApi(calls, fail if name == "CoreV1Api" else None, is_async))
 
     return get
 
 
 #: How the bootstrap applies: server-side apply, as the hub's own field manager, taking over
 #: only the fields it sets.
-SSA = {"field_manager": "tfk8s-lab-hub", "force": True,
-       "_content_type": "application/apply-patch+yaml"}
+SSA = {"field_manager": "tfk8s-lab-hub", "force": True, "_content_type": "application/apply-patch+yaml"}
 
 
 def test_applier_applies_server_side_as_its_own_field_manager():
@@ -176,9 +178,13 @@ def test_applier_applies_server_side_as_its_own_field_manager():
 
 
 @pytest.mark.parametrize(
-    "exc_class", [kubernetes.client.ApiException, kubernetes_asyncio.client.ApiException,
-                  # what the pinned client really raises for a 403 (a subclass)
-                  kubernetes.client.exceptions.ForbiddenException]
+    "exc_class",
+    [
+        kubernetes.client.ApiException,
+        kubernetes_asyncio.client.ApiException,
+        # what the pinned client really raises for a 403 (a subclass)
+        kubernetes.client.exceptions.ForbiddenException,
+    ],
 )
 def test_applier_raises_other_errors(exc_class):
     sa = bootstrap_objects(BootstrapSpec(), "ns")[0]
@@ -202,14 +208,44 @@ def test_modify_pod_hook_bootstraps_the_namespace_and_returns_the_pod():
     spawner = SimpleNamespace(namespace="jhub-bob", log=SimpleNamespace(info=lambda *a: None))
     pod = object()
     assert asyncio.run(hook(spawner, pod)) is pod
-    assert [c[0] for c in calls] == [
+    reads, writes = calls[:2], calls[2:]
+    # where the API server is, read at each spawn: the Service and its endpoints
+    assert [(c[0], c[1]) for c in reads] == [
+        ("read_namespaced_service", ("kubernetes", "default")),
+        ("read_namespaced_endpoint_slice", ("kubernetes", "default")),
+    ]
+    assert [c[0] for c in writes] == [
         "patch_namespaced_service_account",
         "patch_namespaced_role_binding",
         "patch_namespaced_limit_range",
         "patch_namespaced_resource_quota",
+        "patch_namespaced_resource_quota",
         "patch_namespaced_network_policy",
     ]
-    assert all(c[1][1] == "jhub-bob" and c[2] == SSA for c in calls)
+    assert all(c[1][1] == "jhub-bob" and c[2] == SSA for c in writes)
+    policy = writes[-1][1][2]
+    (api_rule,) = [r for r in policy["spec"]["egress"] if {"ipBlock": {"cidr": "10.245.0.1/32"}} in r["to"]]
+    assert api_rule["to"] == [{"ipBlock": {"cidr": "10.96.0.1/32"}}, {"ipBlock": {"cidr": "10.245.0.1/32"}}]
+    assert api_rule["ports"] == [{"protocol": "TCP", "port": p} for p in (443, 6443)]
+
+
+def test_the_hook_refuses_to_spawn_when_it_cannot_find_the_api_server():
+    calls: list = []
+    denied = kubernetes_asyncio.client.ApiException(status=403)
+    hook = make_modify_pod_hook(
+        LabSettings(hub_namespace="jhub"), api=api_of(calls, fail={"read_namespaced_service": denied})
+    )
+    spawner = SimpleNamespace(namespace="jhub-bob", log=SimpleNamespace(info=lambda *a: None))
+    with pytest.raises(RuntimeError, match="HTTP 403.*lab.api_server_cidrs"):
+        asyncio.run(hook(spawner, object()))
+    assert [c[0] for c in calls] == ["read_namespaced_service"]  # nothing written
+    # named CIDRs: nothing to read
+    calls.clear()
+    hook = make_modify_pod_hook(
+        LabSettings(hub_namespace="jhub", api_server_cidrs=["10.0.0.2/32"]), api=api_of(calls)
+    )
+    asyncio.run(hook(spawner, object()))
+    assert not [c for c in calls if c[0].startswith("read_")]
 
 
 @pytest.mark.parametrize("enabled", [True, False])
@@ -254,9 +290,34 @@ def test_applier_recreates_a_role_binding_whose_role_ref_changed():
                 calls.append(name)
                 if name == "patch_namespaced_role_binding" and calls.count(name) == 1:
                     raise kubernetes.client.ApiException(status=422, reason="Invalid")
+
             return call
 
     binding = next(o for o in bootstrap_objects(BootstrapSpec(), "ns") if o["kind"] == "RoleBinding")
     assert asyncio.run(Applier(lambda name: Rbac()).apply(binding)) == "recreated"
-    assert calls == ["patch_namespaced_role_binding", "delete_namespaced_role_binding",
-                     "patch_namespaced_role_binding"]
+    assert calls == [
+        "patch_namespaced_role_binding",
+        "delete_namespaced_role_binding",
+        "patch_namespaced_role_binding",
+    ]
+
+
+def test_a_control_plane_without_an_endpoint_slice_gives_the_service_address():
+    calls: list = []
+    missing = kubernetes.client.ApiException(status=404)
+    apis: dict = {}
+
+    def api(name):
+        return apis.setdefault(
+            name,
+            FakeApi(calls, {"read_namespaced_endpoint_slice": missing} if name == "DiscoveryV1Api" else None),
+        )
+
+    hook = make_modify_pod_hook(LabSettings(hub_namespace="jhub"), api=api)
+    spawner = SimpleNamespace(namespace="jhub-bob", log=SimpleNamespace(info=lambda *a: None))
+    asyncio.run(hook(spawner, object()))
+    policy = calls[-1][1][2]  # patch_namespaced_network_policy(name, namespace, body)
+    assert {
+        "to": [{"ipBlock": {"cidr": "10.96.0.1/32"}}],
+        "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}],
+    } in policy["spec"]["egress"]

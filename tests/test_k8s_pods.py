@@ -1,14 +1,15 @@
-"""Real pods on the test cluster's real node (marker ``k8s``): devcluster tier 2.
+"""Real pods on the test cluster's real nodes (marker ``k8s``): devcluster tier 2.
 
-Needs ``scripts/kube up --pods``: the control plane of ``devcluster/`` plus the node
-``devcluster/node.py`` joins to it (containerd + runc, a kubelet, kube-proxy, CoreDNS, the pod
-bridge), with the images of ``scripts/build_images.py`` imported into containerd. Skips with the
-reason when that node is not there (fails instead under ``TFK8S_REQUIRE_K8S``).
+Needs ``scripts/kube up --pods``: the control plane of ``devcluster/`` plus the real nodes
+``devcluster/node.py`` joins to it (each in its own network namespace: containerd + runc, a
+kubelet, kube-proxy, a node-local DNS cache, the pod bridge; CoreDNS on the host), with the
+images of ``scripts/build_images.py`` imported into their containerd. Skips with the reason when
+the first node is not there (fails instead under ``TFK8S_REQUIRE_K8S``).
 
 Every cluster is launched through the project's Kubernetes backend acting as the user's own
 ServiceAccount (bound to the shipped Role only), in a namespace under Pod Security
-``restricted``. The claims are hostPath PersistentVolumes made by the admin (the node has no
-provisioner; one node mounts them in every pod).
+``restricted``. The claims are hostPath PersistentVolumes made by the admin (the nodes have no
+provisioner; every node is this machine, so each mounts the same directory).
 
 What runs: a 2-worker MultiWorkerMirroredStrategy cluster whose workers all-reduce across pods
 by their JobSet DNS names; a TF1 parameter-server cluster; an in-graph cluster driven from a
@@ -19,10 +20,12 @@ that no packet of the node's address ranges leaves by the machine's outside inte
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -55,7 +58,7 @@ def realnode(realkube):
     if ready != "True":
         require_or_skip(
             f"node {node.NODE_NAME} is not Ready ({ready}): see its logs in "
-            f"{node.cache_root() / 'cluster' / 'node' / 'logs'}"
+            f"{node.cache_root() / 'cluster' / 'nodes' / node.NODE_NAME / 'logs'}"
         )
     images = {name for i in n.status.images or [] for name in i.names or []}
     for image in (TASK_IMAGE, NOTEBOOK_IMAGE):
@@ -72,11 +75,13 @@ class User:
     Role, LimitRange, quota, NetworkPolicy), hostPath claims owned by the task user, and backends
     acting as the user's own ServiceAccount token."""
 
-    def __init__(self, kube, tmp: Path):
+    def __init__(self, kube, tmp: Path, prefix: str = "pods", bootstrap=None):
         self.kube = kube
         self.admin = kube.admin
         self.core = kube.core
-        self.ns_obj = kube.user_namespace("pods", kwok=False)  # pods go to the real node
+        self.bootstrap = bootstrap
+        # pods go to the real nodes
+        self.ns_obj = kube.user_namespace(prefix, bootstrap=bootstrap, kwok=False)
         self.ns = self.ns_obj.name
         self.pvs: list[str] = []
         self.paths: dict[str, Path] = {}  # claim → its hostPath on this machine
@@ -240,9 +245,9 @@ def test_mwms_workers_all_reduce_across_pods_by_their_jobset_dns_names(user):
         assert len(resolved) == 4, lines  # each worker resolved both names
         for _, host, ip in resolved:
             assert not re.fullmatch(r"[0-9.]+", host), host
-            assert ip.startswith("10.244.0."), (host, ip)
+            assert ipaddress.ip_address(ip) in ipaddress.ip_network(node.POD_RANGE), (host, ip)
         pods = user.core.list_namespaced_pod(user.ns, label_selector="tfk8s.io/cluster=mwms").items
-        assert {p.spec.node_name for p in pods} == {node.NODE_NAME}
+        assert {p.spec.node_name for p in pods} <= set(node.NODE_NAMES)
         backend.delete("mwms")
         assert not user.core.list_namespaced_pod(user.ns, label_selector="tfk8s.io/cluster=mwms").items
     finally:
@@ -404,9 +409,15 @@ def test_a_log_is_followed_live_through_a_quiet_period_longer_than_the_request_t
         backend.close()
 
 
+def _fence_chain() -> str:
+    from devcluster.cluster import Cluster
+
+    return node.slot_of(Cluster()).fence_chain
+
+
 def _fence_packets() -> int:
     r = subprocess.run(
-        ["iptables", "-w", "-t", node.FENCE_TABLE, "-n", "-v", "-x", "-L", node.FENCE_CHAIN],
+        ["iptables", "-w", "-t", node.FENCE_TABLE, "-n", "-v", "-x", "-L", _fence_chain()],
         capture_output=True,
         text=True,
         check=True,
@@ -423,7 +434,7 @@ try:
 except socket.gaierror as e:
     print("outside name refused", e.errno, flush=True)
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-for ip in ("10.244.1.1", "10.0.0.7", "10.244.0.250"):
+for ip in ("10.244.200.1", "10.0.0.7", "192.0.2.1"):
     try:
         s.sendto(b"probe", (ip, 9))
         print("sent", ip, flush=True)
@@ -433,8 +444,10 @@ for ip in ("10.244.1.1", "10.0.0.7", "10.244.0.250"):
 
 
 def test_no_packet_of_the_node_ranges_leaves_by_the_outside_interface(user, tmp_path):
-    """While pods resolve names and address other pods, kwok's and non-local addresses, the
-    outside interface carries none of the node's ranges; the fence counts the one it dropped."""
+    """While pods resolve names and address a pod range no node has, kwok's and an outside address
+    (each unreachable: no node has a default route), the outside interface carries none of the
+    cluster's ranges; and a packet of those ranges that does reach a route out (one sent from the
+    host's end of the node bridge) is dropped by the fence, which counts it."""
     tcpdump = shutil.which("tcpdump")
     if not tcpdump:
         from tests.realkube import require_or_skip
@@ -446,10 +459,14 @@ def test_no_packet_of_the_node_ranges_leaves_by_the_outside_interface(user, tmp_
     rules = subprocess.run(
         ["iptables", "-w", "-t", node.FENCE_TABLE, "-S"], capture_output=True, text=True, check=True
     ).stdout.splitlines()
+    chain = _fence_chain()
     for dev in outside:
-        assert f"-A {node.FENCE_CHAIN} -s {node.POD_CIDR} -o {dev} -j DROP" in rules, rules
+        assert f"-A {chain} -s {node.POD_RANGE} -o {dev} -j DROP" in rules, rules
     hook = [r for r in rules if r.startswith(f"-A {node.FENCE_HOOK} ")]
-    assert hook[0] == f"-A {node.FENCE_HOOK} -j {node.FENCE_CHAIN}", hook
+    assert f"-A {node.FENCE_HOOK} -j {chain}" in hook, hook
+    # nothing before it accepts: every chain hung in front of it is another slot's fence (drops only)
+    before = hook[: hook.index(f"-A {node.FENCE_HOOK} -j {chain}")]
+    assert all(r.split()[-1].endswith("-FENCE") for r in before), hook
     ranges = " or ".join(f"net {c}" for c in node.LOCAL_RANGES)
     captures = []
     for dev in outside:
@@ -473,15 +490,24 @@ def test_no_packet_of_the_node_ranges_leaves_by_the_outside_interface(user, tmp_
         assert phase == "Succeeded", log
         assert "kubernetes 10.96.0.1" in log, log
         assert "outside name refused" in log, log  # CoreDNS has no forward
-        assert "sent 10.244.1.1" in log, log  # forwarded by the host: the fence must drop it
+        for ip in ("10.244.200.1", "10.0.0.7", "192.0.2.1"):
+            # the pod's default route takes it to its node, which has no route for it
+            assert f"sent {ip}" in log or f"refused {ip}" in log, log
+        # the host's end of the node bridge is in the cluster's ranges; the machine's default
+        # route would take this packet out: only the fence stops it
+        from devcluster.cluster import Cluster
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((node.slot_of(Cluster()).host_ip, 0))
+            s.sendto(b"probe", ("192.0.2.1", 9))
     finally:
         for _, p in captures:
             p.terminate()
             p.wait(10)
-    assert _fence_packets() > before, "the fence did not see the packet for 10.244.1.1"
+    assert _fence_packets() > before, "the fence did not see the packet from the node bridge's address"
     for out, _ in captures:
         r = subprocess.run([tcpdump, "-r", str(out), "-n"], capture_output=True, text=True)
-        assert r.stdout.strip() == "", f"packets of the node's ranges left by {out.stem}:\n{r.stdout}"
+        assert r.stdout.strip() == "", f"packets of the cluster's ranges left by {out.stem}:\n{r.stdout}"
         out.unlink()
 
 
@@ -536,15 +562,17 @@ def test_logs_progress_and_success_are_read_from_real_pods(user):
     stop = threading.Event()
     lines: list = []
     try:
-        backend.launch(ClusterSpec(name="prog", ps=1, workers=2, script=PROGRESS, **_claims()),
-                       detach=True)
-        follower = threading.Thread(target=lambda: lines.extend(backend.follow_logs("prog", stop)),
-                                    daemon=True)
+        backend.launch(ClusterSpec(name="prog", ps=1, workers=2, script=PROGRESS, **_claims()), detach=True)
+        follower = threading.Thread(
+            target=lambda: lines.extend(backend.follow_logs("prog", stop)), daemon=True
+        )
         follower.start()  # asked while every pod is still pending
         status = _wait(backend, "prog", lambda s: s.terminal)
         assert status.phase == Phase.SUCCEEDED, (status, [ln.text for ln in lines])
         assert (status.task("ps-0").phase, status.task("ps-0").reason) == (
-            Phase.SUCCEEDED, "ended when the JobSet succeeded")
+            Phase.SUCCEEDED,
+            "ended when the JobSet succeeded",
+        )
         assert status.progress is not None and (status.progress.step, status.progress.total) == (5, 10)
         follower.join(120)
         assert not follower.is_alive(), "follow_logs did not end with the cluster"
@@ -580,8 +608,7 @@ def test_a_stalled_cluster_is_reported_from_real_pod_log_timestamps(user, monkey
     monkeypatch.setenv("TFK8S_STALL_TIMEOUT", "5")
     backend = user.backend()
     try:
-        backend.launch(ClusterSpec(name="stall", ps=0, workers=2, script=STALL, **_claims()),
-                       detach=True)
+        backend.launch(ClusterSpec(name="stall", ps=0, workers=2, script=STALL, **_claims()), detach=True)
         backend._watcher("stall").stalls.period = 0.5  # log tails re-read at most this often
         status = _wait(backend, "stall", lambda s: s.stall is not None or s.terminal)
         assert status.shown_phase == "stalled" and status.phase == Phase.RUNNING, status
@@ -609,12 +636,23 @@ def test_a_missing_secret_is_the_real_kubelets_sentence_in_the_status(user):
     # it asks (a 403 for the shipped Role: the check is skipped, not the launch)
     user.expect_denied.add(f"/api/v1/namespaces/{user.ns}/secrets/s3-creds")
     try:
-        backend.launch(ClusterSpec(name="nosecret", workers=1, script="print(1)\n",
-                                   data_url="s3://bucket/datasets/mnist", data_sync=True,
-                                   credentials_secret="s3-creds", **_claims()), detach=True)
+        backend.launch(
+            ClusterSpec(
+                name="nosecret",
+                workers=1,
+                script="print(1)\n",
+                data_url="s3://bucket/datasets/mnist",
+                data_sync=True,
+                credentials_secret="s3-creds",
+                **_claims(),
+            ),
+            detach=True,
+        )
         status = _wait(backend, "nosecret", lambda s: "secret" in s.reason or s.terminal)
         assert (status.phase, status.reason) == (
-            Phase.PENDING, 'sync: CreateContainerConfigError: secret "s3-creds" not found')
+            Phase.PENDING,
+            'sync: CreateContainerConfigError: secret "s3-creds" not found',
+        )
         events = [(e.task, e.reason, e.message) for e in backend.events("nosecret")]
         assert ("sync", "Failed", 'Error: secret "s3-creds" not found') in events, events
         backend.delete("nosecret")

@@ -15,6 +15,7 @@ namespace.  Nothing here is cluster-scoped.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,16 +61,70 @@ HUB_ACCESS_LABEL = "hub.jupyter.org/network-access-singleuser"
 HUB_COMPONENT = {"app.kubernetes.io/component": "hub"}
 HUB_API_PORT = 8081
 
-#: NodeLocal DNSCache's link-local address: with it, pods' resolv.conf names this address,
-#: not the kube-dns Service, and the traffic never reaches a pod in kube-system.
-NODE_LOCAL_DNS = "169.254.20.10/32"
+#: NodeLocal DNSCache's link-local addresses: the upstream manifest's and kubespray's defaults.
+#: Pods whose kubelet names one as ``clusterDNS`` ask it directly, never a pod in kube-system.
+NODE_LOCAL_DNS = ("169.254.20.10/32", "169.254.25.10/32")
 
-#: Address ranges that are never "the internet": pods, services, nodes, cloud metadata.
-PRIVATE_CIDRS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16")
+#: The cloud metadata server (GKE's Cloud DNS also answers DNS there).
+CLOUD_METADATA = "169.254.169.254/32"
+
+#: Private ranges: RFC 1918, and RFC 6598's shared range (EKS custom networking, GKE
+#: non-RFC 1918 pod ranges).  Pods, Services and nodes live in them.
+PRIVATE_CIDRS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
+
+#: Link-local: never the internet (the metadata server, node-local caches, instance services).
+LINK_LOCAL = "169.254.0.0/16"
+
+#: Zero-to-JupyterHub's ``singleuser.networkPolicy.egressAllowRules``, with its defaults for
+#: user servers; :func:`egress_allow_rules` renders them as its ``_helpers-netpol.tpl`` does.
+EGRESS_ALLOW_RULES: dict[str, bool] = {
+    "cloudMetadataServer": False,
+    "dnsPortsCloudMetadataServer": True,
+    "dnsPortsKubeSystemNamespace": True,
+    "dnsPortsPrivateIPs": True,
+    "nonPrivateIPs": True,
+    "privateIPs": False,
+}
+
+DNS_PORTS = ({"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53})
 
 NETWORK_POLICY_NAME = "tfk8s-user-isolation"
 QUOTA_NAME = "tfk8s-quota"
+#: The quota that refuses pods with cross-namespace affinity terms (:func:`affinity_quota`).
+AFFINITY_QUOTA_NAME = "tfk8s-no-cross-namespace-affinity"
 LIMIT_RANGE_NAME = "tfk8s-limits"
+
+
+@dataclass(frozen=True)
+class ApiServer:
+    """Where pods reach the Kubernetes API server: addresses (CIDRs) and TCP ports.
+
+    Calico and kube-router match a NetworkPolicy against the address a packet
+    reaches after kube-proxy's DNAT, so the rule must name the ``kubernetes``
+    Service's endpoints, not only its ClusterIP (Cilium matches neither: the
+    chart's CiliumClusterwideNetworkPolicy names its ``kube-apiserver`` entity).
+    """
+
+    cidrs: tuple[str, ...]
+    ports: tuple[int, ...] = ()
+
+    @classmethod
+    def from_objects(cls, service: Manifest | None, slices: list[Manifest]) -> ApiServer:
+        """The addresses and ports of the ``default/kubernetes`` Service and its EndpointSlices."""
+        addresses: list[str] = []
+        ports: list[int] = []
+        spec = (service or {}).get("spec") or {}
+        for ip in spec.get("clusterIPs") or [spec.get("clusterIP")]:
+            if ip and ip != "None":
+                addresses.append(ip)
+        ports += [p["port"] for p in spec.get("ports") or [] if p.get("protocol", "TCP") == "TCP"]
+        for s in slices:
+            for endpoint in s.get("endpoints") or []:
+                addresses += endpoint.get("addresses") or []
+            ports += [p["port"] for p in s.get("ports") or []
+                      if p.get("port") and p.get("protocol", "TCP") == "TCP"]
+        cidrs = [f"{a}/128" if ":" in a else f"{a}/32" for a in addresses]
+        return cls(tuple(dict.fromkeys(cidrs)), tuple(dict.fromkeys(ports)))
 
 
 @dataclass(frozen=True)
@@ -84,8 +139,10 @@ class BootstrapSpec:
     default_requests: dict[str, str] = field(default_factory=dict)
     max_limits: dict[str, str] = field(default_factory=dict)
     network_policy: bool = True
-    allow_internet: bool = True
-    api_server_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
+    egress_allow_rules: dict[str, bool] = field(default_factory=lambda: dict(EGRESS_ALLOW_RULES))
+    extra_egress: tuple[dict[str, Any], ...] = ()
+    #: Empty: the hub reads them from the cluster at each spawn (:class:`ApiServer`).
+    api_server_cidrs: tuple[str, ...] = ()
     api_server_ports: tuple[int, ...] = (443, 6443)
     # registry credentials, storage credentials, workload identity, Kueue (see LabSettings)
     image_pull_secrets: tuple[str, ...] = ()
@@ -96,6 +153,9 @@ class BootstrapSpec:
     @classmethod
     def from_settings(cls, settings: Any) -> BootstrapSpec:
         """The spec of a :class:`~tfk8s_hub.settings.LabSettings` instance."""
+        rules = {**EGRESS_ALLOW_RULES, **settings.egress_allow_rules}
+        if settings.allow_internet is not None:  # the deprecated name of nonPrivateIPs
+            rules["nonPrivateIPs"] = settings.allow_internet
         return cls(
             hub_namespace=settings.hub_namespace,
             service_account=settings.service_account,
@@ -105,7 +165,8 @@ class BootstrapSpec:
             default_requests=dict(settings.default_requests),
             max_limits=dict(settings.max_limits),
             network_policy=settings.network_policy,
-            allow_internet=settings.allow_internet,
+            egress_allow_rules=rules,
+            extra_egress=tuple(copy.deepcopy(list(settings.extra_egress))),
             api_server_cidrs=tuple(settings.api_server_cidrs),
             api_server_ports=tuple(settings.api_server_ports),
             image_pull_secrets=tuple(settings.image_pull_secrets),
@@ -113,6 +174,11 @@ class BootstrapSpec:
             service_account_annotations=dict(settings.service_account_annotations),
             queue=settings.queue or None,
         )
+
+    @property
+    def discovers_api_server(self) -> bool:
+        """Whether the NetworkPolicy needs the API server's addresses read from the cluster."""
+        return self.network_policy and not self.api_server_cidrs
 
 
 def _meta(name: str, namespace: str) -> dict[str, Any]:
@@ -235,6 +301,29 @@ def resource_quota(spec: BootstrapSpec, namespace: str) -> Manifest | None:
     }
 
 
+def affinity_quota(spec: BootstrapSpec, namespace: str) -> Manifest:
+    """A quota of no pods in the ``CrossNamespacePodAffinity`` scope.
+
+    A pod affinity or anti-affinity term with ``namespaces`` or a
+    ``namespaceSelector`` (``{}``: every namespace) lets one user keep every
+    other user's pods off a node or a zone -- directly in a JobSet or
+    Deployment, or through JobSet's ``alpha.jobset.sigs.k8s.io/exclusive-topology``
+    annotation, whose webhook injects such a term.  The API server's quota
+    admission refuses every pod in this scope; the lab's own pods carry none.
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": _meta(AFFINITY_QUOTA_NAME, namespace),
+        "spec": {
+            "hard": {"pods": "0"},
+            "scopeSelector": {
+                "matchExpressions": [{"scopeName": "CrossNamespacePodAffinity", "operator": "Exists"}]
+            },
+        },
+    }
+
+
 def limit_range(spec: BootstrapSpec, namespace: str) -> Manifest | None:
     """Per-container defaults (and maximums), so pods without limits pass a limits quota."""
     limits: dict[str, Any] = {"type": "Container"}
@@ -258,7 +347,9 @@ def _hub_namespace_selector(spec: BootstrapSpec) -> dict[str, Any]:
     return {"matchLabels": {"kubernetes.io/metadata.name": spec.hub_namespace}}
 
 
-def network_policy(spec: BootstrapSpec, namespace: str) -> Manifest | None:
+def network_policy(
+    spec: BootstrapSpec, namespace: str, api_server: ApiServer | None = None
+) -> Manifest | None:
     """Isolate the user's namespace: in from itself and the hub/proxy, out to itself and services.
 
     Ingress: pods of the same namespace (the notebook reaches its TensorFlow
@@ -267,11 +358,10 @@ def network_policy(spec: BootstrapSpec, namespace: str) -> Manifest | None:
     namespace is denied -- which is what keeps users apart, since each user
     namespace carries this policy.
 
-    Egress: the same namespace, the hub API, DNS (``kube-system``, and
-    NodeLocal DNSCache at :data:`NODE_LOCAL_DNS`), the
-    Kubernetes API server (``api_server_cidrs`` x ``api_server_ports``), and,
-    if ``allow_internet``, public addresses (private ranges and the cloud
-    metadata address excluded).
+    Egress: the same namespace, the hub API, the Kubernetes API server
+    (``api_server_cidrs`` x ``api_server_ports``, or, when no CIDR is set, the
+    addresses in ``api_server``), Zero-to-JupyterHub's ``egressAllowRules``
+    (:func:`egress_allow_rules`: DNS, the internet) and ``extra_egress``.
     """
     if not spec.network_policy:
         return None
@@ -294,12 +384,40 @@ def network_policy(spec: BootstrapSpec, namespace: str) -> Manifest | None:
                     ]
                 }
             ],
-            "egress": _egress(spec),
+            "egress": _egress(spec, api_server),
         },
     }
 
 
-def _egress(spec: BootstrapSpec) -> list[dict[str, Any]]:
+def egress_allow_rules(rules: dict[str, bool]) -> list[dict[str, Any]]:
+    """Egress rules of Zero-to-JupyterHub's ``egressAllowRules`` flags, in its order.
+
+    The same meaning as Zero-to-JupyterHub's (``jupyterhub/templates/_helpers-netpol.tpl``),
+    the chart's ``tfk8s-lab.egressAllowRules`` renders the same rules for the hub, with
+    these ranges: "private" includes RFC 6598's 100.64.0.0/10; DNS to private addresses
+    includes NodeLocal DNSCache's link-local addresses (:data:`NODE_LOCAL_DNS`); the
+    internet (``nonPrivateIPs``) excludes all of 169.254.0.0/16, not only the metadata server.
+    """
+    out: list[dict[str, Any]] = []
+    dns: list[dict[str, Any]] = []
+    if rules.get("dnsPortsCloudMetadataServer"):
+        dns.append({"ipBlock": {"cidr": CLOUD_METADATA}})
+    if rules.get("dnsPortsKubeSystemNamespace"):
+        dns.append({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}})
+    if rules.get("dnsPortsPrivateIPs"):
+        dns += [{"ipBlock": {"cidr": c}} for c in (*PRIVATE_CIDRS, *NODE_LOCAL_DNS)]
+    if dns:
+        out.append({"ports": [dict(p) for p in DNS_PORTS], "to": dns})
+    if rules.get("nonPrivateIPs"):
+        out.append({"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": [*PRIVATE_CIDRS, LINK_LOCAL]}}]})
+    if rules.get("privateIPs"):
+        out.append({"to": [{"ipBlock": {"cidr": c}} for c in PRIVATE_CIDRS]})
+    if rules.get("cloudMetadataServer"):
+        out.append({"to": [{"ipBlock": {"cidr": CLOUD_METADATA}}]})
+    return out
+
+
+def _egress(spec: BootstrapSpec, api_server: ApiServer | None) -> list[dict[str, Any]]:
     """The egress rules of :func:`network_policy`."""
     egress: list[dict[str, Any]] = [
         {"to": [{"podSelector": {}}]},
@@ -312,44 +430,40 @@ def _egress(spec: BootstrapSpec) -> list[dict[str, Any]]:
             ],
             "ports": [{"protocol": "TCP", "port": HUB_API_PORT}],
         },
-        {
-            "to": [
-                {
-                    "namespaceSelector": {
-                        "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
-                    }
-                },
-                {"ipBlock": {"cidr": NODE_LOCAL_DNS}},
-            ],
-            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
-        },
     ]
-    if spec.api_server_cidrs and spec.api_server_ports:
+    cidrs, ports = spec.api_server_cidrs, spec.api_server_ports
+    if not cidrs and api_server is not None:
+        cidrs, ports = api_server.cidrs, tuple(dict.fromkeys((*ports, *api_server.ports)))
+    if cidrs and ports:
         egress.append(
             {
-                "to": [{"ipBlock": {"cidr": cidr}} for cidr in spec.api_server_cidrs],
-                "ports": [{"protocol": "TCP", "port": p} for p in spec.api_server_ports],
+                "to": [{"ipBlock": {"cidr": cidr}} for cidr in cidrs],
+                "ports": [{"protocol": "TCP", "port": p} for p in ports],
             }
         )
-    if spec.allow_internet:
-        egress.append({"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": list(PRIVATE_CIDRS)}}]})
+    egress += egress_allow_rules(spec.egress_allow_rules)
+    egress += copy.deepcopy(list(spec.extra_egress))
     return egress
 
 
-def bootstrap_objects(spec: BootstrapSpec, namespace: str) -> list[Manifest]:
+def bootstrap_objects(
+    spec: BootstrapSpec, namespace: str, api_server: ApiServer | None = None
+) -> list[Manifest]:
     """Every object of a user namespace, in the order they must be applied.
 
     The ServiceAccounts come before the pod that names them and the binding that
     names one, the quota's LimitRange before any pod that relies on defaults.  The
     copied Secrets are not here: they are read from the hub's namespace first
-    (:func:`copied_secret`).
+    (:func:`copied_secret`). ``api_server``: where the API server is when
+    ``spec.api_server_cidrs`` is empty (:class:`ApiServer`, read from the cluster by the hub).
     """
     built = [
         *service_accounts(spec, namespace),
         role_binding(spec, namespace),
         limit_range(spec, namespace),
         resource_quota(spec, namespace),
-        network_policy(spec, namespace),
+        affinity_quota(spec, namespace),
+        network_policy(spec, namespace, api_server),
         local_queue(spec, namespace),
     ]
     return [obj for obj in built if obj is not None]

@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
-from traitlets import Bool, Dict, Enum, Int, List, TraitError, Unicode, default, validate
+from traitlets import Bool, Dict, Enum, Int, List, TraitError, Unicode, default, observe, validate
 from traitlets.config import Config
 
 from tfk8s_magics import options
 from tfk8s_magics.options import DNS_LABEL, DNS_SUBDOMAIN, QUANTITY
+
+from .bootstrap import EGRESS_ALLOW_RULES
 
 #: Environment variable naming the JSON file of settings written by the Helm chart.
 VALUES_ENV = "TFK8S_HUB_VALUES"
@@ -165,6 +168,7 @@ class LabSettings(ExtensionDefaults):
             "persistentvolumeclaims": "20",
             "pods": "40",
             "services": "20",
+            "requests.nvidia.com/gpu": "0",
         },
         help="""ResourceQuota 'hard' limits of each user namespace (notebook and all
         its TensorFlow pods together).  Empty: no quota object.
@@ -174,7 +178,12 @@ class LabSettings(ExtensionDefaults):
         on it; memory by requests and limits (a task's memory limit equals its
         request, so over-use ends in a retryable OOM kill).  Adding
         'limits.cpu' here needs a CPU limit in default_limits too, and then
-        users cannot ask for more CPU than that limit.""",
+        users cannot ask for more CPU than that limit.
+
+        GPUs: ``requests.nvidia.com/gpu`` is how many GPUs a user's pods may
+        hold at once; "0" (the default) keeps users off GPU nodes' GPUs until
+        the administrator gives each user a share.  Removing the key lets one
+        user take every GPU in the cluster.""",
     ).tag(config=True)
 
     default_limits = Dict(
@@ -201,22 +210,55 @@ class LabSettings(ExtensionDefaults):
         True,
         help="""Create a NetworkPolicy in each user namespace: pods there accept
         traffic from their own namespace and from the hub/proxy only, and reach
-        their own namespace, DNS, the Kubernetes API and (see allow_internet)
-        the internet -- never another user's namespace.""",
+        their own namespace, the hub API, the Kubernetes API and what
+        egress_allow_rules and extra_egress allow (DNS, the internet) -- never
+        another user's namespace.""",
+    ).tag(config=True)
+
+    egress_allow_rules = Dict(
+        value_trait=Bool(),
+        default_value=dict(EGRESS_ALLOW_RULES),
+        help="""Zero-to-JupyterHub's ``singleuser.networkPolicy.egressAllowRules``, with
+        the same names, meaning and defaults: where user pods may connect besides
+        their own namespace, the hub API and the Kubernetes API.
+        ``dnsPortsKubeSystemNamespace`` (port 53 of pods in kube-system),
+        ``dnsPortsPrivateIPs`` (port 53 of private addresses: a NodeLocal DNSCache
+        on the kube-dns ClusterIP; here also its link-local 169.254.20.10 and
+        169.254.25.10), ``dnsPortsCloudMetadataServer`` (port 53 of 169.254.169.254:
+        GKE Cloud DNS), ``nonPrivateIPs`` (the internet: every address but the
+        private ranges, 100.64.0.0/10 and 169.254.0.0/16), ``privateIPs`` (every
+        private address, other users' pods included where no policy protects them)
+        and ``cloudMetadataServer`` (169.254.169.254).  Keys left out keep their
+        default.""",
+    ).tag(config=True)
+
+    extra_egress = List(
+        Dict(),
+        default_value=[],
+        help="""More egress rules of every user namespace's NetworkPolicy
+        (NetworkPolicyEgressRule objects, as Zero-to-JupyterHub's
+        ``singleuser.networkPolicy.egress``), e.g. a package mirror or a
+        database at a private address.""",
     ).tag(config=True)
 
     allow_internet = Bool(
-        True,
-        help="""Let user pods reach public IP addresses (pip install, datasets).  Private
-        ranges stay blocked, and so does the cloud metadata address.""",
+        None,
+        allow_none=True,
+        help="""Deprecated: egress_allow_rules["nonPrivateIPs"].  When set, it
+        replaces that rule (None: not set).""",
     ).tag(config=True)
 
     api_server_cidrs = List(
         Unicode(),
-        default_value=["0.0.0.0/0"],
+        default_value=[],
         help="""Where the Kubernetes API server is, for the egress rule that lets the
-        extension's backend reach it (ports api_server_ports).  Narrow it to the
-        control plane's addresses when you know them.""",
+        extension's backend reach it (ports api_server_ports).  Empty: the hub
+        reads the addresses of the ``kubernetes`` Service in ``default`` and of
+        its endpoints at each spawn (Calico and kube-router match the endpoint a
+        Service address is translated to; Cilium needs the chart's
+        CiliumClusterwideNetworkPolicy).  Set it when the hub may not read them,
+        e.g. ``["10.0.0.2/32"]``: never a whole private range, which would open
+        every private service on these ports.""",
     ).tag(config=True)
 
     api_server_ports = List(
@@ -304,6 +346,26 @@ class LabSettings(ExtensionDefaults):
                     "Secret name: use lowercase letters, digits, '-' and '.'."
                 )
         return list(proposal.value)
+
+    @validate("egress_allow_rules")
+    def _known_rules(self, proposal: Any) -> dict[str, bool]:
+        unknown = sorted(set(proposal.value) - set(EGRESS_ALLOW_RULES))
+        if unknown:
+            raise TraitError(
+                f"LabSettings.egress_allow_rules has no rule {unknown[0]!r}: use "
+                f"{', '.join(EGRESS_ALLOW_RULES)}."
+            )
+        return {**EGRESS_ALLOW_RULES, **proposal.value}
+
+    @observe("allow_internet")
+    def _deprecated_allow_internet(self, change: Any) -> None:
+        if change.new is not None:
+            warnings.warn(
+                "LabSettings.allow_internet is deprecated: set "
+                f"egress_allow_rules = {{'nonPrivateIPs': {change.new}}} instead.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
 
     @validate("service_account", "role_name")
     def _valid_name(self, proposal: Any) -> str:

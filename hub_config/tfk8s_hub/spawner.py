@@ -23,6 +23,7 @@ from typing import Any
 from .bootstrap import (
     KUEUE_GROUP,
     KUEUE_VERSIONS,
+    ApiServer,
     BootstrapSpec,
     Manifest,
     bootstrap_objects,
@@ -135,7 +136,8 @@ class Applier:
         return done
 
 
-async def namespace_objects(spec: BootstrapSpec, namespace: str, applier: Applier) -> list[Manifest]:
+async def namespace_objects(spec: BootstrapSpec, namespace: str, applier: Applier,
+                            api_server: ApiServer | None = None) -> list[Manifest]:
     """What the bootstrap applies in ``namespace``, read-dependent parts resolved.
 
     The Secrets to copy are read from the hub's namespace (each must exist: a spawn that
@@ -154,7 +156,7 @@ async def namespace_objects(spec: BootstrapSpec, namespace: str, applier: Applie
             )
         copies.append(copied_secret(source, namespace))
     out: list[Manifest] = [*copies]
-    for obj in bootstrap_objects(spec, namespace):
+    for obj in bootstrap_objects(spec, namespace, api_server):
         if obj["kind"] == "ServiceAccount" and obj.get("imagePullSecrets"):
             obj = with_pull_secrets_of(obj, await applier.read("ServiceAccount",
                                                               obj["metadata"]["name"], namespace))
@@ -189,6 +191,55 @@ def kubespawner_api(api_name: str) -> Any:
     return shared_client(api_name)
 
 
+#: Where the API server's Service and its EndpointSlices are (every cluster has them).
+API_SERVICE = ("default", "kubernetes")
+
+
+def _plain(obj: Any) -> Any:
+    """A client model (either client's) or a dict, as the API's JSON dict."""
+    if obj is None or isinstance(obj, dict):
+        return obj
+    to_dict = getattr(obj, "to_dict", None)
+    if to_dict is None:
+        return obj
+    # to_dict() keys are snake_case; the builders read the API's camelCase names
+    from kubernetes.client import ApiClient
+
+    return ApiClient().sanitize_for_serialization(obj)
+
+
+async def read_api_server(api: Callable[[str], Any]) -> ApiServer:
+    """Where pods reach the API server: the ``kubernetes`` Service and its endpoints.
+
+    Raises ``RuntimeError`` naming the setting to use when the hub may not
+    read them or finds no address (its NetworkPolicy rule would be empty).
+    """
+    namespace, name = API_SERVICE
+    try:
+        service = await _call(api("CoreV1Api").read_namespaced_service, name, namespace)
+        try:
+            slices = [await _call(api("DiscoveryV1Api").read_namespaced_endpoint_slice, name, namespace)]
+        except Exception as e:
+            if _status(e) != 404:  # a control plane without an endpoint reconciler: the Service's address
+                raise
+            slices = []
+    except Exception as e:
+        if _status(e) is None:
+            raise
+        raise RuntimeError(
+            f"the hub could not read the Service and EndpointSlice {namespace}/{name} to find "
+            f"the Kubernetes API server's addresses (HTTP {_status(e)}): set "
+            "LabSettings.api_server_cidrs (the chart's lab.api_server_cidrs) to them."
+        ) from e
+    found = ApiServer.from_objects(_plain(service), [_plain(x) for x in slices])
+    if not found.cidrs:
+        raise RuntimeError(
+            f"the Service {namespace}/{name} names no address of the Kubernetes API server: set "
+            "LabSettings.api_server_cidrs (the chart's lab.api_server_cidrs) to them."
+        )
+    return found
+
+
 def make_modify_pod_hook(
     settings: LabSettings, api: Callable[[str], Any] = kubespawner_api
 ) -> Callable[[Any, Any], Any]:
@@ -197,7 +248,9 @@ def make_modify_pod_hook(
 
     async def bootstrap_user_namespace(spawner: Any, pod: Any) -> Any:
         applier = Applier(api)
-        objs = await namespace_objects(spec, spawner.namespace, applier)
+        # read at each spawn: a control plane's addresses change (managed clusters' upgrades)
+        api_server = await read_api_server(api) if spec.discovers_api_server else None
+        objs = await namespace_objects(spec, spawner.namespace, applier, api_server)
         done = await applier.apply_all(objs)
         spawner.log.info(
             "tfk8s: bootstrapped namespace %s: %s",

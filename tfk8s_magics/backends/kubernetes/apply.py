@@ -18,7 +18,7 @@ from kubernetes.client.rest import ApiException
 from ...errors import LaunchFailed
 from .client import Api, api_reason
 from .manifests import owner_reference, with_owner
-from .quota import admitted, limit_problems, node_problems, pending_pods, quota_problems
+from .quota import admitted, counts_any, limit_problems, node_problems, pending_pods, quota_problems
 
 Manifest = dict[str, Any]
 #: What a JobSet CRD older than v0.7 (no ``failurePolicy.restartStrategy``) makes a launch say.
@@ -103,7 +103,8 @@ def preflight(api: Api, manifests: list[Manifest], check_nodes: bool = False) ->
     """
     try:
         ranges = api.list_objects("v1", "LimitRange").get("items", [])
-        quotas = api.list_objects("v1", "ResourceQuota").get("items", [])
+        quotas = [q for q in api.list_objects("v1", "ResourceQuota").get("items", [])
+                  if counts_any(q, manifests)]  # e.g. not the quota of cross-namespace affinity
         problems = limit_problems(manifests, ranges)
         pending: list[Manifest] = []
         if quotas:  # the pods other clusters are still to create count as used

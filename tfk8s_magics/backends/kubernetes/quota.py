@@ -190,25 +190,67 @@ def pending_pods(jobsets: list[Manifest], pods: list[Manifest]) -> list[Manifest
     return out
 
 
+#: Quota keys every container must then name (the API server's rule for CPU and memory only;
+#: a pod that names no extended resource, a GPU, simply uses none of it).
+_MUST_SPECIFY = {"requests.cpu", "cpu", "requests.memory", "memory", "limits.cpu", "limits.memory"}
+
+
+def _cross_namespace_affinity(pod_spec: Manifest) -> bool:
+    """Whether a pod is in the ``CrossNamespacePodAffinity`` quota scope: an affinity or
+    anti-affinity term naming ``namespaces`` or a ``namespaceSelector``."""
+    affinity = pod_spec.get("affinity") or {}
+    for kind in ("podAffinity", "podAntiAffinity"):
+        rules = affinity.get(kind) or {}
+        terms = [*rules.get("requiredDuringSchedulingIgnoredDuringExecution", []),
+                 *(t.get("podAffinityTerm", {}) for t in
+                   rules.get("preferredDuringSchedulingIgnoredDuringExecution", []))]
+        if any(t.get("namespaces") or "namespaceSelector" in t for t in terms):
+            return True
+    return False
+
+
+def _in_scope(quota: Manifest, manifests: list[Manifest]) -> list[Manifest] | None:
+    """The manifests a scoped quota counts, or None when its scope is not one this check
+    evaluates (the API server still does).  An unscoped quota counts them all."""
+    spec = quota.get("spec") or {}
+    scopes = [*spec.get("scopes", []),
+              *(e.get("scopeName") for e in (spec.get("scopeSelector") or {}).get(
+                  "matchExpressions", []) if e.get("operator") == "Exists")]
+    if not scopes and not spec.get("scopeSelector"):
+        return manifests
+    if scopes != ["CrossNamespacePodAffinity"] or len(
+            (spec.get("scopeSelector") or {}).get("matchExpressions", [])) > 1:
+        return None
+    return [m for m in manifests
+            if any(_cross_namespace_affinity(pod) for _, pod, _ in _pod_groups(m))]
+
+
+def counts_any(quota: Manifest, manifests: list[Manifest]) -> bool:
+    """Whether ``quota`` counts any of ``manifests`` (a scoped one may count none of them)."""
+    return bool(_in_scope(quota, manifests))
+
+
 def quota_problems(manifests: list[Manifest], quotas: list[Manifest],
                    pending: list[Manifest] = ()) -> list[str]:
     """Why ``manifests`` would not fit ``quotas`` (ResourceQuota dicts); empty if they fit.
 
     ``pending``: pods other clusters are still to create (:func:`pending_pods`, admitted),
     counted as used."""
-    need = demand(manifests)
-    held = demand(pending)
     problems = []
     for quota in quotas:
+        counted = _in_scope(quota, manifests)
+        if counted is None:
+            continue
+        need, held = demand(counted), demand(_in_scope(quota, list(pending)) or [])
         name = quota.get("metadata", {}).get("name", "?")
         status = quota.get("status") or {}
         hard = status.get("hard") or (quota.get("spec") or {}).get("hard") or {}
         used = status.get("used") or {}
         for key, limit in sorted(hard.items()):
             left = parse_quantity(limit) - parse_quantity(used.get(key, "0"))
-            if key in _COMPUTE_KEYS:
+            if key in _MUST_SPECIFY:
                 section, res = _COMPUTE_KEYS[key]
-                missing = _pods_missing(manifests, section, res)
+                missing = _pods_missing(counted, section, res)
                 if missing:
                     problems.append(_must_specify(name, key, section, res, missing))
                     continue
