@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import tarfile
@@ -26,11 +27,15 @@ from pathlib import Path
 from .nodes import PAUSE_IMAGE, Node, NodeError, ctr
 from .versions import HERE, cache_root
 
-#: the lab's images the tests run, imported from podman (scripts/build_images.py tags them so)
-LAB_IMAGES = (
-    "localhost/tfk8s/tensorflow-task:0.1.0",
-    "localhost/tfk8s/notebook:0.1.0",
-    "localhost/tfk8s/hub:0.1.0",
+#: the lab's images the tests run, imported from podman (scripts/build_images.py tags them so);
+#: ``$TFK8S_KUBE_IMAGES`` (space-separated) names fewer where the disk is short
+LAB_IMAGES = tuple(
+    os.environ.get("TFK8S_KUBE_IMAGES", "").split()
+    or (
+        "localhost/tfk8s/tensorflow-task:0.1.0",
+        "localhost/tfk8s/notebook:0.1.0",
+        "localhost/tfk8s/hub:0.1.0",
+    )
 )
 
 

@@ -20,7 +20,7 @@ from devcluster import network, node
 from tests.realkube import require_or_skip, wait_for
 from tests.test_k8s_pods import MWMS, TASK_IMAGE, _claims, _pod_log, _restricted_pod, _wait
 
-realnode, user = pods_tests.realnode, pods_tests.user
+user = pods_tests.user
 
 pytestmark = pytest.mark.k8s
 
@@ -42,6 +42,19 @@ def _real_nodes(kube) -> list[str]:
         if {c.type: c.status for c in n.status.conditions or []}.get("Ready") == "True":
             out.append(n.metadata.name)
     return sorted(out)
+
+
+@pytest.fixture(scope="module")
+def realnode(realkube):
+    """The devcluster with its first real node Ready and the task image in its containerd
+    (these tests run the task image only)."""
+    try:
+        n = realkube.core.read_node(node.NODE_NAME, _request_timeout=10)
+    except Exception as e:  # noqa: BLE001 - any failure means: no real node here
+        require_or_skip(f"the devcluster has no real node {node.NODE_NAME!r} ({e}): scripts/kube up --pods")
+    if TASK_IMAGE not in {name for i in n.status.images or [] for name in i.names or []}:
+        require_or_skip(f"{TASK_IMAGE} is not in the nodes' containerd: scripts/build_images.py task")
+    return realkube
 
 
 @pytest.fixture
