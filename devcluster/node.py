@@ -32,10 +32,12 @@ from .images import (  # noqa: F401 - the image API the tests and scripts use
     LAB_IMAGES,
     _marker,
     build_pause,
+    clone_store,
     containerd_images,
     image_targets,
     import_archive,
     import_podman_images,
+    in_sync,
     pause_image_tar,
     podman_image_id,
     remove_image,
@@ -221,6 +223,18 @@ def _take_slot(cluster) -> Slot:
     )
 
 
+def _containerd(n: Node, env: dict[str, str], pause: Path) -> None:
+    start(n, "containerd", {**env, **enforcer.cni_env(n)})  # it runs the enforcer's CNI plugin
+    _wait(
+        f"containerd of {n.name}",
+        lambda: ctr(n, "version", check=False).returncode == 0,
+        60,
+        n.procs,
+        "containerd",
+    )
+    import_archive(n, pause)
+
+
 def up(cluster, log=print, count: int = NODE_COUNT) -> float:
     """Join ``count`` real nodes to ``cluster`` (running); the seconds it took.
 
@@ -276,18 +290,22 @@ def up(cluster, log=print, count: int = NODE_COUNT) -> float:
                 json.dumps(enforcer.chained(cni_config(n), n), indent=2)
             )
             make_cgroup_root(n)
-            start(n, "containerd", {**env, **enforcer.cni_env(n)})
-        for n in nodes:
-            _wait(
-                f"containerd of {n.name}",
-                lambda n=n: ctr(n, "version", check=False).returncode == 0,
-                60,
-                n.procs,
-                "containerd",
-            )
-            import_archive(n, pause)
+        # the images go into the first node; every other node's store is a clone of its store
+        first, others = nodes[0], nodes[1:]
         t_img = time.monotonic()
-        imported = import_podman_images(nodes, LAB_IMAGES, log)
+        _containerd(first, env, pause)
+        imported = import_podman_images([first], LAB_IMAGES, log)
+        stale = [n for n in others if not in_sync(first, n)]
+        if stale:
+            first.procs.stop("containerd")
+            for n in stale:
+                t1 = time.monotonic()
+                clone_store(first, n)
+                took = time.monotonic() - t1
+                log(f"devcluster: the image store of {n.name} cloned from {first.name} in {took:.1f} s")
+            _containerd(first, env, pause)
+        for n in others:
+            _containerd(n, env, pause)
         t_img = time.monotonic() - t_img
         for n in nodes:
             for name in ("kubelet", "kube-proxy", "nodelocaldns"):

@@ -20,7 +20,7 @@ from devcluster import network, node
 from tests.realkube import require_or_skip, wait_for
 from tests.test_k8s_pods import MWMS, TASK_IMAGE, _claims, _pod_log, _restricted_pod, _wait
 
-realnode, user = pods_tests.realnode, pods_tests.user
+user = pods_tests.user
 
 pytestmark = pytest.mark.k8s
 
@@ -42,6 +42,19 @@ def _real_nodes(kube) -> list[str]:
         if {c.type: c.status for c in n.status.conditions or []}.get("Ready") == "True":
             out.append(n.metadata.name)
     return sorted(out)
+
+
+@pytest.fixture(scope="module")
+def realnode(realkube):
+    """The devcluster with its first real node Ready and the task image in its containerd
+    (these tests run the task image only)."""
+    try:
+        n = realkube.core.read_node(node.NODE_NAME, _request_timeout=10)
+    except Exception as e:  # noqa: BLE001 - any failure means: no real node here
+        require_or_skip(f"the devcluster has no real node {node.NODE_NAME!r} ({e}): scripts/kube up --pods")
+    if TASK_IMAGE not in {name for i in n.status.images or [] for name in i.names or []}:
+        require_or_skip(f"{TASK_IMAGE} is not in the nodes' containerd: scripts/build_images.py task")
+    return realkube
 
 
 @pytest.fixture
@@ -314,6 +327,7 @@ def test_a_task_pod_moves_to_the_other_node_when_its_node_is_drained(two, user):
         backend.close()
 
 
+OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
 UNREACHABLE = (
     {
         "key": "node.kubernetes.io/unreachable",
@@ -331,8 +345,12 @@ UNREACHABLE = (
 
 
 def test_a_task_pod_moves_to_the_other_node_when_its_kubelet_stops(two, user, realnode):
-    """The node stops reporting, the node lifecycle controller taints it, the pod (tolerating that
-    for 5 s instead of the default 300 s) is evicted, and JobSet's Job puts a new one elsewhere."""
+    """The node stops reporting; the node lifecycle controller taints it and evicts the pod (which
+    tolerates that for 5 s instead of the default 300 s). The evicted pod stays Terminating (no
+    kubelet confirms it), and the Job JobSet made replaces a pod only once it has failed
+    (``podReplacementPolicy: Failed``), so, as an operator does for a node that is gone
+    (non-graceful node shutdown), the node gets the ``out-of-service`` taint: the pod GC deletes
+    its pods and the Job puts a new one on the other node."""
     from tfk8s_magics.spec import ClusterSpec
 
     core, ns = user.core, user.ns
@@ -347,6 +365,15 @@ def test_a_task_pod_moves_to_the_other_node_when_its_kubelet_stops(two, user, re
         stopped = pod.spec.node_name
         other = next(n for n in two if n != stopped)
         node.node_procs(realnode_cluster(), stopped).stop("kubelet")
+        wait_for(
+            lambda: core.read_namespaced_pod(pod.metadata.name, ns).metadata.deletion_timestamp,
+            BOUND,
+            2,
+            "the pod on the silent node evicted",
+        )
+        core.patch_node(
+            stopped, {"spec": {"taints": [*(core.read_node(stopped).spec.taints or []), OUT_OF_SERVICE]}}
+        )
         moved = wait_for(
             lambda: (p := _task_pod(core, ns, "lost")) and p.metadata.uid != pod.metadata.uid and p,
             BOUND,
@@ -357,8 +384,12 @@ def test_a_task_pod_moves_to_the_other_node_when_its_kubelet_stops(two, user, re
         backend.delete("lost")
     finally:
         if stopped:
+            taints = [t for t in core.read_node(stopped).spec.taints or [] if t.key != OUT_OF_SERVICE["key"]]
+            keep = [realnode.admin.sanitize_for_serialization(t) for t in taints]
+            core.patch_node(stopped, {"spec": {"taints": keep or None}})
             procs = node.node_procs(realnode_cluster(), stopped)
-            procs.restart("kubelet")
+            if not procs.alive("kubelet"):
+                procs.restart("kubelet")
             wait_for(lambda: stopped in _real_nodes(realnode), BOUND, 2, f"{stopped} Ready again")
         backend.close()
 
