@@ -224,15 +224,23 @@ class Cluster:
             self._node_up()
 
     def _node_up(self) -> None:
-        from . import node
+        from . import node, registry
+
+        def log(line: str) -> None:
+            print(line, file=sys.stderr)
 
         if node.running(self):
             print(f"devcluster: node {node.NODE_NAME} already running", file=sys.stderr)
-            return
+        else:
+            try:
+                node.up(self, log=log)
+            except node.NodeError as e:
+                raise ClusterError(f"the real node did not start: {e}") from e
+        # the parts a production cluster has, each its own process among the cluster's
         try:
-            node.up(self, log=lambda line: print(line, file=sys.stderr))
-        except node.NodeError as e:
-            raise ClusterError(f"the real node did not start: {e}") from e
+            registry.up(self, log=log)
+        except registry.RegistryError as e:
+            raise ClusterError(f"the image registry did not start: {e}") from e
 
     def _wait(self, pred, what: str, timeout: float, proc: str | None = None) -> None:
         deadline = time.monotonic() + timeout

@@ -35,7 +35,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import build
+from . import build, registry
 from .pki import CA
 from .procs import Procs
 from .versions import HERE, cache_root
@@ -228,6 +228,10 @@ state = {json.dumps(str(RUN_DIR / "containerd" / "state"))}
 
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
       sandbox = {json.dumps(PAUSE_IMAGE)}
+
+    # hosts.toml per registry name, read at each pull (devcluster/registry.py writes the cluster's)
+    [plugins.'io.containerd.cri.v1.images'.registry]
+      config_path = {json.dumps(str(registry.hosts_dir(lay.cluster)))}
 
   [plugins.'io.containerd.cri.v1.runtime']
     enable_selinux = false

@@ -61,6 +61,8 @@ def test_containerd_config(node, lay):
     assert cfg["root"] == str(node.cache_root() / "node-images")  # the image store outlives a cluster
     images = cfg["plugins"]["io.containerd.cri.v1.images"]
     assert images["pinned_images"] == {"sandbox": "localhost/tfk8s/pause:3.10-tfk8s"}
+    # the cluster's registry (devcluster/registry.py) is named and trusted through hosts.toml files
+    assert images["registry"] == {"config_path": str(lay.cluster / "registry" / "hosts.d")}
     assert cfg["grpc"]["address"] == "/run/tfk8s-node/containerd/containerd.sock"
     assert cfg["plugins"]["io.containerd.grpc.v1.cri"]["stream_server_address"] == "127.0.0.1"
 

@@ -1,0 +1,116 @@
+"""A real pod on the test cluster's real node pulls a lab image from the cluster's registry
+(marker ``k8s``): devcluster tier 2 with ``devcluster/registry.py``.
+
+``scripts/kube up --pods`` starts the registry (distribution, htpasswd, TLS signed by the cluster
+CA) beside the node; the node's containerd trusts the CA for ``registry.tfk8s.test`` through the
+hosts.toml the registry writes. The same pod spec, pulling with ``imagePullPolicy: Always`` so the
+node must ask the registry each time, is refused without an image pull Secret (ErrImagePull: the
+registry answers 401) and runs with one.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+
+import pytest
+
+from devcluster import node, registry
+
+pytestmark = pytest.mark.k8s
+
+TASK_IMAGE = os.environ.get("TFK8S_NODE_TASK_IMAGE", "localhost/tfk8s/tensorflow-task:0.1.0")
+BOUND = 600.0  # seconds a pull of the 1.8 GB task image may take on a loaded 2-core machine
+
+
+@pytest.fixture(scope="module")
+def cluster_registry(realkube):
+    """The running cluster's registry with the task image pushed to it (a no-op when it is there)."""
+    from devcluster.cluster import Cluster
+    from tests.realkube import require_or_skip
+
+    cluster = Cluster()
+    reg = registry.load(cluster)
+    if reg is None or not cluster.procs.alive(registry.PROCESS):
+        require_or_skip(
+            f"the devcluster in {cluster.root} runs no registry: start it with scripts/kube up --pods"
+        )
+    if not node.running(cluster):
+        require_or_skip(
+            f"the devcluster in {cluster.root} has no real node: start it with scripts/kube up --pods"
+        )
+    conf = tomllib.loads((cluster.root / "node" / "containerd.toml").read_text())
+    hosts = conf["plugins"]["io.containerd.cri.v1.images"].get("registry", {}).get("config_path")
+    if hosts != str(registry.hosts_dir(cluster.root)):
+        require_or_skip(
+            "the real node's containerd was started without the registry's hosts directory: "
+            "restart the cluster (scripts/kube down; scripts/kube up --pods)"
+        )
+    if node.podman_image_id(TASK_IMAGE) is None:
+        require_or_skip(f"podman has no {TASK_IMAGE}: run scripts/build_images.py task")
+    image = registry.podman_push(reg, TASK_IMAGE, "tfk8s/tensorflow-task:0.1.0")
+    return reg, image
+
+
+def _pod(name: str, image: str, secret: str | None) -> dict:
+    spec = {
+        "restartPolicy": "Never",
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [
+            {
+                "name": "c",
+                "image": image,
+                "imagePullPolicy": "Always",  # the node asks the registry every time
+                "command": ["python", "-c", "print('pulled from the registry')"],
+                "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                "resources": {
+                    "requests": {"cpu": "50m", "memory": "64Mi"},
+                    "limits": {"cpu": "1", "memory": "256Mi"},
+                },
+            }
+        ],
+    }
+    if secret:
+        spec["imagePullSecrets"] = [{"name": secret}]
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+def test_a_real_pod_pulls_with_the_pull_secret_and_not_without(realkube, cluster_registry):
+    from tests.realkube import wait_for
+
+    reg, image = cluster_registry
+    assert image == "registry.tfk8s.test/tfk8s/tensorflow-task:0.1.0"
+    ns = realkube.user_namespace("reg", kwok=False).name
+    core = realkube.core
+
+    core.create_namespaced_pod(ns, _pod("without", image, None))
+
+    def waiting_reason():
+        p = core.read_namespaced_pod("without", ns)
+        for s in p.status.container_statuses or []:
+            if s.state.waiting and s.state.waiting.reason in ("ErrImagePull", "ImagePullBackOff"):
+                return s.state.waiting
+        return None
+
+    waiting = wait_for(waiting_reason, 120, 1, "the pod without a pull Secret to fail its pull")
+    events = core.list_namespaced_event(ns, field_selector="involvedObject.name=without").items
+    messages = " ".join(e.message or "" for e in events) + " " + (waiting.message or "")
+    assert "401" in messages or "unauthorized" in messages.lower(), messages
+
+    core.create_namespaced_secret(ns, registry.pull_secret("regcred", ns, registry.USER, reg.password))
+    core.create_namespaced_pod(ns, _pod("with", image, "regcred"))
+
+    def finished():
+        p = core.read_namespaced_pod("with", ns)
+        return p.status.phase if p.status.phase in ("Succeeded", "Failed") else None
+
+    assert wait_for(finished, BOUND, 2, "the pod with the pull Secret to run") == "Succeeded"
+    pod = core.read_namespaced_pod("with", ns)
+    assert pod.spec.node_name == node.NODE_NAME
+    assert core.read_namespaced_pod_log("with", ns).strip() == "pulled from the registry"
+    # the one without is still refused: nothing the other pull left on the node lets it through
+    assert waiting_reason() is not None
