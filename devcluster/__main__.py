@@ -23,8 +23,9 @@ def main(argv: list[str] | None = None) -> int:
         "--pods",
         action="store_true",
         default=os.environ.get("TFK8S_KUBE_PODS") == "1",
-        help="also join this machine as a real node running real pods: containerd, runc, "
-        "kubelet, kube-proxy, CoreDNS (default: $TFK8S_KUBE_PODS=1)",
+        help="also start real nodes running real pods, each in its own network namespace: containerd, "
+        "runc, kubelet, kube-proxy, a node-local DNS cache; CoreDNS (default: $TFK8S_KUBE_PODS=1; "
+        "how many: $TFK8S_KUBE_REAL_NODES, default 2)",
     )
     sub.add_parser("down", help="stop every process of the cluster and remove its state")
     sub.add_parser("env", help="print the shell lines that point kubectl and the tests at the cluster")
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                         "running": c.running(),
                         "dir": str(c.root),
                         "processes": {n: c.procs.alive(n) for n in c.procs.names()},
-                        "node": node.status(c),
+                        "nodes": node.status(c),
                     },
                     indent=1,
                 )

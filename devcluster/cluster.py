@@ -174,7 +174,7 @@ class Cluster:
     def up(self, nodes: int = 2, timeout: float = 240.0, pods: bool = False) -> None:
         """Build what is missing, then start the whole cluster; raise :class:`ClusterError` on failure.
 
-        ``pods``: also join this machine as a real node (tier 2, :mod:`devcluster.node`).
+        ``pods``: also start real nodes on this machine (tier 2, :mod:`devcluster.node`).
         """
         if self.running():
             print(f"devcluster: already running ({self.server})", file=sys.stderr)
@@ -229,18 +229,19 @@ class Cluster:
         def log(line: str) -> None:
             print(line, file=sys.stderr)
 
-        if node.running(self):
-            print(f"devcluster: node {node.NODE_NAME} already running", file=sys.stderr)
-        else:
-            try:
-                node.up(self, log=log)
-            except node.NodeError as e:
-                raise ClusterError(f"the real node did not start: {e}") from e
-        # the parts a production cluster has, each its own process among the cluster's
+        # the parts a production cluster has, each its own process among the cluster's; the registry
+        # first: the nodes reach it through the node bridge (devcluster/network.py)
         try:
             registry.up(self, log=log)
         except registry.RegistryError as e:
             raise ClusterError(f"the image registry did not start: {e}") from e
+        if node.running(self):
+            print(f"devcluster: real nodes {', '.join(node.NODE_NAMES)} already running", file=sys.stderr)
+            return
+        try:
+            node.up(self, log=log)
+        except node.NodeError as e:
+            raise ClusterError(f"the real nodes did not start: {e}") from e
 
     def _wait(self, pred, what: str, timeout: float, proc: str | None = None) -> None:
         deadline = time.monotonic() + timeout

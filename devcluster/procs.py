@@ -68,6 +68,11 @@ class Procs:
         except OSError:
             return False
 
+    def pid(self, name: str) -> int | None:
+        """The recorded pid of ``name`` (running or not), or None."""
+        rec = self._record(name)
+        return rec["pid"] if rec else None
+
     def _record(self, name: str) -> dict | None:
         try:
             return json.loads((self.pids / f"{name}.json").read_text())

@@ -12,11 +12,12 @@ module and cached by version, :mod:`devcluster.build`) listens on 127.0.0.1 only
   are pushed once, not at every start.
 
 Images are named ``registry.tfk8s.test/<repository>:<tag>`` (:data:`NAME`, a reserved test
-domain no resolver answers): every node's containerd maps that name to the registry's address
-and trusts the cluster CA for it through a ``hosts.toml`` (:func:`hosts_toml`) in the directory
-its ``config_path`` names (:func:`hosts_dir`), and authenticates with the pod's image pull
-Secret (:func:`pull_secret`). The host pushes to the address itself (:func:`push`), with the CA
-and the credentials in files, never on a command line.
+domain no resolver answers): every node's containerd maps that name to the registry's address as
+the nodes reach it (the host's end of the node bridge, which :mod:`devcluster.network` DNATs to
+127.0.0.1 like the API server's port) and trusts the cluster CA for it through a ``hosts.toml``
+(:func:`hosts_toml`) in the directory its ``config_path`` names (:func:`hosts_dir`), and
+authenticates with the pod's image pull Secret (:func:`pull_secret`). The host pushes to
+127.0.0.1 (:func:`podman_push`), with the CA and the credentials in files, never on a command line.
 
 The pure builders (``config``, ``hosts_toml``, ``htpasswd_line``, ``docker_config``,
 ``pull_secret``) return data; :func:`up` performs them and waits for :func:`ready`.
@@ -41,6 +42,7 @@ import bcrypt
 import yaml
 
 from . import build
+from .network import HOST_IP
 from .pki import CA
 from .versions import cache_root
 
@@ -62,6 +64,16 @@ class Registry:
     root: Path  # <cluster>/registry
     address: str  # host:port it listens on
     ca: Path  # the cluster CA that signed its certificate
+
+    @property
+    def port(self) -> int:
+        """The port it listens on."""
+        return int(self.address.rpartition(":")[2])
+
+    @property
+    def node_address(self) -> str:
+        """Where the real nodes reach it: the host's end of the node bridge, DNATed to 127.0.0.1."""
+        return f"{HOST_IP}:{self.port}"
 
     @property
     def password_file(self) -> Path:
@@ -211,7 +223,7 @@ def up(cluster, host: str = "127.0.0.1", timeout: float = 60.0, log=print) -> Re
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o700)
     reg = Registry(root=root, address=f"{host}:{_free_port(host)}", ca=cluster.pki / "ca.crt")
-    cert, key = CA(cluster.pki).issue("registry", NAME, dns=(NAME,), ips=(host,), server=True)
+    cert, key = CA(cluster.pki).issue("registry", NAME, dns=(NAME,), ips=(host, HOST_IP), server=True)
     if not reg.password_file.exists():
         _write_private(reg.password_file, secrets.token_urlsafe(24) + "\n")
     _write_private(reg.htpasswd, htpasswd_line(USER, reg.password))
@@ -223,7 +235,7 @@ def up(cluster, host: str = "127.0.0.1", timeout: float = 60.0, log=print) -> Re
     _write_private(root / "config.yml", yaml.safe_dump(conf))
     hosts = hosts_dir(cluster.root) / NAME / "hosts.toml"
     hosts.parent.mkdir(parents=True, exist_ok=True)
-    hosts.write_text(hosts_toml(reg.address, reg.ca))
+    hosts.write_text(hosts_toml(reg.node_address, reg.ca))
     (root / "registry.json").write_text(json.dumps({"address": reg.address, "user": USER}))
     t0 = time.monotonic()
     cluster.procs.start(PROCESS, [str(comp.path("registry")), "serve", str(root / "config.yml")])

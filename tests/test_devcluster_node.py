@@ -1,4 +1,4 @@
-"""The real test node's pure builders (devcluster/node.py) against literal values; no cluster."""
+"""The real nodes' pure builders (devcluster/network.py, nodes.py, dns.py) against literal values."""
 
 from __future__ import annotations
 
@@ -18,9 +18,13 @@ def node():
 
 
 @pytest.fixture
-def lay(node, tmp_path):
+def n2(tmp_path):
+    from devcluster import network, nodes
+
     bins = {k: tmp_path / k for k in ("containerd", "runc", "coredns", "kubelet")}
-    return node.Layout(cluster=tmp_path / "cluster", bins=bins, server="https://127.0.0.1:6443")
+    return nodes.Node(
+        net=network.NodeNet(2), cluster=tmp_path / "cluster", bins=bins, server="https://10.246.0.1:6443"
+    )
 
 
 def test_versions_pin_a_kubelet_that_still_runs_on_cgroup_v1():
@@ -44,45 +48,84 @@ def test_the_node_components_are_in_the_build_registry():
     assert build.COMPONENTS["runc"].version_key == "RUNC"
 
 
-def test_containerd_config(node, lay):
-    cfg = tomllib.loads(node.containerd_config(lay))
+def test_each_node_has_its_own_names_addresses_and_range():
+    from devcluster import network
+
+    a, b = network.nodes(2)
+    assert (a.name, a.netns, a.ip, a.pod_cidr, a.pod_gateway) == (
+        "tfk8s-node-1",
+        "tfk8s-n1",
+        "10.246.0.11",
+        "10.244.1.0/24",
+        "10.244.1.1",
+    )
+    assert (b.name, b.netns, b.ip, b.pod_cidr) == ("tfk8s-node-2", "tfk8s-n2", "10.246.0.12", "10.244.2.0/24")
+    assert str(b.netns_path) == "/run/netns/tfk8s-n2"
+
+
+def test_the_new_names_never_clash_with_a_one_node_cluster_of_the_previous_layout():
+    """The previous layout (bridge tfk8s-br0, device tfk8s-node, pods 10.244.0.0/24, the node at
+    10.245.0.1, chains TFK8S-NODE-*, /run/tfk8s-node) may run on the same machine."""
+    import ipaddress
+
+    from devcluster import network, nodes
+
+    for n in network.nodes(4):
+        assert n.netns not in ("tfk8s-br0", "tfk8s-node") and n.name != "tfk8s-node"
+        assert not ipaddress.ip_network(n.pod_cidr).overlaps(ipaddress.ip_network("10.244.0.0/24"))
+        assert ipaddress.ip_address(n.ip) not in ipaddress.ip_network("10.245.0.0/16")
+    assert network.HOST_BRIDGE not in ("tfk8s-br0", "tfk8s-node")
+    for chain in (network.FENCE_CHAIN, network.API_CHAIN):
+        assert not chain.startswith("TFK8S-NODE-")
+    assert nodes.RUN_ROOT.name != "tfk8s-node"
+
+
+def test_containerd_config(n2):
+    from devcluster import nodes
+
+    cfg = tomllib.loads(nodes.containerd_config(n2))
     assert cfg["version"] == 3
     runtime = cfg["plugins"]["io.containerd.cri.v1.runtime"]
     assert runtime["restrict_oom_score_adj"] is True
-    assert runtime["cni"] == {
-        "bin_dirs": ["/usr/lib/cni"],
-        "conf_dir": str(lay.state / "cni" / "net.d"),
-        "max_conf_num": 1,
-    }
+    assert runtime["netns_mounts_under_state_dir"] is True  # not the machine's /var/run/netns
+    assert runtime["cni"] == {"bin_dirs": ["/usr/lib/cni"], "conf_dir": str(n2.cni_dir), "max_conf_num": 1}
     assert runtime["containerd"]["runtimes"]["runc"] == {
         "runtime_type": "io.containerd.runc.v2",
-        "options": {"BinaryName": str(lay.bins["runc"] / "runc"), "SystemdCgroup": False},
+        "options": {
+            "BinaryName": str(n2.bins["runc"] / "runc"),
+            "Root": "/run/tfk8s-nodes/tfk8s-node-2/runc",
+            "SystemdCgroup": False,
+        },
     }
-    assert cfg["root"] == str(node.cache_root() / "node-images")  # the image store outlives a cluster
+    assert cfg["root"] == str(nodes.cache_root() / "nodes-images" / "tfk8s-node-2")  # outlives a cluster
+    assert cfg["state"] == "/run/tfk8s-nodes/tfk8s-node-2/containerd"
+    assert cfg["plugins"]["io.containerd.nri.v1.nri"] == {"disable": True}  # a machine-wide socket
     images = cfg["plugins"]["io.containerd.cri.v1.images"]
     assert images["pinned_images"] == {"sandbox": "localhost/tfk8s/pause:3.10-tfk8s"}
     # the cluster's registry (devcluster/registry.py) is named and trusted through hosts.toml files
-    assert images["registry"] == {"config_path": str(lay.cluster / "registry" / "hosts.d")}
-    assert cfg["grpc"]["address"] == "/run/tfk8s-node/containerd/containerd.sock"
+    assert images["registry"] == {"config_path": str(n2.cluster / "registry" / "hosts.d")}
+    assert cfg["grpc"]["address"] == "/run/tfk8s-nodes/tfk8s-node-2/containerd.sock"
     assert cfg["plugins"]["io.containerd.grpc.v1.cri"]["stream_server_address"] == "127.0.0.1"
 
 
-def test_cni_config(node, lay):
-    assert node.cni_config(lay) == {
+def test_cni_config(n2):
+    from devcluster import nodes
+
+    assert nodes.cni_config(n2) == {
         "cniVersion": "1.0.0",
-        "name": "tfk8s-pods",
+        "name": "tfk8s-n2",
         "plugins": [
             {
                 "type": "bridge",
-                "bridge": "tfk8s-br0",
+                "bridge": "tfk8s-pods",
                 "isGateway": True,
                 "ipMasq": False,
                 "hairpinMode": True,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": "10.244.0.0/24"}]],
+                    "ranges": [[{"subnet": "10.244.2.0/24"}]],
                     "routes": [{"dst": "0.0.0.0/0"}],
-                    "dataDir": str(lay.state / "cni" / "ipam"),
+                    "dataDir": str(n2.state / "cni" / "ipam"),
                 },
             },
             {"type": "portmap", "capabilities": {"portMappings": True}},
@@ -90,24 +133,27 @@ def test_cni_config(node, lay):
     }
 
 
-def test_kubelet_config(node, lay):
-    cfg = node.kubelet_config(lay)
+def test_kubelet_config(n2):
+    from devcluster import nodes
+
+    cfg = nodes.kubelet_config(n2)
     expected = {
         "failCgroupV1": False,
         "cgroupDriver": "cgroupfs",
+        "cgroupRoot": "/tfk8s-n2",
         "failSwapOn": False,
         "readOnlyPort": 0,
         "resolvConf": "",
-        "clusterDNS": ["10.96.0.10"],
+        "clusterDNS": ["169.254.25.10"],
         "clusterDomain": "cluster.local",
         "imageGCHighThresholdPercent": 100,
         "serializeImagePulls": False,
-        "address": "10.245.0.1",
+        "address": "10.246.0.12",
         "authorization": {"mode": "Webhook"},
         "authentication": {
             "anonymous": {"enabled": False},
             "webhook": {"enabled": True},
-            "x509": {"clientCAFile": str(lay.cluster / "pki" / "ca.crt")},
+            "x509": {"clientCAFile": str(n2.cluster / "pki" / "ca.crt")},
         },
         "evictionHard": {
             "nodefs.available": "0%",
@@ -115,50 +161,141 @@ def test_kubelet_config(node, lay):
             "imagefs.available": "0%",
             "imagefs.inodesFree": "0%",
         },
-        "containerRuntimeEndpoint": "unix:///run/tfk8s-node/containerd/containerd.sock",
+        "containerRuntimeEndpoint": "unix:///run/tfk8s-nodes/tfk8s-node-2/containerd.sock",
+        "podLogsDir": str(n2.cluster / "nodes" / "tfk8s-node-2" / "pod-logs"),
     }
     assert {k: cfg[k] for k in expected} == expected
 
 
-def test_the_dns_service_ip_is_in_the_service_range_and_the_node_ip_is_not_outside(node):
-    import ipaddress
+def test_every_process_of_a_node_runs_in_its_namespace_with_its_own_dirs(n2):
+    from devcluster import nodes
 
-    assert ipaddress.ip_address(node.DNS_IP) in ipaddress.ip_network(node.SERVICE_CIDR)
-    for cidr in (node.POD_CIDR, node.SERVICE_CIDR, node.KWOK_CIDR):
-        assert ipaddress.ip_network(cidr).is_private
+    kubelet = nodes.argv(n2, "kubelet")
+    assert kubelet[kubelet.index("--root-dir") + 1] == str(n2.state / "kubelet")
+    assert kubelet[kubelet.index("--node-ip") + 1] == "10.246.0.12"
+    assert kubelet[kubelet.index("--hostname-override") + 1] == "tfk8s-node-2"
+    assert set(nodes.PROCESSES) == {"containerd", "kubelet", "kube-proxy", "nodelocaldns"}
+    for name in nodes.PROCESSES:
+        assert nodes.argv(n2, name)[0].startswith(str(n2.bins[next(iter(n2.bins))].parent))
 
 
-def test_kube_proxy_config(node, lay):
-    cfg = node.kube_proxy_config(lay)
+def test_the_node_reaches_the_api_server_by_the_host_end_checking_its_certificate_for_localhost(n2):
+    from devcluster import nodes
+
+    kc = nodes.kubeconfig(n2.server, n2.ca, n2.pki / "a.crt", n2.pki / "a.key", "kubelet")
+    assert kc["clusters"][0]["cluster"] == {
+        "server": "https://10.246.0.1:6443",
+        "certificate-authority": str(n2.ca),
+        "tls-server-name": "localhost",
+    }
+    assert nodes.clients(n2)["kubelet"] == ("system:node:tfk8s-node-2", "system:nodes")
+    assert nodes.clients(n2)["kube-proxy"] == ("system:kube-proxy", None)
+
+
+def test_kube_proxy_config(n2):
+    from devcluster import nodes
+
+    cfg = nodes.kube_proxy_config(n2, "10.244.0.0/16")
     assert cfg["mode"] == "iptables"
-    assert cfg["nodePortAddresses"] == ["10.245.0.1/32"]
-    assert cfg["clusterCIDR"] == "10.244.0.0/24"
+    assert cfg["hostnameOverride"] == "tfk8s-node-2"
+    assert cfg["nodePortAddresses"] == ["10.246.0.12/32"]
+    assert cfg["clusterCIDR"] == "10.244.0.0/16"
     assert cfg["conntrack"] == {"maxPerCore": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"}
 
 
-def test_corefile_answers_only_the_cluster_zones(node, lay):
-    text = node.corefile(lay)
+def test_coredns_answers_only_the_cluster_zones_on_the_host_end_of_the_node_bridge():
+    from devcluster import dns
+
+    text = dns.corefile("/k/coredns.kubeconfig")
     assert "forward" not in text and "proxy" not in text
-    assert "bind 10.245.0.1" in text
+    assert "bind 10.246.0.1" in text and "ready 10.246.0.1:8181" in text
     assert "kubernetes cluster.local in-addr.arpa ip6.arpa {" in text
+    assert "kubeconfig /k/coredns.kubeconfig" in text
 
 
-def test_dns_objects_point_kube_dns_at_the_node(node):
-    svc, slice_, role, binding = node.dns_objects()
+def test_the_node_local_cache_listens_on_the_link_local_address_and_asks_kube_dns():
+    from devcluster import dns, network
+
+    text = dns.local_corefile(network.NodeNet(2))
+    assert "bind 169.254.25.10" in text
+    assert "forward . 10.96.0.10 {\n        force_tcp\n    }" in text
+    assert "ready 10.246.0.12:8181" in text and "cache {" in text
+
+
+def test_dns_objects_point_kube_dns_at_the_host_coredns():
+    from devcluster import dns
+
+    svc, slice_, role, binding = dns.objects()
     assert svc["spec"]["clusterIP"] == "10.96.0.10" and "selector" not in svc["spec"]
     assert slice_["metadata"]["labels"]["kubernetes.io/service-name"] == "kube-dns"
-    assert slice_["endpoints"] == [{"addresses": ["10.245.0.1"], "conditions": {"ready": True}}]
+    assert slice_["endpoints"] == [{"addresses": ["10.246.0.1"], "conditions": {"ready": True}}]
     assert all(set(r["verbs"]) == {"list", "watch"} for r in role["rules"])
-    assert binding["subjects"][0]["name"] == node.CLIENTS["coredns"][0]
+    assert binding["subjects"][0]["name"] == dns.COREDNS_CLIENT
 
 
-def test_fence_rules_drop_every_local_range_towards_each_outside_interface(node):
-    rules = node.fence_rules(["eth0"])
-    assert ["-A", "TFK8S-NODE-FENCE", "-o", "eth0", "-s", "10.244.0.0/24", "-j", "DROP"] in rules
-    assert ["-A", "TFK8S-NODE-FENCE", "-o", "eth0", "-d", "10.0.0.0/24", "-j", "DROP"] in rules
-    assert len(rules) == 2 * len(node.LOCAL_RANGES)
-    assert node.fence_rules([]) == []
-    assert node.routes() == [["10.96.0.0/16", "dev", "tfk8s-node", "src", "10.245.0.1"]]
+def test_dns_query_builds_and_parses_a_real_answer():
+    """The resolver the readiness check uses, against a literal answer (compressed name)."""
+    import socket
+    import struct
+    import threading
+
+    from devcluster import dns
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as srv:
+        srv.bind(("127.0.0.1", 0))
+        port = srv.getsockname()[1]
+
+        def answer():
+            q, addr = srv.recvfrom(512)
+            head = q[:2] + struct.pack(">HHHHH", 0x8180, 1, 1, 0, 0)
+            rr = b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 5, 4) + socket.inet_aton("10.96.0.1")
+            srv.sendto(head + q[12:] + rr, addr)
+
+        t = threading.Thread(target=answer)
+        t.start()
+        try:
+            assert dns.query("127.0.0.1", "kubernetes.default.svc.cluster.local", port=port) == ["10.96.0.1"]
+        finally:
+            t.join()
+
+
+def test_fence_rules_drop_every_local_range_towards_each_outside_interface():
+    from devcluster import network
+
+    rules = network.fence_rules(["eth0"])
+    assert ["-A", "TFK8S-NET-FENCE", "-o", "eth0", "-s", "10.244.0.0/16", "-j", "DROP"] in rules
+    assert ["-A", "TFK8S-NET-FENCE", "-o", "eth0", "-d", "10.0.0.0/24", "-j", "DROP"] in rules
+    assert ["-A", "TFK8S-NET-FENCE", "-o", "eth0", "-s", "10.246.0.0/24", "-j", "DROP"] in rules
+    assert len(rules) == 2 * len(network.LOCAL_RANGES)
+    assert network.fence_rules([]) == []
+
+
+def test_routes_take_pod_traffic_across_nodes_without_nat_and_nothing_elsewhere():
+    from devcluster import network
+
+    a, b, c = network.nodes(3)
+    assert network.node_routes(b, [a, b, c]) == [
+        ["10.244.1.0/24", "via", "10.246.0.11", "dev", "eth0"],
+        ["10.244.3.0/24", "via", "10.246.0.13", "dev", "eth0"],
+        ["10.96.0.0/16", "via", "10.246.0.1", "dev", "eth0", "src", "10.246.0.12"],
+    ]  # and no default route: an outside address is unreachable from a node
+    assert network.host_routes([a, b]) == [
+        ["10.244.1.0/24", "via", "10.246.0.11", "dev", "tfk8s-nodes"],
+        ["10.244.2.0/24", "via", "10.246.0.12", "dev", "tfk8s-nodes"],
+    ]
+
+
+def test_the_api_server_is_reached_through_the_host_end_and_the_kubernetes_service():
+    from devcluster import network
+
+    assert network.host_api_rule(6443) == [
+        "-A", "TFK8S-NET-API", "-i", "tfk8s-nodes", "-d", "10.246.0.1/32", "-p", "tcp", "--dport", "6443",
+        "-j", "DNAT", "--to-destination", "127.0.0.1:6443",
+    ]  # fmt: skip
+    assert network.node_api_rule(6443) == [
+        "-A", "TFK8S-API", "-d", "10.96.0.1/32", "-p", "tcp", "--dport", "443",
+        "-j", "DNAT", "--to-destination", "10.246.0.1:6443",
+    ]  # fmt: skip
 
 
 def test_pause_image_archive(node):
@@ -174,46 +311,40 @@ def test_pause_image_archive(node):
     assert node.pause_image_tar(b"x") == node.pause_image_tar(b"x")  # deterministic
 
 
-def test_client_certificates_name_the_node_as_the_node_authorizer_expects(node):
-    assert node.CLIENTS["kubelet"] == ("system:node:tfk8s-node", "system:nodes")
-    assert node.CLIENTS["kube-proxy"] == ("system:kube-proxy", None)
+def test_down_stops_only_processes_of_its_own_nodes(tmp_path):
+    """A process in another network namespace and cgroup (another cluster's kubelet running the same
+    binary) is not among those a node's ``stop`` kills; one in the node's namespace is."""
+    import os
+    import subprocess
+    import sys
 
+    from devcluster import network, nodes
 
-def test_kube_chain_cleanup_removes_jumps_then_chains_and_leaves_others(node):
-    rules = """-P INPUT ACCEPT
--N KUBE-FIREWALL
--N KUBE-KUBELET-CANARY
--N TFK8S-NODE-FENCE
--A INPUT -m comment --comment "kubernetes firewall" -j KUBE-FIREWALL
--A OUTPUT -j TFK8S-NODE-FENCE
--A KUBE-FIREWALL -j DROP
-"""
-    assert node.kube_chain_cleanup(rules) == [
-        ["-D", "INPUT", "-m", "comment", "--comment", "kubernetes firewall", "-j", "KUBE-FIREWALL"],
-        ["-F", "KUBE-FIREWALL"],
-        ["-F", "KUBE-KUBELET-CANARY"],
-        ["-X", "KUBE-FIREWALL"],
-        ["-X", "KUBE-KUBELET-CANARY"],
-    ]
+    if os.geteuid() != 0:
+        pytest.skip("needs root (a network namespace)")
+    net = network.NodeNet(9)
+    n = nodes.Node(net=net, cluster=tmp_path, bins={}, server="")
+    subprocess.run(["ip", "netns", "add", net.netns], check=True)
+    inside = outside = None
+    try:
+        sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+        inside = subprocess.Popen(["nsenter", f"--net={net.netns_path}", "--", *sleep])
+        outside = subprocess.Popen(sleep)  # the same binary, the host's namespace
+        import time
 
-
-def test_pods_reach_the_api_server_through_the_kubernetes_service_address(node):
-    assert node.api_dnat_rule(6443) == [
-        "-A",
-        "TFK8S-NODE-API",
-        "-s",
-        "10.244.0.0/24",
-        "-d",
-        "10.96.0.1/32",
-        "-p",
-        "tcp",
-        "--dport",
-        "443",
-        "-j",
-        "DNAT",
-        "--to-destination",
-        "127.0.0.1:6443",
-    ]
+        deadline = time.monotonic() + 10
+        while inside.pid not in network.pids_in(net) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        found = network.pids_in(net)
+        assert inside.pid in found and outside.pid not in found and os.getpid() not in found
+        assert outside.pid not in nodes.cgroup_pids(n)
+        nodes.kill(found)
+        assert inside.wait(10) == -9 and outside.poll() is None
+    finally:
+        for p in (inside, outside):
+            if p and p.poll() is None:
+                p.kill()
+        subprocess.run(["ip", "netns", "del", net.netns])
 
 
 def test_the_pool_volumes_are_directories_a_non_root_pod_can_write(tmp_path):

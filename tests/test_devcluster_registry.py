@@ -117,11 +117,11 @@ def small_image():
     """The node's pause image (a few hundred kB) in podman, to push without waiting on gigabytes."""
     if shutil.which("podman") is None:
         pytest.skip("podman is missing: scripts/bootstrap containers")
-    from devcluster import node
+    from devcluster import images, nodes
 
-    if _podman("image", "exists", node.PAUSE_IMAGE, check=False).returncode:
-        _podman("load", "-i", str(node.build_pause(log=lambda *_: None)))
-    return node.PAUSE_IMAGE
+    if _podman("image", "exists", nodes.PAUSE_IMAGE, check=False).returncode:
+        _podman("load", "-i", str(images.build_pause(log=lambda *_: None)))
+    return nodes.PAUSE_IMAGE
 
 
 def _get(url: str, ca: Path | None, auth: tuple[str, str] | None = None) -> int:

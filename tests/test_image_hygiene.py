@@ -1,7 +1,7 @@
 """Image hygiene: a rebuild or re-import replaces the previous image instead of piling up beside it.
 
 ``scripts/build_images.py`` tags every build ``<repo>:h-<hash of its inputs>`` (several GB each) and
-``devcluster/node.py`` re-imports a tag into the node's containerd when podman's id of it changes;
+``devcluster/images.py`` re-imports a tag into each real node's containerd when podman's id of it changes;
 both used to keep every previous copy (podman 9 GB per build, containerd's store grew to 31 GB).
 The rules are pure functions tested against literal values; then each is run for real on tiny
 ``FROM scratch`` images (one file each, so every version has layers of its own): podman for the
@@ -161,7 +161,7 @@ def test_a_reimport_removes_the_previous_image_and_its_content_from_containerd(r
     cluster = Cluster()
     if not node.running(cluster):
         require_or_skip(
-            f"the real node of {cluster.root} is not running: start it with scripts/kube up --pods"
+            f"the real nodes of {cluster.root} are not running: start it with scripts/kube up --pods"
         )
     lay = node.layout(cluster)
     release, old_hash, new_hash = f"{repo}:0.1.0", f"{repo}:h-aaa", f"{repo}:h-bbb"
@@ -188,8 +188,13 @@ def test_a_reimport_removes_the_previous_image_and_its_content_from_containerd(r
         assert _blobs(lay, new_hash) == v2
         assert sorted(n for n in node.containerd_images(lay) if n.startswith(repo)) == [release, new_hash]
         assert not (v3 & _content(lay)), "the superseded h- image's content stayed"
+        for other in node.layouts(cluster)[1:]:  # every real node got the same, once
+            mine = sorted(n for n in node.containerd_images(other) if n.startswith(repo))
+            assert mine == [release, new_hash], other.name
     finally:
-        for image in (release, old_hash, new_hash):
-            node.remove_image(lay, image)
-            node._marker(lay, image).unlink(missing_ok=True)
-    assert not [n for n in node.containerd_images(lay) if n.startswith(repo)]
+        for each in node.layouts(cluster):
+            for image in (release, old_hash, new_hash):
+                node.remove_image(each, image)
+                node._marker(each, image).unlink(missing_ok=True)
+    for each in node.layouts(cluster):
+        assert not [n for n in node.containerd_images(each) if n.startswith(repo)]

@@ -1,14 +1,15 @@
-"""Real pods on the test cluster's real node (marker ``k8s``): devcluster tier 2.
+"""Real pods on the test cluster's real nodes (marker ``k8s``): devcluster tier 2.
 
-Needs ``scripts/kube up --pods``: the control plane of ``devcluster/`` plus the node
-``devcluster/node.py`` joins to it (containerd + runc, a kubelet, kube-proxy, CoreDNS, the pod
-bridge), with the images of ``scripts/build_images.py`` imported into containerd. Skips with the
-reason when that node is not there (fails instead under ``TFK8S_REQUIRE_K8S``).
+Needs ``scripts/kube up --pods``: the control plane of ``devcluster/`` plus the real nodes
+``devcluster/node.py`` joins to it (each in its own network namespace: containerd + runc, a
+kubelet, kube-proxy, a node-local DNS cache, the pod bridge; CoreDNS on the host), with the
+images of ``scripts/build_images.py`` imported into their containerd. Skips with the reason when
+the first node is not there (fails instead under ``TFK8S_REQUIRE_K8S``).
 
 Every cluster is launched through the project's Kubernetes backend acting as the user's own
 ServiceAccount (bound to the shipped Role only), in a namespace under Pod Security
-``restricted``. The claims are hostPath PersistentVolumes made by the admin (the node has no
-provisioner; one node mounts them in every pod).
+``restricted``. The claims are hostPath PersistentVolumes made by the admin (the nodes have no
+provisioner; every node is this machine, so each mounts the same directory).
 
 What runs: a 2-worker MultiWorkerMirroredStrategy cluster whose workers all-reduce across pods
 by their JobSet DNS names; a TF1 parameter-server cluster; an in-graph cluster driven from a
@@ -19,10 +20,12 @@ that no packet of the node's address ranges leaves by the machine's outside inte
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -55,7 +58,7 @@ def realnode(realkube):
     if ready != "True":
         require_or_skip(
             f"node {node.NODE_NAME} is not Ready ({ready}): see its logs in "
-            f"{node.cache_root() / 'cluster' / 'node' / 'logs'}"
+            f"{node.cache_root() / 'cluster' / 'nodes' / node.NODE_NAME / 'logs'}"
         )
     images = {name for i in n.status.images or [] for name in i.names or []}
     for image in (TASK_IMAGE, NOTEBOOK_IMAGE):
@@ -240,9 +243,9 @@ def test_mwms_workers_all_reduce_across_pods_by_their_jobset_dns_names(user):
         assert len(resolved) == 4, lines  # each worker resolved both names
         for _, host, ip in resolved:
             assert not re.fullmatch(r"[0-9.]+", host), host
-            assert ip.startswith("10.244.0."), (host, ip)
+            assert ipaddress.ip_address(ip) in ipaddress.ip_network(node.POD_RANGE), (host, ip)
         pods = user.core.list_namespaced_pod(user.ns, label_selector="tfk8s.io/cluster=mwms").items
-        assert {p.spec.node_name for p in pods} == {node.NODE_NAME}
+        assert {p.spec.node_name for p in pods} <= set(node.NODE_NAMES)
         backend.delete("mwms")
         assert not user.core.list_namespaced_pod(user.ns, label_selector="tfk8s.io/cluster=mwms").items
     finally:
@@ -421,7 +424,7 @@ try:
 except socket.gaierror as e:
     print("outside name refused", e.errno, flush=True)
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-for ip in ("10.244.1.1", "10.0.0.7", "10.244.0.250"):
+for ip in ("10.244.200.1", "10.0.0.7", "192.0.2.1"):
     try:
         s.sendto(b"probe", (ip, 9))
         print("sent", ip, flush=True)
@@ -431,8 +434,10 @@ for ip in ("10.244.1.1", "10.0.0.7", "10.244.0.250"):
 
 
 def test_no_packet_of_the_node_ranges_leaves_by_the_outside_interface(user, tmp_path):
-    """While pods resolve names and address other pods, kwok's and non-local addresses, the
-    outside interface carries none of the node's ranges; the fence counts the one it dropped."""
+    """While pods resolve names and address a pod range no node has, kwok's and an outside address
+    (each unreachable: no node has a default route), the outside interface carries none of the
+    cluster's ranges; and a packet of those ranges that does reach a route out (one sent from the
+    host's end of the node bridge) is dropped by the fence, which counts it."""
     tcpdump = shutil.which("tcpdump")
     if not tcpdump:
         from tests.realkube import require_or_skip
@@ -445,7 +450,7 @@ def test_no_packet_of_the_node_ranges_leaves_by_the_outside_interface(user, tmp_
         ["iptables", "-w", "-t", node.FENCE_TABLE, "-S"], capture_output=True, text=True, check=True
     ).stdout.splitlines()
     for dev in outside:
-        assert f"-A {node.FENCE_CHAIN} -s {node.POD_CIDR} -o {dev} -j DROP" in rules, rules
+        assert f"-A {node.FENCE_CHAIN} -s {node.POD_RANGE} -o {dev} -j DROP" in rules, rules
     hook = [r for r in rules if r.startswith(f"-A {node.FENCE_HOOK} ")]
     assert hook[0] == f"-A {node.FENCE_HOOK} -j {node.FENCE_CHAIN}", hook
     ranges = " or ".join(f"net {c}" for c in node.LOCAL_RANGES)
@@ -471,15 +476,24 @@ def test_no_packet_of_the_node_ranges_leaves_by_the_outside_interface(user, tmp_
         assert phase == "Succeeded", log
         assert "kubernetes 10.96.0.1" in log, log
         assert "outside name refused" in log, log  # CoreDNS has no forward
-        assert "sent 10.244.1.1" in log, log  # forwarded by the host: the fence must drop it
+        for ip in ("10.244.200.1", "10.0.0.7", "192.0.2.1"):
+            # the pod's default route takes it to its node, which has no route for it
+            assert f"sent {ip}" in log or f"refused {ip}" in log, log
+        # the host's end of the node bridge is in the cluster's ranges; the machine's default
+        # route would take this packet out: only the fence stops it
+        from devcluster import network
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((network.HOST_IP, 0))
+            s.sendto(b"probe", ("192.0.2.1", 9))
     finally:
         for _, p in captures:
             p.terminate()
             p.wait(10)
-    assert _fence_packets() > before, "the fence did not see the packet for 10.244.1.1"
+    assert _fence_packets() > before, "the fence did not see the packet from the node bridge's address"
     for out, _ in captures:
         r = subprocess.run([tcpdump, "-r", str(out), "-n"], capture_output=True, text=True)
-        assert r.stdout.strip() == "", f"packets of the node's ranges left by {out.stem}:\n{r.stdout}"
+        assert r.stdout.strip() == "", f"packets of the cluster's ranges left by {out.stem}:\n{r.stdout}"
         out.unlink()
 
 

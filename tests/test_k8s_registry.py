@@ -1,11 +1,12 @@
-"""A real pod on the test cluster's real node pulls a lab image from the cluster's registry
+"""Real pods on the test cluster's real nodes pull a lab image from the cluster's registry
 (marker ``k8s``): devcluster tier 2 with ``devcluster/registry.py``.
 
 ``scripts/kube up --pods`` starts the registry (distribution, htpasswd, TLS signed by the cluster
-CA) beside the node; the node's containerd trusts the CA for ``registry.tfk8s.test`` through the
-hosts.toml the registry writes. The same pod spec, pulling with ``imagePullPolicy: Always`` so the
-node must ask the registry each time, is refused without an image pull Secret (ErrImagePull: the
-registry answers 401) and runs with one.
+CA) on 127.0.0.1 before the nodes, which reach it through the node bridge; every node's containerd
+trusts the CA for ``registry.tfk8s.test`` through the hosts.toml the registry writes. The same pod
+spec, pulling with ``imagePullPolicy: Always`` so the node must ask the registry each time, is
+refused without an image pull Secret (ErrImagePull: the registry answers 401) and runs with one
+on every real node.
 """
 
 from __future__ import annotations
@@ -37,24 +38,26 @@ def cluster_registry(realkube):
         )
     if not node.running(cluster):
         require_or_skip(
-            f"the devcluster in {cluster.root} has no real node: start it with scripts/kube up --pods"
+            f"the devcluster in {cluster.root} has no real nodes: start them with scripts/kube up --pods"
         )
-    conf = tomllib.loads((cluster.root / "node" / "containerd.toml").read_text())
-    hosts = conf["plugins"]["io.containerd.cri.v1.images"].get("registry", {}).get("config_path")
-    if hosts != str(registry.hosts_dir(cluster.root)):
-        require_or_skip(
-            "the real node's containerd was started without the registry's hosts directory: "
-            "restart the cluster (scripts/kube down; scripts/kube up --pods)"
-        )
+    for n in node.layouts(cluster):
+        conf = tomllib.loads((n.state / "containerd.toml").read_text())
+        hosts = conf["plugins"]["io.containerd.cri.v1.images"].get("registry", {}).get("config_path")
+        if hosts != str(registry.hosts_dir(cluster.root)):
+            require_or_skip(
+                f"the containerd of {n.name} was started without the registry's hosts directory: "
+                "restart the cluster (scripts/kube down; scripts/kube up --pods)"
+            )
     if node.podman_image_id(TASK_IMAGE) is None:
         require_or_skip(f"podman has no {TASK_IMAGE}: run scripts/build_images.py task")
     image = registry.podman_push(reg, TASK_IMAGE, "tfk8s/tensorflow-task:0.1.0")
     return reg, image
 
 
-def _pod(name: str, image: str, secret: str | None) -> dict:
+def _pod(name: str, image: str, secret: str | None, node_name: str) -> dict:
     spec = {
         "restartPolicy": "Never",
+        "nodeSelector": {"kubernetes.io/hostname": node_name},
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": 1000,
@@ -79,15 +82,24 @@ def _pod(name: str, image: str, secret: str | None) -> dict:
     return {"metadata": {"name": name}, "spec": spec}
 
 
-def test_a_real_pod_pulls_with_the_pull_secret_and_not_without(realkube, cluster_registry):
+def _real_nodes(kube) -> list[str]:
+    return sorted(
+        n.metadata.name
+        for n in kube.core.list_node().items
+        if (n.metadata.annotations or {}).get("kwok.x-k8s.io/node") != "fake"
+    )
+
+
+def test_real_pods_pull_with_the_pull_secret_and_not_without(realkube, cluster_registry):
     from tests.realkube import wait_for
 
     reg, image = cluster_registry
     assert image == "registry.tfk8s.test/tfk8s/tensorflow-task:0.1.0"
+    names = _real_nodes(realkube)
     ns = realkube.user_namespace("reg", kwok=False).name
     core = realkube.core
 
-    core.create_namespaced_pod(ns, _pod("without", image, None))
+    core.create_namespaced_pod(ns, _pod("without", image, None, names[0]))
 
     def waiting_reason():
         p = core.read_namespaced_pod("without", ns)
@@ -101,16 +113,18 @@ def test_a_real_pod_pulls_with_the_pull_secret_and_not_without(realkube, cluster
     messages = " ".join(e.message or "" for e in events) + " " + (waiting.message or "")
     assert "401" in messages or "unauthorized" in messages.lower(), messages
 
+    # every real node's containerd trusts the registry and pulls with the Secret's credentials
     core.create_namespaced_secret(ns, registry.pull_secret("regcred", ns, registry.USER, reg.password))
-    core.create_namespaced_pod(ns, _pod("with", image, "regcred"))
+    for i, name in enumerate(names):
+        core.create_namespaced_pod(ns, _pod(f"with-{i}", image, "regcred", name))
+    for i, name in enumerate(names):
 
-    def finished():
-        p = core.read_namespaced_pod("with", ns)
-        return p.status.phase if p.status.phase in ("Succeeded", "Failed") else None
+        def finished(pod=f"with-{i}"):
+            p = core.read_namespaced_pod(pod, ns)
+            return p.status.phase if p.status.phase in ("Succeeded", "Failed") else None
 
-    assert wait_for(finished, BOUND, 2, "the pod with the pull Secret to run") == "Succeeded"
-    pod = core.read_namespaced_pod("with", ns)
-    assert pod.spec.node_name == node.NODE_NAME
-    assert core.read_namespaced_pod_log("with", ns).strip() == "pulled from the registry"
-    # the one without is still refused: nothing the other pull left on the node lets it through
+        assert wait_for(finished, BOUND, 2, f"the pod with the pull Secret on {name} to run") == "Succeeded"
+        assert core.read_namespaced_pod(f"with-{i}", ns).spec.node_name == name
+        assert core.read_namespaced_pod_log(f"with-{i}", ns).strip() == "pulled from the registry"
+    # the one without is still refused: nothing the other pulls left on the node lets it through
     assert waiting_reason() is not None
