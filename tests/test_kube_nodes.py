@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 
 import pytest
 
@@ -215,6 +216,43 @@ def test_mwms_all_reduces_with_one_worker_on_each_node(two, user):
         cidrs = {str(ipaddress.ip_network(f"{ip}/24", strict=False)) for ip in resolved}
         assert cidrs == {NETS[n].pod_cidr for n in two}, resolved
         backend.delete("spread")
+    finally:
+        backend.close()
+
+
+def test_tf1_parameter_servers_on_one_node_serve_the_workers_on_the_other(two, user):
+    """PS traffic across nodes: both PS pods on the first node, both workers on the second
+    (the lab's own ``node_affinity``); the variables live on the PS, 40 global steps."""
+    from tests.test_k8s_pods import SCRIPTS
+    from tfk8s_magics.spec import ClusterSpec
+
+    first, second = two
+    backend = user.backend()
+    try:
+        spec = ClusterSpec(
+            name="tf1x",
+            ps=2,
+            workers=2,
+            ps_grace_period=0,
+            script=(SCRIPTS / "tf1_ps.py").read_text(),
+            node_affinity={
+                "ps": (f"kubernetes.io/hostname={first}",),
+                "worker": (f"kubernetes.io/hostname={second}",),
+            },
+            **_claims(),
+        )
+        backend.launch(spec, detach=True)
+        status = _wait(backend, "tf1x", lambda s: s.terminal)
+        text = "\n".join(f"[{ln.task}] {ln.text}" for ln in backend.read_logs("tf1x"))
+        assert status.phase == "succeeded", (status, text[-3000:])
+        devices = dict(re.findall(r"\[worker-0\] DEVICE (\S+) (\S+)", text))
+        assert set(devices) == {"global_step", "w", "b"}, text[-3000:]
+        assert all(d.startswith("/job:ps/task:") for d in devices.values())
+        assert text.count("GLOBAL_STEP 40") == 2, text[-3000:]
+        pods = user.core.list_namespaced_pod(user.ns, label_selector="tfk8s.io/cluster=tf1x").items
+        where = {(p.metadata.labels.get("tfk8s.io/role"), p.spec.node_name) for p in pods}
+        assert where == {("ps", first), ("worker", second)}, where
+        backend.delete("tf1x")
     finally:
         backend.close()
 
