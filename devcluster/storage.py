@@ -286,3 +286,5 @@ def down(cluster) -> None:
                 os.kill(pid, signal.SIGTERM)
         except (OSError, ValueError):
             pass
+        if str(root).replace("/", "-") in pidfile.name:
+            pidfile.unlink(missing_ok=True)
