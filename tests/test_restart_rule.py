@@ -339,8 +339,8 @@ ROWS = [
                 ("end", "evaluator-0", RAISED, 60.0),
                 [
                     Fail(
-                        "evaluator-0 failed: the script raised an exception (exit code 1); the traceback is in "
-                        "its log",
+                        "evaluator-0 failed: the script raised an exception (exit code 1); "
+                        "the traceback is in its log",
                         "evaluator-0",
                         "the script raised an exception (exit code 1); the traceback is in its log",
                     )

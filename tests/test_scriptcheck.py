@@ -27,7 +27,8 @@ from tfk8s_magics.spec import ClusterSpec
             ["MultiWorkerMirroredStrategy"],
         ),
         (
-            "import tensorflow as tf\ns = tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy()\n",
+            "import tensorflow as tf\n"
+            "s = tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy()\n",
             ["MultiWorkerMirroredStrategy"],
         ),
         (
