@@ -111,20 +111,30 @@ class ApiServer:
     @classmethod
     def from_objects(cls, service: Manifest | None, slices: list[Manifest]) -> ApiServer:
         """The addresses and ports of the ``default/kubernetes`` Service and its EndpointSlices."""
-        addresses: list[str] = []
-        ports: list[int] = []
-        spec = (service or {}).get("spec") or {}
-        for ip in spec.get("clusterIPs") or [spec.get("clusterIP")]:
-            if ip and ip != "None":
-                addresses.append(ip)
-        ports += [p["port"] for p in spec.get("ports") or [] if p.get("protocol", "TCP") == "TCP"]
+        addresses, ports = _service_addresses(service)
         for s in slices:
-            for endpoint in s.get("endpoints") or []:
-                addresses += endpoint.get("addresses") or []
-            ports += [p["port"] for p in s.get("ports") or []
-                      if p.get("port") and p.get("protocol", "TCP") == "TCP"]
+            more, more_ports = _slice_addresses(s)
+            addresses += more
+            ports += more_ports
         cidrs = [f"{a}/128" if ":" in a else f"{a}/32" for a in addresses]
         return cls(tuple(dict.fromkeys(cidrs)), tuple(dict.fromkeys(ports)))
+
+
+def _tcp_ports(ports: list[dict[str, Any]]) -> list[int]:
+    return [p["port"] for p in ports if p.get("port") and p.get("protocol", "TCP") == "TCP"]
+
+
+def _service_addresses(service: Manifest | None) -> tuple[list[str], list[int]]:
+    """A Service's cluster addresses and TCP ports."""
+    spec = (service or {}).get("spec") or {}
+    ips = [ip for ip in spec.get("clusterIPs") or [spec.get("clusterIP")] if ip and ip != "None"]
+    return ips, _tcp_ports(spec.get("ports") or [])
+
+
+def _slice_addresses(endpoint_slice: Manifest) -> tuple[list[str], list[int]]:
+    """An EndpointSlice's endpoint addresses and TCP ports."""
+    addresses = [a for e in endpoint_slice.get("endpoints") or [] for a in e.get("addresses") or []]
+    return addresses, _tcp_ports(endpoint_slice.get("ports") or [])
 
 
 @dataclass(frozen=True)
