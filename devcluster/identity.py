@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import socket
 import ssl
 import time
 import urllib.request
@@ -31,6 +30,7 @@ import bcrypt
 import yaml
 
 from . import build
+from .hostfiles import free_port, write_private
 from .pki import CA
 
 CLIENT_ID = "tfk8s-hub"
@@ -106,18 +106,6 @@ def discovery(issuer: str, ca: Path) -> dict:
         return json.loads(r.read())
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _write_private(path: Path, text: str) -> None:
-    path.touch(mode=0o600, exist_ok=True)
-    path.chmod(0o600)
-    path.write_text(text)
-
-
 def up(
     cluster, redirect_uris: list[str], host: str = "127.0.0.1", timeout: float = 60.0, log=print
 ) -> Identity:
@@ -130,16 +118,16 @@ def up(
     root = cluster.root / "identity"
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o700)
-    listen = f"{host}:{_free_port(host)}"
+    listen = f"{host}:{free_port(host)}"
     issuer = f"https://{listen}/dex"
     cert, key = CA(cluster.pki).issue("dex", "dex", ips=(host,), server=True)
     passwords = {name: secrets.token_urlsafe(12) for name in USERS}
     client_secret = secrets.token_urlsafe(24)
     users = [static_user(name, USERS[name], pw) for name, pw in passwords.items()]
     conf = config(issuer, listen, cert, key, users, client_secret, redirect_uris)
-    _write_private(root / "config.yaml", yaml.safe_dump(conf))
+    write_private(root / "config.yaml", yaml.safe_dump(conf))
     ident = Identity(root, issuer, cluster.pki / "ca.crt", client_secret, passwords)
-    _write_private(
+    write_private(
         root / "identity.json",
         json.dumps(
             {"issuer": issuer, "client_id": CLIENT_ID, "client_secret": client_secret, "passwords": passwords}

@@ -29,7 +29,6 @@ import base64
 import json
 import secrets
 import shutil
-import socket
 import ssl
 import subprocess
 import time
@@ -42,6 +41,7 @@ import bcrypt
 import yaml
 
 from . import build
+from .hostfiles import free_port, write_private
 from .pki import CA
 from .versions import cache_root
 
@@ -180,18 +180,6 @@ def data_dir() -> Path:
     return cache_root() / "registry-data"
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _write_private(path: Path, text: str) -> None:
-    path.touch(mode=0o600, exist_ok=True)
-    path.chmod(0o600)
-    path.write_text(text)
-
-
 def ready(address: str, ca: Path, user: str | None = None, password: str | None = None) -> int:
     """The status ``GET /v2/`` answers over TLS verified by ``ca`` (401 without credentials, 200 with)."""
     ctx = ssl.create_default_context(cafile=str(ca))
@@ -230,19 +218,19 @@ def up(cluster, host: str = "127.0.0.1", node_ip: str | None = None, timeout: fl
     root = cluster.root / "registry"
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o700)
-    reg = Registry(root=root, address=f"{host}:{_free_port(host)}", ca=cluster.pki / "ca.crt",
+    reg = Registry(root=root, address=f"{host}:{free_port(host)}", ca=cluster.pki / "ca.crt",
                    node_ip=node_ip)
     ips = (host, node_ip) if node_ip else (host,)
     cert, key = CA(cluster.pki).issue("registry", NAME, dns=(NAME,), ips=ips, server=True)
     if not reg.password_file.exists():
-        _write_private(reg.password_file, secrets.token_urlsafe(24) + "\n")
-    _write_private(reg.htpasswd, htpasswd_line(USER, reg.password))
-    _write_private(reg.authfile, json.dumps(docker_config(reg.address, USER, reg.password)))
+        write_private(reg.password_file, secrets.token_urlsafe(24) + "\n")
+    write_private(reg.htpasswd, htpasswd_line(USER, reg.password))
+    write_private(reg.authfile, json.dumps(docker_config(reg.address, USER, reg.password)))
     reg.cert_dir.mkdir(exist_ok=True)
     shutil.copy(reg.ca, reg.cert_dir / "ca.crt")
     data_dir().mkdir(parents=True, exist_ok=True)
     conf = config(reg.address, data_dir(), cert, key, reg.htpasswd, secrets.token_hex(16))
-    _write_private(root / "config.yml", yaml.safe_dump(conf))
+    write_private(root / "config.yml", yaml.safe_dump(conf))
     if node_ip:
         hosts = hosts_dir(cluster.root) / NAME / "hosts.toml"
         hosts.parent.mkdir(parents=True, exist_ok=True)

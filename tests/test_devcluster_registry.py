@@ -22,7 +22,7 @@ import psutil
 import pytest
 import yaml
 
-from devcluster import registry
+from devcluster import hostfiles, registry
 
 
 def test_the_registry_is_pinned_and_built_from_its_module():
@@ -193,7 +193,7 @@ def test_push_and_pull_need_the_credentials(reg, small_image, tmp_path):
     # to anyone, so the 401s above are the htpasswd's doing and nothing else
     conf = yaml.safe_load((r.root / "config.yml").read_text())
     del conf["auth"]
-    open_port = registry._free_port("127.0.0.1")
+    open_port = hostfiles.free_port("127.0.0.1")
     conf["http"]["addr"] = f"127.0.0.1:{open_port}"
     (tmp_path / "open.yml").write_text(yaml.safe_dump(conf))
     from devcluster import build
