@@ -183,6 +183,20 @@ COMPONENTS: dict[str, Component] = {
             ),
         ),
         Component("coredns", "COREDNS", ("coredns",), _go_install("github.com/coredns/coredns")),
+        # the image registry (devcluster/registry.py): no replace directives, a plain `go install`
+        Component(
+            "registry",
+            "DISTRIBUTION",
+            ("registry",),
+            _go_install(
+                "github.com/distribution/distribution/v3/cmd/registry",
+                ldflags=lambda v: f"-X github.com/distribution/distribution/v3/version.version={v}",
+            ),
+        ),
+        # the OIDC provider (devcluster/identity.py): see go/dex/go.mod for why a consumer module
+        Component(
+            "dex", "DEX", ("dex",), _consumer("github.com/dexidp/dex", "github.com/dexidp/dex/cmd/dex", "dex")
+        ),
     )
 }
 

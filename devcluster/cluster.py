@@ -17,7 +17,6 @@ import copy
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from . import build
+from .hostfiles import free_port
 from .pki import CA, service_account_keys
 from .procs import Procs
 from .versions import cache_root, versions
@@ -58,12 +58,6 @@ class ClusterError(RuntimeError):
 def default_dir() -> Path:
     """The cluster's state directory (``$TFK8S_KUBE_DIR`` or ``<cache>/cluster``)."""
     return Path(os.environ.get("TFK8S_KUBE_DIR") or cache_root() / "cluster")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _module_dir(module: str, version: str) -> Path:
@@ -188,13 +182,13 @@ class Cluster:
         self.root.chmod(0o700)
         st = {
             "versions": versions(),
-            "apiserver_port": _free_port(),
-            "etcd_port": _free_port(),
-            "etcd_peer_port": _free_port(),
-            "jobset_webhook_port": _free_port(),
-            "kueue_webhook_port": _free_port(),
-            "jobset_health_port": _free_port(),
-            "kueue_health_port": _free_port(),
+            "apiserver_port": free_port(),
+            "etcd_port": free_port(),
+            "etcd_peer_port": free_port(),
+            "jobset_webhook_port": free_port(),
+            "kueue_webhook_port": free_port(),
+            "jobset_health_port": free_port(),
+            "kueue_health_port": free_port(),
         }
         self.state_file.write_text(json.dumps(st, indent=1))
         self._certs()

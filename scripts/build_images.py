@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Build the lab's images with podman, on the base ``scripts/base-image`` makes; cached.
 
-    scripts/build_images.py [task] [notebook] [hub] [task-gpu]    (default: the first three)
+    scripts/build_images.py [--push] [task] [notebook] [hub] [task-gpu]    (default: the first three)
+
+``--push`` then pushes each image to the test cluster's registry (``devcluster/registry.py``:
+started with ``registry.up``; ``$TFK8S_KUBE_DIR`` picks the cluster) as
+``tfk8s/<repository>:<release>``, named ``registry.tfk8s.test/tfk8s/<repository>:<release>``.
 
 Prints one ``NAME IMAGE`` line per image built or found.  An image's tag is a
 hash of its inputs (the base image's id, its Dockerfile, the build target, and
@@ -232,8 +236,36 @@ def size_mb(ref: str) -> float:
     return int(out.strip()) / 1e6
 
 
+def push_images(names: list[str]) -> dict[str, dict]:
+    """Push each named image's release tag to the running test cluster's registry.
+
+    Layers the registry already holds are not sent again, so a push of an unchanged image takes
+    seconds. Returns, per image, the name nodes pull it by and the seconds the push took.
+    """
+    sys.path.insert(0, str(REPO))
+    from devcluster import registry
+    from devcluster.cluster import Cluster
+
+    reg = registry.load(Cluster())
+    if reg is None or registry.ready(reg.address, reg.ca) != 401:
+        raise SystemExit(
+            "build_images: no test cluster registry runs here: start it with scripts/kube up --pods"
+        )
+    out = {}
+    for name in names:
+        repo = IMAGES[name][2]
+        start = time.monotonic()
+        target = f"{repo.removeprefix('localhost/')}:{RELEASE}"
+        pulled_as = registry.podman_push(reg, f"{repo}:{RELEASE}", target, podman=podman_base())
+        out[name] = {"image": pulled_as, "seconds": round(time.monotonic() - start, 1)}
+        print(f"build_images: pushed {name} as {pulled_as}", file=sys.stderr, flush=True)
+    return out
+
+
 def main(argv: list[str]) -> int:
-    """Build the images named in ``argv`` (default: task, notebook, hub)."""
+    """Build the images named in ``argv`` (default: task, notebook, hub); ``--push`` pushes them."""
+    push = "--push" in argv
+    argv = [a for a in argv if a != "--push"]
     names = argv or list(DEFAULT)
     unknown = [n for n in names if n not in IMAGES]
     if unknown:
@@ -260,6 +292,8 @@ def main(argv: list[str]) -> int:
             print(f"build_images: removed the older {gone}", file=sys.stderr)
         report[name] = {"image": ref, "seconds": round(seconds, 1), "mb": round(size_mb(ref))}
         print(name, ref, flush=True)
+    if push:
+        report["pushed"] = push_images(names)
     print(json.dumps(report), file=sys.stderr)
     return 0
 

@@ -162,8 +162,9 @@ def test_mwms_workers_all_reduce_across_containers(images, pods):
     for i, log in enumerate(logs):
         # each worker got the sum of both workers' values: a real all-reduce across containers
         assert "ALLREDUCE 3.0" in log and "KERAS tf_keras" in log, log[-3000:]
-        # as the pod says: uid 1000 with fsGroup 1000, read-only root (EROFS), no capabilities
-        assert "UID 1000 GROUPS [1000]" in log and "ROOTFS errno 30" in log, log[:2000]
+        # as the pod says: uid 1000 (its own group 1000) with the lab's one fsGroup, 100 (the
+        # notebook's), read-only root (EROFS), no capabilities
+        assert "UID 1000 GROUPS [100, 1000]" in log and "ROOTFS errno 30" in log, log[:2000]
         assert "CAPEFF 0000000000000000" in log
         tf_config = json.loads(re.search(r"^TF_CONFIG (.*)$", log, re.M).group(1))
         assert tf_config["task"] == {"type": "worker", "index": i}

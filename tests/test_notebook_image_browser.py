@@ -21,6 +21,7 @@ import requests
 
 from tests.browserlab import chromium, shot, wait
 from tests.test_browser_walk import _dirty_tabs, _kernel_idle
+from tests.test_containers import images  # noqa: F401  (the fixture that builds this tree's images)
 
 pytestmark = [pytest.mark.containers, pytest.mark.browser]
 

@@ -72,6 +72,13 @@ def _on_sigterm(signum, frame) -> None:
     raise TaskStopped()
 
 
+def requested() -> bool:
+    """True once a stop (SIGTERM) reached this task: whatever the script raises after it is the
+    stop's doing (TensorFlow's bindings may turn :class:`TaskStopped` into a RuntimeError when
+    the signal lands while they build an error of their own)."""
+    return _stopping
+
+
 def install() -> None:
     """Make SIGTERM end the script (main thread only; elsewhere a no-op).  Called again after
     TensorFlow replaced the handler: the handler it installed is kept and called first."""

@@ -259,6 +259,8 @@ def run_script(path: str) -> int:
         return broken("the training script failed on an import; restarting cannot fix it.")
     except BaseException as e:  # noqa: BLE001 - report any failure of user code as exit 1
         print_user_traceback(e, path)
+        if stopsignal.requested():  # the stop ended the script, whatever it raised on the way
+            return stopsignal.EXIT_STOPPED
         port = own_port(json.loads(os.environ.get("TF_CONFIG") or "{}"))
         if "gRPC server" in str(e) and port_taken(port):  # the strategy could not start our server
             return port_lost(port)
