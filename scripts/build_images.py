@@ -3,10 +3,9 @@
 
     scripts/build_images.py [--push] [task] [notebook] [hub] [task-gpu]    (default: the first three)
 
-``--push`` then pushes each image to the running test cluster's registry (``scripts/kube up
---pods`` starts it; ``$TFK8S_KUBE_DIR`` picks the cluster) as ``tfk8s/<repository>:<release>``,
-which the cluster's nodes pull as ``registry.tfk8s.test/tfk8s/<repository>:<release>`` with an
-image pull Secret (devcluster/registry.py).
+``--push`` then pushes each image to the test cluster's registry (``devcluster/registry.py``:
+started with ``registry.up``; ``$TFK8S_KUBE_DIR`` picks the cluster) as
+``tfk8s/<repository>:<release>``, named ``registry.tfk8s.test/tfk8s/<repository>:<release>``.
 
 Prints one ``NAME IMAGE`` line per image built or found.  An image's tag is a
 hash of its inputs (the base image's id, its Dockerfile, the build target, and

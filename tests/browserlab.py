@@ -33,16 +33,8 @@ sys.path.insert(0, str(REPO / "hub_config"))
 from tfk8s_hub.local import jupyter_environment  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = REPO / "test-artifacts"
 #: What every test lab sets beyond the lab's own settings: every cell in the DOM (no virtual
 #: scrolling), so a test can find a cell far down the notebook.
@@ -58,15 +50,9 @@ def free_port() -> int:
 class Lab:
     """One JupyterLab server process (``start``/``stop``/``restart``) serving ``root``."""
 
-    def __init__(
-        self,
-        tmp_path: Path,
-        state_dir: Path,
-        root: Path,
-        settings: dict | None = None,
-        profile: bool = True,
-        args: tuple[str, ...] = ("--TFClusterSidebar.discover_every=1",),
-    ) -> None:
+    def __init__(self, tmp_path: Path, state_dir: Path, root: Path, settings: dict | None = None,
+                 profile: bool = True, args: tuple[str, ...] = ("--TFClusterSidebar.discover_every=1",)
+                 ) -> None:
         """``settings``: user settings by plugin id; ``profile``: kernels load the extension at
         start, as in the lab; ``args``: more command-line options of the server."""
         self.tmp = tmp_path
@@ -101,32 +87,18 @@ class Lab:
         if profile:  # the lab's IPython profile: every kernel loads tfk8s_magics (%tfcluster)
             folder = tmp_path / "ipython" / "profile_default"
             folder.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(
-                REPO / "hub_config" / "ipython" / "profile_default" / "ipython_config.py",
-                folder / "ipython_config.py",
-            )
+            shutil.copyfile(REPO / "hub_config" / "ipython" / "profile_default" / "ipython_config.py",
+                            folder / "ipython_config.py")
 
     def start(self, timeout: float = 120) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it; closed at once here
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jupyterlab",
-                "--no-browser",
-                "--ServerApp.ip=127.0.0.1",
-                f"--ServerApp.port={self.port}",
-                "--ServerApp.port_retries=0",
-                f"--IdentityProvider.token={self.token}",
-                f"--ServerApp.root_dir={self.root}",
-                *self.args,
-            ]
+            [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+             f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
+             f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root}",
+             *self.args]
             + (["--allow-root"] if os.geteuid() == 0 else []),
-            cwd=self.root,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -134,8 +106,7 @@ class Lab:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(
-                    f"JupyterLab exited with code {self.proc.returncode}:\n{self.log_tail()}"
-                )
+                    f"JupyterLab exited with code {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(f"{self.base}/api/status?token={self.token}", timeout=2) as r:
                     if r.status == 200:
@@ -149,9 +120,8 @@ class Lab:
         if self.proc is None or self.proc.poll() is not None:
             return
         try:
-            req = urllib.request.Request(
-                f"{self.base}/api/shutdown", method="POST", headers={"Authorization": f"token {self.token}"}
-            )
+            req = urllib.request.Request(f"{self.base}/api/shutdown", method="POST",
+                                         headers={"Authorization": f"token {self.token}"})
             urllib.request.urlopen(req, timeout=10).close()
         except OSError:
             self.proc.send_signal(signal.SIGTERM)
@@ -174,24 +144,11 @@ class Lab:
 
     def tfk8s(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         """Run the ``tfk8s`` CLI as the user would in a terminal (same state dir)."""
-        return subprocess.run(
-            [str(Path(sys.executable).parent / "tfk8s"), *args],
-            env=self.env,
-            cwd=self.root,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=check,
-        )
+        return subprocess.run([str(Path(sys.executable).parent / "tfk8s"), *args], env=self.env,
+                              cwd=self.root, capture_output=True, text=True, timeout=120, check=check)
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: dict | None = None,
-        headers: dict | None = None,
-        token: bool = True,
-    ) -> tuple[int, dict]:
+    def request(self, method: str, path: str, body: dict | None = None, headers: dict | None = None,
+                token: bool = True) -> tuple[int, dict]:
         h = {"Authorization": f"token {self.token}"} if token else {}
         h.update(headers or {})
         data = json.dumps(body).encode() if body is not None else None
@@ -208,6 +165,7 @@ class Lab:
                 return e.code, {"message": text[:200]}
 
 
+
 @contextlib.contextmanager
 def chromium(profile_dir: Path, height: int = 1000):
     """A page of Debian's Chromium (a fresh profile in ``profile_dir``); ``page.dialogs`` records
@@ -215,20 +173,14 @@ def chromium(profile_dir: Path, height: int = 1000):
     import pytest
 
     if not Path(CHROMIUM).exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: run scripts/bootstrap (as root it apt-installs chromium "
-            "and chromium-driver) — the browser tests need Debian's Chromium."
-        )
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/bootstrap (as root it apt-installs chromium "
+                    "and chromium-driver) — the browser tests need Debian's Chromium.")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         ctx = pw.chromium.launch_persistent_context(
-            str(profile_dir),
-            executable_path=CHROMIUM,
-            headless=True,
-            args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": height},
-        )
+            str(profile_dir), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": height})
         try:
             page = ctx.pages[0] if ctx.pages else ctx.new_page()
             page.set_default_timeout(30_000)
@@ -281,12 +233,8 @@ def run_cell(page, cell) -> None:
     bar. The cell must be the active one before the keys go, or another cell runs.
     """
     cell.locator(".jp-InputArea-editor .cm-content").first.focus()
-    wait(
-        lambda: "jp-mod-active" in (cell.get_attribute("class") or "").split(),
-        30,
-        "the cell to be the active one",
-        page,
-    )
+    wait(lambda: "jp-mod-active" in (cell.get_attribute("class") or "").split(), 30,
+         "the cell to be the active one", page)
     page.keyboard.press("Shift+Enter")
 
 
@@ -331,13 +279,8 @@ class RealLab:
     def start(self, timeout: float = 180) -> RealLab:
         self.lab_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it
-        self.proc = subprocess.Popen(
-            [str(REPO / "scripts" / "lab")],
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self.proc = subprocess.Popen([str(REPO / "scripts" / "lab")], env=self.env, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 
         def login_page() -> bool:
@@ -357,9 +300,8 @@ class RealLab:
 
     def api(self, method: str, path: str) -> tuple[int, object]:
         """A call to the hub or a user's server (``/user/NAME/api/...``) as the lab's admin."""
-        req = urllib.request.Request(
-            f"{self.base}{path}", method=method, headers={"Authorization": f"token {self.admin_token}"}
-        )
+        req = urllib.request.Request(f"{self.base}{path}", method=method,
+                                     headers={"Authorization": f"token {self.admin_token}"})
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
                 text = r.read().decode()

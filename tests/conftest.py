@@ -26,8 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 # subprocesses that inherit PYTHONPATH: this checkout goes first, so they run the code under
 # test even where the venv's editable install points at another checkout (a git worktree).
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    dict.fromkeys([str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
-)
+    dict.fromkeys([str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
 
 
 def processes_of(state_dir: Path) -> list[psutil.Process]:

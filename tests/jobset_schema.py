@@ -42,15 +42,8 @@ def _validator(api_version: str, kind: str) -> jsonschema.Draft7Validator:
     return jsonschema.Draft7Validator(schema(api_version, kind))
 
 
-_TYPES = {
-    str: "string",
-    int: "integer",
-    float: "number",
-    bool: "boolean",
-    dict: "object",
-    list: "array",
-    type(None): "null",
-}
+_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object",
+          list: "array", type(None): "null"}
 
 
 def _path(parts) -> str:
@@ -94,10 +87,8 @@ def problems(obj: dict) -> list[tuple[str, str]]:
         where = _path(error.path)
         if error.validator == "type":
             actual = _TYPES.get(type(error.instance), "object")
-            message = (
-                f"Invalid value: {json.dumps(error.instance)[:60]}: {where} in body must "
-                f'be of type {error.validator_value}: "{actual}"'
-            )
+            message = (f"Invalid value: {json.dumps(error.instance)[:60]}: {where} in body must "
+                       f'be of type {error.validator_value}: "{actual}"')
         elif error.validator == "required":
             missing = error.message.split("'")[1] if "'" in error.message else error.message
             where = f"{where}.{missing}" if where else missing

@@ -90,38 +90,23 @@ class UserNamespace:
         """
         return [r for r in self.kube.audit(self.audit_offset, stage) if r.user == self.username]
 
+
     def grant(self, name: str, rules: list[dict]) -> None:
         """Bind a namespaced Role of ``rules`` to the ServiceAccount too (what an admin adds to the
         shipped one), and wait until the authorizer applies its first rule."""
         rbac = kubernetes.client.RbacAuthorizationV1Api(self.kube.admin)
         rbac.create_namespaced_role(self.name, {"metadata": {"name": name}, "rules": rules})
-        rbac.create_namespaced_role_binding(
-            self.name,
-            {
-                "metadata": {"name": name},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-                "subjects": [
-                    {"kind": "ServiceAccount", "name": self.service_account, "namespace": self.name}
-                ],
-            },
-        )
+        rbac.create_namespaced_role_binding(self.name, {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": self.service_account, "namespace": self.name}]})
         first = rules[0]
-        review = {
-            "spec": {
-                "resourceAttributes": {
-                    "namespace": self.name,
-                    "verb": first["verbs"][0],
-                    "group": first["apiGroups"][0],
-                    "resource": first["resources"][0],
-                }
-            }
-        }
+        review = {"spec": {"resourceAttributes": {
+            "namespace": self.name, "verb": first["verbs"][0], "group": first["apiGroups"][0],
+            "resource": first["resources"][0]}}}
         auth = kubernetes.client.AuthorizationV1Api(self.api_client)
-        wait_for(
-            lambda: auth.create_self_subject_access_review(review).status.allowed,
-            30,
-            message=f"Role {name} in force",
-        )
+        wait_for(lambda: auth.create_self_subject_access_review(review).status.allowed, 30,
+                 message=f"Role {name} in force")
 
 
 class RealKube:
@@ -244,7 +229,8 @@ class RealKube:
         """
         if namespace is None:
             if not self._restricted:
-                self._restricted = self.namespace("psa", {"pod-security.kubernetes.io/enforce": "restricted"})
+                self._restricted = self.namespace(
+                    "psa", {"pod-security.kubernetes.io/enforce": "restricted"})
             namespace = self._restricted
             account = pod_spec.get("serviceAccountName")
             if account:  # the ServiceAccount plugin wants it to exist (a user namespace has it)
@@ -257,13 +243,10 @@ class RealKube:
         # the body as sent by its maker (quantities may be numbers, as kubernetes_asyncio sends
         # KubeSpawner's): through the client's transport, not its typed models' checks
         params = self.admin.param_serialize(
-            method="POST",
-            resource_path=f"/api/v1/namespaces/{namespace}/pods",
-            query_params=[("dryRun", "All")],
-            body=body,
+            method="POST", resource_path=f"/api/v1/namespaces/{namespace}/pods",
+            query_params=[("dryRun", "All")], body=body,
             header_params={"Content-Type": "application/json", "Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
+            auth_settings=["BearerToken"])
         response = self.admin.call_api(*params)
         response.read()
         if response.status < 300:

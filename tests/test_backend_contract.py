@@ -98,15 +98,12 @@ def test_the_builtin_backends_keep_the_contract():
     assert isinstance(LocalBackend.__new__(LocalBackend).warm_pool(), WarmPool)
 
 
-@pytest.mark.parametrize(
-    ("cls", "said"),
-    [
-        (HalfServing, "lacks stop_serving (for serving)"),
-        (Undeclared, "defines warm_pool without declaring 'pool'"),
-        (NoLaunch, "lacks addresses, delete, events, follow_logs, launch"),
-        (dict, "is not a subclass of tfk8s_magics.backends.Backend"),
-    ],
-)
+@pytest.mark.parametrize(("cls", "said"), [
+    (HalfServing, "lacks stop_serving (for serving)"),
+    (Undeclared, "defines warm_pool without declaring 'pool'"),
+    (NoLaunch, "lacks addresses, delete, events, follow_logs, launch"),
+    (dict, "is not a subclass of tfk8s_magics.backends.Backend"),
+])
 def test_a_backend_that_breaks_the_contract_is_told_what_it_lacks_in_one_sentence(cls, said):
     with pytest.raises(BackendError) as e:
         check_backend(cls, "pkg.mod:Cls")
@@ -161,30 +158,20 @@ def test_the_front_ends_reach_a_backend_only_through_the_contract():
     for file in FRONT_ENDS:
         tree = ast.parse((PKG / file).read_text(encoding="utf-8"))
         for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.ImportFrom)
-                and node.level
-                and (node.module or "").startswith("backends.")
-            ):
+            if (isinstance(node, ast.ImportFrom) and node.level
+                    and (node.module or "").startswith("backends.")):
                 wrong.append(f"{file}:{node.lineno} imports backends.{node.module.partition('.')[2]}")
-            if isinstance(node, ast.Import) and any(
-                a.name.startswith("tfk8s_magics.backends.") for a in node.names
-            ):
+            if isinstance(node, ast.Import) and any(a.name.startswith("tfk8s_magics.backends.")
+                                                    for a in node.names):
                 wrong.append(f"{file}:{node.lineno} imports a backend module")
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Name)
-                and node.func.id in ("hasattr", "getattr")
-                and node.args
-                and "backend" in ast.unparse(node.args[0]) + ast.unparse(node.args[1:2])
-            ):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("hasattr", "getattr") and node.args
+                    and "backend" in ast.unparse(node.args[0]) + ast.unparse(node.args[1:2])):
                 wrong.append(f"{file}:{node.lineno} probes a backend with {node.func.id}")
             if isinstance(node, ast.Compare) and any(
-                isinstance(side, ast.Attribute)
-                and side.attr == "name"
-                and "backend" in ast.unparse(side.value)
-                for side in (node.left, *node.comparators)
-            ):
+                    isinstance(side, ast.Attribute) and side.attr == "name"
+                    and "backend" in ast.unparse(side.value)
+                    for side in (node.left, *node.comparators)):
                 wrong.append(f"{file}:{node.lineno} branches on a backend's name")
     assert not wrong, "\n".join(wrong)
 
@@ -198,11 +185,9 @@ def test_every_package_says_what_it_offers():
     for init in sorted(PKG.rglob("__init__.py")):
         package = ".".join(init.relative_to(PKG.parent).parent.parts)
         tree = ast.parse(init.read_text(encoding="utf-8"))
-        if not any(
-            isinstance(n, ast.Assign | ast.AnnAssign)
-            and "__all__" in ast.unparse(n.targets[0] if isinstance(n, ast.Assign) else n.target)
-            for n in tree.body
-        ):
+        if not any(isinstance(n, ast.Assign | ast.AnnAssign)
+                   and "__all__" in ast.unparse(n.targets[0] if isinstance(n, ast.Assign) else n.target)
+                   for n in tree.body):
             missing.append(package)
             continue
         module = importlib.import_module(package)

@@ -119,11 +119,8 @@ def _assert_sandboxed_kernel(lab) -> None:
 
     files = list(lab.runtime.glob("kernel-*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["transport"] == "ipc", files
-    kernels = [
-        p
-        for p in psutil.Process(lab.proc.pid).children(recursive=True)
-        if "ipykernel_launcher" in p.cmdline()
-    ]
+    kernels = [p for p in psutil.Process(lab.proc.pid).children(recursive=True)
+               if "ipykernel_launcher" in p.cmdline()]
     assert len(kernels) == 1 and "tfk8s_magics.kernel.sandbox" in kernels[0].parent().cmdline(), kernels
     assert os.readlink(f"/proc/{kernels[0].pid}/ns/net") != os.readlink("/proc/self/ns/net")
 
@@ -266,41 +263,21 @@ def test_views_after_delete_in_jupyterlab(lab, browser_page, state_dir):
     deleted from another cell disappears from every view — its dashboard's task table and
     the cluster list's row and summary — and none of their buttons stays live."""
     page = browser_page
-    cells_src = [
-        "%load_ext tfk8s_magics",
-        DOOMED_CELL,
-        ENDLESS_CELL,
-        "%tfcluster list",
-        "%tfcluster delete endless",
-    ]
-    nb = {
-        "cells": [
-            {
-                "cell_type": "code",
-                "execution_count": None,
-                "id": f"c{i}",
-                "metadata": {},
-                "outputs": [],
-                "source": src,
-            }
-            for i, src in enumerate(cells_src)
-        ],
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
+    cells_src = ["%load_ext tfk8s_magics", DOOMED_CELL, ENDLESS_CELL, "%tfcluster list",
+                 "%tfcluster delete endless"]
+    nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {},
+                     "outputs": [], "source": src} for i, src in enumerate(cells_src)],
+          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                      "language": "python"}},
+          "nbformat": 4, "nbformat_minor": 5}
     (lab.root / "views.ipynb").write_text(json.dumps(nb), encoding="utf-8")
     page.goto(f"{lab.base}/lab/tree/views.ipynb?token={lab.token}")
     cells = page.locator(".jp-Notebook .jp-CodeCell")
     _wait(lambda: cells.count() == len(cells_src), 60, "the notebook to load", page)
     _wait(lambda: "Idle" in page.locator("#jp-main-statusbar").inner_text(), 90, "the kernel", page)
     _run_cell(page, cells.nth(0))
-    _wait(
-        lambda: "[1]" in cells.nth(0).locator(".jp-InputPrompt").first.inner_text(),
-        90,
-        "the kernel to run the first cell",
-        page,
-    )
+    _wait(lambda: "[1]" in cells.nth(0).locator(".jp-InputPrompt").first.inner_text(), 90,
+          "the kernel to run the first cell", page)
     _run_cell(page, cells.nth(1))
     _run_cell(page, cells.nth(2))
 

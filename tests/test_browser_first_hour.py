@@ -58,34 +58,19 @@ def _step(text: str) -> int:
 def test_bar_in_place_and_a_truthful_stop_in_jupyterlab(lab, browser_page, state_dir):  # noqa: F811
     page = browser_page
     cells_src = ["%load_ext tfk8s_magics", BAR_CELL, STUBBORN_CELL]
-    nb = {
-        "cells": [
-            {
-                "cell_type": "code",
-                "execution_count": None,
-                "id": f"c{i}",
-                "metadata": {},
-                "outputs": [],
-                "source": src,
-            }
-            for i, src in enumerate(cells_src)
-        ],
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
+    nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {},
+                     "outputs": [], "source": src} for i, src in enumerate(cells_src)],
+          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                      "language": "python"}},
+          "nbformat": 4, "nbformat_minor": 5}
     (lab.root / "firsthour.ipynb").write_text(json.dumps(nb), encoding="utf-8")
     page.goto(f"{lab.base}/lab/tree/firsthour.ipynb?token={lab.token}")
     cells = page.locator(".jp-Notebook .jp-CodeCell")
     _wait(lambda: cells.count() == len(cells_src), 60, "the notebook to load", page)
     _wait(lambda: "Idle" in page.locator("#jp-main-statusbar").inner_text(), 90, "the kernel", page)
     _run_cell(page, cells.nth(0))
-    _wait(
-        lambda: "[1]" in cells.nth(0).locator(".jp-InputPrompt").first.inner_text(),
-        90,
-        "the kernel to run the first cell",
-        page,
-    )
+    _wait(lambda: "[1]" in cells.nth(0).locator(".jp-InputPrompt").first.inner_text(), 90,
+          "the kernel to run the first cell", page)
     _run_cell(page, cells.nth(1))
     _run_cell(page, cells.nth(2))
 

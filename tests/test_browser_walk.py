@@ -74,22 +74,15 @@ def test_the_labs_jupyterlab_settings(lab, page, home):
         assert (home / "examples" / name).read_bytes() == before
 
     # No news pop-up (nor an update check) since the lab opened (JupyterLab asks at once).
-    assert not [
-        t
-        for t in page.locator(".Toastify__toast").all_inner_texts()
-        if "news" in t.lower() or "update" in t.lower()
-    ]
+    assert not [t for t in page.locator(".Toastify__toast").all_inner_texts()
+                if "news" in t.lower() or "update" in t.lower()]
 
     # A new notebook (File > New > Notebook): the lab's kernel starts, no dialog asks which.
     page.locator(".lm-MenuBar-itemLabel", has_text="File").click()
     page.locator(".lm-Menu-itemLabel", has_text="New").first.hover()
     page.locator('.lm-Menu-item[data-command="notebook:create-new"]').click()
-    wait(
-        lambda: "Untitled" in page.locator(".lm-DockPanel-tabBar .lm-mod-current").inner_text(),
-        60,
-        "the new notebook",
-        page,
-    )
+    wait(lambda: "Untitled" in page.locator(".lm-DockPanel-tabBar .lm-mod-current").inner_text(), 60,
+         "the new notebook", page)
     wait(lambda: _kernel_idle(page, kernel_name), 120, "the new notebook's kernel", page)
     assert page.locator(".jp-Dialog").count() == 0, page.locator(".jp-Dialog").inner_text()
 
@@ -119,13 +112,11 @@ tb = tf.keras.callbacks.TensorBoard(os.path.join(os.environ["TFK8S_LOG_DIR"], "t
 model.fit(ds.with_options(options), epochs=100, steps_per_epoch=200, verbose=2,
           callbacks=[tfk8s_magics.progress_callback(), tb])
 """
-MINE = [
-    MWMS,
-    "%tfcluster launch mine --wokers 2",
-    '%%tfcluster launch syn --workers 1 --ps 0\nprint("unclosed"\n',
-    "threshold = 0.5",
-    "%%tfcluster launch nv --workers 1 --ps 0\nprint(threshold)\n",
-]
+MINE = [MWMS,
+        "%tfcluster launch mine --wokers 2",
+        '%%tfcluster launch syn --workers 1 --ps 0\nprint("unclosed"\n',
+        "threshold = 0.5",
+        "%%tfcluster launch nv --workers 1 --ps 0\nprint(threshold)\n"]
 
 
 def _prompts(page) -> list[str]:
@@ -174,31 +165,14 @@ def test_the_first_hour_walk(tmp_path):
                 outputs = "\n".join(page.locator(".jp-OutputArea-output").all_text_contents())
                 assert "Traceback" not in outputs and "UsageError" not in outputs, (name, outputs[-3000:])
                 page.keyboard.press("Control+s")  # saved: nothing holds the next page
-                wait(
-                    lambda: not page.locator(".lm-TabBar-tab.jp-mod-dirty").count(),
-                    30,
-                    f"{name} to be saved",
-                    page,
-                )
+                wait(lambda: not page.locator(".lm-TabBar-tab.jp-mod-dirty").count(), 30,
+                     f"{name} to be saved", page)
                 lab.shut_down_kernels("walker")
 
             # The user's own notebook: MWMS, then the mistakes a new user makes.
-            nb = {
-                "cells": [
-                    {
-                        "cell_type": "code",
-                        "execution_count": None,
-                        "id": f"m{i}",
-                        "metadata": {},
-                        "outputs": [],
-                        "source": src,
-                    }
-                    for i, src in enumerate(MINE)
-                ],
-                "metadata": {},
-                "nbformat": 4,
-                "nbformat_minor": 5,
-            }
+            nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": f"m{i}", "metadata": {},
+                             "outputs": [], "source": src} for i, src in enumerate(MINE)],
+                  "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
             (home / "mine.ipynb").write_text(json.dumps(nb), encoding="utf-8")
             _open(page, f"{user}/lab/tree/mine.ipynb")
             cells = page.locator(".jp-Notebook .jp-CodeCell")
@@ -206,15 +180,9 @@ def test_the_first_hour_walk(tmp_path):
             dash = cells.nth(0).locator(".tfk8s-dashboard")
             dash.wait_for(timeout=120_000)
             header = dash.locator(".tfk8s-header").first
-            wait(
-                lambda: (
-                    header.get_attribute("data-phase") == "running"
-                    and "Epoch 2/100" in (dash.locator(".tfk8s-log").first.text_content() or "")
-                ),
-                300,
-                "the MWMS fit to train",
-                page,
-            )
+            wait(lambda: header.get_attribute("data-phase") == "running"
+                 and "Epoch 2/100" in (dash.locator(".tfk8s-log").first.text_content() or ""), 300,
+                 "the MWMS fit to train", page)
 
             # A typo: one sentence with the flag it meant; nothing launched.
             run_cell(page, cells.nth(1))
@@ -228,21 +196,10 @@ def test_the_first_hour_walk(tmp_path):
             run_cell(page, cells.nth(4))
             nv = cells.nth(4).locator(".tfk8s-dashboard")
             nv.wait_for(timeout=120_000)
-            wait(
-                lambda: nv.locator(".tfk8s-header").first.get_attribute("data-phase") == "failed",
-                300,
-                "the notebook-variable run to fail",
-                page,
-            )
-            wait(
-                lambda: (
-                    "The cell body runs as a script in each task's own process"
-                    in (nv.locator(".tfk8s-log").first.text_content() or "")
-                ),
-                60,
-                "the NameError hint",
-                page,
-            )
+            wait(lambda: nv.locator(".tfk8s-header").first.get_attribute("data-phase") == "failed", 300,
+                 "the notebook-variable run to fail", page)
+            wait(lambda: "The cell body runs as a script in each task's own process" in
+                 (nv.locator(".tfk8s-log").first.text_content() or ""), 60, "the NameError hint", page)
 
             # Stop: "stopped", every task stopped; the live view only (no record block under it).
             dash.locator("button.tfk8s-stop").click()
@@ -252,8 +209,7 @@ def test_the_first_hour_walk(tmp_path):
             assert cells.nth(0).locator(".tfk8s-summary").count() == 0
             assert "final state" not in _outputs(cells.nth(0))
             assert not (home.parent / "tfk8s").exists() or not list(
-                (home.parent / "tfk8s").rglob("workertemp_*")
-            ), "Keras's scratch folders outlived the stop"
+                (home.parent / "tfk8s").rglob("workertemp_*")), "Keras's scratch folders outlived the stop"
 
             # TensorBoard after stop: the chief's runs only (no workertemp_1/train).
             dash.locator("button.tfk8s-tb").click()
@@ -261,12 +217,8 @@ def test_the_first_hour_walk(tmp_path):
             wait(lambda: frame.count() == 1, 120, "the TensorBoard tab", page)
             src = frame.get_attribute("src")
             assert src.startswith("/user/walker/proxy/"), src  # behind the hub's login
-            runs = wait(
-                lambda: (r := page.request.get(f"{lab.base}{src}data/runs")).ok and r.json() or None,
-                120,
-                "TensorBoard's runs",
-                page,
-            )
+            runs = wait(lambda: (r := page.request.get(f"{lab.base}{src}data/runs")).ok and r.json() or None,
+                        120, "TensorBoard's runs", page)
             # the chief's run and the progress callback's scalars (run "progress"), no scratch run
             assert sorted(runs) == ["progress", "tb/train"], runs
 
@@ -282,12 +234,8 @@ def test_the_first_hour_walk(tmp_path):
             # The old TensorBoard's link once its server stopped (the cluster deleted): a page
             # that says so and how to start it again, not a bare 500.
             lab.shut_down_kernels("walker")  # the kernel's clusters and TensorBoards end with it
-            stopped = wait(
-                lambda: (r := page.request.get(f"{lab.base}{src}")).status == 502 and r,
-                60,
-                "the stopped TensorBoard's page",
-                page,
-            )
+            stopped = wait(lambda: (r := page.request.get(f"{lab.base}{src}")).status == 502 and r, 60,
+                           "the stopped TensorBoard's page", page)
             assert "This server has stopped" in stopped.text() and "%tfcluster tensorboard" in stopped.text()
             shot(page, "walk-end.png")
             assert page.dialogs == []  # type: ignore[attr-defined]

@@ -48,9 +48,8 @@ def test_the_follower_hands_out_a_bars_updates_before_its_line_ends(tmp_path):
 
 def test_views_render_updates_in_place_and_one_task_at_a_time():
     stream = Overwrites()
-    text = stream.render(
-        ["[worker-0] Epoch 1/2", "[worker-0] \r 1/10", "[worker-1] \r 1/10", "[worker-0] \r 2/10"]
-    )
+    text = stream.render(["[worker-0] Epoch 1/2", "[worker-0] \r 1/10", "[worker-1] \r 1/10",
+                          "[worker-0] \r 2/10"])
     assert text == "[worker-0] Epoch 1/2\n\r[worker-0]  1/10\r[worker-0]  2/10"
     text = stream.render(["[worker-1] a log line", "[worker-0] \r 3/10", "[worker-0] 10/10 done"])
     assert text == "\n[worker-1] a log line\n\r[worker-0]  3/10\r[worker-0] 10/10 done\n"
@@ -74,13 +73,8 @@ def test_a_log_widget_counts_and_rebases_on_finished_lines_only():
     assert out.outputs[-1]["text"] == "\r99/100"
     history = ["a", "b", "c", "d", "e", "f", "g"]
     view.append(history, tail=lambda: history, head=lambda: "… earlier\n")
-    assert out.outputs == (
-        {
-            "output_type": "stream",
-            "name": "stdout",
-            "text": "… earlier\n" + "".join(f"{x}\n" for x in history),
-        },
-    )
+    assert out.outputs == ({"output_type": "stream", "name": "stdout",
+                            "text": "… earlier\n" + "".join(f"{x}\n" for x in history)},)
 
 
 KERAS_BAR = """
@@ -109,13 +103,9 @@ def test_a_keras_progress_bar_reaches_follow_and_the_cli_during_the_epoch(local,
     """Real TensorFlow: Keras's bar (verbose=1) reaches ``follow`` while the epoch runs — an update
     of step k is read before the epoch's line ends — and ``tfk8s logs -f`` draws it in place."""
     cluster = tk.launch("bar", workers=1, ps=0, script=KERAS_BAR, backend=local)
-    cli = subprocess.Popen(
-        [sys.executable, "-m", "tfk8s_magics.cli", "logs", "bar", "--follow"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=workdir,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    cli = subprocess.Popen([sys.executable, "-m", "tfk8s_magics.cli", "logs", "bar", "--follow"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir,
+                           env={**os.environ, "PYTHONPATH": str(REPO)})
     updates, finished_at, first_update_at = [], None, None
     stop = threading.Event()
     timer = threading.Timer(300, stop.set)

@@ -39,9 +39,8 @@ def test_no_complexity_grade_worse_than_c():
         for block in cc_visit(path.read_text(encoding="utf-8")):
             grade = cc_rank(block.complexity)
             if grade > WORST_GRADE:
-                worse.append(
-                    f"{path.relative_to(REPO)}:{block.lineno} {block.fullname} {grade} ({block.complexity})"
-                )
+                worse.append(f"{path.relative_to(REPO)}:{block.lineno} {block.fullname} "
+                             f"{grade} ({block.complexity})")
     assert not worse, "simplify these blocks:\n" + "\n".join(worse)
 
 

@@ -28,11 +28,9 @@ images = test_containers.images  # the shared fixture: the three images, built o
 
 
 def _pins(path: Path) -> dict[str, str]:
-    return {
-        name.lower().replace("_", "-"): version
-        for name, _, version in (line.partition("==") for line in path.read_text().splitlines())
-        if version and not name.startswith("#")
-    }
+    return {name.lower().replace("_", "-"): version
+            for name, _, version in (line.partition("==") for line in path.read_text().splitlines())
+            if version and not name.startswith("#")}
 
 
 def test_gpu_layer_resolves_to_exactly_the_pinned_cuda_wheels(images):
@@ -43,38 +41,18 @@ def test_gpu_layer_resolves_to_exactly_the_pinned_cuda_wheels(images):
     text = (REPO / "images" / "task" / "Dockerfile").read_text()
     layer = 'pip install --no-cache-dir -c requirements.lock -c requirements-gpu.lock "tensorflow[and-cuda]"'
     assert f"RUN {layer}" in text, "the gpu stage's pip layer changed: change this test with it"
-    cmd = [
-        *build_images.podman_base(),
-        "run",
-        "--rm",
-        "--network",
-        "host",
-        *build_images.ulimits(),
-        # root, as the build's RUN is: root's pip configuration (mounted as in the build) applies
-        "--user",
-        "0",
-        *build_images.pip_mounts(),
-        "-v",
-        f"{REPO / 'requirements.lock'}:/locks/requirements.lock:ro",
-        "-v",
-        f"{GPU_LOCK}:/locks/requirements-gpu.lock:ro",
-        "--workdir",
-        "/locks",
-        "--entrypoint",
-        "pip",
-        images["task"],
-        *layer.removeprefix("pip ").replace('"', "").split(),
-        "--dry-run",
-        "--quiet",
-        "--report",
-        "-",
-    ]
+    cmd = [*build_images.podman_base(), "run", "--rm", "--network", "host", *build_images.ulimits(),
+           # root, as the build's RUN is: root's pip configuration (mounted as in the build) applies
+           "--user", "0", *build_images.pip_mounts(),
+           "-v", f"{REPO / 'requirements.lock'}:/locks/requirements.lock:ro",
+           "-v", f"{GPU_LOCK}:/locks/requirements-gpu.lock:ro", "--workdir", "/locks",
+           "--entrypoint", "pip", images["task"],
+           *layer.removeprefix("pip ").replace('"', "").split(), "--dry-run", "--quiet", "--report", "-"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(r.stdout)
-    would = {
-        i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"] for i in report["install"]
-    }
+    would = {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"]
+             for i in report["install"]}
     # nothing of the CPU image is replaced (tensorflow and the rest stay as requirements.lock
     # pins them), and every wheel the GPU lock pins is one the layer needs, at that version
     pins = _pins(GPU_LOCK)

@@ -45,8 +45,7 @@ def test_a_rendered_task_pod_is_mapped_field_by_field():
     assert plan.image == IMAGE and args[-1] == IMAGE  # no args: the command alone runs
     assert flag_values(args, "--entrypoint") == [
         '["python", "-m", "tfk8s_magics.backends.kubernetes.logcopy", "/log/tasks/{task}.log", '
-        '"--", "python", "-m", "tfk8s_magics.runtime.task"]'
-    ]
+        '"--", "python", "-m", "tfk8s_magics.runtime.task"]']
     assert flag_values(args, "--user") == ["1000:1000"] and flag_values(args, "--group-add") == ["100"]
     assert "--read-only" in args and "--read-only-tmpfs=false" in args
     assert flag_values(args, "--cap-drop") == ["ALL"]
@@ -55,20 +54,14 @@ def test_a_rendered_task_pod_is_mapped_field_by_field():
     assert flag_values(args, "--hostname") == ["c1-worker-0-1"]
     assert plan.dns_names == ["c1-worker-0-1.c1.ns1.svc.cluster.local"]
     assert flag_values(args, "--dns-search") == [
-        "ns1.svc.cluster.local",
-        "svc.cluster.local",
-        "cluster.local",
-    ]
+        "ns1.svc.cluster.local", "svc.cluster.local", "cluster.local"]
     env = dict(e.split("=", 1) for e in flag_values(args, "--env"))
     assert env["TFK8S_SCRIPT"] == "/etc/tfk8s/script.py" and env["TFK8S_LOG_DIR"] == "/log"
     # the pod derives its TF_CONFIG from these (runtime/task.py: resolve_identity)
     assert '"c1-worker-0-1.c1.ns1.svc:2222"' in env["TFK8S_CLUSTER_DEF"]
     assert (env["TFK8S_ROLE"], env["JOB_COMPLETION_INDEX"]) == ("worker", "1")
-    assert flag_values(args, "-v") == [
-        "@claim:c1-data:/data:rw",
-        "@claim:c1-log:/log:rw",
-        "@files:cm-c1-worker-0-1-script-0:/etc/tfk8s:ro",
-    ]
+    assert flag_values(args, "-v") == ["@claim:c1-data:/data:rw", "@claim:c1-log:/log:rw",
+                                       "@files:cm-c1-worker-0-1-script-0:/etc/tfk8s:ro"]
     assert flag_values(args, "--mount") == ["type=tmpfs,destination=/tmp,tmpfs-mode=0777"]
     assert plan.config_files["cm-c1-worker-0-1-script-0"] == {"script.py": ("print(1)\n", 0o644)}
     assert plan.readiness == ["test", "-f", "/tmp/tfk8s-ready"]
@@ -81,33 +74,18 @@ def test_no_dns_name_without_the_headless_service_that_promises_it():
     assert plan_of(objects, "c1-worker-0-0").dns_names == []
 
 
-@pytest.mark.parametrize(
-    "change, field",
-    [
-        (lambda s: s.update(nodeSelector={"gpu": "yes"}), "pod.spec.nodeSelector"),
-        (lambda s: s["containers"][0].update(livenessProbe={"exec": {"command": ["true"]}}), "livenessProbe"),
-        (lambda s: s["containers"][0]["securityContext"].update(privileged=True), "privileged"),
-        (
-            lambda s: (
-                s["containers"][0]
-                .setdefault("resources", {})
-                .setdefault("limits", {})
-                .update({"nvidia.com/gpu": "1"})
-            ),
-            "nvidia.com/gpu",
-        ),
-        (
-            lambda s: (
-                s["volumes"].append({"name": "x", "hostPath": {"path": "/"}})
-                or s["containers"][0]["volumeMounts"].append({"name": "x", "mountPath": "/x"})
-            ),
-            "hostPath",
-        ),
-        (lambda s: s.update(automountServiceAccountToken=True), "automountServiceAccountToken"),
-        (lambda s: s["containers"][0]["volumeMounts"][0].update(subPath="a"), "subPath"),
-        (lambda s: s["securityContext"].update(runAsUser=0), "runAsNonRoot"),
-    ],
-)
+@pytest.mark.parametrize("change, field", [
+    (lambda s: s.update(nodeSelector={"gpu": "yes"}), "pod.spec.nodeSelector"),
+    (lambda s: s["containers"][0].update(livenessProbe={"exec": {"command": ["true"]}}), "livenessProbe"),
+    (lambda s: s["containers"][0]["securityContext"].update(privileged=True), "privileged"),
+    (lambda s: s["containers"][0].setdefault("resources", {}).setdefault("limits", {}).update(
+        {"nvidia.com/gpu": "1"}), "nvidia.com/gpu"),
+    (lambda s: s["volumes"].append({"name": "x", "hostPath": {"path": "/"}}) or
+     s["containers"][0]["volumeMounts"].append({"name": "x", "mountPath": "/x"}), "hostPath"),
+    (lambda s: s.update(automountServiceAccountToken=True), "automountServiceAccountToken"),
+    (lambda s: s["containers"][0]["volumeMounts"][0].update(subPath="a"), "subPath"),
+    (lambda s: s["securityContext"].update(runAsUser=0), "runAsNonRoot"),
+])
 def test_what_cannot_be_mapped_is_refused_loudly(change, field):
     objects = rendered(name="c1", workers=1, script="x=1\n")
     change(worker_template(objects)["spec"])
@@ -116,15 +94,12 @@ def test_what_cannot_be_mapped_is_refused_loudly(change, field):
 
 
 def test_a_claim_that_nobody_creates_is_refused():
-    objects = [
-        o for o in rendered(name="c1", workers=1, script="x=1\n") if o["kind"] != "PersistentVolumeClaim"
-    ]
+    objects = [o for o in rendered(name="c1", workers=1, script="x=1\n")
+               if o["kind"] != "PersistentVolumeClaim"]
     with pytest.raises(Unmappable, match="claim 'c1-data'"):
         plan_of(objects, "c1-worker-0-0")
     assert plan_of(objects, "c1-worker-0-0", existing_claims=("c1-data", "c1-log")).claims == {
-        "c1-data": False,
-        "c1-log": False,
-    }
+        "c1-data": False, "c1-log": False}
 
 
 def test_env_expansion_follows_the_api():

@@ -36,12 +36,8 @@ NAMESPACE = "lab-test"
 # never called), no Service variables are set (the hub reads its peers by DNS name), and
 # proxy-public (port 80 -> 8000) gets no name (a network alias cannot translate ports; nothing
 # here uses it).
-UNENFORCED = {
-    "livenessProbe",
-    "serviceAccountToken",
-    "enableServiceLinks",
-    "Service/lab-tfk8s-lab-proxy-public",
-}
+UNENFORCED = {"livenessProbe", "serviceAccountToken", "enableServiceLinks",
+              "Service/lab-tfk8s-lab-proxy-public"}
 
 
 def base_image() -> str:
@@ -57,41 +53,25 @@ def proxy_standin(pods, base: str, tmp_path: Path) -> str:
 
     node = shutil.which("node")
     assert node and (REPO / "node_modules" / "configurable-http-proxy").is_dir(), (
-        "Node.js and node_modules (npm ci) are needed: run scripts/bootstrap"
-    )
+        "Node.js and node_modules (npm ci) are needed: run scripts/bootstrap")
     dockerfile = REPO / "tests" / "containers" / "proxy" / "Dockerfile"
-    h = hashlib.sha256(
-        base.encode()
-        + dockerfile.read_bytes()
-        + Path(node).read_bytes()
-        + (REPO / "package-lock.json").read_bytes()
-    ).hexdigest()[:12]
+    h = hashlib.sha256(base.encode() + dockerfile.read_bytes() + Path(node).read_bytes()
+                       + (REPO / "package-lock.json").read_bytes()).hexdigest()[:12]
     ref = f"localhost/tfk8s/chp-standin:h-{h}"
     if pods.run("image", "exists", ref, check=False).returncode != 0:
         ctx = tmp_path / "proxy-context"
         shutil.copytree(REPO / "node_modules", ctx / "node_modules")
         shutil.copy2(node, ctx / "node")
-        pods.run(
-            "build",
-            *build_images.ulimits(),
-            "--build-arg",
-            f"BASE_IMAGE={base}",
-            "-f",
-            str(dockerfile),
-            "-t",
-            ref,
-            str(ctx),
-            timeout=600,
-        )
+        pods.run("build", *build_images.ulimits(), "--build-arg", f"BASE_IMAGE={base}",
+                 "-f", str(dockerfile), "-t", ref, str(ctx), timeout=600)
     return ref
 
 
 def chart_objects(helm, images, chp: str) -> list[dict]:
     """The chart rendered for the hub image just built; the proxy's image is the stand-in."""
     repo, tag = images["hub"].rsplit(":", 1)
-    objects = render(
-        helm, "--set", f"hub.image.repository={repo}", "--set", f"hub.image.tag={tag}", namespace=NAMESPACE
-    )
+    objects = render(helm, "--set", f"hub.image.repository={repo}", "--set", f"hub.image.tag={tag}",
+                     namespace=NAMESPACE)
     for obj in objects:
         # helm install --namespace creates the chart's objects (which name none) in the release's
         # namespace: the one the rendered config's DNS names (…lab-test.svc) point into
@@ -112,7 +92,7 @@ def test_hub_image_starts_jupyterhub_with_the_charts_config(images, pods, helm, 
     hub, proxy = plans["hub"], plans["proxy"]
     # what the pod template says, as podman got it
     assert "--read-only" in hub.run_args and hub.uid == 1000 and hub.fs_group == 1000
-    assert ["--cap-drop", "ALL"] == hub.run_args[hub.run_args.index("--cap-drop") :][:2]
+    assert ["--cap-drop", "ALL"] == hub.run_args[hub.run_args.index("--cap-drop"):][:2]
     pods.start(proxy)
     pods.wait_ready(proxy)
     t0 = time.monotonic()
@@ -120,10 +100,8 @@ def test_hub_image_starts_jupyterhub_with_the_charts_config(images, pods, helm, 
     pods.wait_ready(hub)  # the chart's own readiness probe: GET /hub/health, from inside the pod
     record("hub", {"podman_run_to_health_s": round(time.monotonic() - t0, 1)})
     hub_url = "http://lab-tfk8s-lab-hub:8081/hub"
-    probe = (
-        f"import urllib.request as u; r = u.urlopen('{hub_url}/health', timeout=10); print(r.status); "
-        f"print(u.urlopen('{hub_url}/api', timeout=10).read().decode())"
-    )
+    probe = (f"import urllib.request as u; r = u.urlopen('{hub_url}/health', timeout=10); print(r.status); "
+             f"print(u.urlopen('{hub_url}/api', timeout=10).read().decode())")
     # asked from the proxy's container, by the hub Service's DNS name, as the proxy reaches it
     out = pods.run("exec", proxy.container, "python3", "-c", probe).stdout.splitlines()
     assert out[0] == "200" and '"version"' in out[1], out

@@ -37,7 +37,7 @@ ARTIFACTS = REPO / "test-artifacts"
 NAMESPACE = "lab-test"
 
 # Printed first by every script these tests run: who the task is and what it may touch.
-PROBE = """import os as _os
+PROBE = '''import os as _os
 print("UID", _os.getuid(), "GROUPS", sorted(_os.getgroups()), flush=True)
 try:
     open(_os.path.expanduser("~tf") + "/probe", "w")
@@ -46,7 +46,7 @@ except OSError as _e:
     print("ROOTFS errno", _e.errno, flush=True)
 print("CAPEFF", [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0], flush=True)
 print("TF_CONFIG", _os.environ["TF_CONFIG"], flush=True)
-"""
+'''
 
 
 def record(key: str, value) -> None:
@@ -71,11 +71,7 @@ def images() -> dict[str, str]:
     with open(ARTIFACTS / "image-build.log", "w") as log:
         r = subprocess.run(
             [sys.executable, str(REPO / "scripts" / "build_images.py"), "task", "notebook", "hub"],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            timeout=3600,
-        )
+            stdout=subprocess.PIPE, stderr=log, text=True, timeout=3600)
     tail = (ARTIFACTS / "image-build.log").read_text()[-4000:]
     assert r.returncode == 0, tail
     report = json.loads(tail.strip().splitlines()[-1])
@@ -117,26 +113,10 @@ def read_from_notebook(pods, images, claim: str, code: str) -> str:
     """Run ``code`` in a container of the notebook image (its own user) with ``claim`` at /log, read-only."""
     from tests.containers.podman import build_images
 
-    r = pods.run(
-        "run",
-        "--rm",
-        "--network",
-        "none",
-        *build_images.run_flags(),
-        "--read-only",
-        "--label",
-        f"tfk8s.test-run={pods.prefix}",
-        "--tmpfs",
-        "/tmp",
-        "-v",
-        f"{pods.volumes[claim]}:/log:ro",
-        images["notebook"],
-        "python",
-        "-c",
-        code,
-        check=False,
-        timeout=300,
-    )
+    r = pods.run("run", "--rm", "--network", "none", *build_images.run_flags(), "--read-only",
+                 "--label", f"tfk8s.test-run={pods.prefix}", "--tmpfs", "/tmp",
+                 "-v", f"{pods.volumes[claim]}:/log:ro", images["notebook"], "python", "-c", code,
+                 check=False, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
 
@@ -147,24 +127,14 @@ def test_images_are_built_and_plain_task_image_has_no_gpu_stack(images, pods):
     task_env = pods.run("image", "inspect", "--format", "{{json .Config.Env}}", images["task"]).stdout
     assert "TFK8S_ACCELERATOR=cpu" in task_env
     # the plain image has no CUDA libraries: TensorFlow sees no GPU and says so
-    code = (
-        "import importlib.util as u, tensorflow as tf; "
-        "print(u.find_spec('nvidia') is None, tf.config.list_physical_devices('GPU'))"
-    )
-    out = pods.run(
-        "run", "--rm", *pods_flags(), "--entrypoint", '["python", "-c"]', images["task"], code, timeout=300
-    ).stdout
+    code = ("import importlib.util as u, tensorflow as tf; "
+            "print(u.find_spec('nvidia') is None, tf.config.list_physical_devices('GPU'))")
+    out = pods.run("run", "--rm", *pods_flags(), "--entrypoint", '["python", "-c"]', images["task"], code,
+                   timeout=300).stdout
     assert out.strip().splitlines()[-1] == "True []", out
-    hub = pods.run(
-        "run",
-        "--rm",
-        *pods_flags(),
-        images["hub"],
-        "python",
-        "-c",
-        "import psycopg2, oauthenticator, jupyterhub_idle_culler, kubespawner; print('ok')",
-        timeout=120,
-    ).stdout
+    hub = pods.run("run", "--rm", *pods_flags(), images["hub"], "python", "-c",
+                   "import psycopg2, oauthenticator, jupyterhub_idle_culler, kubespawner; print('ok')",
+                   timeout=120).stdout
     assert hub.strip() == "ok"
 
 
@@ -182,8 +152,7 @@ def test_mwms_workers_all_reduce_across_containers(images, pods):
     # named as JobSet names them: Job mwms-worker-0, completion index i
     assert [p.pod.name for p in plans] == ["mwms-worker-0-0", "mwms-worker-0-1"]
     assert [p.dns_names for p in plans] == [
-        [f"mwms-worker-0-{i}.mwms.{NAMESPACE}.svc.cluster.local"] for i in (0, 1)
-    ]
+        [f"mwms-worker-0-{i}.mwms.{NAMESPACE}.svc.cluster.local"] for i in (0, 1)]
     t0 = time.time()
     for p in plans:
         pods.start(p)
@@ -200,26 +169,15 @@ def test_mwms_workers_all_reduce_across_containers(images, pods):
         tf_config = json.loads(re.search(r"^TF_CONFIG (.*)$", log, re.M).group(1))
         assert tf_config["task"] == {"type": "worker", "index": i}
         assert tf_config["cluster"]["worker"] == [
-            f"mwms-worker-0-{j}.mwms.{NAMESPACE}.svc:2222" for j in (0, 1)
-        ]
+            f"mwms-worker-0-{j}.mwms.{NAMESPACE}.svc:2222" for j in (0, 1)]
     first_step = min(stamps(pods, plans[0].container, r"^ALLREDUCE"))
     trained = max(stamps(pods, plans[0].container, r"^KERAS"))
-    record(
-        "mwms",
-        {
-            "podman_run_to_first_allreduce_s": round(first_step - t0, 1),
-            "podman_run_to_fit_done_s": round(trained - t0, 1),
-        },
-    )
+    record("mwms", {"podman_run_to_first_allreduce_s": round(first_step - t0, 1),
+                    "podman_run_to_fit_done_s": round(trained - t0, 1)})
     # every task's log kept on the shared /log claim, readable from the user's notebook container
-    out = read_from_notebook(
-        pods,
-        images,
-        "mwms-log",
-        "import pathlib; p = pathlib.Path('/log/tasks'); "
-        "print(sorted(x.name for x in p.iterdir())); "
-        "print(p.joinpath('worker-1.log').read_text())",
-    )
+    out = read_from_notebook(pods, images, "mwms-log", "import pathlib; p = pathlib.Path('/log/tasks'); "
+                             "print(sorted(x.name for x in p.iterdir())); "
+                             "print(p.joinpath('worker-1.log').read_text())")
     assert "['worker-0.log', 'worker-1.log']" in out and "ALLREDUCE 3.0" in out
 
 
@@ -248,13 +206,10 @@ def test_parameter_server_holds_the_variables_and_checkpoints_on_shared_log(imag
     assert pods.wait_exit(ps.container, timeout=60) == 143
     # The checkpoint the PS wrote (its shard) and the chief's index, read from the notebook image.
     out = read_from_notebook(
-        pods,
-        images,
-        "tf1-log",
+        pods, images, "tf1-log",
         "import tensorflow as tf; p = tf.train.latest_checkpoint('/log/checkpoints'); print(p); "
         "r = tf.train.load_checkpoint(p); print('STEP', r.get_tensor('global_step'), "
-        "'W', r.get_tensor('w').ravel().round(3).tolist())",
-    )
+        "'W', r.get_tensor('w').ravel().round(3).tolist())")
     assert "/log/checkpoints/model-40" in out and "STEP 40" in out, out
 
 
@@ -282,8 +237,7 @@ def test_exit_codes_through_pid_1(images, pods):
         pods.kill(plans[name].container, signal)
     got = {name: pods.wait_exit(p.container, timeout=300) for name, p in plans.items()}
     assert got == {name: code for name, (_, code) in cases.items()}, {
-        n: pods.logs(p.container)[-1500:] for n, p in plans.items()
-    }
+        n: pods.logs(p.container)[-1500:] for n, p in plans.items()}
     from tfk8s_magics.lifecycle import EXIT_SCRIPT_BROKEN
 
     assert got["syntax"] == got["imports"] == EXIT_SCRIPT_BROKEN
@@ -295,24 +249,10 @@ def test_notebook_image_serves_jupyterlab_with_the_extension(images, pods):
 
     port, token = free_port(), secrets.token_hex(16)
     name = f"{pods.prefix}-notebook"
-    pods.run(
-        "run",
-        "--detach",
-        "--name",
-        name,
-        "--label",
-        f"tfk8s.test-run={pods.prefix}",
-        *build_flags(),
-        "--publish",
-        f"127.0.0.1:{port}:8888",
-        images["notebook"],
-        "jupyter",
-        "lab",
-        "--ip=0.0.0.0",
-        "--port=8888",
-        "--no-browser",
-        f"--IdentityProvider.token={token}",
-    )
+    pods.run("run", "--detach", "--name", name, "--label", f"tfk8s.test-run={pods.prefix}",
+             *build_flags(), "--publish", f"127.0.0.1:{port}:8888", images["notebook"],
+             "jupyter", "lab", "--ip=0.0.0.0", "--port=8888", "--no-browser",
+             f"--IdentityProvider.token={token}")
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 180
     while True:
@@ -327,8 +267,7 @@ def test_notebook_image_serves_jupyterlab_with_the_extension(images, pods):
     kernel = KernelClient(url, token)
     try:
         outputs, reply = kernel.execute(
-            "%tfcluster list\nimport tfk8s_magics; print('MAGIC', tfk8s_magics.__name__)"
-        )
+            "%tfcluster list\nimport tfk8s_magics; print('MAGIC', tfk8s_magics.__name__)")
     finally:
         kernel.ws.close()
     assert reply["status"] == "ok", outputs
@@ -342,7 +281,7 @@ def build_flags() -> list[str]:
     return build_images.run_flags()
 
 
-COORDINATOR = """
+COORDINATOR = '''
 import time
 import tensorflow as tf
 import tfk8s_magics as tk
@@ -370,7 +309,7 @@ results = [first] + [coordinator.schedule(step) for _ in range(11)]
 coordinator.join()
 print("RESULTS", [int(r.fetch()) for r in results], "COUNTER", counter.numpy(), flush=True)
 print("STOPPED", tk.get("ig", "kubernetes").stop().phase, flush=True)
-"""
+'''
 
 
 def test_in_graph_coordinator_in_the_notebook_container(images, pods, make_kube, tmp_path):
@@ -383,13 +322,8 @@ def test_in_graph_coordinator_in_the_notebook_container(images, pods, make_kube,
     kube.create_namespace(NAMESPACE)
     kube.set_role(backend_role(NAMESPACE), NAMESPACE, service_account="jupyter")
     kubelet = PodmanKubelet(kube, pods, NAMESPACE)
-    backend = KubernetesBackend(
-        namespace=NAMESPACE,
-        api_client=kube.api_client,
-        user="alice",
-        storage_class="standard",
-        image=images["task"],
-    )
+    backend = KubernetesBackend(namespace=NAMESPACE, api_client=kube.api_client, user="alice",
+                                storage_class="standard", image=images["task"])
     try:
         t0 = time.time()
         backend.launch(ClusterSpec(name="ig", mode="in-graph", ps=1, workers=2), detach=True)
@@ -402,73 +336,34 @@ def test_in_graph_coordinator_in_the_notebook_container(images, pods, make_kube,
         kube.wait_for(running, timeout=400, interval=0.5, message="3 task containers ready")
         assert not kubelet.errors, kubelet.errors
         # the pods as JobSet names them (by the double's stand-in), read while they exist
-        names = [
-            kube.jobsets.pod_name(NAMESPACE, "ig", role, i)
-            for role, i in (("ps", 0), ("worker", 0), ("worker", 1))
-        ]
+        names = [kube.jobsets.pod_name(NAMESPACE, "ig", role, i)
+                 for role, i in (("ps", 0), ("worker", 0), ("worker", 1))]
         assert sorted(kubelet.plans) == sorted(names)
         hosts = []
         for plan in kubelet.plans.values():
-            ip = pods.run(
-                "inspect",
-                "--format",
-                "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
-                plan.container,
-            ).stdout.strip()
+            ip = pods.run("inspect", "--format", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+                          plan.container).stdout.strip()
             (fqdn,) = plan.dns_names
             # the TF_CONFIG names (…svc) and the fully qualified ones resolve to the task's container
-            hosts += [
-                "--add-host",
-                f"{fqdn.removesuffix('.cluster.local')}:{ip}",
-                "--add-host",
-                f"{fqdn}:{ip}",
-            ]
+            hosts += ["--add-host", f"{fqdn.removesuffix('.cluster.local')}:{ip}",
+                      "--add-host", f"{fqdn}:{ip}"]
         config = tmp_path / "kube" / "config"
         config.parent.mkdir()
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "current-context": "lab",
-                    "clusters": [{"name": "double", "cluster": {"server": kube.url}}],
-                    "users": [{"name": "jupyter", "user": {}}],
-                    "contexts": [
-                        {
-                            "name": "lab",
-                            "context": {"cluster": "double", "user": "jupyter", "namespace": NAMESPACE},
-                        }
-                    ],
-                }
-            )
-        )
+        config.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "lab",
+            "clusters": [{"name": "double", "cluster": {"server": kube.url}}],
+            "users": [{"name": "jupyter", "user": {}}],
+            "contexts": [{"name": "lab", "context": {"cluster": "double", "user": "jupyter",
+                                                    "namespace": NAMESPACE}}]}))
         config.chmod(0o644)
         config.parent.chmod(0o755)
         # host network: the API double listens on the host's 127.0.0.1 only
-        r = pods.run(
-            "run",
-            "--rm",
-            "--network",
-            "host",
-            *hosts,
-            *build_flags(),
-            "--label",
-            f"tfk8s.test-run={pods.prefix}",
-            "-v",
-            f"{config.parent}:/etc/tfk8s-kube:ro",
-            "--env",
-            "KUBECONFIG=/etc/tfk8s-kube/config",
-            "--env",
-            f"TFK8S_NAMESPACE={NAMESPACE}",
-            "--env",
-            "TFK8S_POD_IP=127.0.0.1",
-            images["notebook"],
-            "python",
-            "-c",
-            COORDINATOR,
-            check=False,
-            timeout=600,
-        )
+        r = pods.run("run", "--rm", "--network", "host", *hosts, *build_flags(),
+                     "--label", f"tfk8s.test-run={pods.prefix}",
+                     "-v", f"{config.parent}:/etc/tfk8s-kube:ro",
+                     "--env", "KUBECONFIG=/etc/tfk8s-kube/config",
+                     "--env", f"TFK8S_NAMESPACE={NAMESPACE}", "--env", "TFK8S_POD_IP=127.0.0.1",
+                     images["notebook"], "python", "-c", COORDINATOR, check=False, timeout=600)
         out = r.stdout + r.stderr
         assert r.returncode == 0, out[-5000:]
         assert "CONNECTED ParameterServerStrategy" in out
@@ -485,3 +380,4 @@ def test_in_graph_coordinator_in_the_notebook_container(images, pods, make_kube,
     finally:
         backend.close()
         kubelet.close()
+

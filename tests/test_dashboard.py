@@ -209,15 +209,8 @@ class ScriptedBackend(Backend):
         from tfk8s_magics.serving import ServingInfo
 
         self.calls.append(("serve", name))
-        return ServingInfo(
-            name,
-            model or name,
-            3,
-            "/proxy/8501/",
-            "http://127.0.0.1:8501/",
-            "127.0.0.1:8500",
-            "/tmp/logs/models/demo",
-        )
+        return ServingInfo(name, model or name, 3, "/proxy/8501/", "http://127.0.0.1:8501/",
+                           "127.0.0.1:8500", "/tmp/logs/models/demo")
 
 
 @pytest.fixture
@@ -759,22 +752,9 @@ def test_no_backend_call_under_the_feed_registry_lock(scripted, monkeypatch):
 
 # -- views never contradict the truth (issue 8, item 5) ------------------------------------
 def _failed(name="demo"):
-    return make_status(
-        name=name,
-        phase=Phase.FAILED,
-        reason="worker-0 failed",
-        finished=time.time(),
-        tasks=[
-            TaskStatus(
-                "worker-0",
-                Phase.FAILED,
-                "exit code 1",
-                exit_code=1,
-                started=time.time() - 5,
-                finished=time.time(),
-            )
-        ],
-    )
+    return make_status(name=name, phase=Phase.FAILED, reason="worker-0 failed", finished=time.time(),
+                       tasks=[TaskStatus("worker-0", Phase.FAILED, "exit code 1", exit_code=1,
+                                         started=time.time() - 5, finished=time.time())])
 
 
 def test_delete_button_of_an_ended_dashboard_shows_deleted(scripted):
@@ -805,14 +785,9 @@ def test_delete_elsewhere_of_an_ended_cluster_reaches_its_dashboard(scripted):
 def test_a_deleted_running_cluster_shows_no_running_task(scripted):
     """Regression: after `%tfcluster delete` of an in-graph cluster its task table stayed
     "running / serving"."""
-    cluster = scripted.add(
-        make_status(
-            tasks=[
-                TaskStatus("ps-0", Phase.RUNNING, "serving", started=time.time() - 5),
-                TaskStatus("worker-0", Phase.RUNNING, "serving", started=time.time() - 5),
-            ]
-        )
-    )
+    cluster = scripted.add(make_status(tasks=[
+        TaskStatus("ps-0", Phase.RUNNING, "serving", started=time.time() - 5),
+        TaskStatus("worker-0", Phase.RUNNING, "serving", started=time.time() - 5)]))
     d = Dashboard(cluster, widgets=True).start()
     wait_for(lambda: 'data-phase="running"' in d.tasks.value, what="running")
     Cluster("demo", scripted).delete()
@@ -835,11 +810,8 @@ def test_cluster_list_after_a_delete_elsewhere(scripted):
         wait_for(lambda r=row: 'data-phase="deleted"' in r.phase_cell.value, 10, f"{name} deleted")
         assert row.actions.delete_button.disabled and row.actions.stop_button.disabled
         assert row.dash_button.disabled
-    wait_for(
-        lambda: "0 running" in lst.summary.value or "no clusters" in lst.summary.value,
-        10,
-        "the summary to agree with the rows",
-    )
+    wait_for(lambda: "0 running" in lst.summary.value or "no clusters" in lst.summary.value, 10,
+             "the summary to agree with the rows")
     assert "1 running" not in lst.summary.value
     lst.close()
 
@@ -867,48 +839,24 @@ def test_the_log_shown_first_is_the_failed_task_else_the_chief_else_worker_0():
 
     run = Phase.RUNNING
     assert default_log_task(tasks(("ps-0", run, None), ("worker-0", run, None))) == "worker-0"
-    assert (
-        default_log_task(tasks(("ps-0", run, None), ("chief-0", run, None), ("worker-0", run, None)))
-        == "chief-0"
-    )
-    assert (
-        default_log_task(
-            tasks(
-                ("ps-0", run, None),
-                ("worker-0", run, None),
-                ("worker-1", Phase.FAILED, 5.0),
-                ("worker-2", Phase.FAILED, 3.0),
-            )
-        )
-        == "worker-2"
-    )
+    assert default_log_task(tasks(("ps-0", run, None), ("chief-0", run, None),
+                                  ("worker-0", run, None))) == "chief-0"
+    assert default_log_task(tasks(("ps-0", run, None), ("worker-0", run, None),
+                                  ("worker-1", Phase.FAILED, 5.0), ("worker-2", Phase.FAILED, 3.0))
+                            ) == "worker-2"
     assert default_log_task(tasks(("ps-0", Phase.FAILED, 1.0), ("worker-0", run, None))) == "ps-0"
 
 
 def test_dashboard_opens_on_the_failed_task_and_respects_the_users_choice(scripted):
-    cluster = scripted.add(
-        make_status(
-            tasks=[
-                TaskStatus("ps-0", Phase.RUNNING, "serving"),
-                TaskStatus("worker-0", Phase.RUNNING, ""),
-                TaskStatus("worker-1", Phase.RUNNING, ""),
-            ]
-        )
-    )
+    cluster = scripted.add(make_status(tasks=[
+        TaskStatus("ps-0", Phase.RUNNING, "serving"), TaskStatus("worker-0", Phase.RUNNING, ""),
+        TaskStatus("worker-1", Phase.RUNNING, "")]))
     d = Dashboard(cluster, widgets=True).start()
     wait_for(lambda: d.tabs.titles[:3] == ("ps-0", "worker-0", "worker-1"), what="tabs")
     wait_for(lambda: d.tabs.selected_index == 1, what="worker-0 shown first (not ps-0)")
-    scripted.push(
-        make_status(
-            phase=Phase.FAILED,
-            finished=time.time(),
-            tasks=[
-                TaskStatus("ps-0", Phase.STOPPED, ""),
-                TaskStatus("worker-0", Phase.STOPPED, ""),
-                TaskStatus("worker-1", Phase.FAILED, "exit code 1", exit_code=1, finished=time.time()),
-            ],
-        )
-    )
+    scripted.push(make_status(phase=Phase.FAILED, finished=time.time(), tasks=[
+        TaskStatus("ps-0", Phase.STOPPED, ""), TaskStatus("worker-0", Phase.STOPPED, ""),
+        TaskStatus("worker-1", Phase.FAILED, "exit code 1", exit_code=1, finished=time.time())]))
     wait_for(lambda: d.tabs.selected_index == 2, what="the failed worker-1 shown")
     d.close()
 
@@ -948,24 +896,14 @@ def test_the_header_says_stalled_with_how_long_and_the_last_lines():
 
 
 def test_a_log_tab_the_user_picked_stays_picked(scripted):
-    cluster = scripted.add(
-        make_status(
-            tasks=[TaskStatus("ps-0", Phase.RUNNING, "serving"), TaskStatus("worker-0", Phase.RUNNING, "")]
-        )
-    )
+    cluster = scripted.add(make_status(tasks=[
+        TaskStatus("ps-0", Phase.RUNNING, "serving"), TaskStatus("worker-0", Phase.RUNNING, "")]))
     d = Dashboard(cluster, widgets=True).start()
     wait_for(lambda: d.tabs.selected_index == 1, what="worker-0 shown first")
     d.tabs.selected_index = 0  # the user opens ps-0 (the browser syncs the trait like this)
-    scripted.push(
-        make_status(
-            phase=Phase.FAILED,
-            finished=time.time(),
-            tasks=[
-                TaskStatus("ps-0", Phase.STOPPED, ""),
-                TaskStatus("worker-0", Phase.FAILED, "exit code 1", exit_code=1, finished=time.time()),
-            ],
-        )
-    )
+    scripted.push(make_status(phase=Phase.FAILED, finished=time.time(), tasks=[
+        TaskStatus("ps-0", Phase.STOPPED, ""),
+        TaskStatus("worker-0", Phase.FAILED, "exit code 1", exit_code=1, finished=time.time())]))
     assert d.wait(TIMEOUT)
     assert d.tabs.selected_index == 0
 
@@ -1003,12 +941,8 @@ def test_the_final_record_is_the_live_dashboards_alternative_not_a_second_copy(s
     live_bundle = d._repr_mimebundle_()
     assert "final state" not in live_bundle["text/html"] + live_bundle["text/plain"]
     rec = summary.FinalSummary(cluster, view=d)
-    ended = make_status(
-        name="rec",
-        phase=Phase.SUCCEEDED,
-        finished=time.time(),
-        tasks=[TaskStatus("worker-0", Phase.SUCCEEDED, "exit code 0", exit_code=0)],
-    )
+    ended = make_status(name="rec", phase=Phase.SUCCEEDED, finished=time.time(),
+                        tasks=[TaskStatus("worker-0", Phase.SUCCEEDED, "exit code 0", exit_code=0)])
     assert rec.finish(ended)
     bundle = d._repr_mimebundle_()
     # One output: the widget view for a live front end, the record as its alternatives.

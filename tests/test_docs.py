@@ -26,26 +26,10 @@ BUILD_TIMEOUT = 1200  # seconds; a build takes well under a minute on an idle ma
 def build_docs(out: Path, src: Path = DOCS, env: dict | None = None) -> subprocess.CompletedProcess:
     """Build the docs from scratch (``-E``) into ``out``, as scripts/docs does."""
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sphinx",
-            "-W",
-            "--keep-going",
-            "-n",
-            "-E",
-            "-q",
-            "-b",
-            "html",
-            str(src),
-            str(out),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=BUILD_TIMEOUT,
-        env={**os.environ, **(env or {})},
-    )
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-E", "-q", "-b", "html",
+         str(src), str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=BUILD_TIMEOUT,
+        env={**os.environ, **(env or {})})
 
 
 def scripts_docs(*args: str, out: Path, port: int | None = None, **kwargs):
@@ -61,7 +45,8 @@ def html(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("docs") / "html"
     argv, kw = scripts_docs("build", out=out)
     result = subprocess.run(argv, capture_output=True, text=True, timeout=BUILD_TIMEOUT, **kw)
-    assert result.returncode == 0, f"the docs build failed (warnings are errors):\n{result.stderr[-6000:]}"
+    assert result.returncode == 0, (
+        f"the docs build failed (warnings are errors):\n{result.stderr[-6000:]}")
     return out
 
 
@@ -123,8 +108,7 @@ def test_every_internal_link_and_anchor_resolves(html):
 def test_the_link_checker_finds_a_missing_page_and_a_missing_anchor(tmp_path):
     (tmp_path / "a.html").write_text(
         '<h1 id="top">A</h1><a href="b.html#there">ok</a><a href="b.html#nowhere">x</a>'
-        '<a href="missing.html">y</a><a href="#top">self</a><a href="https://example.org/z">ext</a>'
-    )
+        '<a href="missing.html">y</a><a href="#top">self</a><a href="https://example.org/z">ext</a>')
     (tmp_path / "b.html").write_text('<section id="there"></section>')
     assert broken_links(tmp_path) == [
         "a.html: b.html#nowhere (no anchor #nowhere)",
@@ -138,15 +122,11 @@ def test_a_link_to_a_missing_heading_fails_the_build(tmp_path):
     src.mkdir()
     (src / "conf.py").write_text(
         f"exec(compile(open({str(DOCS / 'conf.py')!r}).read(), 'conf.py', 'exec'))\n"
-        "extensions = ['myst_nb']\nhtml_static_path = []\n",
-        encoding="utf-8",
-    )
+        "extensions = ['myst_nb']\nhtml_static_path = []\n", encoding="utf-8")
     (src / "index.md").write_text("# Home\n\n```{toctree}\npage\n```\n", encoding="utf-8")
-    (src / "page.md").write_text(
-        "# Page\n\n## A heading\n\n[ok](index.md#home) "
-        "[ok](#a-heading) [nothing](index.md#no-such-heading)\n",
-        encoding="utf-8",
-    )
+    (src / "page.md").write_text("# Page\n\n## A heading\n\n[ok](index.md#home) "
+                                 "[ok](#a-heading) [nothing](index.md#no-such-heading)\n",
+                                 encoding="utf-8")
     result = build_docs(tmp_path / "html", src=src)
     assert result.returncode != 0
     assert "no-such-heading" in result.stderr, result.stderr[-3000:]
@@ -188,11 +168,8 @@ def test_scripts_docs_serves_the_build_on_loopback_only(html):
                 time.sleep(0.2)
         assert page is not None, f"scripts/docs serve did not answer: {proc.poll()}"
         assert "Getting started" in page
-        listening = [
-            c.laddr
-            for c in psutil.Process(proc.pid).net_connections("inet")
-            if c.status == psutil.CONN_LISTEN
-        ]
+        listening = [c.laddr for c in psutil.Process(proc.pid).net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN]
         assert listening and all(a.ip == "127.0.0.1" for a in listening), listening
     finally:
         proc.terminate()
@@ -233,8 +210,7 @@ def test_the_error_catalogue_lists_each_raised_sentence_under_its_cause(tmp_path
         "def f(name, n):\n"
         "    if n:\n"
         "        raise SpecError(f'--workers {n} is out of range: ' 'give a count from 0 to 256.')\n"
-        "    raise ValueError('a builtin error is not a user-facing sentence')\n"
-    )
+        "    raise ValueError('a builtin error is not a user-facing sentence')\n")
     (pkg / "storage" / "urls.py").write_text(
         "MISSING = 'the {kind} package is not installed: pip install {kind}.'\n"
         "def g(url):\n    raise StorageError(f'unknown scheme in {url!r}: use s3:// or gs://.')\n"
@@ -242,19 +218,16 @@ def test_the_error_catalogue_lists_each_raised_sentence_under_its_cause(tmp_path
         "def explain(url, e):\n"
         "    if e:\n        return StorageError(f'{url} was refused: check the credentials.')\n"
         "    return StorageError(f'{url} does not exist: check the path.')\n"
-        "def i(url, e):\n    raise explain(url, e)\n"
-    )
+        "def i(url, e):\n    raise explain(url, e)\n")
     found = tfk8s_docs.error_sentences(pkg)
     assert found == {
         "Object storage (URLs, credentials, transfers)": [
             ("the ‹kind› package is not installed: pip install ‹kind›.", "StorageError", "storage/urls.py"),
             ("unknown scheme in ‹url›: use s3:// or gs://.", "StorageError", "storage/urls.py"),
             ("‹url› does not exist: check the path.", "explain()", "storage/urls.py"),
-            ("‹url› was refused: check the credentials.", "explain()", "storage/urls.py"),
-        ],
+            ("‹url› was refused: check the credentials.", "explain()", "storage/urls.py")],
         "What you asked for: names, flags, values, shapes": [
-            ("--workers ‹n› is out of range: give a count from 0 to 256.", "SpecError", "spec.py")
-        ],
+            ("--workers ‹n› is out of range: give a count from 0 to 256.", "SpecError", "spec.py")],
     }
 
 
@@ -276,15 +249,13 @@ def test_the_api_reference_documents_exactly_the_public_api(html):
     top_level = {i.removeprefix("tfk8s_magics.") for i in ids if i.count(".") == 1}
     assert top_level == set(tfk8s_magics.__all__), (
         f"documented but not exported: {sorted(top_level - set(tfk8s_magics.__all__))}; "
-        f"exported but not documented: {sorted(set(tfk8s_magics.__all__) - top_level)}"
-    )
+        f"exported but not documented: {sorted(set(tfk8s_magics.__all__) - top_level)}")
     # The Backend contract (for writing a backend) is public too, under tfk8s_magics.backends.
     from tfk8s_magics import backends
 
     prefix = "tfk8s_magics.backends."
     contract = {i.removeprefix(prefix) for i in ids if i.startswith(prefix)}
     assert {c.partition(".")[0] for c in contract} == set(backends.__all__), (
-        f"backends: documented {sorted(contract)}, exported {sorted(backends.__all__)}"
-    )
+        f"backends: documented {sorted(contract)}, exported {sorted(backends.__all__)}")
     members = {i for i in ids if i.count(".") > 1 and not i.startswith("tfk8s_magics.backends.")}
     assert all(m.split(".")[1] in tfk8s_magics.__all__ for m in members), sorted(members)

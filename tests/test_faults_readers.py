@@ -59,56 +59,24 @@ def fake_cluster(local, name: str = "fz", tasks: int = 2) -> ClusterDir:
     (log_dir / "tasks").mkdir(parents=True, mode=0o700)
     addresses = {t.name: f"127.0.0.1:{20000 + i}" for i, t in enumerate(spec.tasks())}
     cid = uuid.uuid4().hex
-    write_record(
-        cdir.record,
-        {
-            "id": cid,
-            "backend": "local",
-            "spec": spec.to_dict(),
-            "created": time.time(),
-            "owner_pid": 1,
-            "owner": "me",
-            "detached": True,
-            "addresses": addresses,
-            "cluster": {"worker": list(addresses.values())},
-            "workdir": str(cdir.root),
-            "log_dir": str(log_dir),
-            "data_dir": str(cdir.root / "data"),
-        },
-    )
-    write_json_atomic(
-        cdir.status,
-        {
-            "id": cid,
-            "phase": "running",
-            "reason": "every task is ready",
-            "finished": None,
-            "supervisor_pid": None,
-            "supervisor_start": None,
-            "supervisor_done": True,
-            "restarts_used": 0,
-            "tasks": [
-                {"name": t, "phase": "running", "started": time.time() - 5, "host": a}
-                for t, a in addresses.items()
-            ],
-            "stall": None,
-        },
-    )
+    write_record(cdir.record, {
+        "id": cid, "backend": "local", "spec": spec.to_dict(), "created": time.time(), "owner_pid": 1,
+        "owner": "me", "detached": True, "addresses": addresses,
+        "cluster": {"worker": list(addresses.values())}, "workdir": str(cdir.root),
+        "log_dir": str(log_dir), "data_dir": str(cdir.root / "data"),
+    })
+    write_json_atomic(cdir.status, {
+        "id": cid, "phase": "running", "reason": "every task is ready", "finished": None,
+        "supervisor_pid": None, "supervisor_start": None, "supervisor_done": True, "restarts_used": 0,
+        "tasks": [{"name": t, "phase": "running", "started": time.time() - 5, "host": a}
+                  for t, a in addresses.items()],
+        "stall": None,
+    })
     for t in addresses:
         task_log_path(log_dir, t).write_text(f"{t} says hello\n")
     with open(cdir.events, "w") as f:
-        f.write(
-            json.dumps(
-                {
-                    "time": time.time(),
-                    "task": "",
-                    "reason": "Started",
-                    "message": "started 2 task(s)",
-                    "type": "Normal",
-                }
-            )
-            + "\n"
-        )
+        f.write(json.dumps({"time": time.time(), "task": "", "reason": "Started",
+                            "message": "started 2 task(s)", "type": "Normal"}) + "\n")
     return cdir
 
 
@@ -129,7 +97,6 @@ def every_reader(local, name: str) -> None:
 
 
 # -- the probe's state files ----------------------------------------------------------------------
-
 
 @pytest.mark.parametrize("which", ["status", "record"])
 def test_deeply_nested_state_shows_that_cluster_unreadable_and_delete_force_removes_it(local, which):
@@ -155,13 +122,8 @@ def test_cli_list_status_and_delete_force_survive_deep_nesting(state_dir, local)
     env = {**os.environ, "TFK8S_STATE_DIR": str(state_dir)}
 
     def tfk8s(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "tfk8s_magics.cli", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        return subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
 
     for args in (["list"], ["get", "deep"], ["events", "deep"]):
         r = tfk8s(*args)
@@ -170,15 +132,12 @@ def test_cli_list_status_and_delete_force_survive_deep_nesting(state_dir, local)
     assert r.returncode == 0 and not cdir.root.exists(), r.stdout + r.stderr
 
 
-@pytest.mark.parametrize(
-    ("row", "expect"),
-    [
-        ({"started": "yesterday"}, None),
-        ({"finished": [1]}, None),
-        ({"restarts": "many", "exit_code": "x", "pid": 1.5}, None),
-        ({"phase": 7}, None),
-    ],
-)
+@pytest.mark.parametrize(("row", "expect"), [
+    ({"started": "yesterday"}, None),
+    ({"finished": [1]}, None),
+    ({"restarts": "many", "exit_code": "x", "pid": 1.5}, None),
+    ({"phase": 7}, None),
+])
 def test_a_wrongly_typed_task_field_is_dropped_not_a_crash(local, row, expect):
     cdir = fake_cluster(local)
     raw = read_json(cdir.status)
@@ -256,8 +215,7 @@ def test_bad_progress_records_are_skipped(local):
     assert local.status("fz").progress is None
     cdir.progress_file("worker-0").write_text(
         json.dumps({"step": 4, "total": "many", "rate": "fast", "metrics": {"loss": "low", "acc": 0.5}})
-        + "\n"
-    )
+        + "\n")
     p = local.status("fz").progress
     assert p.step == 4 and p.total is None and p.rate is None and p.metrics == {"acc": 0.5}
 
@@ -273,7 +231,6 @@ def test_pool_messages_and_records_are_bounded_in_depth():
 
 
 # -- logs and state read like they are written ---------------------------------------------------
-
 
 def _plant(path: Path, kind: str, tmp_path: Path) -> None:
     path.unlink(missing_ok=True)
@@ -362,62 +319,32 @@ def test_logs_without_tail_are_bounded(local, monkeypatch):
 
 # -- fuzz: every reader, random and adversarial bytes ------------------------------------------------
 
-ADVERSARIAL = st.sampled_from(
-    [
-        DEEP,
-        b"{" * 3000,
-        b'{"a":' * 2000,
-        b"null",
-        b"[]",
-        b'"x"',
-        b"1e999",
-        b"NaN",
-        b"\x00" * 64,
-        b'{"tasks": "abc"}',
-        b'{"id": 5, "tasks": [1, null, "x", {"name": 3}]}',
-        b'{"spec": {"name": 1}, "addresses": [], "cluster": 1, "log_dir": 2, "created": "x"}',
-        b'{"time": 1e999, "task": "", "reason": "", "message": ""}',
-        b"\xff\xfe\xfd",
-        b'{"step": true}',
-        b'{"step": 1, "metrics": {"a": [1]}, "total": 1e400}',
-    ]
-)
-FUZZ_BYTES = st.one_of(
-    st.binary(max_size=4096),
-    ADVERSARIAL,
-    st.recursive(
-        st.none() | st.booleans() | st.floats() | st.integers() | st.text(),
-        lambda c: st.lists(c) | st.dictionaries(st.text(), c),
-        max_leaves=40,
-    ).map(lambda v: json.dumps(v).encode()),
-)
+ADVERSARIAL = st.sampled_from([
+    DEEP, b"{" * 3000, b'{"a":' * 2000, b"null", b"[]", b'"x"', b"1e999", b"NaN", b"\x00" * 64,
+    b'{"tasks": "abc"}', b'{"id": 5, "tasks": [1, null, "x", {"name": 3}]}',
+    b'{"spec": {"name": 1}, "addresses": [], "cluster": 1, "log_dir": 2, "created": "x"}',
+    b'{"time": 1e999, "task": "", "reason": "", "message": ""}', b"\xff\xfe\xfd", b'{"step": true}',
+    b'{"step": 1, "metrics": {"a": [1]}, "total": 1e400}',
+])
+FUZZ_BYTES = st.one_of(st.binary(max_size=4096), ADVERSARIAL,
+                       st.recursive(st.none() | st.booleans() | st.floats() | st.integers() | st.text(),
+                                    lambda c: st.lists(c) | st.dictionaries(st.text(), c), max_leaves=40)
+                       .map(lambda v: json.dumps(v).encode()))
 
 
-@settings(
-    max_examples=150,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
-@given(
-    target=st.sampled_from(["status", "record", "events", "progress", "tensorboard", "coordinator"]),
-    data=FUZZ_BYTES,
-    valid_prefix=st.booleans(),
-)
+@settings(max_examples=150, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(target=st.sampled_from(["status", "record", "events", "progress", "tensorboard", "coordinator"]),
+       data=FUZZ_BYTES, valid_prefix=st.booleans())
 def test_fuzz_no_state_file_crashes_a_reader(local, target, data, valid_prefix):
     name = "fz"
     cdir = local.clusters_dir / name
     if not cdir.exists():
         fake_cluster(local, name)
     cdir = ClusterDir(cdir)
-    path = {
-        "status": cdir.status,
-        "record": cdir.record,
-        "events": cdir.events,
-        "progress": cdir.progress_file("worker-0"),
-        "tensorboard": cdir.tensorboard,
-        "coordinator": cdir.coordinator,
-    }[target]
+    path = {"status": cdir.status, "record": cdir.record, "events": cdir.events,
+            "progress": cdir.progress_file("worker-0"), "tensorboard": cdir.tensorboard,
+            "coordinator": cdir.coordinator}[target]
     original = path.read_bytes() if path.exists() else None
     try:
         appended = valid_prefix and target in ("events", "progress")

@@ -33,7 +33,6 @@ def cold_tasks(monkeypatch):
     the /proc scans below rely on (warm-pool tasks are proven in tests/test_pool.py)."""
     monkeypatch.setenv("TFK8S_POOL_SIZE", "0")
 
-
 SLEEPER = "import time\nprint('up', flush=True)\ntime.sleep(600)\n"
 #: A script whose own child (in another session, as a daemon would) must die with the cluster.
 SPAWNER = (
@@ -62,7 +61,6 @@ def sleeper(env: dict[str, str]) -> subprocess.Popen:
 
 
 # -- process identity ------------------------------------------------------------------------
-
 
 def test_a_pid_is_trusted_only_with_its_start_time():
     p = subprocess.Popen(["sleep", "600"])
@@ -103,7 +101,6 @@ def test_stale_pids_in_the_state_never_hit_another_process(local, workdir):
 
 
 # -- unreadable state --------------------------------------------------------------------------
-
 
 @pytest.mark.parametrize("damage", ["garbled", "list", "no-spec", "status-garbled", "status-other-id"])
 def test_unreadable_state_shows_on_that_cluster_only_and_force_delete_ends_it(local, workdir, damage):
@@ -151,13 +148,8 @@ def test_cli_list_survives_a_garbled_cluster_and_delete_force_removes_it(state_d
     env = {**os.environ, "TFK8S_STATE_DIR": str(state_dir)}
 
     def tfk8s(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "tfk8s_magics.cli", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        return subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
 
     r = tfk8s("list")
     assert r.returncode == 0 and "broken" in r.stdout and "unreadable state" in r.stdout, r.stdout + r.stderr
@@ -226,8 +218,9 @@ def test_the_loser_of_a_race_for_a_name_gets_advice_that_works(local, workdir, m
 
 # -- a replaced state dir ------------------------------------------------------------------------
 
-
-def test_a_supervisor_whose_dir_was_replaced_stops_its_tasks_and_leaves_the_new_cluster_alone(local, workdir):
+def test_a_supervisor_whose_dir_was_replaced_stops_its_tasks_and_leaves_the_new_cluster_alone(
+    local, workdir
+):
     tk.launch("again", workers=1, ps=1, script=SLEEPER, backend=local)
     cdir = local._dir("again")
     old_id, old_sup = cluster_id(local, "again"), read_json(cdir.status)["supervisor_pid"]
@@ -235,11 +228,8 @@ def test_a_supervisor_whose_dir_was_replaced_stops_its_tasks_and_leaves_the_new_
 
     # `rm -rf` of a live dir: the running supervisor may add a file between rmtree's listing and
     # its rmdir (ENOTEMPTY), so remove again until the path is gone, as a user would.
-    wait_for(
-        lambda: shutil.rmtree(cdir.root, ignore_errors=True) or not cdir.root.exists(),
-        10,
-        "the cluster dir removed",
-    )
+    wait_for(lambda: shutil.rmtree(cdir.root, ignore_errors=True) or not cdir.root.exists(), 10,
+             "the cluster dir removed")
     new = tk.launch("again", workers=1, ps=1, script=SLEEPER, backend=local)
     new_id = cluster_id(local, "again")
     assert new_id != old_id
@@ -256,15 +246,11 @@ def test_a_supervisor_whose_dir_was_replaced_stops_its_tasks_and_leaves_the_new_
 
 # -- killed supervisor / kernel: nothing outlives the cluster --------------------------------------
 
-
 def test_a_sigkilled_supervisor_takes_its_tasks_with_it_via_the_watchdog(local, workdir):
     tk.launch("wd", workers=2, ps=1, script=SLEEPER, backend=local)
     cid = cluster_id(local, "wd")
-    raw = wait_for(
-        lambda: (r := read_json(local._dir("wd").status)) and len(marked(cid)) >= 5 and r,
-        30,
-        "the supervisor, its watchdog and 3 tasks",
-    )
+    raw = wait_for(lambda: (r := read_json(local._dir("wd").status)) and len(marked(cid)) >= 5 and r,
+                   30, "the supervisor, its watchdog and 3 tasks")
     os.kill(raw["supervisor_pid"], signal.SIGKILL)
     wait_none_marked(cid)
     st = local.status("wd")
@@ -277,11 +263,8 @@ def test_a_sigkilled_supervisor_takes_its_tasks_with_it_via_the_watchdog(local, 
 def test_no_descendant_of_a_task_outlives_its_cluster(local, workdir, victim):
     cluster = tk.launch("kids", workers=1, script=SPAWNER, backend=local)
     cid = cluster_id(local, "kids")
-    line = wait_for(
-        lambda: [x for x in cluster.logs("worker-0").splitlines() if x.startswith("child ")],
-        180,
-        "the script's child",
-    )[0]
+    line = wait_for(lambda: [x for x in cluster.logs("worker-0").splitlines() if x.startswith("child ")], 180,
+                    "the script's child")[0]
     child = int(line.split()[1])
     assert child in marked(cid)
     raw = read_json(local._dir("kids").status)
@@ -320,24 +303,17 @@ def test_a_pooled_task_and_its_children_die_with_a_sigkilled_supervisor(local, w
         sock = pool.ensure()
         wait_for(lambda: pool.available(sock) >= 1, 180, "an idle pooled process")
         cluster = tk.launch("pooled", workers=1, script=TWO_CHILDREN, backend=local)
-        line = wait_for(
-            lambda: [x for x in cluster.logs("worker-0").splitlines() if x.startswith("children ")],
-            120,
-            "the script's children",
-        )[0]
+        line = wait_for(lambda: [x for x in cluster.logs("worker-0").splitlines()
+                                 if x.startswith("children ")], 120, "the script's children")[0]
         assert not [e for e in cluster.events() if e.reason == "StartedCold"], "the task ran cold"
         raw = read_json(local._dir("pooled").status)
         task = raw["tasks"][0]["pid"]
         assert os.getppid() != task and Path(f"/proc/{task}/stat").read_text().split()[3] != str(
-            raw["supervisor_pid"]
-        )  # not the supervisor's child: the pool's
+            raw["supervisor_pid"])  # not the supervisor's child: the pool's
         victims = [task, *map(int, line.split()[1:])]
         os.kill(raw["supervisor_pid"], signal.SIGKILL)
-        wait_for(
-            lambda: all(start_time(p) is None for p in victims),
-            10,
-            "the pooled task and both children to die",
-        )
+        wait_for(lambda: all(start_time(p) is None for p in victims), 10,
+                 "the pooled task and both children to die")
         cluster.delete()
     finally:
         pool.shutdown()
@@ -351,12 +327,8 @@ def test_a_sigkilled_kernel_ends_its_cluster_and_everything_in_it(state_dir, wor
         "print(open(c.backend._dir('kern').record).read(), flush=True)\n"
         "time.sleep(600)\n"
     )
-    kernel = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "TFK8S_STATE_DIR": str(state_dir)},
-    )
+    kernel = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TFK8S_STATE_DIR": str(state_dir)})
     try:
         cid = json.loads(kernel.stdout.readline())["id"]
         assert marked(cid)
@@ -370,25 +342,15 @@ def test_a_sigkilled_kernel_ends_its_cluster_and_everything_in_it(state_dir, wor
 
 # -- files -------------------------------------------------------------------------------------------
 
-
 def test_state_and_logs_are_private_to_their_owner(local, workdir):
     cluster = tk.launch("private", workers=1, script=SLEEPER, backend=local)
     cdir = local._dir("private")
-    wait_for(
-        lambda: (cdir.default_log_dir / "tasks" / "worker-0.log").exists() and cdir.events.exists(),
-        30,
-        "the task's log and the first event",
-    )
+    wait_for(lambda: (cdir.default_log_dir / "tasks" / "worker-0.log").exists() and cdir.events.exists(), 30,
+             "the task's log and the first event")
     for path in (cdir.root, cdir.default_log_dir, cdir.default_log_dir / "tasks", cdir.progress_dir):
         assert path.stat().st_mode & 0o777 == 0o700, path
-    for path in (
-        cdir.record,
-        cdir.status,
-        cdir.script,
-        cdir.default_log_dir / "tasks" / "worker-0.log",
-        cdir.events,
-        cdir.supervisor_log,
-    ):
+    for path in (cdir.record, cdir.status, cdir.script, cdir.default_log_dir / "tasks" / "worker-0.log",
+                 cdir.events, cdir.supervisor_log):
         assert path.stat().st_mode & 0o777 == 0o600, path
     cluster.delete()
 
@@ -433,9 +395,8 @@ def test_dirs_launch_made_outside_its_own_go_with_delete(local, workdir, tmp_pat
 
 def _mount_tmpfs(path: Path, options: str) -> None:
     path.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True
-    )
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True,
+                       text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}): the ENOSPC/EROFS cases need one")
 
@@ -501,10 +462,8 @@ def test_a_read_only_log_dir_is_one_sentence_and_nothing_left(local, workdir, tm
     mounts(ro, "ro,size=1m")
     with pytest.raises(SpecError) as e:
         tk.launch("rolog", workers=1, script=SLEEPER, log_dir=str(ro), backend=local)
-    assert str(e.value) == (
-        f"--log-dir cannot be used: cannot create {ro / 'tasks'}: Read-only file system. "
-        "Give a directory you can write."
-    )
+    assert str(e.value) == (f"--log-dir cannot be used: cannot create {ro / 'tasks'}: Read-only file system. "
+                            "Give a directory you can write.")
     assert not (local.clusters_dir / "rolog").exists()
 
 
@@ -521,9 +480,8 @@ def test_a_full_log_disk_fails_the_cluster_naming_the_path_and_cause(local, work
 
 
 @pytest.mark.parametrize("kind", ["fifo", "devzero"])
-def test_a_fifo_or_dev_zero_at_a_running_tasks_log_never_wedges_the_supervisor(
-    local, workdir, monkeypatch, kind
-):
+def test_a_fifo_or_dev_zero_at_a_running_tasks_log_never_wedges_the_supervisor(local, workdir, monkeypatch,
+                                                                                kind):
     """The probe's worst case: a FIFO at a running task's log path wedged the supervisor in its stall
     check (``fifo_open``), so a SIGKILLed worker stayed "running" forever.  The supervisor reads its
     tasks' logs through the descriptors it holds, never by name: the stall is still seen, the kill is
@@ -549,10 +507,8 @@ def test_a_fifo_or_dev_zero_at_a_running_tasks_log_never_wedges_the_supervisor(
         return t.restarts >= 1 or t.phase in Phase.TERMINAL
 
     wait_for(handled, 15, "the SIGKILLed worker to be handled")
-    print(
-        f"\nfault-time: {kind} at a running task's log, SIGKILLed peer handled in "
-        f"{time.monotonic() - killed:.2f} s"
-    )
+    print(f"\nfault-time: {kind} at a running task's log, SIGKILLed peer handled in "
+          f"{time.monotonic() - killed:.2f} s")
     st = cluster.status()
     # worker-0 restarts with its group: its log path is no regular file now, so the cluster fails
     # naming it (or, with worker-0 not yet restarted, it is still being handled): never "running".
@@ -581,9 +537,8 @@ NOTICER = (
 @pytest.mark.parametrize("budget", [2, 0])
 def test_a_stopped_peer_is_named_as_the_cause_not_the_task_that_lost_it(local, workdir, tmp_path, budget):
     data = tmp_path / "data"
-    cluster = tk.launch(
-        "blame", workers=2, script=NOTICER, data_dir=str(data), restart_budget=budget, backend=local
-    )
+    cluster = tk.launch("blame", workers=2, script=NOTICER, data_dir=str(data), restart_budget=budget,
+                        backend=local)
     wait_for(lambda: cluster.status().phase == Phase.RUNNING, 120, "both tasks to run")
     frozen = cluster.status().task("worker-1")
     os.kill(frozen.pid, signal.SIGSTOP)
@@ -591,20 +546,17 @@ def test_a_stopped_peer_is_named_as_the_cause_not_the_task_that_lost_it(local, w
         (data / "lose-peer").write_text("")
         began = time.monotonic()
         if budget:
-            wait_for(
-                lambda: any(e.reason == "Culprit" for e in cluster.events()), 20, "the cause to be named"
-            )
+            wait_for(lambda: any(e.reason == "Culprit" for e in cluster.events()), 20,
+                     "the cause to be named")
             (data / "lose-peer").unlink()
             wait_for(lambda: cluster.status().task("worker-1").restarts == 1, 60, "worker-1 to restart")
             took = time.monotonic() - began
             events = {(e.task, e.reason): e.message for e in cluster.events()}
             assert events[("worker-1", "Culprit")].startswith(
-                "worker-1 was stopped (SIGSTOP or SIGTSTP), silent for "
-            ), events
+                "worker-1 was stopped (SIGSTOP or SIGTSTP), silent for "), events
             assert "worker-0 lost it (lost a peer (exit code 75))" in events[("worker-1", "Culprit")]
             assert events[("worker-0", "Restarted")] == (
-                "lost worker-1 (lost a peer (exit code 75)); restart 1 of 2"
-            )
+                "lost worker-1 (lost a peer (exit code 75)); restart 1 of 2")
             assert events[("worker-1", "Restarted")].startswith("worker-1 was stopped")
             assert events[("worker-1", "Restarted")].endswith("restart 1 of 2 (the cause of this incident)")
             assert _status_raw(local, "blame")["restarts_used"] == 1
@@ -612,12 +564,10 @@ def test_a_stopped_peer_is_named_as_the_cause_not_the_task_that_lost_it(local, w
             st = cluster.wait(timeout=30)
             took = time.monotonic() - began
             assert st.phase == Phase.FAILED
-            assert st.reason.startswith("worker-1 failed: worker-1 was stopped (SIGSTOP or SIGTSTP)"), (
-                st.reason
-            )
+            assert st.reason.startswith(
+                "worker-1 failed: worker-1 was stopped (SIGSTOP or SIGTSTP)"), st.reason
             assert st.reason.endswith(
-                "worker-0 lost it (lost a peer (exit code 75) (restart budget 0 used up))"
-            ), st.reason
+                "worker-0 lost it (lost a peer (exit code 75) (restart budget 0 used up))"), st.reason
             assert st.task("worker-1").phase == Phase.FAILED
             assert st.task("worker-1").reason.startswith("worker-1 was stopped")
             assert st.task("worker-0").reason.startswith("lost worker-1")
@@ -679,12 +629,8 @@ def test_wait_with_an_infinite_timeout_waits_without_a_limit(local, workdir):
     cluster = tk.launch("inf", workers=1, script="print('done')\n", backend=local)
     for timeout in (float("inf"), 1e308):
         assert cluster.wait(timeout=timeout).phase == Phase.SUCCEEDED
-    r = subprocess.run(
-        [sys.executable, "-m", "tfk8s_magics.cli", "wait", "inf", "--timeout", "inf"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", "wait", "inf", "--timeout", "inf"],
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     cluster.delete()
 

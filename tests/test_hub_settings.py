@@ -110,7 +110,9 @@ def test_bad_values_are_refused_with_the_value_named(kwargs, words):
 
 def test_values_file(tmp_path):
     path = tmp_path / "values.json"
-    path.write_text(json.dumps({"lab": {"storage_class": "cephfs", "quota": {"pods": "5"}}, "hub": {}}))
+    path.write_text(
+        json.dumps({"lab": {"storage_class": "cephfs", "quota": {"pods": "5"}}, "hub": {}})
+    )
     c = Config()
     assert load_values_file(c, path)["hub"] == {}
     s = LabSettings(config=c)

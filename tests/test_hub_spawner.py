@@ -57,7 +57,9 @@ def load_hub(config_file: Path, values: dict | None, tmp_path: Path, monkeypatch
 
 
 def make_spawner(app: JupyterHub, name: str = "alice") -> KubeSpawner:
-    user = SimpleNamespace(name=name, id=7, url=f"/user/{name}/", server_url=lambda s="": f"/user/{name}/")
+    user = SimpleNamespace(
+        name=name, id=7, url=f"/user/{name}/", server_url=lambda s="": f"/user/{name}/"
+    )
     hub = SimpleNamespace(
         public_host="", url="http://hub:8081/hub/", base_url="/", api_url="http://hub:8081/hub/api"
     )
@@ -69,7 +71,9 @@ def make_spawner(app: JupyterHub, name: str = "alice") -> KubeSpawner:
 
 
 def test_kubespawner_config_from_settings():
-    cfg = kubespawner_config(LabSettings(storage_class="kadalu.gluster", notebook_cpu_guarantee="500m"))
+    cfg = kubespawner_config(
+        LabSettings(storage_class="kadalu.gluster", notebook_cpu_guarantee="500m")
+    )
     assert cfg["enable_user_namespaces"] is True
     assert cfg["storage_class"] == "kadalu.gluster"
     assert cfg["storage_pvc_ensure"] is True
@@ -77,7 +81,9 @@ def test_kubespawner_config_from_settings():
     assert cfg["service_account"] == "tfk8s-user"
     assert cfg["automount_service_account_token"] is True
     assert cfg["cpu_guarantee"] == 0.5
-    assert cfg["volumes"] == [{"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
+    assert cfg["volumes"] == [
+        {"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}
+    ]
     assert cfg["environment"]["TFK8S_STORAGE_CLASS"] == "kadalu.gluster"
     assert cfg["environment"]["TFK8S_NAMESPACE"] == "{namespace}"
 
@@ -160,14 +166,17 @@ def api_of(calls, fail=None, is_async=True):
     apis: dict = {}
 
     def get(name):
-        return apis.setdefault(name, FakeApi(calls, fail if name == "CoreV1Api" else None, is_async))
+        return apis.setdefault(
+            name, FakeApi(calls, fail if name == "CoreV1Api" else None, is_async)
+        )
 
     return get
 
 
 #: How the bootstrap applies: server-side apply, as the hub's own field manager, taking over
 #: only the fields it sets.
-SSA = {"field_manager": "tfk8s-lab-hub", "force": True, "_content_type": "application/apply-patch+yaml"}
+SSA = {"field_manager": "tfk8s-lab-hub", "force": True,
+       "_content_type": "application/apply-patch+yaml"}
 
 
 def test_applier_applies_server_side_as_its_own_field_manager():
@@ -178,13 +187,9 @@ def test_applier_applies_server_side_as_its_own_field_manager():
 
 
 @pytest.mark.parametrize(
-    "exc_class",
-    [
-        kubernetes.client.ApiException,
-        kubernetes_asyncio.client.ApiException,
-        # what the pinned client really raises for a 403 (a subclass)
-        kubernetes.client.exceptions.ForbiddenException,
-    ],
+    "exc_class", [kubernetes.client.ApiException, kubernetes_asyncio.client.ApiException,
+                  # what the pinned client really raises for a 403 (a subclass)
+                  kubernetes.client.exceptions.ForbiddenException]
 )
 def test_applier_raises_other_errors(exc_class):
     sa = bootstrap_objects(BootstrapSpec(), "ns")[0]
@@ -290,16 +295,12 @@ def test_applier_recreates_a_role_binding_whose_role_ref_changed():
                 calls.append(name)
                 if name == "patch_namespaced_role_binding" and calls.count(name) == 1:
                     raise kubernetes.client.ApiException(status=422, reason="Invalid")
-
             return call
 
     binding = next(o for o in bootstrap_objects(BootstrapSpec(), "ns") if o["kind"] == "RoleBinding")
     assert asyncio.run(Applier(lambda name: Rbac()).apply(binding)) == "recreated"
-    assert calls == [
-        "patch_namespaced_role_binding",
-        "delete_namespaced_role_binding",
-        "patch_namespaced_role_binding",
-    ]
+    assert calls == ["patch_namespaced_role_binding", "delete_namespaced_role_binding",
+                     "patch_namespaced_role_binding"]
 
 
 def test_a_control_plane_without_an_endpoint_slice_gives_the_service_address():

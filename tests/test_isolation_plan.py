@@ -44,35 +44,20 @@ CLUSTERS = [
     (HOST, "netns", False, True, "loopback-shim", SHIM, True, "none", STREAMS_NO_NETNS),
     (HOST, "netns", True, False, "loopback-shim", SHIM, True, "none", IN_GRAPH_NO_NETNS),
     (NO_CC, "netns", True, False, "none", None, True, "none", IN_GRAPH_NO_NETNS),
-    (
-        NOTED,
-        "netns",
-        True,
-        False,
-        "loopback-shim",
-        SHIM,
-        True,
-        "none",
-        f"{IN_GRAPH_NO_NETNS}; this kernel runs on the host's network because X",
-    ),
+    (NOTED, "netns", True, False, "loopback-shim", SHIM, True, "none",
+     f"{IN_GRAPH_NO_NETNS}; this kernel runs on the host's network because X"),
     (SANDBOXED, "netns", True, False, "kernel-netns", SHIM, True, "none", IN_GRAPH_KERNEL_NETNS),
     (SANDBOXED, "netns", False, False, "netns", None, True, "loopback-shim", PRIVATE),
     (SANDBOXED, "loopback", True, False, "loopback-shim", SHIM, False, "none", "TFK8S_ISOLATION=loopback"),
 ]
 
 
-@pytest.mark.parametrize(
-    ("platform", "setting", "in_graph", "streams", "kind", "shim", "relay", "fallback", "reason"), CLUSTERS
-)
+@pytest.mark.parametrize(("platform", "setting", "in_graph", "streams", "kind", "shim", "relay", "fallback",
+                          "reason"), CLUSTERS)
 def test_a_clusters_plan(platform, setting, in_graph, streams, kind, shim, relay, fallback, reason):
     plan = plan_cluster(platform, setting, in_graph=in_graph, streams=streams)
     assert (plan.kind, plan.shim, plan.relay, plan.fallback, plan.reason) == (
-        kind,
-        shim,
-        relay,
-        fallback,
-        reason,
-    )
+        kind, shim, relay, fallback, reason)
     assert plan.private == (kind == "netns")
     assert plan.status() == {"mode": kind, "reason": reason, "netns": None}
 
@@ -80,69 +65,38 @@ def test_a_clusters_plan(platform, setting, in_graph, streams, kind, shim, relay
 def test_a_refused_namespace_falls_back_and_says_why_in_one_sentence():
     plan = plan_cluster(HOST, "netns", in_graph=False)
     assert plan.status("userns+netns", "/proc/7/ns/net") == {
-        "mode": "userns+netns",
-        "reason": PRIVATE,
-        "netns": "/proc/7/ns/net",
-    }
+        "mode": "userns+netns", "reason": PRIVATE, "netns": "/proc/7/ns/net"}
     refused = plan.refused("Operation not permitted")
-    assert refused == IsolationPlan(
-        "loopback-shim",
-        "no private network namespace here (Operation not permitted); loopback-shim instead",
-        shim=SHIM,
-    )
+    assert refused == IsolationPlan("loopback-shim", "no private network namespace here (Operation not "
+                                    "permitted); loopback-shim instead", shim=SHIM)
     bare = plan_cluster(NO_CC, "netns", in_graph=False).refused("Operation not permitted")
     assert (bare.kind, bare.shim) == ("none", None) and bare.reason.endswith("; none instead")
 
 
-@pytest.mark.parametrize(
-    ("setting", "kind", "relay"),
-    [(None, "netns", True), ("netns", "netns", True), ("loopback", "none", False), ("off", "none", False)],
-)
+@pytest.mark.parametrize(("setting", "kind", "relay"), [
+    (None, "netns", True), ("netns", "netns", True), ("loopback", "none", False), ("off", "none", False)])
 def test_a_servers_plan(setting, kind, relay):
     plan = plan_server(setting)
     assert (plan.kind, plan.relay) == (kind, relay)
 
 
-@pytest.mark.parametrize(
-    ("platform", "setting", "kind", "shim"),
-    [
-        (HOST, "netns", "netns", SHIM),
-        (HOST, "loopback", "loopback-shim", SHIM),
-        (HOST, "off", "none", None),
-        (NO_CC, "netns", "netns", None),
-        (NO_CC, "loopback", "none", None),
-    ],
-)
+@pytest.mark.parametrize(("platform", "setting", "kind", "shim"), [
+    (HOST, "netns", "netns", SHIM), (HOST, "loopback", "loopback-shim", SHIM), (HOST, "off", "none", None),
+    (NO_CC, "netns", "netns", None), (NO_CC, "loopback", "none", None)])
 def test_a_pools_plan(platform, setting, kind, shim):
     plan = plan_pool(platform, setting)
     assert (plan.kind, plan.shim) == (kind, shim)
 
 
-@pytest.mark.parametrize(
-    ("platform", "setting", "transport", "refused", "kind", "why"),
-    [
-        (HOST, None, "ipc", "", "kernel-netns", None),
-        (
-            HOST,
-            "netns",
-            "tcp",
-            "",
-            "loopback-shim",
-            "its connection file asks for tcp transport, whose ports "
-            "the Jupyter server must reach on the host (the lab starts kernels with transport ipc)",
-        ),
-        (HOST, "loopback", "ipc", "", "loopback-shim", "TFK8S_ISOLATION=loopback"),
-        (NO_CC, "off", "ipc", "", "none", "TFK8S_ISOLATION=off"),
-        (
-            HOST,
-            "netns",
-            None,
-            "its connection file /k.json cannot be read (gone)",
-            "loopback-shim",
-            "its connection file /k.json cannot be read (gone)",
-        ),
-    ],
-)
+@pytest.mark.parametrize(("platform", "setting", "transport", "refused", "kind", "why"), [
+    (HOST, None, "ipc", "", "kernel-netns", None),
+    (HOST, "netns", "tcp", "", "loopback-shim", "its connection file asks for tcp transport, whose ports "
+     "the Jupyter server must reach on the host (the lab starts kernels with transport ipc)"),
+    (HOST, "loopback", "ipc", "", "loopback-shim", "TFK8S_ISOLATION=loopback"),
+    (NO_CC, "off", "ipc", "", "none", "TFK8S_ISOLATION=off"),
+    (HOST, "netns", None, "its connection file /k.json cannot be read (gone)", "loopback-shim",
+     "its connection file /k.json cannot be read (gone)"),
+])
 def test_a_kernels_plan(platform, setting, transport, refused, kind, why):
     plan = plan_kernel(platform, setting, transport, refused=refused)
     assert plan.kind == kind and plan.shim == platform.shim  # the kernel's own chief binds loopback

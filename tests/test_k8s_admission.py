@@ -26,15 +26,10 @@ SCRIPT = "print('training')\n"
 
 
 def test_limit_problems_name_max_min_and_ratio():
-    ranges = [
-        {
-            "metadata": {"name": "lr"},
-            "spec": {"limits": [{"type": "Container", "max": {"memory": "2Gi"}, "min": {"cpu": "250m"}}]},
-        }
-    ]
-    spec = ClusterSpec(
-        name="c", workers=1, script=SCRIPT, resources={"worker": Resources(cpu="100m", memory="4Gi")}
-    )
+    ranges = [{"metadata": {"name": "lr"}, "spec": {"limits": [{
+        "type": "Container", "max": {"memory": "2Gi"}, "min": {"cpu": "250m"}}]}}]
+    spec = ClusterSpec(name="c", workers=1, script=SCRIPT,
+                       resources={"worker": Resources(cpu="100m", memory="4Gi")})
     problems = limit_problems(j.cluster_manifests(spec, K8sSettings(namespace=NS)), ranges)
     assert problems == [  # named per role: one JobSet template runs every worker
         "c-worker has a memory limit of 4Gi but LimitRange lr allows at most 2Gi per "
@@ -44,34 +39,20 @@ def test_limit_problems_name_max_min_and_ratio():
     ]
 
 
-@pytest.mark.parametrize(
-    "status, message, words",
-    [
-        (
-            403,
-            'pods "p" is forbidden: exceeded quota: q, requested: pods=1, used: pods=4, limited: pods=4',
-            "ResourceQuota",
-        ),
-        (403, 'pods "p" is forbidden: failed quota: q: must specify limits.cpu', "give --cpu and --memory"),
-        (
-            403,
-            'pods "p" is forbidden: maximum cpu usage per Container is 2, but limit is 4',
-            "LimitRange refuses",
-        ),
-        (
-            403,
-            'pods "p" is forbidden: violates PodSecurity "restricted:latest": privileged (...)',
-            "Pod Security level refuses",
-        ),
-        (
-            422,
-            'Pod "p" is invalid: spec.containers[0].resources.requests: Invalid value: '
-            '"4": must be less than or equal to cpu limit of 2',
-            "ask for less (--cpu",
-        ),
-        (422, 'ConfigMap "p" is invalid: []: Too long: may not be more than 1048576 bytes', "/data volume"),
-    ],
-)
+@pytest.mark.parametrize("status, message, words", [
+    (403, 'pods "p" is forbidden: exceeded quota: q, requested: pods=1, used: pods=4, '
+          "limited: pods=4", "ResourceQuota"),
+    (403, 'pods "p" is forbidden: failed quota: q: must specify limits.cpu',
+     "give --cpu and --memory"),
+    (403, 'pods "p" is forbidden: maximum cpu usage per Container is 2, but limit is 4',
+     "LimitRange refuses"),
+    (403, 'pods "p" is forbidden: violates PodSecurity "restricted:latest": privileged (...)',
+     "Pod Security level refuses"),
+    (422, 'Pod "p" is invalid: spec.containers[0].resources.requests: Invalid value: '
+          '"4": must be less than or equal to cpu limit of 2', "ask for less (--cpu"),
+    (422, 'ConfigMap "p" is invalid: []: Too long: may not be more than 1048576 bytes',
+     "/data volume"),
+])
 def test_admission_refusals_become_sentences_a_user_can_act_on(status, message, words):
     e = ApiException(status=status, reason="x")
     e.body = json.dumps({"kind": "Status", "message": message, "code": status})

@@ -33,8 +33,6 @@ LABELS = {
 def labels(component: str) -> dict[str, str]:
     """The recommended app.kubernetes.io labels and the project's own, for one component."""
     return {**LABELS, "app.kubernetes.io/component": component, "tfk8s.io/component": component}
-
-
 CLUSTER = {
     "ps": ["mnist-ps-0-0.mnist.alice.svc:2222"],
     "worker": ["mnist-worker-0-0.mnist.alice.svc:2222", "mnist-worker-0-1.mnist.alice.svc:2222"],
@@ -94,12 +92,8 @@ def _pod(role: str, *, script: bool, extra_env: dict, grace: int | None = None) 
         env.append({"name": "TFK8S_SCRIPT", "value": "/etc/tfk8s/script.py"})
         env.append({"name": "TFK8S_SCRIPT_DIR", "value": "/etc/tfk8s"})
         mounts.append({"name": "script", "mountPath": "/etc/tfk8s", "readOnly": True})
-        volumes.append(
-            {
-                "name": "script",
-                "configMap": {"name": "mnist", "items": [{"key": "script.py", "path": "script.py"}]},
-            }
-        )
+        volumes.append({"name": "script", "configMap": {
+            "name": "mnist", "items": [{"key": "script.py", "path": "script.py"}]}})
     env += [{"name": "TF_USE_LEGACY_KERAS", "value": "1"}]
     quiet = ("TF_CPP_MIN_LOG_LEVEL", "GLOG_minloglevel", "ABSL_MIN_LOG_LEVEL")
     env += [{"name": k, "value": "2"} for k in quiet]
@@ -116,32 +110,24 @@ def _pod(role: str, *, script: bool, extra_env: dict, grace: int | None = None) 
             "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [
-            {
-                "name": "tensorflow",
-                "image": "tfk8s/tensorflow-task:0.1.0",
-                "command": [
-                    "python",
-                    "-m",
-                    "tfk8s_magics.backends.kubernetes.logcopy",
-                    "/log/tasks/{task}.log",
-                    "--",
-                    "python",
-                    "-m",
-                    "tfk8s_magics.runtime.task",
-                ],
-                "workingDir": "/data",
-                "env": env,
-                "ports": [{"name": "grpc", "containerPort": 2222, "protocol": "TCP"}],
-                "readinessProbe": {
-                    "exec": {"command": ["test", "-f", "/tmp/tfk8s-ready"]},
-                    "periodSeconds": 2,
-                    "failureThreshold": 1,
-                },
-                "securityContext": SECURITY,
-                "volumeMounts": mounts,
-            }
-        ],
+        "containers": [{
+            "name": "tensorflow",
+            "image": "tfk8s/tensorflow-task:0.1.0",
+            "command": [
+                "python", "-m", "tfk8s_magics.backends.kubernetes.logcopy",
+                "/log/tasks/{task}.log", "--", "python", "-m", "tfk8s_magics.runtime.task",
+            ],
+            "workingDir": "/data",
+            "env": env,
+            "ports": [{"name": "grpc", "containerPort": 2222, "protocol": "TCP"}],
+            "readinessProbe": {
+                "exec": {"command": ["test", "-f", "/tmp/tfk8s-ready"]},
+                "periodSeconds": 2,
+                "failureThreshold": 1,
+            },
+            "securityContext": SECURITY,
+            "volumeMounts": mounts,
+        }],
         "volumes": volumes,
     }
     if grace is not None:
@@ -160,24 +146,15 @@ def _rjob(role: str, n: int, pod: dict) -> dict:
                 "completions": n,
                 "completionMode": "Indexed",
                 "backoffLimit": 0,
-                "podFailurePolicy": {
-                    "rules": [
-                        {
-                            "action": "Ignore",
-                            "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
-                        },
-                        {
-                            "action": "FailJob",
-                            "onExitCodes": {
-                                "containerName": "tensorflow",
-                                "operator": "In",
-                                # 75 (EXIT_PEER_LOST) is left out: a lost peer is
-                                # retried, the JobSet restarting every Job at once
-                                "values": [c for c in range(1, 128) if c != 75],
-                            },
-                        },
-                    ]
-                },
+                "podFailurePolicy": {"rules": [
+                    {"action": "Ignore",
+                     "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                    {"action": "FailJob",
+                     "onExitCodes": {"containerName": "tensorflow", "operator": "In",
+                                     # 75 (EXIT_PEER_LOST) is left out: a lost peer is
+                                     # retried, the JobSet restarting every Job at once
+                                     "values": [c for c in range(1, 128) if c != 75]}},
+                ]},
                 "template": pod,
             },
         },
@@ -195,7 +172,8 @@ def test_between_graph_jobset_is_exactly_this():
             "labels": labels("jobset"),
         },
         "spec": {
-            "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True, "subdomain": "mnist"},
+            "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True,
+                        "subdomain": "mnist"},
             "replicatedJobs": [
                 _rjob("ps", 1, _pod("ps", script=False, extra_env={"EPOCHS": "3"}, grace=30)),
                 _rjob("worker", 2, _pod("worker", script=True, extra_env={"EPOCHS": "3"})),
@@ -204,9 +182,8 @@ def test_between_graph_jobset_is_exactly_this():
             "failurePolicy": {
                 "maxRestarts": 2,
                 "restartStrategy": "Recreate",
-                "rules": [
-                    {"name": "UserError", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}
-                ],
+                "rules": [{"name": "UserError", "action": "FailJobSet",
+                           "onJobFailureReasons": ["PodFailurePolicy"]}],
             },
             "startupPolicy": {"startupPolicyOrder": "InOrder"},
             "ttlSecondsAfterFinished": 600,
@@ -218,13 +195,12 @@ def test_policy_maps_onto_jobset_fields():
     spec = between(chief=1, evaluator=1, restart_budget=5, ps_grace_period=0)
     js = build(spec)
     assert [r["name"] for r in js["spec"]["replicatedJobs"]] == ["ps", "chief", "worker", "evaluator"]
-    assert js["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["chief", "worker"]}
+    assert js["spec"]["successPolicy"] == {"operator": "All",
+                                           "targetReplicatedJobs": ["chief", "worker"]}
     assert js["spec"]["failurePolicy"]["maxRestarts"] == 5
     assert "ttlSecondsAfterFinished" not in js["spec"]
-    graces = {
-        r["name"]: r["template"]["spec"]["template"]["spec"].get("terminationGracePeriodSeconds")
-        for r in js["spec"]["replicatedJobs"]
-    }
+    graces = {r["name"]: r["template"]["spec"]["template"]["spec"].get(
+        "terminationGracePeriodSeconds") for r in js["spec"]["replicatedJobs"]}
     assert graces == {"ps": 0, "chief": None, "worker": None, "evaluator": 0}
     chief = rjob(js, "chief")["template"]["spec"]
     assert (chief["parallelism"], chief["completions"]) == (1, 1)
@@ -251,7 +227,8 @@ def test_in_graph_never_succeeds_by_itself():
 
 
 def test_queue_priority_scheduler_and_deadline():
-    spec = between(queue="team-a", priority="high-priority", scheduler="volcano", active_deadline=3600)
+    spec = between(queue="team-a", priority="high-priority", scheduler="volcano",
+                   active_deadline=3600)
     js = build(spec)
     assert js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
     for r in js["spec"]["replicatedJobs"]:
@@ -260,18 +237,14 @@ def test_queue_priority_scheduler_and_deadline():
         assert job["template"]["spec"]["schedulerName"] == "volcano"
         assert job["template"]["spec"]["priorityClassName"] == "high-priority"
     assert js["spec"]["failurePolicy"]["rules"][-1] == {
-        "name": "DeadlineExceeded",
-        "action": "FailJobSet",
-        "onJobFailureReasons": ["DeadlineExceeded"],
-    }
+        "name": "DeadlineExceeded", "action": "FailJobSet",
+        "onJobFailureReasons": ["DeadlineExceeded"]}
 
 
 def test_resources_per_role_gpu_toleration_and_placement():
     spec = between(
-        resources={
-            "worker": Resources(cpu="2", memory="4Gi", gpus=1),
-            "ps": Resources(cpu="1", memory="2Gi"),
-        },
+        resources={"worker": Resources(cpu="2", memory="4Gi", gpus=1),
+                   "ps": Resources(cpu="1", memory="2Gi")},
         spread=("worker",),
         node_affinity={"ps": ("!nvidia.com/gpu.present", "zone=a", "tier!=spot", "ssd")},
         tolerations=({"key": "team", "operator": "Exists", "effect": "NoSchedule"},),
@@ -284,59 +257,39 @@ def test_resources_per_role_gpu_toleration_and_placement():
         "limits": {"memory": "4Gi", "nvidia.com/gpu": "1"},
     }
     assert ps["containers"][0]["resources"] == {
-        "requests": {"cpu": "1", "memory": "2Gi"},
-        "limits": {"memory": "2Gi"},
-    }
+        "requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}
     assert worker["tolerations"] == [
         {"key": "team", "operator": "Exists", "effect": "NoSchedule"},
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
     ]
     assert ps["tolerations"] == [{"key": "team", "operator": "Exists", "effect": "NoSchedule"}]
-    assert worker["affinity"] == {
-        "podAntiAffinity": {
-            "preferredDuringSchedulingIgnoredDuringExecution": [
-                {
-                    "weight": 100,
-                    "podAffinityTerm": {
-                        "labelSelector": {
-                            "matchLabels": {"tfk8s.io/cluster": "mnist", "tfk8s.io/role": "worker"}
-                        },
-                        "topologyKey": "kubernetes.io/hostname",
-                    },
-                }
-            ]
-        }
-    }
-    assert ps["affinity"] == {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [
-                    {
-                        "matchExpressions": [
-                            {"key": "nvidia.com/gpu.present", "operator": "DoesNotExist"},
-                            {"key": "zone", "operator": "In", "values": ["a"]},
-                            {"key": "tier", "operator": "NotIn", "values": ["spot"]},
-                            {"key": "ssd", "operator": "Exists"},
-                        ]
-                    }
-                ]
-            }
-        }
-    }
+    assert worker["affinity"] == {"podAntiAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100,
+            "podAffinityTerm": {
+                "labelSelector": {"matchLabels": {"tfk8s.io/cluster": "mnist",
+                                                  "tfk8s.io/role": "worker"}},
+                "topologyKey": "kubernetes.io/hostname",
+            },
+        }]}}
+    assert ps["affinity"] == {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "nvidia.com/gpu.present", "operator": "DoesNotExist"},
+            {"key": "zone", "operator": "In", "values": ["a"]},
+            {"key": "tier", "operator": "NotIn", "values": ["spot"]},
+            {"key": "ssd", "operator": "Exists"},
+        ]}]}}}
 
 
-@pytest.mark.parametrize(
-    "kw, words",
-    [
-        ({"queue": "Team A"}, "--queue 'Team A' is not a valid name"),
-        ({"priority": "x" * 64}, "--priority"),
-        ({"scheduler": "-bad"}, "--scheduler '-bad'"),
-        ({"active_deadline": 0}, "--active-deadline 0"),
-        ({"active_deadline": "soon"}, "--active-deadline 'soon'"),
-        ({"spread": ("workers",)}, "unknown role 'workers'"),
-        ({"node_affinity": {"ps": ("a==b",)}}, "node requirement 'a==b' for ps"),
-    ],
-)
+@pytest.mark.parametrize("kw, words", [
+    ({"queue": "Team A"}, "--queue 'Team A' is not a valid name"),
+    ({"priority": "x" * 64}, "--priority"),
+    ({"scheduler": "-bad"}, "--scheduler '-bad'"),
+    ({"active_deadline": 0}, "--active-deadline 0"),
+    ({"active_deadline": "soon"}, "--active-deadline 'soon'"),
+    ({"spread": ("workers",)}, "unknown role 'workers'"),
+    ({"node_affinity": {"ps": ("a==b",)}}, "node requirement 'a==b' for ps"),
+])
 def test_bad_scheduling_input_is_one_sentence(kw, words):
     with pytest.raises(SpecError, match=None) as info:
         between(**kw)
@@ -353,7 +306,8 @@ def test_tf_config_from_jobset_naming_is_the_shared_pure_function():
             pod_env = {**env, "JOB_COMPLETION_INDEX": str(index)}
             resolve_identity(pod_env)
             # The same function the local backend uses, over JobSet's DNS names.
-            assert pod_env["TF_CONFIG"] == tf_config(j.cluster_addresses(spec, SETTINGS), Task(role, index))
+            assert pod_env["TF_CONFIG"] == tf_config(j.cluster_addresses(spec, SETTINGS),
+                                                     Task(role, index))
             assert pod_env["TFK8S_TASK"] == f"{role}-{index}"
             assert json.loads(pod_env["TF_CONFIG"])["cluster"] == CLUSTER
 
@@ -372,9 +326,8 @@ def test_identity_needs_role_and_index():
 def test_task_of_pod_reads_jobset_labels():
     labels = {"tfk8s.io/role": "worker", "batch.kubernetes.io/job-completion-index": "1"}
     assert j.task_of_pod(labels) == Task("worker", 1)
-    assert j.task_of_pod(
-        {"jobset.sigs.k8s.io/replicatedjob-name": "ps", "batch.kubernetes.io/job-completion-index": "0"}
-    ) == Task("ps", 0)
+    assert j.task_of_pod({"jobset.sigs.k8s.io/replicatedjob-name": "ps",
+                          "batch.kubernetes.io/job-completion-index": "0"}) == Task("ps", 0)
     assert j.task_of_pod({"tfk8s.io/role": "worker"}) is None
 
 
@@ -394,19 +347,10 @@ def test_builder_is_pure():
 SPECS = {
     "between": lambda: between(ttl_after_finished=0),
     "full": lambda: between(
-        chief=1,
-        evaluator=1,
-        queue="q",
-        priority="p",
-        scheduler="s",
-        active_deadline=60,
+        chief=1, evaluator=1, queue="q", priority="p", scheduler="s", active_deadline=60,
         resources={"worker": Resources(cpu="1", memory="1Gi", gpus=2)},
-        spread=("worker", "ps"),
-        node_affinity={"ps": ("!gpu",)},
-        node_selector={"pool": "tf"},
-        log_claim="shared-logs",
-        data_claim="shared-data",
-    ),
+        spread=("worker", "ps"), node_affinity={"ps": ("!gpu",)},
+        node_selector={"pool": "tf"}, log_claim="shared-logs", data_claim="shared-data"),
     "mwms": lambda: between(ps=0),
     "in-graph": in_graph,
 }
@@ -426,11 +370,8 @@ def test_every_job_template_is_a_strictly_valid_job(version, which):
         job = {
             "apiVersion": "batch/v1",
             "kind": "Job",
-            "metadata": {
-                "name": f"{js['metadata']['name']}-{r['name']}-0",
-                "namespace": "alice",
-                **r["template"]["metadata"],
-            },
+            "metadata": {"name": f"{js['metadata']['name']}-{r['name']}-0", "namespace": "alice",
+                         **r["template"]["metadata"]},
             "spec": r["template"]["spec"],
         }
         kubernetes_validate.validate(job, version, strict=True)
@@ -441,8 +382,7 @@ def test_strict_check_refuses_what_a_server_would_prune_or_reject():
     bad = copy.deepcopy(js)
     bad["spec"]["successPolicy"]["operater"] = "All"
     bad["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]["containers"][0][
-        "imagePullPolicie"
-    ] = "Always"
+        "imagePullPolicie"] = "Always"
     bad["spec"]["replicatedJobs"][0]["replicas"] = "one"
     bad["spec"]["startupPolicy"]["startupPolicyOrder"] = "PSFirst"
     found = dict(crd.problems(bad))

@@ -52,24 +52,15 @@ def test_two_workers_from_one_template_all_reduce(tmp_path):
     assert cluster == {"worker": ["mw-worker-0-0.mw.ns.svc:2222", "mw-worker-0-1.mw.ns.svc:2222"]}
     env["TFK8S_CLUSTER_DEF"] = json.dumps({"worker": [f"127.0.0.1:{p}" for p in ports]})
     (tmp_path / "script.py").write_text(SCRIPT)
-    env.update(
-        TFK8S_SCRIPT=str(tmp_path / "script.py"),
-        TFK8S_LOG_DIR=str(tmp_path / "log"),
-        TFK8S_READY_FILE=str(tmp_path / "ready"),
-        HOME=str(tmp_path),
-    )
+    env.update(TFK8S_SCRIPT=str(tmp_path / "script.py"), TFK8S_LOG_DIR=str(tmp_path / "log"),
+               TFK8S_READY_FILE=str(tmp_path / "ready"), HOME=str(tmp_path))
     argv = [sys.executable if a == "python" else a for a in command]
     argv[argv.index("/log/tasks/{task}.log")] = str(tmp_path / "log/tasks/{task}.log")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "TFK8S_"))}
     procs = [
-        subprocess.Popen(
-            argv,
-            env={**base, **env, "JOB_COMPLETION_INDEX": str(i)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=tmp_path,
-        )
+        subprocess.Popen(argv, env={**base, **env, "JOB_COMPLETION_INDEX": str(i)},
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         cwd=tmp_path)
         for i in range(2)
     ]
     try:
@@ -90,10 +81,7 @@ def test_a_pod_without_identity_fails_with_a_clear_exit(tmp_path):
     base = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "TFK8S_"))}
     out = subprocess.run(
         [sys.executable, "-m", "tfk8s_magics.runtime.task"],
-        env={**base, "TFK8S_ROLE": "worker"},
-        capture_output=True,
-        text=True,
-        timeout=60,
+        env={**base, "TFK8S_ROLE": "worker"}, capture_output=True, text=True, timeout=60,
     )
     assert out.returncode == 3  # EXIT_SCRIPT_BROKEN: a restart cannot fix it
     assert "cannot tell which task it is" in out.stderr and "JOB_COMPLETION_INDEX" in out.stderr

@@ -108,7 +108,8 @@ def test_claims_use_storage_class_and_skip_named_claims():
     ]
     # a shared log claim: each cluster writes in its own directory of it
     env = m.role_env(spec, settings, "worker")
-    assert (env["TFK8S_LOG_DIR"], env["TFK8S_CHECKPOINT_DIR"]) == ("/log/mnist", "/log/mnist/checkpoints")
+    assert (env["TFK8S_LOG_DIR"], env["TFK8S_CHECKPOINT_DIR"]) == (
+        "/log/mnist", "/log/mnist/checkpoints")
     assert pod["containers"][0]["command"][3] == "/log/mnist/tasks/{task}.log"
     command = m.tensorboard_deployment(spec, settings)["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[command.index("--logdir") + 1] == "/log/mnist"
@@ -136,44 +137,28 @@ def test_tensorboard_service_and_deployment():
     container = pod["containers"][0]
     # TensorBoard behind its token (the runner's guard), the token from the cluster's Secret
     assert container["command"] == [
-        "python",
-        "-m",
-        "tfk8s_magics.runtime.tensorboard",
-        "0",
-        "--logdir",
-        "/log",
-        "--bind_all",
-        "--port",
-        "6006",
+        "python", "-m", "tfk8s_magics.runtime.tensorboard", "0",
+        "--logdir", "/log", "--bind_all", "--port", "6006",
     ]
-    assert container["env"][1] == {
-        "name": "TFK8S_TENSORBOARD_TOKEN",
-        "valueFrom": {"secretKeyRef": {"name": "mnist-tensorboard", "key": "token"}},
-    }
+    assert container["env"][1] == {"name": "TFK8S_TENSORBOARD_TOKEN", "valueFrom": {
+        "secretKeyRef": {"name": "mnist-tensorboard", "key": "token"}}}
     assert container["readinessProbe"]["httpGet"] == {"path": "/tfk8s-ready", "port": 6006}
     named = m.tensorboard_deployment(spec, SETTINGS, "mnist-tensorboard-abc123")
     assert named["spec"]["template"]["spec"]["containers"][0]["env"][1]["valueFrom"] == {
-        "secretKeyRef": {"name": "mnist-tensorboard-abc123", "key": "token"}
-    }
+        "secretKeyRef": {"name": "mnist-tensorboard-abc123", "key": "token"}}
     assert m.tensorboard_secret(spec, SETTINGS, "mnist-tensorboard-abc123", "t0k") == {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {
-            "name": "mnist-tensorboard-abc123",
-            "namespace": "alice",
-            "labels": labels("tensorboard"),
-        },
+        "metadata": {"name": "mnist-tensorboard-abc123", "namespace": "alice",
+                     "labels": labels("tensorboard")},
         "type": "Opaque",
         "stringData": {"token": "t0k"},
     }
     assert pod["volumes"][0] == {
-        "name": "log",
-        "persistentVolumeClaim": {"claimName": "mnist-log", "readOnly": True},
+        "name": "log", "persistentVolumeClaim": {"claimName": "mnist-log", "readOnly": True},
     }
     assert pod["containers"][0]["volumeMounts"][0] == {
-        "name": "log",
-        "mountPath": "/log",
-        "readOnly": True,
+        "name": "log", "mountPath": "/log", "readOnly": True,
     }
     assert pod["securityContext"]["runAsNonRoot"] is True
 
@@ -204,7 +189,8 @@ def test_with_owner_copies_and_points_at_the_root():
     svc = m.claims(between(), SETTINGS)[0]
     owned = m.with_owner(svc, m.owner_reference(root))
     assert owned["metadata"]["ownerReferences"] == [
-        {"apiVersion": "v1", "kind": "ConfigMap", "name": "mnist", "uid": "u-1", "blockOwnerDeletion": True}
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "mnist", "uid": "u-1",
+         "blockOwnerDeletion": True}
     ]
     assert "ownerReferences" not in svc["metadata"]
 
@@ -240,9 +226,11 @@ def test_every_manifest_validates_strictly(version, which):
         "between": between(),
         "in-graph": in_graph(),
         "gpu": between(
-            resources={"worker": Resources(cpu="500m", memory="1Gi", gpus=2), "ps": Resources(cpu="1")},
+            resources={"worker": Resources(cpu="500m", memory="1Gi", gpus=2),
+                       "ps": Resources(cpu="1")},
             node_selector={"accelerator": "nvidia"},
-            tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
+            tolerations=({"key": "nvidia.com/gpu", "operator": "Exists",
+                          "effect": "NoSchedule"},),
         ),
         "claims": between(log_claim="logs", data_claim="data"),
     }
@@ -265,18 +253,14 @@ def test_strict_validation_catches_an_unknown_field():
 
 def _images(js: dict) -> dict[str, str]:
     """Role → the image of its JobSet pod template."""
-    return {
-        r["name"]: r["template"]["spec"]["template"]["spec"]["containers"][0]["image"]
-        for r in js["spec"]["replicatedJobs"]
-    }
+    return {r["name"]: r["template"]["spec"]["template"]["spec"]["containers"][0]["image"]
+            for r in js["spec"]["replicatedJobs"]}
 
 
 def test_gpus_select_the_gpu_image_and_cpu_roles_keep_the_cpu_image():
     spec = between(resources={"worker": Resources(gpus=1)})
     assert _images(j.jobset(spec, SETTINGS, LifecyclePolicy.of(spec))) == {
-        "ps": "tfk8s/tensorflow-task:0.1.0",
-        "worker": "tfk8s/tensorflow-task-gpu:0.1.0",
-    }
+        "ps": "tfk8s/tensorflow-task:0.1.0", "worker": "tfk8s/tensorflow-task-gpu:0.1.0"}
     # TensorBoard needs no GPU
     tb = m.tensorboard_deployment(spec, SETTINGS)["spec"]["template"]["spec"]["containers"][0]
     assert tb["image"] == "tfk8s/tensorflow-task:0.1.0"
@@ -304,12 +288,8 @@ def _worker_template(spec: ClusterSpec, settings: K8sSettings) -> dict:
 
 
 def test_files_travel_with_the_script_beside_it_and_quiet_is_one_setting():
-    spec = ClusterSpec(
-        name="mnist",
-        workers=1,
-        script="import helper\n",
-        files={"helper.py": "X = 1\n", "labels.txt": "a\nb\n"},
-    )
+    spec = ClusterSpec(name="mnist", workers=1, script="import helper\n",
+                       files={"helper.py": "X = 1\n", "labels.txt": "a\nb\n"})
     root = m.root_configmap(spec, SETTINGS)
     assert root["data"]["helper.py"] == "X = 1\n" and root["data"]["labels.txt"] == "a\nb\n"
     assert json.loads(root["data"]["spec.json"])["files"] == ["helper.py", "labels.txt"]

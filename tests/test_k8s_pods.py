@@ -577,17 +577,15 @@ def test_logs_progress_and_success_are_read_from_real_pods(user):
     stop = threading.Event()
     lines: list = []
     try:
-        backend.launch(ClusterSpec(name="prog", ps=1, workers=2, script=PROGRESS, **_claims()), detach=True)
-        follower = threading.Thread(
-            target=lambda: lines.extend(backend.follow_logs("prog", stop)), daemon=True
-        )
+        backend.launch(ClusterSpec(name="prog", ps=1, workers=2, script=PROGRESS, **_claims()),
+                       detach=True)
+        follower = threading.Thread(target=lambda: lines.extend(backend.follow_logs("prog", stop)),
+                                    daemon=True)
         follower.start()  # asked while every pod is still pending
         status = _wait(backend, "prog", lambda s: s.terminal)
         assert status.phase == Phase.SUCCEEDED, (status, [ln.text for ln in lines])
         assert (status.task("ps-0").phase, status.task("ps-0").reason) == (
-            Phase.SUCCEEDED,
-            "ended when the JobSet succeeded",
-        )
+            Phase.SUCCEEDED, "ended when the JobSet succeeded")
         assert status.progress is not None and (status.progress.step, status.progress.total) == (5, 10)
         follower.join(120)
         assert not follower.is_alive(), "follow_logs did not end with the cluster"
@@ -623,7 +621,8 @@ def test_a_stalled_cluster_is_reported_from_real_pod_log_timestamps(user, monkey
     monkeypatch.setenv("TFK8S_STALL_TIMEOUT", "5")
     backend = user.backend()
     try:
-        backend.launch(ClusterSpec(name="stall", ps=0, workers=2, script=STALL, **_claims()), detach=True)
+        backend.launch(ClusterSpec(name="stall", ps=0, workers=2, script=STALL, **_claims()),
+                       detach=True)
         backend._watcher("stall").stalls.period = 0.5  # log tails re-read at most this often
         status = _wait(backend, "stall", lambda s: s.stall is not None or s.terminal)
         assert status.shown_phase == "stalled" and status.phase == Phase.RUNNING, status
@@ -651,23 +650,12 @@ def test_a_missing_secret_is_the_real_kubelets_sentence_in_the_status(user):
     # it asks (a 403 for the shipped Role: the check is skipped, not the launch)
     user.expect_denied.add(f"/api/v1/namespaces/{user.ns}/secrets/s3-creds")
     try:
-        backend.launch(
-            ClusterSpec(
-                name="nosecret",
-                workers=1,
-                script="print(1)\n",
-                data_url="s3://bucket/datasets/mnist",
-                data_sync=True,
-                credentials_secret="s3-creds",
-                **_claims(),
-            ),
-            detach=True,
-        )
+        backend.launch(ClusterSpec(name="nosecret", workers=1, script="print(1)\n",
+                                   data_url="s3://bucket/datasets/mnist", data_sync=True,
+                                   credentials_secret="s3-creds", **_claims()), detach=True)
         status = _wait(backend, "nosecret", lambda s: "secret" in s.reason or s.terminal)
         assert (status.phase, status.reason) == (
-            Phase.PENDING,
-            'sync: CreateContainerConfigError: secret "s3-creds" not found',
-        )
+            Phase.PENDING, 'sync: CreateContainerConfigError: secret "s3-creds" not found')
         events = [(e.task, e.reason, e.message) for e in backend.events("nosecret")]
         assert ("sync", "Failed", 'Error: secret "s3-creds" not found') in events, events
         backend.delete("nosecret")

@@ -29,13 +29,8 @@ def test_render_needs_no_cluster(monkeypatch, tmp_path):
     assert isinstance(backend, KubernetesBackend)
     docs = backend.render(SPEC, tensorboard=True)
     assert [d["kind"] for d in docs] == [
-        "ConfigMap",
-        "PersistentVolumeClaim",
-        "PersistentVolumeClaim",
-        "Deployment",
-        "Service",
-        "JobSet",
-    ]
+        "ConfigMap", "PersistentVolumeClaim", "PersistentVolumeClaim",
+        "Deployment", "Service", "JobSet"]
     assert {d["metadata"]["namespace"] for d in docs} == {"team"}
     template = docs[-1]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
     assert template["spec"]["containers"][0]["image"] == "registry.local/tf:1"
@@ -47,7 +42,8 @@ def test_render_needs_no_cluster(monkeypatch, tmp_path):
 
 def test_module_level_render_yaml():
     text = render_yaml(SPEC, K8sSettings(namespace="n", user="u"))
-    assert [d["metadata"]["name"] for d in yaml.safe_load_all(text)] == ["r", "r-data", "r-log", "r"]
+    assert [d["metadata"]["name"] for d in yaml.safe_load_all(text)] == [
+        "r", "r-data", "r-log", "r"]
 
 
 def test_constructor_reads_nothing(monkeypatch):
@@ -61,7 +57,8 @@ def test_constructor_reads_nothing(monkeypatch):
 def test_settings_precedence(monkeypatch, tmp_path):
     monkeypatch.setenv("TFK8S_NAMESPACE", "from-env")
     monkeypatch.setenv("TFK8S_STORAGE_CLASS", "nfs")
-    monkeypatch.setattr("tfk8s_magics.backends.kubernetes.settings.NAMESPACE_FILE", str(tmp_path / "none"))
+    monkeypatch.setattr("tfk8s_magics.backends.kubernetes.settings.NAMESPACE_FILE",
+                        str(tmp_path / "none"))
     s = settings_from_env()
     assert (s.namespace, s.storage_class) == ("from-env", "nfs")
     assert settings_from_env(namespace="given", storage_class="gluster").namespace == "given"
@@ -78,19 +75,9 @@ def test_logcopy_tees_output_and_passes_the_exit_code(tmp_path):
     copy = tmp_path / "tasks" / "worker-0.log"
     child = "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tfk8s_magics.backends.kubernetes.logcopy",
-            str(copy),
-            "--",
-            sys.executable,
-            "-c",
-            child,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
+        [sys.executable, "-m", "tfk8s_magics.backends.kubernetes.logcopy", str(copy), "--",
+         sys.executable, "-c", child],
+        capture_output=True, text=True, timeout=30,
     )
     assert proc.returncode == 3
     assert proc.stdout.splitlines() == ["out", "err"]
@@ -101,18 +88,9 @@ def test_logcopy_tees_output_and_passes_the_exit_code(tmp_path):
 def test_logcopy_reports_a_signal_death_as_128_plus_n(tmp_path):
     child = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tfk8s_magics.backends.kubernetes.logcopy",
-            str(tmp_path / "x.log"),
-            "--",
-            sys.executable,
-            "-c",
-            child,
-        ],
-        capture_output=True,
-        timeout=30,
+        [sys.executable, "-m", "tfk8s_magics.backends.kubernetes.logcopy",
+         str(tmp_path / "x.log"), "--", sys.executable, "-c", child],
+        capture_output=True, timeout=30,
     )
     assert proc.returncode == 128 + 9  # what a container runtime reports for the task itself
 
@@ -124,21 +102,10 @@ def test_logcopy_as_pid_1_exits_128_plus_n(tmp_path, sig):
     ready = tmp_path / "ready"
     child = f"import pathlib, time; pathlib.Path({str(ready)!r}).touch(); time.sleep(60)"
     proc = subprocess.Popen(
-        [
-            "unshare",
-            *([] if os.geteuid() == 0 else ["--user", "--map-root-user"]),
-            "--pid",
-            "--fork",
-            "--kill-child",
-            sys.executable,
-            "-m",
-            "tfk8s_magics.backends.kubernetes.logcopy",
-            str(tmp_path / "x.log"),
-            "--",
-            sys.executable,
-            "-c",
-            child,
-        ],
+        ["unshare", *([] if os.geteuid() == 0 else ["--user", "--map-root-user"]),
+         "--pid", "--fork", "--kill-child", sys.executable, "-m",
+         "tfk8s_magics.backends.kubernetes.logcopy", str(tmp_path / "x.log"), "--",
+         sys.executable, "-c", child],
     )
     try:
         deadline = time.monotonic() + 30

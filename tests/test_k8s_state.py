@@ -21,19 +21,12 @@ from tfk8s_magics.backends.kubernetes.rbac import (
 from tfk8s_magics.backends.kubernetes.settings import K8sSettings
 from tfk8s_magics.spec import ClusterSpec, Resources
 
-SPEC = ClusterSpec(
-    name="c", ps=1, workers=2, script="pass", restart_budget=1, ps_grace_period=30, ttl_after_finished=60
-)
+SPEC = ClusterSpec(name="c", ps=1, workers=2, script="pass", restart_budget=1,
+                   ps_grace_period=30, ttl_after_finished=60)
 
 
-def pod(
-    task: str,
-    phase: str = "Running",
-    attempt: int = 0,
-    ready: bool = True,
-    terminated: dict | None = None,
-    **status,
-) -> dict:
+def pod(task: str, phase: str = "Running", attempt: int = 0, ready: bool = True,
+        terminated: dict | None = None, **status) -> dict:
     """A JobSet pod as the API shows it (labels from JobSet and the Job controller)."""
     role, _, index = task.rpartition("-")
     container: dict = {"name": "tensorflow", "ready": ready and phase == "Running", "state": {}}
@@ -42,29 +35,21 @@ def pod(
     return {
         "metadata": {
             "name": f"c-{role}-0-{index}-x{attempt}abc",
-            "labels": {
-                "tfk8s.io/role": role,
-                "batch.kubernetes.io/job-completion-index": index,
-                "jobset.sigs.k8s.io/restart-attempt": str(attempt),
-            },
+            "labels": {"tfk8s.io/role": role, "batch.kubernetes.io/job-completion-index": index,
+                       "jobset.sigs.k8s.io/restart-attempt": str(attempt)},
         },
         "status": {"phase": phase, "containerStatuses": [container], **status},
     }
 
 
-def jobset(condition: str | None = None, restarts: int = 0, message: str = "", suspend: bool = False) -> dict:
+def jobset(condition: str | None = None, restarts: int = 0, message: str = "",
+           suspend: bool = False) -> dict:
     status: dict = {"restarts": restarts}
     if condition:
-        status["conditions"] = [
-            {
-                "type": condition,
-                "status": "True",
-                "reason": condition,
-                "message": message,
-                "lastTransitionTime": "2026-01-01T00:00:00Z",
-            }
-        ]
-    return {"metadata": {"name": "c", "labels": {}}, "spec": {"suspend": suspend}, "status": status}
+        status["conditions"] = [{"type": condition, "status": "True", "reason": condition,
+                                 "message": message, "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+    return {"metadata": {"name": "c", "labels": {}}, "spec": {"suspend": suspend},
+            "status": status}
 
 
 def view(*pods, **kw) -> state.View:
@@ -73,27 +58,15 @@ def view(*pods, **kw) -> state.View:
 
 
 def test_pending_reason_comes_from_the_scheduler_or_the_container():
-    unsched = pod(
-        "worker-0",
-        "Pending",
-        conditions=[
-            {
-                "type": "PodScheduled",
-                "status": "False",
-                "reason": "Unschedulable",
-                "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
-            }
-        ],
-    )
+    unsched = pod("worker-0", "Pending", conditions=[{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}])
     s = state.task_status("worker-0", unsched)
     assert (s.phase, s.reason) == (
-        Phase.PENDING,
-        "Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
-    )
+        Phase.PENDING, "Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
     pulling = pod("worker-0", "Pending")
     pulling["status"]["containerStatuses"][0]["state"] = {
-        "waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}
-    }
+        "waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}
     s = state.task_status("worker-0", pulling)
     assert (s.phase, s.reason) == (Phase.PENDING, "ImagePullBackOff: Back-off pulling image")
 
@@ -105,17 +78,11 @@ def test_running_is_starting_until_ready():
 
 def test_exit_codes_are_explained():
     # "Cannot run" needs the runtime's termination message (terminationMessagePath), not exit 3 alone.
-    broken = {
-        "exitCode": 3,
-        "reason": "Error",
-        "message": "ScriptBroken: the training script failed on an import",
-    }
+    broken = {"exitCode": 3, "reason": "Error",
+              "message": "ScriptBroken: the training script failed on an import"}
     s = state.task_status("worker-0", pod("worker-0", "Failed", terminated=broken))
     assert (s.phase, s.exit_code, s.reason) == (
-        Phase.FAILED,
-        3,
-        "the script cannot run: it failed on an import or did not compile (exit code 3)",
-    )
+        Phase.FAILED, 3, "the script cannot run: it failed on an import or did not compile (exit code 3)")
     own = {"exitCode": 3, "reason": "Error"}
     s = state.task_status("worker-0", pod("worker-0", "Failed", terminated=own))
     assert (s.phase, s.exit_code, s.reason) == (Phase.FAILED, 3, "exit code 3")  # the script's sys.exit(3)
@@ -124,11 +91,8 @@ def test_exit_codes_are_explained():
     oom["spec"] = {"containers": [{"name": "tensorflow", "resources": {"limits": {"memory": "512Mi"}}}]}
     s = state.task_status("worker-0", oom)
     assert (s.exit_code, s.signal, s.reason) == (
-        137,
-        "SIGKILL",
-        "OOMKilled: the task used more than its memory limit of 512Mi; launch with a "
-        "larger --memory for its role than 512Mi",
-    )
+        137, "SIGKILL", "OOMKilled: the task used more than its memory limit of 512Mi; launch with a "
+        "larger --memory for its role than 512Mi")
 
 
 def test_the_first_end_is_the_cause_not_the_peer_that_lost_it():
@@ -136,52 +100,41 @@ def test_the_first_end_is_the_cause_not_the_peer_that_lost_it():
     alone): the deleted pod is the cause and JobSet restarts. The order the watch saw the ends
     in decides; without it (a fresh listing), the API's seconds: the deletion was asked for at
     :00 (its timestamp less its grace), the peer ended at :01."""
-    deleted = pod(
-        "worker-1",
-        "Failed",
-        terminated={"exitCode": 143, "reason": "Error", "finishedAt": "2026-01-01T00:00:01Z"},
-    )
+    deleted = pod("worker-1", "Failed", terminated={"exitCode": 143, "reason": "Error",
+                                                    "finishedAt": "2026-01-01T00:00:01Z"})
     deleted["metadata"].update(deletionTimestamp="2026-01-01T00:00:30Z", deletionGracePeriodSeconds=30)
-    peer = pod(
-        "worker-0",
-        "Failed",
-        terminated={"exitCode": 1, "reason": "Error", "finishedAt": "2026-01-01T00:00:01Z"},
-    )
+    peer = pod("worker-0", "Failed", terminated={"exitCode": 1, "reason": "Error",
+                                                 "finishedAt": "2026-01-01T00:00:01Z"})
     for ends in ({}, {deleted["metadata"]["name"]: 1.0, peer["metadata"]["name"]: 2.0}):
         v = view(deleted, peer, pod("ps-0"), ends=ends)
         assert state.cluster_phase(v, state.task_statuses(v)) == (
-            Phase.STARTING,
-            "restarting: worker-1 failed: killed by SIGTERM: its pod was deleted (1 restarts left)",
-        ), ends
+            Phase.STARTING, "restarting: worker-1 failed: killed by SIGTERM: its pod was deleted "
+            "(1 restarts left)"), ends
     # the order the watch saw wins over the API's seconds
-    v = view(
-        deleted, peer, pod("ps-0"), ends={deleted["metadata"]["name"]: 2.0, peer["metadata"]["name"]: 1.0}
-    )
+    v = view(deleted, peer, pod("ps-0"),
+             ends={deleted["metadata"]["name"]: 2.0, peer["metadata"]["name"]: 1.0})
     assert state.cluster_phase(v, state.task_statuses(v))[1].startswith("failing: worker-0 failed")
 
 
 def test_an_ended_container_is_not_starting_again():
     """The container ended, the pod's phase not written yet (not ready for a moment); or a task
     that was ready stops answering its probe: neither is starting."""
-    done = pod(
-        "worker-0", "Running", ready=False, terminated={"exitCode": 0, "finishedAt": "2026-01-01T00:01:00Z"}
-    )
+    done = pod("worker-0", "Running", ready=False,
+               terminated={"exitCode": 0, "finishedAt": "2026-01-01T00:01:00Z"})
     assert state.task_status("worker-0", done).phase == Phase.SUCCEEDED
     crashed = pod("worker-0", "Running", ready=False, terminated={"exitCode": 1})
     assert state.task_status("worker-0", crashed).phase == Phase.FAILED
-    was_ready = pod(
-        "worker-0",
-        ready=False,
-        conditions=[{"type": "Ready", "status": "False", "lastTransitionTime": "2026-01-01T00:01:00Z"}],
-    )
-    was_ready["status"]["containerStatuses"][0]["state"] = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+    was_ready = pod("worker-0", ready=False,
+                    conditions=[{"type": "Ready", "status": "False",
+                                 "lastTransitionTime": "2026-01-01T00:01:00Z"}])
+    was_ready["status"]["containerStatuses"][0]["state"] = {
+        "running": {"startedAt": "2026-01-01T00:00:00Z"}}
     assert state.task_status("worker-0", was_ready).phase == Phase.RUNNING
-    starting = pod(
-        "worker-0",
-        ready=False,
-        conditions=[{"type": "Ready", "status": "False", "lastTransitionTime": "2025-12-31T23:59:59Z"}],
-    )
-    starting["status"]["containerStatuses"][0]["state"] = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+    starting = pod("worker-0", ready=False,
+                   conditions=[{"type": "Ready", "status": "False",
+                                "lastTransitionTime": "2025-12-31T23:59:59Z"}])
+    starting["status"]["containerStatuses"][0]["state"] = {
+        "running": {"startedAt": "2026-01-01T00:00:00Z"}}
     assert state.task_status("worker-0", starting).phase == Phase.STARTING
 
 
@@ -189,9 +142,7 @@ def test_a_failed_task_reads_as_restarting_until_jobset_says_otherwise():
     killed = pod("worker-0", "Failed", terminated={"exitCode": 137})
     v = view(killed, pod("ps-0"), pod("worker-1"))
     assert state.cluster_phase(v, state.task_statuses(v)) == (
-        Phase.STARTING,
-        "restarting: worker-0 failed: killed by SIGKILL (1 restarts left)",
-    )
+        Phase.STARTING, "restarting: worker-0 failed: killed by SIGKILL (1 restarts left)")
     raised = pod("worker-0", "Failed", terminated={"exitCode": 1})
     v = view(raised, pod("ps-0"), pod("worker-1"))
     phase, reason = state.cluster_phase(v, state.task_statuses(v))
@@ -199,58 +150,38 @@ def test_a_failed_task_reads_as_restarting_until_jobset_says_otherwise():
 
 
 def test_the_newest_attempt_wins_and_counts_restarts():
-    v = view(
-        pod("worker-0", "Failed", terminated={"exitCode": 137}),
-        pod("worker-0", attempt=1),
-        pod("ps-0", attempt=1),
-        pod("worker-1", attempt=1),
-        jobset=jobset(restarts=1),
-    )
+    v = view(pod("worker-0", "Failed", terminated={"exitCode": 137}), pod("worker-0", attempt=1),
+             pod("ps-0", attempt=1), pod("worker-1", attempt=1), jobset=jobset(restarts=1))
     tasks = state.task_statuses(v)
     assert [(t.name, t.phase, t.restarts) for t in tasks] == [
-        ("ps-0", Phase.RUNNING, 1),
-        ("worker-0", Phase.RUNNING, 1),
-        ("worker-1", Phase.RUNNING, 1),
-    ]
+        ("ps-0", Phase.RUNNING, 1), ("worker-0", Phase.RUNNING, 1), ("worker-1", Phase.RUNNING, 1)]
     assert state.cluster_phase(v, tasks) == (Phase.RUNNING, "")
 
 
 def test_jobset_failure_is_the_verdict():
-    v = view(
-        pod("worker-0", "Failed", attempt=1, terminated={"exitCode": 137}),
-        pod("worker-1", attempt=1),
-        jobset=jobset("Failed", restarts=1, message="jobset failed due to reaching max number of restarts"),
-    )
+    v = view(pod("worker-0", "Failed", attempt=1, terminated={"exitCode": 137}),
+             pod("worker-1", attempt=1),
+             jobset=jobset("Failed", restarts=1,
+                           message="jobset failed due to reaching max number of restarts"))
     tasks = state.task_statuses(v)
     assert state.cluster_phase(v, tasks) == (
-        Phase.FAILED,
-        "worker-0 failed: killed by SIGKILL (jobset failed due to reaching max number of restarts)",
-    )
+        Phase.FAILED, "worker-0 failed: killed by SIGKILL "
+        "(jobset failed due to reaching max number of restarts)")
     # what JobSet ended (its active Jobs are deleted) reads as stopped, not pending
     assert {t.name: t.phase for t in tasks} == {
-        "ps-0": Phase.STOPPED,
-        "worker-0": Phase.FAILED,
-        "worker-1": Phase.STOPPED,
-    }
+        "ps-0": Phase.STOPPED, "worker-0": Phase.FAILED, "worker-1": Phase.STOPPED}
 
 
 def test_parameter_servers_end_when_the_jobset_succeeds():
     done = {"exitCode": 0}
-    v = view(
-        pod("worker-0", "Succeeded", terminated=done),
-        pod("worker-1", "Succeeded", terminated=done),
-        jobset=jobset("Completed"),
-    )
+    v = view(pod("worker-0", "Succeeded", terminated=done),
+             pod("worker-1", "Succeeded", terminated=done), jobset=jobset("Completed"))
     tasks = state.task_statuses(v)
     assert state.cluster_phase(v, tasks) == (Phase.SUCCEEDED, "every worker finished")
     assert (tasks[0].name, tasks[0].phase, tasks[0].reason) == (
-        "ps-0",
-        Phase.SUCCEEDED,
-        state.ENDED_BY_JOBSET,
-    )
-    status = state.cluster_status(
-        v, {"metadata": {"name": "c", "creationTimestamp": "2025-12-31T00:00:00Z"}}, tasks
-    )
+        "ps-0", Phase.SUCCEEDED, state.ENDED_BY_JOBSET)
+    status = state.cluster_status(v, {"metadata": {"name": "c", "creationTimestamp":
+                                                   "2025-12-31T00:00:00Z"}}, tasks)
     assert status.finished == 1767225600.0
 
 
@@ -260,14 +191,9 @@ def test_a_gone_jobset_and_a_stopped_cluster():
     terminating["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     v = view(pod("ps-0"), terminating, stopped=True)
     assert {t.name: t.phase for t in state.task_statuses(v)} == {
-        "ps-0": Phase.STOPPING,
-        "worker-0": Phase.STOPPING,
-        "worker-1": Phase.STOPPED,
-    }
+        "ps-0": Phase.STOPPING, "worker-0": Phase.STOPPING, "worker-1": Phase.STOPPED}
     assert state.cluster_phase(v, state.task_statuses(v)) == (
-        Phase.STOPPING,
-        "stopping: waiting for ps-0, worker-0 to end",
-    )
+        Phase.STOPPING, "stopping: waiting for ps-0, worker-0 to end")
     # a pod that has ended keeps its end; none left: stopped
     v = view(pod("worker-0", "Failed", terminated={"exitCode": 143}), stopped=True)
     assert all(t.phase in Phase.TERMINAL for t in state.task_statuses(v))
@@ -291,10 +217,7 @@ def test_a_jobset_kueue_suspends_again_is_pending_not_stopped():
     v = view(ending, jobset=js)
     tasks = state.task_statuses(v)
     assert {t.name: t.phase for t in tasks} == {
-        "ps-0": Phase.PENDING,
-        "worker-0": Phase.PENDING,
-        "worker-1": Phase.PENDING,
-    }
+        "ps-0": Phase.PENDING, "worker-0": Phase.PENDING, "worker-1": Phase.PENDING}
     assert tasks[1].reason == "waiting for admission by queue team-a (its pod is ending)"
     assert state.cluster_phase(v, tasks)[0] == Phase.PENDING
 
@@ -305,17 +228,14 @@ def test_a_queued_jobset_says_it_waits_for_admission():
     v = view(jobset=js)
     tasks = state.task_statuses(v)
     assert tasks[0].reason == "waiting for admission by queue team-a"
-    assert state.cluster_phase(v, tasks) == (Phase.PENDING, "ps-0: waiting for admission by queue team-a")
+    assert state.cluster_phase(v, tasks) == (
+        Phase.PENDING, "ps-0: waiting for admission by queue team-a")
 
 
 def test_kueue_reason_is_the_pending_event_of_this_jobsets_workload():
     def ev(name, reason, message, stamp, kind="Workload"):
-        return {
-            "involvedObject": {"kind": kind, "name": name},
-            "reason": reason,
-            "message": message,
-            "lastTimestamp": stamp,
-        }
+        return {"involvedObject": {"kind": kind, "name": name}, "reason": reason,
+                "message": message, "lastTimestamp": stamp}
 
     events = [
         ev("jobset-c-1a2b3", "Pending", "old", "2026-01-01T00:00:00Z"),
@@ -332,7 +252,8 @@ def test_kueue_reason_is_the_pending_event_of_this_jobsets_workload():
     # the queue label decides the words, whatever JobSet's own Suspended condition says
     js = jobset(suspend=True)
     js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "q"
-    js["status"] = {"conditions": [{"type": "Suspended", "status": "True", "message": "jobset is suspended"}]}
+    js["status"] = {"conditions": [{"type": "Suspended", "status": "True",
+                                    "message": "jobset is suspended"}]}
     assert state.task_statuses(view(jobset=js))[0].reason == "waiting for admission by queue q"
 
 
@@ -348,16 +269,14 @@ SETTINGS = K8sSettings(namespace="u", user="u", storage_class="gluster")
 
 
 def _manifests(**res):
-    spec = ClusterSpec(
-        name="q", ps=1, workers=2, script="pass", resources={k: Resources(**v) for k, v in res.items()}
-    )
+    spec = ClusterSpec(name="q", ps=1, workers=2, script="pass",
+                       resources={k: Resources(**v) for k, v in res.items()})
     return cluster_manifests(spec, SETTINGS)
 
 
 def test_demand_sums_requests_objects_and_storage():
-    need = demand(
-        _manifests(worker={"cpu": "1500m", "memory": "1Gi", "gpus": 1}, ps={"cpu": "1", "memory": "512Mi"})
-    )
+    need = demand(_manifests(worker={"cpu": "1500m", "memory": "1Gi", "gpus": 1},
+                             ps={"cpu": "1", "memory": "512Mi"}))
     assert need["requests.cpu"] == Decimal("4")
     assert need["requests.memory"] == Decimal(2 * 2**30 + 2**29)
     assert need["requests.nvidia.com/gpu"] == 2
@@ -370,13 +289,9 @@ def test_demand_sums_requests_objects_and_storage():
 
 
 def test_quota_problems_name_the_resource_and_what_is_left():
-    quota = {
-        "metadata": {"name": "user-quota"},
-        "status": {
-            "hard": {"requests.cpu": "4", "pods": "10"},
-            "used": {"requests.cpu": "1500m", "pods": "2"},
-        },
-    }
+    quota = {"metadata": {"name": "user-quota"},
+             "status": {"hard": {"requests.cpu": "4", "pods": "10"},
+                        "used": {"requests.cpu": "1500m", "pods": "2"}}}
     ms = _manifests(worker={"cpu": "1", "memory": "1Gi"}, ps={"cpu": "1", "memory": "1Gi"})
     assert quota_problems(ms, [quota]) == [
         "the cluster needs requests.cpu 3 but ResourceQuota user-quota leaves 2.5 "
@@ -398,13 +313,9 @@ def test_quota_on_cpu_requires_every_pod_to_ask_for_cpu():
 
 
 def test_node_problems():
-    nodes = [
-        {"status": {"allocatable": {"cpu": "4", "memory": "8Gi"}}},
-        {
-            "spec": {"unschedulable": True},
-            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8"}},
-        },
-    ]
+    nodes = [{"status": {"allocatable": {"cpu": "4", "memory": "8Gi"}}},
+             {"spec": {"unschedulable": True},
+              "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8"}}}]
     assert node_problems(_manifests(worker={"cpu": "2", "memory": "4Gi"}), nodes) == []
     problems = node_problems(_manifests(worker={"cpu": "2", "gpus": 1}), nodes)
     assert problems == [
@@ -415,31 +326,25 @@ def test_node_problems():
 
 # -- RBAC objects ---------------------------------------------------------------
 
-
 def test_role_and_binding_are_namespaced_and_least_privilege():
     role = backend_role("alice")
     assert role["kind"] == "Role" and role["metadata"]["namespace"] == "alice"
     assert role["rules"] == role_rules()
-    granted = {
-        (g, r, v)
-        for rule in role_rules()
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
-    assert not any(r in ("pods/exec", "pods/attach", "roles", "rolebindings") for _, r, _ in granted)
+    granted = {(g, r, v) for rule in role_rules() for g in rule["apiGroups"]
+               for r in rule["resources"] for v in rule["verbs"]}
+    assert not any(r in ("pods/exec", "pods/attach", "roles", "rolebindings")
+                   for _, r, _ in granted)
     # Secrets: only made (TensorBoard's token, which the notebook keeps itself), never read
     assert {(g, r, v) for g, r, v in granted if r == "secrets"} == {("", "secrets", "create")}
     assert not any(v in ("*", "escalate", "bind", "impersonate") for _, _, v in granted)
     assert backend_role_binding("alice", "default") == {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": {
-            "name": "tfk8s-backend",
-            "namespace": "alice",
-            "labels": {"app.kubernetes.io/name": "tfk8s", "app.kubernetes.io/component": "backend-rbac"},
-        },
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tfk8s-backend"},
+        "metadata": {"name": "tfk8s-backend", "namespace": "alice",
+                     "labels": {"app.kubernetes.io/name": "tfk8s",
+                                "app.kubernetes.io/component": "backend-rbac"}},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                    "name": "tfk8s-backend"},
         "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "alice"}],
     }
 
@@ -452,44 +357,33 @@ def test_rbac_objects_validate(version):
     kubernetes_validate.validate(backend_role_binding("alice", "sa"), version, strict=True)
 
 
+
+
 def test_the_task_that_failed_not_the_one_the_failing_jobset_terminated_is_the_cause():
     """Seen on the real cluster: worker-1's script raised (exit 1), JobSet failed and deleted the
     worker Job, worker-0 ended SIGTERMed (143). The reason names worker-1, as the double (which
     removed the other pods outright) did."""
-
     def pod(index, code):
-        return {
-            "metadata": {
-                "labels": {"tfk8s.io/role": "worker", "batch.kubernetes.io/job-completion-index": str(index)}
-            },
-            "status": {
-                "phase": "Failed",
-                "containerStatuses": [
-                    {"name": "c", "state": {"terminated": {"exitCode": code, "reason": "Error"}}}
-                ],
-            },
-        }
+        return {"metadata": {"labels": {"tfk8s.io/role": "worker",
+                                        "batch.kubernetes.io/job-completion-index": str(index)}},
+                "status": {"phase": "Failed", "containerStatuses": [{"name": "c", "state": {
+                    "terminated": {"exitCode": code, "reason": "Error"}}}]}}
 
     spec = ClusterSpec(name="mnist", workers=2, script="print(1)\n")
-    failed = {
-        "status": {
-            "conditions": [
-                {"type": "Failed", "status": "True", "message": "applying FailJobSet failure policy action"}
-            ]
-        }
-    }
+    failed = {"status": {"conditions": [{"type": "Failed", "status": "True", "message":
+                                         "applying FailJobSet failure policy action"}]}}
     for jobset in (failed, {}):  # JobSet's verdict, and the moment before it
-        view = state.View(spec=spec, jobset=jobset, pods={"worker-0": pod(0, 143), "worker-1": pod(1, 1)})
+        view = state.View(spec=spec, jobset=jobset, pods={"worker-0": pod(0, 143),
+                                                          "worker-1": pod(1, 1)})
         phase, reason = state.cluster_phase(view, state.task_statuses(view))
         assert "worker-1 failed: the script raised an exception (exit code 1)" in reason, reason
 
 
 def test_a_memory_quota_refusal_says_gi_not_bytes():
     """The quota controller may write a memory total in bytes: the sentence says 1Gi."""
-    quota = {
-        "metadata": {"name": "tfk8s-quota"},
-        "status": {"hard": {"limits.memory": "4294967296"}, "used": {"limits.memory": "1073741824"}},
-    }
+    quota = {"metadata": {"name": "tfk8s-quota"},
+             "status": {"hard": {"limits.memory": "4294967296"},
+                        "used": {"limits.memory": "1073741824"}}}
     ms = _manifests(worker={"cpu": "1", "memory": "2Gi"}, ps={"cpu": "1", "memory": "1Gi"})
     [problem] = quota_problems(ms, [quota])
     assert "(hard 4Gi, used 1Gi)" in problem, problem
@@ -499,92 +393,58 @@ def test_a_memory_quota_refusal_says_gi_not_bytes():
 def test_a_cluster_that_cannot_start_says_so_in_one_stable_sentence():
     """An image no node can pull: at once, the same sentence whichever of the kubelet's two
     reasons it shows; a pod no node has room for: after the grace, in the scheduler's words."""
-
     def pulling(reason, message):
         p = pod("worker-0", "Pending", ready=False)
         p["status"]["containerStatuses"][0].update(
-            image="nope/missing:1", state={"waiting": {"reason": reason, "message": message}}
-        )
+            image="nope/missing:1", state={"waiting": {"reason": reason, "message": message}})
         return p
 
     failed = 'failed to pull and unpack image "docker.io/nope/missing:1": not found'
     first = state.cannot_start(view(pulling("ErrImagePull", failed), pod("ps-0")), now=0)
     backoff = f'Back-off pulling image "nope/missing:1": ErrImagePull: {failed}'
     again = state.cannot_start(view(pulling("ImagePullBackOff", backoff), pod("ps-0")), now=0)
-    assert (
-        first
-        == again
-        == (
-            "cannot start: worker-0: its image 'nope/missing:1' cannot be pulled: "
-            + failed
-            + "; launch with an --image the nodes can pull (or ask your administrator to make this one "
-            "available); then stop this cluster and launch again"
-        )
-    )
-    unschedulable = pod(
-        "worker-1",
-        "Pending",
-        ready=False,
-        conditions=[
-            {
-                "type": "PodScheduled",
-                "status": "False",
-                "reason": "Unschedulable",
-                "lastTransitionTime": "2026-01-01T00:00:00Z",
-                "message": "0/1 nodes are available: 1 Insufficient cpu.",
-            }
-        ],
-    )
+    assert first == again == (
+        "cannot start: worker-0: its image 'nope/missing:1' cannot be pulled: " + failed +
+        "; launch with an --image the nodes can pull (or ask your administrator to make this one "
+        "available); then stop this cluster and launch again")
+    unschedulable = pod("worker-1", "Pending", ready=False, conditions=[{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+        "message": "0/1 nodes are available: 1 Insufficient cpu."}])
     born = state.parse_time("2026-01-01T00:00:00Z")
     v = view(unschedulable, pod("ps-0"), pod("worker-0"))
     assert state.cannot_start(v, now=born + 119) is None  # a node may still be on its way
     assert state.cannot_start(v, now=born + 121) == (
         "cannot start: worker-1 has fit on no node for more than 120 s (0/1 nodes are available: "
         "1 Insufficient cpu.): stop this cluster and launch it asking for less (--cpu, --memory, "
-        "fewer tasks), or ask your administrator for larger nodes"
-    )
+        "fewer tasks), or ask your administrator for larger nodes")
     assert state.cannot_start(view(pod("ps-0"), pod("worker-0")), now=born + 999) is None
 
 
 def test_start_up_probe_failures_and_a_deleted_namesakes_events_are_not_shown():
-    probe = {
-        "reason": "Unhealthy",
-        "message": "Readiness probe failed: ",
-        "type": "Warning",
-        "firstTimestamp": "2026-01-01T00:00:05Z",
-        "lastTimestamp": "2026-01-01T00:00:07Z",
-    }
-    became_ready = pod(
-        "worker-0",
-        conditions=[{"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:08Z"}],
-    )
+    probe = {"reason": "Unhealthy", "message": "Readiness probe failed: ", "type": "Warning",
+             "firstTimestamp": "2026-01-01T00:00:05Z", "lastTimestamp": "2026-01-01T00:00:07Z"}
+    became_ready = pod("worker-0", conditions=[{"type": "Ready", "status": "True",
+                                                "lastTransitionTime": "2026-01-01T00:00:08Z"}])
     assert state.startup_probe_noise(probe, became_ready)  # before TensorFlow listened
     assert state.startup_probe_noise(probe, pod("worker-0", ready=False))  # still starting
     later = {**probe, "firstTimestamp": "2026-01-01T00:05:00Z", "lastTimestamp": "2026-01-01T00:05:00Z"}
-    was_ready = pod(
-        "worker-0",
-        ready=False,
-        conditions=[{"type": "Ready", "status": "False", "lastTransitionTime": "2026-01-01T00:05:00Z"}],
-    )
+    was_ready = pod("worker-0", ready=False, conditions=[{"type": "Ready", "status": "False",
+                                                         "lastTransitionTime": "2026-01-01T00:05:00Z"}])
     was_ready["status"]["containerStatuses"][0]["state"] = {"running": {"startedAt": "2026-01-01T00:00:01Z"}}
     assert not state.startup_probe_noise(later, was_ready)  # it had answered, then stopped
     assert not state.startup_probe_noise({**probe, "reason": "BackOff"}, became_ready)
 
     born = state.parse_time("2026-01-01T01:00:00Z")
-    old = {
-        "reason": "Killing",
-        "lastTimestamp": "2026-01-01T00:59:59Z",
-        "involvedObject": {"kind": "Pod", "name": "c-worker-0-0-abc", "uid": "old-pod"},
-    }
+    old = {"reason": "Killing", "lastTimestamp": "2026-01-01T00:59:59Z",
+           "involvedObject": {"kind": "Pod", "name": "c-worker-0-0-abc", "uid": "old-pod"}}
     assert state.of_another_incarnation(old, born, {"new-pod"})
     same_second = {**old, "lastTimestamp": "2026-01-01T01:00:00Z"}
     assert state.of_another_incarnation(same_second, born, {"new-pod"})
-    assert not state.of_another_incarnation(
-        {**same_second, "involvedObject": {"uid": "new-pod"}}, born, {"new-pod"}
-    )
-    assert not state.of_another_incarnation(
-        {**old, "lastTimestamp": "2026-01-01T01:00:01Z"}, born, {"new-pod"}
-    )
+    assert not state.of_another_incarnation({**same_second, "involvedObject": {"uid": "new-pod"}},
+                                            born, {"new-pod"})
+    assert not state.of_another_incarnation({**old, "lastTimestamp": "2026-01-01T01:00:01Z"},
+                                            born, {"new-pod"})
 
 
 def test_a_gpu_quota_counts_gpus_without_asking_every_pod_to_name_one():

@@ -45,11 +45,9 @@ DATA = "s3://bucket/datasets/mnist"
 OUT = "s3://bucket/runs/mnist"
 SECRET = "s3-creds"
 #: Values that must never leave the Secret (the grep test looks for each of them).
-SECRET_VALUES = {
-    "AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEYID0042",
-    "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY",
-    "AWS_ENDPOINT_URL": "http://127.0.0.1:59999/secret-endpoint",
-}
+SECRET_VALUES = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEYID0042",
+                 "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY",
+                 "AWS_ENDPOINT_URL": "http://127.0.0.1:59999/secret-endpoint"}
 LABELS = {
     "app.kubernetes.io/managed-by": "tfk8s",
     "app.kubernetes.io/name": "tfk8s",
@@ -60,25 +58,14 @@ LABELS = {
     "tfk8s.io/component": "task",
     "tfk8s.io/user": "alice",
 }
-SECURITY = {
-    "allowPrivilegeEscalation": False,
-    "readOnlyRootFilesystem": True,
-    "capabilities": {"drop": ["ALL"]},
-}
-POD_SECURITY = {
-    "runAsNonRoot": True,
-    "runAsUser": 1000,
-    "runAsGroup": 1000,
-    "fsGroup": 100,
-    "fsGroupChangePolicy": "OnRootMismatch",
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
+SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]}}
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 100,
+                "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"}}
 STEP_ENV = [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
 RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
-ATTEMPT = {
-    "name": "TFK8S_RESTART_ATTEMPT",
-    "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"}},
-}
+ATTEMPT = {"name": "TFK8S_RESTART_ATTEMPT", "valueFrom": {"fieldRef": {
+    "fieldPath": "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"}}}
 USER_CODES = [c for c in range(1, 128) if c != 75]
 
 
@@ -105,147 +92,78 @@ def pod_spec(js: dict, name: str) -> dict:
 
 def step_job_spec(pod: dict) -> dict:
     return {
-        "parallelism": 1,
-        "completions": 1,
-        "completionMode": "Indexed",
-        "backoffLimit": 0,
-        "podFailurePolicy": {
-            "rules": [
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-                # no containerName: every container of the step, its init container included
-                {"action": "FailJob", "onExitCodes": {"operator": "In", "values": USER_CODES}},
-            ]
-        },
+        "parallelism": 1, "completions": 1, "completionMode": "Indexed", "backoffLimit": 0,
+        "podFailurePolicy": {"rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            # no containerName: every container of the step, its init container included
+            {"action": "FailJob", "onExitCodes": {"operator": "In", "values": USER_CODES}},
+        ]},
         "template": pod,
     }
 
 
 # -- the pure builders, literally ------------------------------------------------------
 
-
 def test_sync_step_is_exactly_this():
     labels = {**LABELS, "tfk8s.io/role": "sync"}
     assert rjob(build(synced_and_backed_up()), "sync") == {
-        "name": "sync",
-        "replicas": 1,
-        "template": {
+        "name": "sync", "replicas": 1,
+        "template": {"metadata": {"labels": labels}, "spec": step_job_spec({
             "metadata": {"labels": labels},
-            "spec": step_job_spec(
-                {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "automountServiceAccountToken": False,
-                        "enableServiceLinks": False,
-                        "securityContext": POD_SECURITY,
-                        "initContainers": [
-                            {
-                                "name": "fetch",
-                                "image": "tfk8s/tensorflow-task:0.1.0",
-                                "command": [
-                                    "/opt/storage/bin/python",
-                                    "-m",
-                                    "tfk8s_magics.storage",
-                                    "fetch",
-                                    DATA,
-                                    "/data",
-                                ],
-                                "env": STEP_ENV,
-                                "resources": RESOURCES,
-                                "securityContext": SECURITY,
-                                "volumeMounts": [
-                                    {"name": "data", "mountPath": "/data"},
-                                    {"name": "tmp", "mountPath": "/tmp"},
-                                ],
-                                "envFrom": [{"secretRef": {"name": SECRET}}],
-                            }
-                        ],
-                        "containers": [
-                            {
-                                "name": "synced",
-                                "image": "tfk8s/tensorflow-task:0.1.0",
-                                "command": [
-                                    "/opt/storage/bin/python",
-                                    "-m",
-                                    "tfk8s_magics.backends.kubernetes.steps",
-                                    "synced",
-                                    "/data",
-                                ],
-                                "env": STEP_ENV,
-                                "resources": RESOURCES,
-                                "securityContext": SECURITY,
-                                "volumeMounts": [
-                                    {"name": "data", "mountPath": "/data", "readOnly": True},
-                                    {"name": "tmp", "mountPath": "/tmp"},
-                                ],
-                            }
-                        ],
-                        "volumes": [
-                            {"name": "data", "persistentVolumeClaim": {"claimName": "mnist-data"}},
-                            {"name": "tmp", "emptyDir": {}},
-                        ],
-                    },
-                }
-            ),
-        },
+            "spec": {
+                "restartPolicy": "Never", "automountServiceAccountToken": False,
+                "enableServiceLinks": False, "securityContext": POD_SECURITY,
+                "initContainers": [{
+                    "name": "fetch", "image": "tfk8s/tensorflow-task:0.1.0",
+                    "command": ["/opt/storage/bin/python", "-m", "tfk8s_magics.storage", "fetch", DATA,
+                                "/data"],
+                    "env": STEP_ENV, "resources": RESOURCES, "securityContext": SECURITY,
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"},
+                                     {"name": "tmp", "mountPath": "/tmp"}],
+                    "envFrom": [{"secretRef": {"name": SECRET}}],
+                }],
+                "containers": [{
+                    "name": "synced", "image": "tfk8s/tensorflow-task:0.1.0",
+                    "command": ["/opt/storage/bin/python", "-m",
+                                "tfk8s_magics.backends.kubernetes.steps", "synced", "/data"],
+                    "env": STEP_ENV, "resources": RESOURCES, "securityContext": SECURITY,
+                    "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True},
+                                     {"name": "tmp", "mountPath": "/tmp"}],
+                }],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "mnist-data"}},
+                            {"name": "tmp", "emptyDir": {}}],
+            },
+        })},
     }
 
 
 def test_backup_step_is_exactly_this():
     labels = {**LABELS, "tfk8s.io/role": "backup"}
     assert rjob(build(synced_and_backed_up()), "backup") == {
-        "name": "backup",
-        "replicas": 1,
-        "template": {
+        "name": "backup", "replicas": 1,
+        "template": {"metadata": {"labels": labels}, "spec": step_job_spec({
             "metadata": {"labels": labels},
-            "spec": step_job_spec(
-                {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "automountServiceAccountToken": False,
-                        "enableServiceLinks": False,
-                        "securityContext": POD_SECURITY,
-                        "terminationGracePeriodSeconds": 120,
-                        "containers": [
-                            {
-                                "name": "backup",
-                                "image": "tfk8s/tensorflow-task:0.1.0",
-                                "command": [
-                                    "/opt/storage/bin/python",
-                                    "-m",
-                                    "tfk8s_magics.backends.kubernetes.steps",
-                                    "backup",
-                                    "--done-dir",
-                                    "/log/.tfk8s/done/$(TFK8S_RESTART_ATTEMPT)",
-                                    "--tasks",
-                                    "worker-0,worker-1",
-                                    "--source",
-                                    "/log",
-                                    "--to",
-                                    OUT,
-                                ],
-                                "env": [ATTEMPT, *STEP_ENV],
-                                "resources": RESOURCES,
-                                "securityContext": SECURITY,
-                                "volumeMounts": [
-                                    {"name": "log", "mountPath": "/log", "readOnly": True},
-                                    {"name": "tmp", "mountPath": "/tmp"},
-                                ],
-                                "envFrom": [{"secretRef": {"name": SECRET}}],
-                            }
-                        ],
-                        "volumes": [
-                            {
-                                "name": "log",
-                                "persistentVolumeClaim": {"claimName": "mnist-log", "readOnly": True},
-                            },
-                            {"name": "tmp", "emptyDir": {}},
-                        ],
-                    },
-                }
-            ),
-        },
+            "spec": {
+                "restartPolicy": "Never", "automountServiceAccountToken": False,
+                "enableServiceLinks": False, "securityContext": POD_SECURITY,
+                "terminationGracePeriodSeconds": 120,
+                "containers": [{
+                    "name": "backup", "image": "tfk8s/tensorflow-task:0.1.0",
+                    "command": ["/opt/storage/bin/python", "-m",
+                                "tfk8s_magics.backends.kubernetes.steps", "backup",
+                                "--done-dir", "/log/.tfk8s/done/$(TFK8S_RESTART_ATTEMPT)",
+                                "--tasks", "worker-0,worker-1", "--source", "/log", "--to", OUT],
+                    "env": [ATTEMPT, *STEP_ENV], "resources": RESOURCES,
+                    "securityContext": SECURITY,
+                    "volumeMounts": [{"name": "log", "mountPath": "/log", "readOnly": True},
+                                     {"name": "tmp", "mountPath": "/tmp"}],
+                    "envFrom": [{"secretRef": {"name": SECRET}}],
+                }],
+                "volumes": [{"name": "log", "persistentVolumeClaim": {"claimName": "mnist-log",
+                                                                      "readOnly": True}},
+                            {"name": "tmp", "emptyDir": {}}],
+            },
+        })},
     }
 
 
@@ -253,20 +171,16 @@ def test_steps_frame_the_tasks_and_the_policies_follow():
     spec = synced_and_backed_up(ps=1, chief=1)
     assert sp.steps(spec) == (["sync"], ["backup"])
     js = build(spec)
-    assert [r["name"] for r in js["spec"]["replicatedJobs"]] == ["sync", "ps", "chief", "worker", "backup"]
+    assert [r["name"] for r in js["spec"]["replicatedJobs"]] == ["sync", "ps", "chief", "worker",
+                                                                 "backup"]
     # nothing starts before the sync pod is ready, i.e. its init container is done
     assert js["spec"]["startupPolicy"] == {"startupPolicyOrder": "InOrder"}
     # success needs the upload; the sync step decides nothing
-    assert js["spec"]["successPolicy"] == {
-        "operator": "All",
-        "targetReplicatedJobs": ["chief", "worker", "backup"],
-    }
+    assert js["spec"]["successPolicy"] == {"operator": "All",
+                                           "targetReplicatedJobs": ["chief", "worker", "backup"]}
     # a step's exit 1 (missing object, wrong credential) fails the JobSet through the same rule
     assert js["spec"]["failurePolicy"]["rules"][0] == {
-        "name": "UserError",
-        "action": "FailJobSet",
-        "onJobFailureReasons": ["PodFailurePolicy"],
-    }
+        "name": "UserError", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}
     # JobSet refuses dependsOn together with InOrder (CRD rule), and v0.6 does not know it
     assert not any("dependsOn" in r for r in js["spec"]["replicatedJobs"])
     assert "--tasks" in (cmd := pod_spec(js, "backup")["containers"][0]["command"])
@@ -275,8 +189,7 @@ def test_steps_frame_the_tasks_and_the_policies_follow():
 
 def test_sync_alone_starts_in_order_even_without_ps_and_backup_alone_does_not():
     assert build(mnist(data_url=DATA, data_sync=True))["spec"]["startupPolicy"] == {
-        "startupPolicyOrder": "InOrder"
-    }
+        "startupPolicyOrder": "InOrder"}
     js = build(mnist(backup_url=OUT))
     assert js["spec"]["startupPolicy"] == {"startupPolicyOrder": "AnyOrder"}
     assert [r["name"] for r in js["spec"]["replicatedJobs"]] == ["worker", "backup"]
@@ -285,14 +198,10 @@ def test_sync_alone_starts_in_order_even_without_ps_and_backup_alone_does_not():
 def test_the_secret_reaches_only_the_containers_that_use_the_storage():
     js = build(synced_and_backed_up(ps=1))
     with_secret = sorted(
-        c["name"] + "@" + r["name"]
-        for r in js["spec"]["replicatedJobs"]
-        for c in [
-            *r["template"]["spec"]["template"]["spec"].get("initContainers", []),
-            *r["template"]["spec"]["template"]["spec"]["containers"],
-        ]
-        if c.get("envFrom")
-    )
+        c["name"] + "@" + r["name"] for r in js["spec"]["replicatedJobs"]
+        for c in [*r["template"]["spec"]["template"]["spec"].get("initContainers", []),
+                  *r["template"]["spec"]["template"]["spec"]["containers"]]
+        if c.get("envFrom"))
     assert with_secret == ["backup@backup", "fetch@sync"]
     # nowhere is there a value of it: the name only, in envFrom
     text = json.dumps(js)
@@ -319,10 +228,8 @@ def test_deciding_tasks_leave_a_marker_per_restart_attempt():
         if deciding:
             # defined after the attempt, so the API's $(VAR) expansion sees it
             assert names.index("TFK8S_RESTART_ATTEMPT") < names.index("TFK8S_DONE_FILE")
-            assert (
-                env[names.index("TFK8S_DONE_FILE")]["value"]
-                == "/log/.tfk8s/done/$(TFK8S_RESTART_ATTEMPT)/{task}"
-            )
+            assert env[names.index("TFK8S_DONE_FILE")]["value"] == \
+                "/log/.tfk8s/done/$(TFK8S_RESTART_ATTEMPT)/{task}"
 
 
 def test_no_storage_means_no_step_no_secret_no_new_env():
@@ -344,20 +251,14 @@ def test_the_deadline_caps_the_steps_as_it_caps_the_tasks():
     js = build(synced_and_backed_up(active_deadline=600))
     for name in ("sync", "worker", "backup"):
         assert rjob(js, name)["template"]["spec"]["activeDeadlineSeconds"] == 600
-    assert {
-        "name": "DeadlineExceeded",
-        "action": "FailJobSet",
-        "onJobFailureReasons": ["DeadlineExceeded"],
-    } in js["spec"]["failurePolicy"]["rules"]
+    assert {"name": "DeadlineExceeded", "action": "FailJobSet",
+            "onJobFailureReasons": ["DeadlineExceeded"]} in js["spec"]["failurePolicy"]["rules"]
 
 
 def test_in_graph_backup_is_refused_in_one_sentence():
     spec = ClusterSpec(name="ig", mode="in-graph", ps=1, workers=1, backup_url=OUT)
-    with pytest.raises(
-        SpecError,
-        match=r"^cluster 'ig': on Kubernetes --backup s3://bucket/runs/"
-        r"mnist needs a between-graph cluster .*\.$",
-    ):
+    with pytest.raises(SpecError, match=r"^cluster 'ig': on Kubernetes --backup s3://bucket/runs/"
+                                        r"mnist needs a between-graph cluster .*\.$"):
         build(spec)
 
 
@@ -365,9 +266,8 @@ VARIANTS = {
     "sync+backup+secret": lambda: synced_and_backed_up(ps=1, chief=1),
     "stream+secret": lambda: mnist(data_url=DATA, credentials_secret=SECRET),
     "backup, no secret": lambda: mnist(backup_url=OUT),
-    "in-graph sync": lambda: ClusterSpec(
-        name="ig", mode="in-graph", ps=1, workers=2, data_url=DATA, data_sync=True, credentials_secret=SECRET
-    ),
+    "in-graph sync": lambda: ClusterSpec(name="ig", mode="in-graph", ps=1, workers=2,
+                                         data_url=DATA, data_sync=True, credentials_secret=SECRET),
 }
 
 
@@ -381,28 +281,16 @@ def test_every_storage_jobset_is_valid_against_the_crd_schema(which):
 def test_every_step_and_task_job_is_strictly_valid(version, which):
     js = build(VARIANTS[which]())
     for r in js["spec"]["replicatedJobs"]:
-        job = {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {
-                "name": f"{js['metadata']['name']}-{r['name']}-0",
-                "namespace": NS,
-                **r["template"]["metadata"],
-            },
-            "spec": r["template"]["spec"],
-        }
+        job = {"apiVersion": "batch/v1", "kind": "Job",
+               "metadata": {"name": f"{js['metadata']['name']}-{r['name']}-0", "namespace": NS,
+                            **r["template"]["metadata"]},
+               "spec": r["template"]["spec"]}
         kubernetes_validate.validate(job, version, strict=True)
         # the pod JobSet's Job makes of it, strictly valid too
-        kubernetes_validate.validate(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "p", "namespace": NS},
-                "spec": r["template"]["spec"]["template"]["spec"],
-            },
-            version,
-            strict=True,
-        )
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod",
+                                      "metadata": {"name": "p", "namespace": NS},
+                                      "spec": r["template"]["spec"]["template"]["spec"]},
+                                     version, strict=True)
 
 
 @pytest.mark.k8s
@@ -419,9 +307,8 @@ def test_the_pod_security_check_sees_init_containers(realkube):
     """The check above is not vacuous: a privileged init container fails it."""
     pod = copy.deepcopy(pod_spec(build(synced_and_backed_up()), "sync"))
     pod["initContainers"][0]["securityContext"] = {"privileged": True}
-    assert 'container "fetch" must not set securityContext.privileged=true' in realkube.restricted_refusal(
-        pod
-    )
+    assert 'container "fetch" must not set securityContext.privileged=true' in \
+        realkube.restricted_refusal(pod)
 
 
 def test_exit_code_rules_name_containers_that_exist():
@@ -440,16 +327,8 @@ def test_render_yaml_shows_both_steps_and_never_a_value():
 
     text = tk.render(synced_and_backed_up(), KubernetesBackend(namespace=NS, user="alice"))
     assert text == j.render_yaml(synced_and_backed_up(), SETTINGS)  # what %tfcluster render prints
-    for word in (
-        "name: sync",
-        "initContainers:",
-        "name: fetch",
-        "name: backup",
-        "secretRef:",
-        f"name: {SECRET}",
-        DATA,
-        OUT,
-    ):
+    for word in ("name: sync", "initContainers:", "name: fetch", "name: backup", "secretRef:",
+                 f"name: {SECRET}", DATA, OUT):
         assert word in text
     for value in SECRET_VALUES.values():
         assert value not in text
@@ -457,30 +336,14 @@ def test_render_yaml_shows_both_steps_and_never_a_value():
 
 # -- the in-pod commands, run for real -----------------------------------------------------
 
-
 def test_logcopy_marks_done_only_on_exit_0(tmp_path):
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(Path(__file__).parents[1]),
-        "TFK8S_ROLE": "worker",
-        "JOB_COMPLETION_INDEX": "1",
-        "TFK8S_DONE_FILE": str(tmp_path / "done/0/{task}"),
-    }
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "TFK8S_ROLE": "worker",
+           "JOB_COMPLETION_INDEX": "1", "TFK8S_DONE_FILE": str(tmp_path / "done/0/{task}")}
     for code in (3, 0):
         rc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tfk8s_magics.backends.kubernetes.logcopy",
-                str(tmp_path / "tasks/{task}.log"),
-                "--",
-                sys.executable,
-                "-c",
-                f"raise SystemExit({code})",
-            ],
-            env=env,
-            timeout=60,
-        ).returncode
+            [sys.executable, "-m", "tfk8s_magics.backends.kubernetes.logcopy",
+             str(tmp_path / "tasks/{task}.log"), "--", sys.executable, "-c",
+             f"raise SystemExit({code})"], env=env, timeout=60).returncode
         assert rc == code
         assert (tmp_path / "done/0/worker-1").exists() is (code == 0)
 
@@ -502,12 +365,8 @@ def test_backup_waits_for_every_deciding_task_then_uploads(tmp_path, monkeypatch
     recorder = Recorder()
     monkeypatch.setattr(steps.subprocess, "run", recorder)
     result = {}
-    worker = threading.Thread(
-        target=lambda: result.setdefault(
-            "rc",
-            steps.backup(str(done), ["worker-0", "worker-1"], str(tmp_path / "log"), OUT + "/", poll=0.05),
-        )
-    )
+    worker = threading.Thread(target=lambda: result.setdefault("rc", steps.backup(
+        str(done), ["worker-0", "worker-1"], str(tmp_path / "log"), OUT + "/", poll=0.05)))
     worker.start()
     (done / "worker-0").touch()
     time.sleep(0.3)
@@ -546,24 +405,9 @@ def test_backup_process_ends_on_sigterm_within_its_grace(tmp_path):
     """The real process: waiting for a task that never finishes, SIGTERM ends it (143)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tfk8s_magics.backends.kubernetes.steps",
-            "backup",
-            "--done-dir",
-            str(tmp_path / "done"),
-            "--tasks",
-            "worker-0",
-            "--source",
-            str(tmp_path),
-            "--to",
-            OUT,
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+        [sys.executable, "-m", "tfk8s_magics.backends.kubernetes.steps", "backup", "--done-dir",
+         str(tmp_path / "done"), "--tasks", "worker-0", "--source", str(tmp_path), "--to", OUT],
+        env=env, stdout=subprocess.PIPE, text=True)
     assert "backup waits for worker-0" in proc.stdout.readline()
     proc.terminate()
     assert proc.wait(timeout=30) == 143
@@ -580,15 +424,10 @@ def test_synced_reports_what_landed(tmp_path, capsys):
 
 # -- against the API test double ---------------------------------------------------------
 
-
 def _secret() -> dict:
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": SECRET, "namespace": NS},
-        "type": "Opaque",
-        "data": {k: base64.b64encode(v.encode()).decode() for k, v in SECRET_VALUES.items()},
-    }
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": NS},
+            "type": "Opaque",
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in SECRET_VALUES.items()}}
 
 
 @pytest.fixture
@@ -598,7 +437,8 @@ def restricted(kube):
 
 
 def _backend(kube) -> KubernetesBackend:
-    return KubernetesBackend(namespace=NS, api_client=kube.api_client, user="alice", storage_class="standard")
+    return KubernetesBackend(namespace=NS, api_client=kube.api_client, user="alice",
+                             storage_class="standard")
 
 
 def test_a_failed_fetch_and_a_failed_upload_are_visible(restricted):
@@ -610,13 +450,16 @@ def test_a_failed_fetch_and_a_failed_upload_are_visible(restricted):
         sync_pod = kube.jobsets.pod_name(NS, "mnist", "sync", 0)
         kube.kubelet.fail_init(NS, sync_pod, 1)
         deadline = time.monotonic() + 10
-        while "failing" not in (status := backend.status("mnist")).reason and time.monotonic() < deadline:
+        while "failing" not in (status := backend.status("mnist")).reason and \
+                time.monotonic() < deadline:
             time.sleep(0.05)
         assert status.reason == f"failing: sync failed (fetching {DATA} into /data): fetch exited 1"
         # what JobSet does with it (podFailurePolicy FailJob → FailJobSet), said by the test
-        kube.jobsets.finish(NS, "mnist", "Failed", "FailedJobs", "jobset failed due to PodFailurePolicy")
+        kube.jobsets.finish(NS, "mnist", "Failed", "FailedJobs", "jobset failed due to "
+                            "PodFailurePolicy")
         deadline = time.monotonic() + 10
-        while (status := backend.status("mnist")).phase != Phase.FAILED and time.monotonic() < deadline:
+        while (status := backend.status("mnist")).phase != Phase.FAILED and \
+                time.monotonic() < deadline:
             time.sleep(0.05)
         assert status.reason.startswith("sync failed: fetch exited 1")
     finally:
@@ -656,7 +499,8 @@ def test_no_task_pod_exists_before_the_sync_init_container_ended(make_kube):
     backend = _backend(kube)
 
     def roles():
-        return sorted(p["metadata"]["labels"]["tfk8s.io/role"] for p in kube.jobsets.pods(NS, "mnist"))
+        return sorted(p["metadata"]["labels"]["tfk8s.io/role"]
+                      for p in kube.jobsets.pods(NS, "mnist"))
 
     try:
         backend.launch(mnist(ps=1, data_url=DATA, data_sync=True), detach=True)
@@ -693,27 +537,16 @@ def test_a_failed_task_not_the_ended_backup_is_named_as_the_cause():
     from tfk8s_magics.backends.kubernetes import state
 
     def pod(role, code):
-        return {
-            "metadata": {"labels": {"tfk8s.io/role": role, "batch.kubernetes.io/job-completion-index": "0"}},
-            "status": {
-                "phase": "Failed",
-                "containerStatuses": [
-                    {"name": "c", "state": {"terminated": {"exitCode": code, "reason": "Error"}}}
-                ],
-            },
-        }
+        return {"metadata": {"labels": {"tfk8s.io/role": role,
+                                        "batch.kubernetes.io/job-completion-index": "0"}},
+                "status": {"phase": "Failed", "containerStatuses": [{"name": "c", "state": {
+                    "terminated": {"exitCode": code, "reason": "Error"}}}]}}
 
     spec = mnist(workers=1, backup_url=OUT)
-    failed = {
-        "status": {
-            "conditions": [
-                {"type": "Failed", "status": "True", "message": "jobset failed due to PodFailurePolicy"}
-            ]
-        }
-    }
-    view = state.View(
-        spec=spec, jobset=failed, pods={"worker-0": pod("worker", 1)}, steps={"backup": pod("backup", 143)}
-    )
+    failed = {"status": {"conditions": [{"type": "Failed", "status": "True",
+                                         "message": "jobset failed due to PodFailurePolicy"}]}}
+    view = state.View(spec=spec, jobset=failed, pods={"worker-0": pod("worker", 1)},
+                      steps={"backup": pod("backup", 143)})
     phase, reason = state.cluster_phase(view, state.task_statuses(view))
     assert phase == Phase.FAILED and reason.startswith("worker-0 failed: the script raised")
 
@@ -723,24 +556,19 @@ def test_the_double_starts_init_containers_before_the_app_containers(restricted)
     writes it (init statuses), checked against the same rule as a literal pod."""
     from tfk8s_magics.backends.kubernetes import state
 
-    running = {
-        "metadata": {"labels": {"tfk8s.io/role": "sync"}},
-        "status": {
-            "phase": "Pending",
-            "initContainerStatuses": [{"name": "fetch", "state": {"running": {"startedAt": "x"}}}],
-            "containerStatuses": [{"name": "synced", "state": {"waiting": {"reason": "PodInitializing"}}}],
-        },
-    }
+    running = {"metadata": {"labels": {"tfk8s.io/role": "sync"}}, "status": {
+        "phase": "Pending",
+        "initContainerStatuses": [{"name": "fetch", "state": {"running": {"startedAt": "x"}}}],
+        "containerStatuses": [{"name": "synced", "state": {"waiting": {
+            "reason": "PodInitializing"}}}]}}
     assert state.step_status("sync", running).phase == Phase.STARTING
-    view = state.View(spec=mnist(data_url=DATA, data_sync=True), jobset={}, pods={}, steps={"sync": running})
+    view = state.View(spec=mnist(data_url=DATA, data_sync=True), jobset={}, pods={},
+                      steps={"sync": running})
     assert state.cluster_phase(view, state.task_statuses(view)) == (
-        Phase.PENDING,
-        f"sync: fetching {DATA} into /data",
-    )
+        Phase.PENDING, f"sync: fetching {DATA} into /data")
 
 
 # -- a real cluster (marker k8s) -----------------------------------------------------------
-
 
 @pytest.mark.k8s
 def test_real_cluster_refuses_a_missing_secret_and_names_an_existing_one(realkube, kube_user):
@@ -751,48 +579,39 @@ def test_real_cluster_refuses_a_missing_secret_and_names_an_existing_one(realkub
 
     ns, backend = kube_user("stor")
     ns.grant("secret-get", [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}])
-    spec = ClusterSpec(
-        name="stor", script=SCRIPT, workers=1, data_url=DATA, data_sync=True, credentials_secret=SECRET
-    )
+    spec = ClusterSpec(name="stor", script=SCRIPT, workers=1, data_url=DATA, data_sync=True,
+                       credentials_secret=SECRET)
     before = len(ns.requests())
     with pytest.raises(LaunchFailed) as err:
         backend.launch(spec, detach=True)
     assert str(err.value) == (
         f"--credentials-secret '{SECRET}': there is no Secret of that name in namespace "
         f"'{ns.name}'; create it there first (e.g. `kubectl create secret generic {SECRET} "
-        "--from-literal=AWS_ACCESS_KEY_ID=...`), then launch again."
-    )
+        "--from-literal=AWS_ACCESS_KEY_ID=...`), then launch again.")
     assert not [r for r in ns.requests()[before:] if r.verb == "create"]
-    assert (
-        realkube.core.list_namespaced_config_map(ns.name, label_selector="tfk8s.io/cluster=stor").items == []
-    )
+    assert realkube.core.list_namespaced_config_map(
+        ns.name, label_selector="tfk8s.io/cluster=stor").items == []
     asked = [(r.verb, r.code) for r in ns.requests()[before:] if r.resource == "secrets"]
     assert asked == [("get", 404)]
-    realkube.core.create_namespaced_secret(
-        ns.name, {"metadata": {"name": SECRET}, "stringData": dict(SECRET_VALUES)}
-    )
+    realkube.core.create_namespaced_secret(ns.name, {"metadata": {"name": SECRET},
+                                                     "stringData": dict(SECRET_VALUES)})
     # the existence check is a metadata-only read: the server answers without the data
     from tfk8s_magics.backends.kubernetes.client import METADATA_ONLY
 
     raw = backend.api.core.read_namespaced_secret(
-        SECRET, ns.name, _headers={"Accept": METADATA_ONLY}, _preload_content=False
-    )
+        SECRET, ns.name, _headers={"Accept": METADATA_ONLY}, _preload_content=False)
     body = json.loads(raw.data)
     assert body["kind"] == "PartialObjectMetadata" and "data" not in body
     assert backend.api.secret_metadata(SECRET)["metadata"]["name"] == SECRET
     assert backend.api.secret_metadata("other") is None
     backend.launch(spec, detach=True)
     js = realkube.custom.get_namespaced_custom_object(
-        "jobset.x-k8s.io", "v1alpha2", ns.name, "jobsets", "stor"
-    )
+        "jobset.x-k8s.io", "v1alpha2", ns.name, "jobsets", "stor")
     text = json.dumps(js)
     assert SECRET in text and not any(v in text for v in SECRET_VALUES.values())
     # the sync pod (init container fetch, envFrom the Secret) admitted under "restricted"
-    sync = wait_for(
-        lambda: realkube.pods(ns.name, "tfk8s.io/cluster=stor,tfk8s.io/role=sync"),
-        90,
-        message="the sync pod, made by the Job controller through admission",
-    )
+    sync = wait_for(lambda: realkube.pods(ns.name, "tfk8s.io/cluster=stor,tfk8s.io/role=sync"), 90,
+                    message="the sync pod, made by the Job controller through admission")
     assert [c.name for c in sync[0].spec.init_containers] == ["fetch"]
     backend.delete("stor")
 
@@ -830,7 +649,6 @@ def test_the_steps_obey_the_lifecycle_table(step, end, used, budget, action, wor
 
 # -- the container harness runs the sync pod as written (mapping; tests/containers) ---------
 
-
 def _objects_with_secret() -> list[dict]:
     from tfk8s_magics.backends.kubernetes.jobset import cluster_manifests
 
@@ -851,9 +669,8 @@ def test_the_harness_maps_the_sync_pod_init_container_first():
         return [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
 
     assert fetch.container == "t-mnist-sync-0-0-init-fetch" and fetch.dns_names == []
-    assert values("--entrypoint") == [
-        json.dumps(["/opt/storage/bin/python", "-m", "tfk8s_magics.storage", "fetch", DATA, "/data"])
-    ]
+    assert values("--entrypoint") == [json.dumps(["/opt/storage/bin/python", "-m",
+                                                  "tfk8s_magics.storage", "fetch", DATA, "/data"])]
     env = dict(e.split("=", 1) for e in values("--env"))
     assert {k: env[k] for k in SECRET_VALUES} == SECRET_VALUES  # envFrom, as the kubelet does
     assert env["JOB_COMPLETION_INDEX"] == "0" and env["HOME"] == "/tmp"
@@ -894,14 +711,9 @@ def test_with_the_secret_on_the_real_cluster_no_value_leaves_it(realkube, kube_u
 
     ns, backend = kube_user("stor")
     ns.grant("secret-get", [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}])
-    realkube.core.create_namespaced_secret(
-        ns.name,
-        {
-            "metadata": {"name": SECRET},
-            "type": "Opaque",
-            "data": {k: base64.b64encode(v.encode()).decode() for k, v in SECRET_VALUES.items()},
-        },
-    )
+    realkube.core.create_namespaced_secret(ns.name, {
+        "metadata": {"name": SECRET}, "type": "Opaque",
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in SECRET_VALUES.items()}})
     spec = synced_and_backed_up()
     status = backend.launch(spec, detach=True)
     assert status.phase == Phase.PENDING and status.reason.startswith("sync: "), status
@@ -911,64 +723,43 @@ def test_with_the_secret_on_the_real_cluster_no_value_leaves_it(realkube, kube_u
         return [p for p in realkube.pods(ns.name, sel) if not p.metadata.deletion_timestamp]
 
     # the sync step: its init container fetched (kwok: at once), "synced" ends with exit 0
-    (sync,) = wait_for(
-        lambda: [p for p in pods("sync") if p.status.phase == "Running"], 120, message="the sync pod running"
-    )
+    (sync,) = wait_for(lambda: [p for p in pods("sync") if p.status.phase == "Running"], 120,
+                       message="the sync pod running")
     realkube.exit_pod(ns.name, sync.metadata.name, 0)
-    workers = wait_for(
-        lambda: len(p := pods("worker")) == 2 and all(x.status.phase == "Running" for x in p) and p,
-        120,
-        message="the workers, started by JobSet after the sync step",
-    )
+    workers = wait_for(lambda: len(p := pods("worker")) == 2
+                       and all(x.status.phase == "Running" for x in p) and p, 120,
+                       message="the workers, started by JobSet after the sync step")
     for p in workers:
         realkube.exit_pod(ns.name, p.metadata.name, 0)
     uploading = f"backup: uploading checkpoints and models to {OUT}"
     seen = []
     try:
-        status = wait_for(
-            lambda: (
-                (s := backend.status("mnist")).reason == uploading
-                and s
-                or seen.append((s.phase, s.reason, [(p.metadata.name, p.status.phase) for p in pods()]))
-            ),
-            120,
-            message="the backup step running after the workers succeeded",
-        )
+        status = wait_for(lambda: (s := backend.status("mnist")).reason == uploading and s
+                          or seen.append((s.phase, s.reason, [(p.metadata.name, p.status.phase)
+                                                              for p in pods()])), 120,
+                          message="the backup step running after the workers succeeded")
     except AssertionError as e:
         raise AssertionError(f"{e}; last seen {seen[-1:]}") from None
     assert status.phase == Phase.RUNNING
-    shown = [
-        repr(backend.status("mnist")),
-        repr(backend.list_clusters()),
-        repr(backend.events("mnist")),
-        repr(backend.spec("mnist")),
-    ]
+    shown = [repr(backend.status("mnist")), repr(backend.list_clusters()),
+             repr(backend.events("mnist")), repr(backend.spec("mnist"))]
     every = pods()
-    refs = {c.name: c.env_from for p in every for c in [*(p.spec.init_containers or []), *p.spec.containers]}
+    refs = {c.name: c.env_from for p in every
+            for c in [*(p.spec.init_containers or []), *p.spec.containers]}
     assert [(r.secret_ref.name) for r in refs["fetch"]] == [SECRET]
     assert [(r.secret_ref.name) for r in refs["backup"]] == [SECRET]
     assert refs["tensorflow"] is None and refs["synced"] is None
     ser = realkube.admin.sanitize_for_serialization
-    written = json.dumps(
-        [
-            realkube.custom.get_namespaced_custom_object(
-                "jobset.x-k8s.io", "v1alpha2", ns.name, "jobsets", "mnist"
-            ),
-            ser(realkube.core.read_namespaced_config_map("mnist", ns.name)),
-            ser(every),
-            ser(realkube.events(ns.name)),
-        ]
-    )
+    written = json.dumps([
+        realkube.custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", ns.name,
+                                                     "jobsets", "mnist"),
+        ser(realkube.core.read_namespaced_config_map("mnist", ns.name)), ser(every),
+        ser(realkube.events(ns.name))])
     rendered = backend.render_yaml(spec)
-    for value in [
-        *SECRET_VALUES.values(),
-        *(base64.b64encode(v.encode()).decode() for v in SECRET_VALUES.values()),
-    ]:
-        for where, text in (
-            ("objects", written),
-            ("render", rendered),
-            *((f"shown[{i}]", s) for i, s in enumerate(shown)),
-        ):
+    for value in [*SECRET_VALUES.values(), *(base64.b64encode(v.encode()).decode()
+                                             for v in SECRET_VALUES.values())]:
+        for where, text in (("objects", written), ("render", rendered), *(
+                (f"shown[{i}]", s) for i, s in enumerate(shown))):
             assert value not in text, f"a Secret value leaked into {where}"
     assert "AWS_" not in written  # not even the keys: only the Secret's name travels
     backend.delete("mnist")

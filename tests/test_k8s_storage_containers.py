@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.containers, pytest.mark.slow]
 REPO = Path(__file__).resolve().parent.parent
 NAMESPACE = "lab-test"
 SECRET = {"AWS_ACCESS_KEY_ID": "AKIACONTAINERTEST01", "AWS_SECRET_ACCESS_KEY": "c0ntainer-secret-value"}
-SCRIPT = """import os, pathlib
+SCRIPT = '''import os, pathlib
 print("SECRET_IN_ENV", "AWS_SECRET_ACCESS_KEY" in os.environ, flush=True)
 if os.environ.get("WRITE_CHECKPOINT"):
     d = pathlib.Path(os.environ["TFK8S_CHECKPOINT_DIR"]); d.mkdir(parents=True, exist_ok=True)
@@ -41,7 +41,7 @@ if os.environ.get("WRITE_CHECKPOINT"):
     m = pathlib.Path(os.environ["TFK8S_LOG_DIR"]) / "models" / "m" / "1"; m.mkdir(parents=True)
     (m / "saved_model.pb").write_bytes(bytes(range(256)) * 40)
 print("DONE", flush=True)
-"""
+'''
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +51,8 @@ def task_image() -> str:
         if os.environ.get("CI") == "true":
             pytest.fail("CI must run the container tests: podman is not installed")
         pytest.skip("podman is not installed: run scripts/bootstrap containers")
-    r = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "build_images.py"), "task"],
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "build_images.py"), "task"],
+                       capture_output=True, text=True, timeout=3600)
     assert r.returncode == 0, r.stderr[-4000:]
     return dict(line.split() for line in r.stdout.splitlines())["task"]
 
@@ -73,25 +69,14 @@ def pods(tmp_path):
     assert not run.leftovers(), f"left in podman: {run.leftovers()}"
 
 
-def rendered(
-    image: str, secret: dict[str, str] = SECRET, bucket: str = "tfk8s-test-bucket", **env
-) -> list[dict]:
-    spec = ClusterSpec(
-        name="bk",
-        workers=1,
-        script=SCRIPT,
-        image=image,
-        env=env,
-        backup_url=f"s3://{bucket}/runs/bk",
-        credentials_secret="s3-creds",
-    )
+def rendered(image: str, secret: dict[str, str] = SECRET, bucket: str = "tfk8s-test-bucket",
+             **env) -> list[dict]:
+    spec = ClusterSpec(name="bk", workers=1, script=SCRIPT, image=image, env=env,
+                       backup_url=f"s3://{bucket}/runs/bk", credentials_secret="s3-creds")
     text = tk.render(spec, KubernetesBackend(namespace=NAMESPACE, user="alice"))
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "s3-creds", "namespace": NAMESPACE},
-        "data": {k: base64.b64encode(v.encode()).decode() for k, v in secret.items()},
-    }
+    secret = {"apiVersion": "v1", "kind": "Secret",
+              "metadata": {"name": "s3-creds", "namespace": NAMESPACE},
+              "data": {k: base64.b64encode(v.encode()).decode() for k, v in secret.items()}}
     return [*(d for d in yaml.safe_load_all(text) if d), secret]
 
 
@@ -107,48 +92,34 @@ def s3():
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     try:
-        creds = {
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }
-        client = boto3.client(
-            "s3",
-            endpoint_url=creds["AWS_ENDPOINT_URL"],
-            region_name="us-east-1",
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
+        creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_DEFAULT_REGION": "us-east-1"}
+        client = boto3.client("s3", endpoint_url=creds["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing")
         client.create_bucket(Bucket="data")
         yield creds, client
     finally:
         server.stop()
 
 
-def _run_worker_and_backup(
-    pods, objects, backup_network: str | None = None
-) -> tuple[dict[str, int], dict[str, str]]:
+def _run_worker_and_backup(pods, objects, backup_network: str | None = None
+                           ) -> tuple[dict[str, int], dict[str, str]]:
     plans = {p.pod.name: p for p in pods.plans(objects)}
     assert sorted(plans) == ["bk-backup-0-0", "bk-worker-0-0"]
     backup, worker = plans["bk-backup-0-0"], plans["bk-worker-0-0"]
     if backup_network:  # the endpoint listens on the host's loopback only; the rest is as written
         from tests.containers.pods import container_plan
 
-        backup = container_plan(
-            backup.pod,
-            objects,
-            prefix=pods.prefix,
-            network=backup_network,
-            image_user=pods.image_user(backup.image),
-        )
+        backup = container_plan(backup.pod, objects, prefix=pods.prefix, network=backup_network,
+                                image_user=pods.image_user(backup.image))
         # podman gives no DNS aliases on the host's network; the backup pod dials no peer anyway
         args = backup.run_args
         drop = {i for i, a in enumerate(args) if a == "--network-alias"}
         backup.run_args = [a for i, a in enumerate(args) if i not in drop and i - 1 not in drop]
     pods.start(backup)  # first: it must wait for the worker's marker
     pods.start(worker)
-    codes = {n: pods.wait_exit(p.container, timeout=600) for n, p in (("worker", worker), ("backup", backup))}
+    codes = {n: pods.wait_exit(p.container, timeout=600) for n, p in
+             (("worker", worker), ("backup", backup))}
     logs = {n: pods.logs(p.container) for n, p in (("worker", worker), ("backup", backup))}
     return codes, logs
 
@@ -190,11 +161,8 @@ def test_the_backup_step_uploads_checkpoints_and_models_to_s3(task_image, pods, 
 
 def test_an_upload_to_a_missing_bucket_fails_the_step_in_one_sentence(task_image, pods, s3):
     creds, client = s3
-    codes, logs = _run_worker_and_backup(
-        pods,
-        rendered(task_image, creds, bucket="no-such-bucket", WRITE_CHECKPOINT="1"),
-        backup_network="host",
-    )
+    codes, logs = _run_worker_and_backup(pods, rendered(task_image, creds, bucket="no-such-bucket",
+                                                        WRITE_CHECKPOINT="1"), backup_network="host")
     assert codes["worker"] == 0 and codes["backup"] == 1, logs
     errors = [ln for ln in logs["backup"].splitlines() if ln.startswith("tfk8s-storage: --backup")]
     assert len(errors) == 1 and "s3://no-such-bucket/runs/bk/checkpoints" in errors[0], logs["backup"]
@@ -205,18 +173,8 @@ def _image_has(pods, image: str, modules: str) -> bool:
     """Whether the image's storage venv (what the step containers run) imports ``modules``."""
     from tests.containers.podman import build_images
 
-    r = pods.run(
-        "run",
-        "--rm",
-        "--network",
-        "none",
-        *build_images.run_flags(),
-        "--entrypoint",
-        '["/opt/storage/bin/python", "-c"]',
-        image,
-        f"import {modules}",
-        check=False,
-    )
+    r = pods.run("run", "--rm", "--network", "none", *build_images.run_flags(), "--entrypoint",
+                 '["/opt/storage/bin/python", "-c"]', image, f"import {modules}", check=False)
     return r.returncode == 0
 
 
@@ -226,8 +184,7 @@ def test_the_sync_pods_init_container_fetches_from_s3_before_its_app_container(t
     into the data claim; then ``synced`` reads the claim and reports what landed."""
     moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed")
     assert _image_has(pods, task_image, "tfk8s_magics.storage, s3fs"), (
-        "the task image's storage venv (/opt/storage) must carry tfk8s_magics.storage and s3fs"
-    )
+        "the task image's storage venv (/opt/storage) must carry tfk8s_magics.storage and s3fs")
     import boto3
 
     from tests.containers.pods import container_plan, pod_instances
@@ -237,48 +194,26 @@ def test_the_sync_pods_init_container_fetches_from_s3_before_its_app_container(t
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     try:
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=f"http://127.0.0.1:{port}",
-            region_name="us-east-1",
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
+        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
         s3.create_bucket(Bucket="data")
         payload = os.urandom(1 << 20)
         s3.put_object(Bucket="data", Key="ds/a.txt", Body=b"hello\n")
         s3.put_object(Bucket="data", Key="ds/sub/b.bin", Body=payload)
-        spec = ClusterSpec(
-            name="sy",
-            workers=1,
-            script=SCRIPT,
-            image=task_image,
-            data_url="s3://data/ds",
-            data_sync=True,
-            credentials_secret="s3-creds",
-        )
+        spec = ClusterSpec(name="sy", workers=1, script=SCRIPT, image=task_image,
+                           data_url="s3://data/ds", data_sync=True, credentials_secret="s3-creds")
         text = tk.render(spec, KubernetesBackend(namespace=NAMESPACE, user="alice"))
-        creds = {
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }
-        objects = [
-            *(d for d in yaml.safe_load_all(text) if d),
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"name": "s3-creds", "namespace": NAMESPACE},
-                "data": {k: base64.b64encode(v.encode()).decode() for k, v in creds.items()},
-            },
-        ]
+        creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_DEFAULT_REGION": "us-east-1"}
+        objects = [*(d for d in yaml.safe_load_all(text) if d), {
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "s3-creds", "namespace": NAMESPACE},
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in creds.items()}}]
         (pod,) = [p for p in pod_instances(objects) if p.name == "sy-sync-0-0"]
         # The endpoint listens on the host's loopback only: the init container shares the
         # host's network (as the pod would reach an in-cluster endpoint); the rest is as written.
-        host_plan = container_plan(
-            pod, objects, prefix=pods.prefix, network="host", image_user=pods.image_user(task_image)
-        )
+        host_plan = container_plan(pod, objects, prefix=pods.prefix, network="host",
+                                   image_user=pods.image_user(task_image))
         (fetch,) = host_plan.init
         pods._start(fetch)
         assert pods.wait_exit(fetch.container, timeout=600) == 0, pods.logs(fetch.container)
@@ -302,19 +237,12 @@ def _serving_fetch(pods, task_image, creds, url, model):
 
     spec = ClusterSpec(name="sv", workers=1, script=SCRIPT, image=task_image)
     be = KubernetesBackend(namespace=NAMESPACE, user="alice")
-    objects = [
-        *api.render_serving(spec, model, be, source_url=url, credentials_secret="s3-creds"),
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "s3-creds", "namespace": NAMESPACE},
-            "data": {k: base64.b64encode(v.encode()).decode() for k, v in creds.items()},
-        },
-    ]
+    objects = [*api.render_serving(spec, model, be, source_url=url, credentials_secret="s3-creds"), {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-creds", "namespace": NAMESPACE},
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in creds.items()}}]
     (pod,) = pod_instances(objects)
-    plan = container_plan(
-        pod, objects, prefix=pods.prefix, network="host", image_user=pods.image_user(task_image)
-    )
+    plan = container_plan(pod, objects, prefix=pods.prefix, network="host",
+                          image_user=pods.image_user(task_image))
     (fetch,) = plan.init
     assert fetch.image == task_image
     pods._start(fetch)
@@ -333,9 +261,7 @@ def test_the_serving_pods_fetch_gets_the_model_from_s3(task_image, pods, s3):
     code, log = _serving_fetch(pods, task_image, creds, "s3://data/runs/sv", "other")
     assert code == 1, log
     errors = [ln for ln in log.splitlines() if ln.startswith("tfk8s-storage: --from")]
-    assert errors == [
-        "tfk8s-storage: --from 's3://data/runs/sv' holds no complete export of model 'other' "
-        "(found: m): give one of those with --model, or the URL of a --backup or of a models "
-        "dir (<model>/<version>/saved_model.pb)."
-    ], log
+    assert errors == ["tfk8s-storage: --from 's3://data/runs/sv' holds no complete export of model 'other' "
+                      "(found: m): give one of those with --model, or the URL of a --backup or of a models "
+                      "dir (<model>/<version>/saved_model.pb)."], log
     assert "testing" not in log.replace("tfk8s-test", "")

@@ -162,6 +162,7 @@ REACH = textwrap.dedent("""
 """)
 
 
+
 #: Run in a kernel: export a one-weight model into the cluster NAME's models dir, serve it,
 #: predict through the REST address the kernel is given, print the ports and the server's pid.
 SERVE_FROM_KERNEL = """
@@ -183,7 +184,6 @@ with urllib.request.urlopen(req, timeout=30) as r:
 print(json.dumps({"rest": int(info.rest_local.rsplit(":", 1)[1].strip("/")),
                   "grpc": int(info.grpc_address.rsplit(":", 1)[1]), "pid": info.pid, "inside": inside}))
 """
-
 
 def nameserver() -> str | None:
     for line in Path("/etc/resolv.conf").read_text().splitlines():
@@ -335,10 +335,8 @@ def test_an_in_graph_cluster_of_a_sandboxed_kernel_is_out_of_other_users_reach(r
             with urllib.request.urlopen(f"http://127.0.0.1:{rest}/v1/models/sbx", timeout=20) as r:
                 assert r.status == 200 and b"AVAILABLE" in r.read()  # the owner, on the host
             assert probe([rest, grpc_port], NOBODY) == {rest: 0, grpc_port: 0}
-            assert os.readlink(f"/proc/{served['pid']}/ns/net") not in (
-                net["netns"],
-                os.readlink("/proc/self/ns/net"),
-            )
+            assert os.readlink(f"/proc/{served['pid']}/ns/net") not in (net["netns"],
+                                                                        os.readlink("/proc/self/ns/net"))
             procs += [psutil.Process(launcher), *psutil.Process(launcher).children(recursive=True)]
             assert served["pid"] in {p.pid for p in procs}
         finally:
@@ -535,9 +533,8 @@ def test_the_local_lab_starts_sandboxed_kernels_over_unix_sockets(tmp_path):
     env = {**lab_env(lab_dir), "TFK8S_LAB_ADMIN_TOKEN": token}
     base = f"http://127.0.0.1:{env['TFK8S_LAB_PORT']}"
     auth = {"Authorization": f"token {token}"}
-    proc = subprocess.Popen(
-        [str(LAB)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    proc = subprocess.Popen([str(LAB)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
     def get(path: str):
         assert proc.poll() is None, proc.stdout.read().decode()
@@ -553,19 +550,14 @@ def test_the_local_lab_starts_sandboxed_kernels_over_unix_sockets(tmp_path):
         assert requests.post(f"{base}/hub/api/users/demo", headers=auth, timeout=10).status_code == 201
         spawn = requests.post(f"{base}/hub/api/users/demo/server", headers=auth, timeout=60)
         assert spawn.status_code in (201, 202), spawn.text
-        wait_for(
-            lambda: (get("/hub/api/users/demo") or {}).get("servers", {}).get("", {}).get("ready"),
-            180,
-            "demo's server",
-            interval=0.5,
-        )
+        wait_for(lambda: (get("/hub/api/users/demo") or {}).get("servers", {}).get("", {}).get("ready"), 180,
+                 "demo's server", interval=0.5)
         specs = get("/user/demo/api/kernelspecs")
         assert specs["default"] == "python3", specs
         argv = specs["kernelspecs"]["python3"]["spec"]["argv"]
         assert argv[:3] == ["python", "-m", "tfk8s_magics.kernel.sandbox"], argv
-        r = requests.post(
-            f"{base}/user/demo/api/kernels", json={"name": "python3"}, headers=auth, timeout=120
-        )
+        r = requests.post(f"{base}/user/demo/api/kernels", json={"name": "python3"}, headers=auth,
+                          timeout=120)
         assert r.status_code == 201, r.text
         run = runtime_dir(lab_dir, "demo")
         assert (os.stat(run).st_mode & 0o777) == 0o700
@@ -581,11 +573,8 @@ def test_the_local_lab_starts_sandboxed_kernels_over_unix_sockets(tmp_path):
 
         kernel = wait_for(the_kernel, 60, "the kernel process")
         assert "tfk8s_magics.kernel.sandbox" in kernel.parent().cmdline()
-        wait_for(
-            lambda: os.readlink(f"/proc/{kernel.pid}/ns/net") != os.readlink("/proc/self/ns/net"),
-            10,
-            "the kernel's own network namespace",
-        )
+        wait_for(lambda: os.readlink(f"/proc/{kernel.pid}/ns/net") != os.readlink("/proc/self/ns/net"), 10,
+                 "the kernel's own network namespace")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 0
     finally:
@@ -611,17 +600,11 @@ def test_an_unprivileged_sandboxed_kernel_gets_a_user_namespace_and_its_in_graph
     home = Path(tempfile.mkdtemp(prefix="tfk8s-nobody-", dir="/tmp"))
     os.chown(home, OWNER, OWNER)
     name = f"kernel-{uuid.uuid4()}"
-    conn, _ = write_connection_file(str(home / f"{name}.json"), transport="ipc", ip=str(home / f"{name}-ipc"))
+    conn, _ = write_connection_file(str(home / f"{name}.json"), transport="ipc",
+                                    ip=str(home / f"{name}-ipc"))
     os.chown(conn, OWNER, OWNER)
-    env = {
-        "HOME": str(home),
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "PYTHONPATH": str(REPO),
-        "TFK8S_BACKEND": "local",
-        "TFK8S_POOL_SIZE": "0",
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-        "LANG": "C.UTF-8",
-    }
+    env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO),
+           "TFK8S_BACKEND": "local", "TFK8S_POOL_SIZE": "0", "TF_CPP_MIN_LOG_LEVEL": "2", "LANG": "C.UTF-8"}
     err = open(home / "kernel.err", "wb")  # noqa: SIM115 - closed below
     cmd = [*_as_owner(), sys.executable, "-m", "tfk8s_magics.kernel.sandbox", "-f", conn]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=home, env=env)
@@ -630,10 +613,7 @@ def test_an_unprivileged_sandboxed_kernel_gets_a_user_namespace_and_its_in_graph
     kc.start_channels()
     try:
         wait_ready(kc, proc, home / "kernel.err", 300)
-        got = last_json(
-            run_code(
-                kc,
-                """
+        got = last_json(run_code(kc, '''
             import json, os
             import tensorflow as tf
             import tfk8s_magics as tk
@@ -653,9 +633,7 @@ def test_an_unprivileged_sandboxed_kernel_gets_a_user_namespace_and_its_in_graph
             addresses = c.backend.addresses("un")
             print(json.dumps({"v": float(v.numpy()), "pid": os.getpid(), "uid": os.getuid(),
                               "chief": ingraph.coordinator(c, addresses).address, "addresses": addresses}))
-        """,
-            )
-        )
+        '''))
         kernel = got["pid"]
         assert got["v"] == 5.0 and got["uid"] == OWNER
         assert Path(f"/proc/{kernel}").stat().st_uid == OWNER
@@ -673,28 +651,18 @@ def test_an_unprivileged_sandboxed_kernel_gets_a_user_namespace_and_its_in_graph
         assert len(ports) >= 2, got
         assert probe(ports, OTHER) == {p: "refused" for p in ports}
         assert probe(ports, OWNER) == {p: "refused" for p in ports}  # even the owner, from the host
-        inside = subprocess.run(
-            ["nsenter", "-t", str(kernel), "-n", SYSTEM_PYTHON, "-c", PROBE, *map(str, ports)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-            cwd="/",
-        )
+        inside = subprocess.run(["nsenter", "-t", str(kernel), "-n", SYSTEM_PYTHON, "-c", PROBE,
+                                 *map(str, ports)],
+                                capture_output=True, text=True, timeout=60, check=True, cwd="/")
         assert all(isinstance(v, int) and v > 0 for v in json.loads(inside.stdout).values()), inside.stdout
 
         # A between-graph cluster from the same kernel: a user namespace nested in the kernel's, and
         # its TensorBoard on the host's loopback through the host side: the owner gets pages, 65533 nothing.
-        bg = last_json(
-            run_code(
-                kc,
-                """
+        bg = last_json(run_code(kc, '''
             bg = tk.launch("bg", workers=1, script="print(1)\\n")
             bg.wait()
             print(json.dumps({"tb": bg.tensorboard().port}))
-        """,
-            )
-        )
+        '''))
         raw_bg = json.loads((home / ".local/share/tfk8s/clusters/bg/status.json").read_text())
         assert raw_bg["isolation"]["mode"] == "userns+netns", raw_bg["isolation"]
         assert raw_bg["phase"] == "succeeded", raw_bg
@@ -706,9 +674,8 @@ def test_an_unprivileged_sandboxed_kernel_gets_a_user_namespace_and_its_in_graph
         assert {proc.pid, kernel, slirp[0].pid, raw["supervisor_pid"]} <= owned, owned
         kc.shutdown()
         assert proc.wait(60) == 0
-        wait_for(
-            lambda: not _owned_pids(home), 30, "every process of the owner's kernel to end", interval=0.2
-        )
+        wait_for(lambda: not _owned_pids(home), 30, "every process of the owner's kernel to end",
+                 interval=0.2)
     finally:
         kc.stop_channels()
         err.close()
@@ -732,11 +699,8 @@ def test_a_sandboxed_kernel_is_interrupted_restarted_and_killed_like_any_kernel(
     km, kc = start_kernel(runtime, "ipc")
     try:
         msg_id = kc.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(120)")
-        wait_for(
-            lambda: kc.get_iopub_msg(timeout=30)["content"].get("text") == "sleeping\n",
-            30,
-            "the cell to start sleeping",
-        )
+        wait_for(lambda: kc.get_iopub_msg(timeout=30)["content"].get("text") == "sleeping\n", 30,
+                 "the cell to start sleeping")
         km.interrupt_kernel()
         reply = kc.get_shell_msg(timeout=30)
         while reply["parent_header"].get("msg_id") != msg_id:  # late kernel_info replies of wait_for_ready
@@ -755,9 +719,8 @@ def test_a_sandboxed_kernel_is_interrupted_restarted_and_killed_like_any_kernel(
         procs = [launcher, *launcher.children(recursive=True)]
         assert sorted(p.name() for p in procs).count("slirp4netns") == 1, procs
         launcher.kill()
-        wait_for(
-            lambda: gone(procs), 30, "the kernel and slirp4netns to end with their launcher", interval=0.2
-        )
+        wait_for(lambda: gone(procs), 30, "the kernel and slirp4netns to end with their launcher",
+                 interval=0.2)
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
@@ -767,26 +730,16 @@ def test_pip_in_a_lab_kernel_is_the_kernels_own(runtime, monkeypatch):
     """Issue 27 item 9: ``!pip install x`` in a lab kernel installs where the kernel (and the local
     backend's tasks, which run the same interpreter) import from, whatever PATH the server had."""
     venv_bin = os.path.dirname(sys.executable)
-    monkeypatch.setenv(
-        "PATH",
-        os.pathsep.join(
-            p for p in os.environ["PATH"].split(os.pathsep) if p and os.path.abspath(p) != venv_bin
-        )
-        or "/usr/bin:/bin",
-    )
+    monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                                               if p and os.path.abspath(p) != venv_bin) or "/usr/bin:/bin")
     km, kc = start_kernel(runtime, "ipc")
     try:
-        got = last_json(
-            run_code(
-                kc,
-                """
+        got = last_json(run_code(kc, """
             import json, os, sys
             line = get_ipython().getoutput("pip --version")[0]
             print(json.dumps({"exe": sys.executable, "pip": line,
                               "first": os.environ["PATH"].split(os.pathsep)[0]}))
-        """,
-            )
-        )
+        """))
     finally:
         kc.stop_channels()
         km.shutdown_kernel()
@@ -805,9 +758,8 @@ def _tiny_wheel(folder: Path, name: str, value: str) -> Path:
     files = {
         f"{name}/__init__.py": f"VALUE = {value!r}\n",
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n",
-        f"{dist}/WHEEL": (
-            "Wheel-Version: 1.0\nGenerator: tfk8s-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-        ),
+        f"{dist}/WHEEL": ("Wheel-Version: 1.0\nGenerator: tfk8s-tests\nRoot-Is-Purelib: true\n"
+                          "Tag: py3-none-any\n"),
     }
     record = []
     for path, text in files.items():
@@ -821,7 +773,8 @@ def _tiny_wheel(folder: Path, name: str, value: str) -> Path:
     return wheel
 
 
-def test_a_package_pip_installed_in_a_lab_kernel_is_importable_in_its_tasks(runtime, tmp_path, monkeypatch):
+def test_a_package_pip_installed_in_a_lab_kernel_is_importable_in_its_tasks(runtime, tmp_path,
+                                                                            monkeypatch):
     """Issue 27 item 9 (docs/users/packages.md, "In the tasks, locally"): ``%pip install`` in a lab
     kernel, then a launch: the tasks import the package — also tasks handed to processes of the
     warm pool that had started before the install."""
@@ -831,43 +784,28 @@ def test_a_package_pip_installed_in_a_lab_kernel_is_importable_in_its_tasks(runt
     km, kc = start_kernel(runtime, "ipc")
     try:
         # A first launch warms the pool: its spare processes start before the package exists.
-        first = last_json(
-            run_code(
-                kc,
-                """
+        first = last_json(run_code(kc, """
             import json, time
             import tfk8s_magics as tk
             st = tk.launch("before", workers=1, ps=0, script="print('warm')").wait(300)
             time.sleep(1)
             print(json.dumps({"phase": st.phase}))
-        """,
-            )
-        )
+        """))
         assert first["phase"] == "succeeded", first
-        out = run_code(
-            kc,
-            f"%pip install --no-index --no-deps --quiet {wheel}\n"
-            "import json, time\nprint(json.dumps({'installed': time.time()}))",
-        )
+        out = run_code(kc, f"%pip install --no-index --no-deps --quiet {wheel}\n"
+                           "import json, time\nprint(json.dumps({'installed': time.time()}))")
         installed = last_json(out)["installed"]
         # Each task says when its process started: before the install means a warm process.
-        script = (
-            f"import psutil, {name}\n"
-            "started = psutil.Process().create_time()\n"
-            f"print('value:', {name}.VALUE, 'process started', started)\n"
-        )
-        got = last_json(
-            run_code(
-                kc,
-                f"""
+        script = (f"import psutil, {name}\n"
+                  "started = psutil.Process().create_time()\n"
+                  f"print('value:', {name}.VALUE, 'process started', started)\n")
+        got = last_json(run_code(kc, f"""
             import json
             import tfk8s_magics as tk
             c = tk.launch("after", workers=2, ps=0, script={script!r})
             st = c.wait(300)
             print(json.dumps({{"phase": st.phase, "logs": c.logs_by_task()}}))
-        """,
-            )
-        )
+        """))
     finally:
         kc.stop_channels()
         km.shutdown_kernel()

@@ -25,15 +25,8 @@ from tfk8s_magics.spec import Resources
 
 pytestmark = pytest.mark.k8s
 
-KINDS = (
-    "configmaps",
-    "services",
-    "persistentvolumeclaims",
-    "pods",
-    "networkpolicies",
-    "deployments",
-    "jobsets",
-)
+KINDS = ("configmaps", "services", "persistentvolumeclaims", "pods", "networkpolicies", "deployments",
+         "jobsets")
 
 
 @pytest.fixture
@@ -47,8 +40,7 @@ def objects(realkube, ns: str, name: str, with_pods: bool = False) -> list[tuple
     core, apps = realkube.core, client.AppsV1Api(realkube.admin)
     found = []
     lists = {
-        "configmaps": core.list_namespaced_config_map,
-        "services": core.list_namespaced_service,
+        "configmaps": core.list_namespaced_config_map, "services": core.list_namespaced_service,
         "persistentvolumeclaims": core.list_namespaced_persistent_volume_claim,
         "networkpolicies": client.NetworkingV1Api(realkube.admin).list_namespaced_network_policy,
         "deployments": apps.list_namespaced_deployment,
@@ -56,18 +48,11 @@ def objects(realkube, ns: str, name: str, with_pods: bool = False) -> list[tuple
     if with_pods:
         lists["pods"] = core.list_namespaced_pod
     for kind, call in lists.items():
-        found += [
-            (kind, o.metadata.name)
-            for o in call(ns, label_selector=sel).items
-            if o.metadata.deletion_timestamp is None
-        ]
-    found += [
-        ("jobsets", o["metadata"]["name"])
-        for o in realkube.custom.list_namespaced_custom_object(
-            "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", label_selector=sel
-        )["items"]
-        if not o["metadata"].get("deletionTimestamp")
-    ]
+        found += [(kind, o.metadata.name) for o in call(ns, label_selector=sel).items
+                  if o.metadata.deletion_timestamp is None]
+    found += [("jobsets", o["metadata"]["name"]) for o in realkube.custom.list_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", label_selector=sel)["items"]
+        if not o["metadata"].get("deletionTimestamp")]
     return sorted(found)
 
 
@@ -103,25 +88,17 @@ def test_launch_creates_a_root_two_claims_and_one_jobset_the_gc_follows(realkube
     assert not [r for r in ns.requests() if r.resource == "pods" and r.verb == "create"]
     # the garbage collector follows the owner references from the root alone
     realkube.core.delete_namespaced_config_map("mnist", ns.name, propagation_policy="Background")
-    wait_for(
-        lambda: not objects(realkube, ns.name, "mnist", with_pods=True),
-        90,
-        message="the GC to delete every object owned by the root",
-    )
+    wait_for(lambda: not objects(realkube, ns.name, "mnist", with_pods=True), 90,
+             message="the GC to delete every object owned by the root")
 
 
 def test_pending_reason_surfaces_from_the_scheduler(realkube, user):
     ns, backend = user
     backend.launch(spec(resources={"worker": Resources(gpus=1)}), detach=True)
     status = wait_for(
-        lambda: (
-            (s := backend.status("mnist")).task("worker-0")
-            and any(w in s.task("worker-0").reason for w in ("Insufficient", "nodes are available"))
-            and s
-        ),
-        90,
-        message="the scheduler's FailedScheduling reason in the status",
-    )
+        lambda: (s := backend.status("mnist")).task("worker-0")
+        and any(w in s.task("worker-0").reason for w in ("Insufficient", "nodes are available"))
+        and s, 90, message="the scheduler's FailedScheduling reason in the status")
     assert status.task("worker-0").phase == Phase.PENDING
     assert any(e.reason == "FailedScheduling" and e.task == "worker-0" for e in backend.events("mnist"))
 
@@ -149,11 +126,8 @@ def test_reading_never_writes(realkube, user):
         read_everything()
         w0 = task_pods(realkube, ns.name, "mnist", "worker")[0]
         realkube.exit_pod(ns.name, w0.metadata.name, 137)
-        wait_for(
-            lambda: jobset(realkube, ns.name, "mnist").get("status", {}).get("restarts", 0) >= 1,
-            90,
-            message="JobSet to restart the cluster",
-        )
+        wait_for(lambda: jobset(realkube, ns.name, "mnist").get("status", {}).get("restarts", 0) >= 1,
+                 90, message="JobSet to restart the cluster")
         read_everything()  # a failed pod is JobSet's to replace, never the reader's
         realkube.custom.delete_namespaced_custom_object(*JOBSETS, ns.name, "jobsets", "mnist")
         wait_for(lambda: reader.status("mnist").phase == Phase.STOPPED, 60, message="gone")
@@ -203,21 +177,14 @@ def test_a_name_in_use_is_refused_before_anything_is_created(user):
 
 def test_conflict_midway_rolls_back_with_the_api_reason(realkube, user):
     ns, backend = user
-    realkube.core.create_namespaced_persistent_volume_claim(
-        ns.name,
-        {
-            "metadata": {"name": "mnist-log"},
-            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
-        },
-    )
+    realkube.core.create_namespaced_persistent_volume_claim(ns.name, {
+        "metadata": {"name": "mnist-log"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}})
     with pytest.raises(LaunchFailed, match="PersistentVolumeClaim mnist-log already exists") as e:
         backend.launch(spec(), detach=True)
     assert e.value.__cause__ is not None
-    wait_for(
-        lambda: objects(realkube, ns.name, "mnist", with_pods=True) == [],
-        60,
-        message="everything this launch created to go",
-    )
+    wait_for(lambda: objects(realkube, ns.name, "mnist", with_pods=True) == [], 60,
+             message="everything this launch created to go")
     assert realkube.core.read_namespaced_persistent_volume_claim("mnist-log", ns.name)
 
 
@@ -227,24 +194,18 @@ def test_forbidden_is_reported_and_rolled_back(realkube, user):
     rbac = client.RbacAuthorizationV1Api(realkube.admin)
     role = backend_role(ns.name)
     role["rules"] = [r for r in role["rules"] if "jobsets" not in r["resources"]]
-    role["rules"].append(
-        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get", "list", "watch"]}
-    )
+    role["rules"].append({"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"],
+                          "verbs": ["get", "list", "watch"]})
     role["metadata"]["name"] = "no-jobsets"
     rbac.create_namespaced_role(ns.name, role)
     for rb in rbac.list_namespaced_role_binding(ns.name).items:
         rbac.delete_namespaced_role_binding(rb.metadata.name, ns.name)
-    rbac.create_namespaced_role_binding(
-        ns.name,
-        {
-            "metadata": {"name": "no-jobsets"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "no-jobsets"},
-            "subjects": [{"kind": "ServiceAccount", "name": ns.service_account, "namespace": ns.name}],
-        },
-    )
-    backend = KubernetesBackend(
-        namespace=ns.name, api_client=ns.api_client, user="alice", storage_class="standard"
-    )
+    rbac.create_namespaced_role_binding(ns.name, {
+        "metadata": {"name": "no-jobsets"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "no-jobsets"},
+        "subjects": [{"kind": "ServiceAccount", "name": ns.service_account, "namespace": ns.name}]})
+    backend = KubernetesBackend(namespace=ns.name, api_client=ns.api_client, user="alice",
+                                storage_class="standard")
     try:
         with pytest.raises(LaunchFailed, match="may not create JobSet mnist"):
             backend.launch(spec(), detach=True)
@@ -257,14 +218,10 @@ def test_forbidden_is_reported_and_rolled_back(realkube, user):
 
 def test_preflight_quota_refuses_before_creating_anything(realkube, user):
     ns, backend = user
-    realkube.core.create_namespaced_resource_quota(
-        ns.name, {"metadata": {"name": "user-quota"}, "spec": {"hard": {"requests.cpu": "2", "pods": "10"}}}
-    )
-    wait_for(
-        lambda: realkube.core.read_namespaced_resource_quota("user-quota", ns.name).status.hard,
-        30,
-        message="the quota controller's status",
-    )
+    realkube.core.create_namespaced_resource_quota(ns.name, {
+        "metadata": {"name": "user-quota"}, "spec": {"hard": {"requests.cpu": "2", "pods": "10"}}})
+    wait_for(lambda: realkube.core.read_namespaced_resource_quota("user-quota", ns.name).status.hard,
+             30, message="the quota controller's status")
     big = spec(resources={"worker": Resources(cpu="1"), "ps": Resources(cpu="1")})
     before = len(ns.requests())
     with pytest.raises(LaunchFailed, match="needs requests.cpu 3 but ResourceQuota user-quota"):
@@ -272,14 +229,12 @@ def test_preflight_quota_refuses_before_creating_anything(realkube, user):
     assert not [r for r in ns.requests()[before:] if r.verb == "create"]
 
 
+
+
 def running(realkube, ns, name, n=3):
-    return wait_for(
-        lambda: (
-            len(p := task_pods(realkube, ns, name)) == n and all(x.status.phase == "Running" for x in p) and p
-        ),
-        90,
-        message=f"{n} running pods of {name}",
-    )
+    return wait_for(lambda: len(p := task_pods(realkube, ns, name)) == n
+                    and all(x.status.phase == "Running" for x in p) and p, 90,
+                    message=f"{n} running pods of {name}")
 
 
 def wait_status(backend, name, predicate, what, timeout=90):
@@ -295,22 +250,14 @@ def test_restarts_are_jobsets_and_read_as_such(realkube, user):
     w0 = task_pods(realkube, ns.name, "mnist", "worker")[0]
     before = len(ns.requests())
     realkube.exit_pod(ns.name, w0.metadata.name, 137)
-    status = wait_status(
-        backend,
-        "mnist",
-        lambda s: s.reason.startswith("restarting") or s.task("worker-0").restarts == 1,
-        "the restart",
-    )
+    status = wait_status(backend, "mnist", lambda s: s.reason.startswith("restarting")
+                         or s.task("worker-0").restarts == 1, "the restart")
     if status.reason.startswith("restarting"):  # seen before JobSet's new attempt ran
         assert status.reason == "restarting: worker-0 failed: killed by SIGKILL (1 restarts left)"
         assert status.phase == Phase.STARTING
     assert not [r for r in ns.requests()[before:] if r.verb not in ("get", "list", "watch")]
-    status = wait_status(
-        backend,
-        "mnist",
-        lambda s: s.phase == Phase.RUNNING and s.task("worker-0").restarts == 1,
-        "the new attempt running",
-    )
+    status = wait_status(backend, "mnist", lambda s: s.phase == Phase.RUNNING
+                         and s.task("worker-0").restarts == 1, "the new attempt running")
     assert [t.restarts for t in status.tasks] == [1, 1, 1]
     running(realkube, ns.name, "mnist")
     w1 = task_pods(realkube, ns.name, "mnist", "worker")[1]
@@ -333,64 +280,40 @@ def test_reattach_after_kernel_restart_reads_everything_from_the_cluster(realkub
         wait_status(fresh, "mnist", lambda s: s.task("ps-0").phase == Phase.RUNNING, "ps-0 running")
         assert fresh.addresses("mnist") == {
             "ps": [f"mnist-ps-0-0.mnist.{ns.name}.svc:2222"],
-            "worker": [
-                f"mnist-worker-0-0.mnist.{ns.name}.svc:2222",
-                f"mnist-worker-0-1.mnist.{ns.name}.svc:2222",
-            ],
+            "worker": [f"mnist-worker-0-0.mnist.{ns.name}.svc:2222",
+                       f"mnist-worker-0-1.mnist.{ns.name}.svc:2222"],
         }
         # the names resolve to the pods JobSet made (hostname + its headless Service)
         pods = task_pods(realkube, ns.name, "mnist")
         assert sorted(f"{p.spec.hostname}.{p.spec.subdomain}" for p in pods) == [
-            "mnist-ps-0-0.mnist",
-            "mnist-worker-0-0.mnist",
-            "mnist-worker-0-1.mnist",
-        ]
+            "mnist-ps-0-0.mnist", "mnist-worker-0-0.mnist", "mnist-worker-0-1.mnist"]
     finally:
         fresh.close()
 
 
 def test_in_graph_is_owned_by_the_notebook_pod_and_the_gc_removes_it_with_the_pod(
-    realkube, user, monkeypatch
-):
+        realkube, user, monkeypatch):
     ns, backend = user
-    notebook = realkube.core.create_namespaced_pod(
-        ns.name,
-        {
-            "metadata": {"name": "jupyter-alice", "labels": {"component": "singleuser-server"}},
-            "spec": {
-                "containers": [
-                    {
-                        "name": "notebook",
-                        "image": "tfk8s/notebook:0.1.0",
-                        "securityContext": {
-                            "allowPrivilegeEscalation": False,
-                            "capabilities": {"drop": ["ALL"]},
-                            "runAsNonRoot": True,
-                            "runAsUser": 1000,
-                            "seccompProfile": {"type": "RuntimeDefault"},
-                        },
-                    }
-                ]
-            },
-        },
-    )
+    notebook = realkube.core.create_namespaced_pod(ns.name, {
+        "metadata": {"name": "jupyter-alice", "labels": {"component": "singleuser-server"}},
+        "spec": {"containers": [{"name": "notebook", "image": "tfk8s/notebook:0.1.0",
+                                 "securityContext": {"allowPrivilegeEscalation": False,
+                                                     "capabilities": {"drop": ["ALL"]},
+                                                     "runAsNonRoot": True, "runAsUser": 1000,
+                                                     "seccompProfile": {"type": "RuntimeDefault"}}}]}})
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     monkeypatch.setenv("HOSTNAME", "jupyter-alice")
     backend.launch(spec("ig", mode="in-graph"), detach=True)
     root = realkube.core.read_namespaced_config_map("ig", ns.name)
     assert [(r.api_version, r.kind, r.name, r.uid) for r in root.metadata.owner_references] == [
-        ("v1", "Pod", "jupyter-alice", notebook.metadata.uid)
-    ]
+        ("v1", "Pod", "jupyter-alice", notebook.metadata.uid)]
     js = jobset(realkube, ns.name, "ig")
     assert js["spec"]["successPolicy"] == {"operator": "All"}  # servers never exit 0
     wait_for(lambda: task_pods(realkube, ns.name, "ig"), 90, message="the servers' pods")
     # the hub stops (or culls) the server: the real GC takes the cluster with the notebook's pod
     realkube.core.delete_namespaced_pod("jupyter-alice", ns.name)
-    wait_for(
-        lambda: not objects(realkube, ns.name, "ig", with_pods=True),
-        120,
-        message="the GC to delete the cluster with the notebook's pod",
-    )
+    wait_for(lambda: not objects(realkube, ns.name, "ig", with_pods=True), 120,
+             message="the GC to delete the cluster with the notebook's pod")
 
 
 def test_in_graph_client_progress_and_kept_logs_location(user):
@@ -416,14 +339,9 @@ def test_stop_deletes_the_jobset_keeps_record_and_volumes(realkube, user):
     assert status.phase == Phase.STOPPING, status
     assert wait_for(lambda: backend.status("mnist").phase == Phase.STOPPED, 90, message="stopped")
     # the JobSet goes at once; its Jobs and pods after it, by the garbage collector
-    wait_for(
-        lambda: (
-            [k for k, _ in objects(realkube, ns.name, "mnist", with_pods=True)]
-            == ["configmaps", "persistentvolumeclaims", "persistentvolumeclaims"]
-        ),
-        90,
-        message="only the record and the claims left",
-    )
+    wait_for(lambda: [k for k, _ in objects(realkube, ns.name, "mnist", with_pods=True)] == [
+        "configmaps", "persistentvolumeclaims", "persistentvolumeclaims"], 90,
+        message="only the record and the claims left")
     assert backend.status("mnist").phase == Phase.STOPPED
     fresh = KubernetesBackend(namespace=ns.name, api_client=ns.api_client, user="alice")
     try:
@@ -452,14 +370,9 @@ def release(realkube, ns: str, pod: str) -> None:
         raise
     if HOLD in finalizers:
         i = finalizers.index(HOLD)
-        realkube.core.patch_namespaced_pod(
-            pod,
-            ns,
-            [
-                {"op": "test", "path": f"/metadata/finalizers/{i}", "value": HOLD},
-                {"op": "remove", "path": f"/metadata/finalizers/{i}"},
-            ],
-        )
+        realkube.core.patch_namespaced_pod(pod, ns, [
+            {"op": "test", "path": f"/metadata/finalizers/{i}", "value": HOLD},
+            {"op": "remove", "path": f"/metadata/finalizers/{i}"}])
 
 
 def test_delete_waits_for_terminating_pods_and_a_relaunch_meeting_them_says_so(realkube, user):
@@ -473,11 +386,8 @@ def test_delete_waits_for_terminating_pods_and_a_relaunch_meeting_them_says_so(r
         done = threading.Event()
         deleter = threading.Thread(target=lambda: (backend.delete("mnist"), done.set()), daemon=True)
         deleter.start()
-        wait_for(
-            lambda: realkube.core.read_namespaced_pod(w0, ns.name).metadata.deletion_timestamp,
-            60,
-            message="the pod held Terminating",
-        )
+        wait_for(lambda: realkube.core.read_namespaced_pod(w0, ns.name).metadata.deletion_timestamp,
+                 60, message="the pod held Terminating")
         assert not done.wait(2)  # a pod is terminating: delete has not returned
         with pytest.raises(ClusterExists, match="is still being deleted"):
             other.launch(spec(), detach=True)  # a relaunch meeting the leftovers says so
@@ -498,11 +408,8 @@ def test_watch_requests_do_not_grow_with_tasks_or_clusters(realkube, user):
     ns, backend = user
 
     def reads(stage="ResponseComplete"):
-        return [
-            r
-            for r in ns.requests(stage)
-            if r.verb in ("list", "watch") and r.resource in ("pods", "jobsets") and r.subresource is None
-        ]
+        return [r for r in ns.requests(stage) if r.verb in ("list", "watch")
+                and r.resource in ("pods", "jobsets") and r.subresource is None]
 
     for n in (2, 32):
         name = f"w{n}"
@@ -512,20 +419,15 @@ def test_watch_requests_do_not_grow_with_tasks_or_clusters(realkube, user):
             if status.phase == Phase.RUNNING:
                 break
         stop.set()
-        wait_for(
-            lambda: len([r for r in reads("ResponseStarted") if r.verb == "watch"]) >= 2,
-            30,
-            message="both watches open",
-        )
+        wait_for(lambda: len([r for r in reads("ResponseStarted") if r.verb == "watch"]) >= 2, 30,
+                 message="both watches open")
         time.sleep(1)
         started = sorted((r.resource, r.verb) for r in reads("ResponseStarted") if r.verb == "watch")
         lists = sorted((r.resource, r.verb) for r in reads() if r.verb == "list")
         assert started == [("jobsets", "watch"), ("pods", "watch")], n
         assert lists == [("jobsets", "list"), ("pods", "list")], n
-        assert all(
-            "tfk8s.io%2Fcluster" not in r.uri and "tfk8s.io/cluster" not in r.uri
-            for r in reads("ResponseStarted")
-        ), n
+        assert all("tfk8s.io%2Fcluster" not in r.uri and "tfk8s.io/cluster" not in r.uri
+                   for r in reads("ResponseStarted")), n
 
 
 def test_launch_without_the_jobset_api_says_what_to_install(realkube, user, monkeypatch):

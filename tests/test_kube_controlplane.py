@@ -227,11 +227,8 @@ def test_a_bad_object_is_refused_by_the_real_admission_and_nothing_is_left(realk
         backend.launch(bad)
         # the JobSet may be accepted and its pods refused later: then the status must say why
         # (the Job controller's FailedCreate names the class: "no pod" says nothing)
-        st = wait_for(
-            lambda: "no-such-priority-class" in (s := backend.status("priv")).reason and s,
-            60,
-            message="a reason naming the class",
-        )
+        st = wait_for(lambda: "no-such-priority-class" in (s := backend.status("priv")).reason
+                      and s, 60, message="a reason naming the class")
         raise LaunchFailed(st.reason)
     assert "no-such-priority-class" in str(exc.value)
 
@@ -289,16 +286,12 @@ def test_kueue_admits_a_gang_or_keeps_it_queued(realkube, user):
     assert st.phase == Phase.PENDING
     assert st.reason.startswith("ps-0: waiting for admission by queue team"), st.reason
     # Kueue's own verdict (its Workload's Pending Event) is the reason of every task and an event
-    st = wait_for(
-        lambda: "insufficient unused quota" in (s := backend.status("gang2")).reason and s,
-        60,
-        message="Kueue's Pending reason in the status",
-    )
+    st = wait_for(lambda: "insufficient unused quota" in (s := backend.status("gang2")).reason and s,
+                  60, message="Kueue's Pending reason in the status")
     why = st.task("worker-1").reason.split("waiting for admission by queue team: ", 1)[1]
     assert "couldn't assign flavors to pod set" in why, why
-    assert any(
-        e.reason == "Pending" and e.message == why and e.type == "Warning" for e in backend.events("gang2")
-    )
+    assert any(e.reason == "Pending" and e.message == why and e.type == "Warning"
+               for e in backend.events("gang2"))
     # the first gang ends: the second is admitted as one
     for p in task_pods(realkube, ns.name, "gang1", "worker"):
         realkube.exit_pod(ns.name, p.metadata.name, 0)

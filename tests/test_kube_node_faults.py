@@ -83,7 +83,7 @@ def test_a_followed_log_resumes_across_an_apiserver_restart_without_a_duplicated
             path = r.uri.split("?")[0]
             assert any(
                 later.verb == r.verb and later.uri.split("?")[0] == path and later.code < 400
-                for later in requests[i + 1 :]
+                for later in requests[i + 1:]
             ), f"{r.verb} {r.uri} was refused after the restart and never answered on a retry"
             if r.subresource == "log":
                 assert "sinceTime=" in r.uri, r

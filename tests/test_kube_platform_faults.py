@@ -91,15 +91,10 @@ def test_jobset_down_while_a_worker_dies_restarts_when_it_comes_back(realkube, u
     time.sleep(3)
     assert jobset(realkube, ns.name, "ctl").get("status", {}).get("restarts", 0) == 0  # nobody decided yet
     # meanwhile the notebook says what happened and what JobSet will do (the budget left)
-    st = wait_for(
-        lambda: (s := backend.status("ctl")).reason.startswith("restarting") and s,
-        60,
-        message="the restarting reason while JobSet is down",
-    )
+    st = wait_for(lambda: (s := backend.status("ctl")).reason.startswith("restarting") and s, 60,
+                  message="the restarting reason while JobSet is down")
     assert (st.phase, st.reason) == (
-        Phase.STARTING,
-        "restarting: worker-0 failed: killed by SIGKILL (2 restarts left)",
-    )
+        Phase.STARTING, "restarting: worker-0 failed: killed by SIGKILL (2 restarts left)")
     devcluster.procs.restart("jobset")
     wait_for(
         lambda: jobset(realkube, ns.name, "ctl").get("status", {}).get("restarts", 0) == 1,

@@ -246,6 +246,11 @@ def test_an_interrupted_in_graph_launch_says_one_sentence(realkube, kernel):
     """An in-graph launch cell waits for its servers; a cluster held by a queue nobody serves never
     gets them: ■ (KeyboardInterrupt) ends the wait with one line, not a traceback."""
     ns, backend, k = kernel
+    # a LocalQueue of a ClusterQueue that does not exist: Kueue admits nothing from it (a queue the
+    # namespace lacks altogether is refused at launch)
+    realkube.custom.create_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", ns.name, "localqueues", {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+        "metadata": {"name": "nobody", "namespace": ns.name}, "spec": {"clusterQueue": "nobody"}})
     k.run("%load_ext tfk8s_magics", "load")
     since = []
 

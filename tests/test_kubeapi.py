@@ -17,12 +17,9 @@ def pod_manifest(name="p", labels=None, containers=None, resources=None, **spec)
     container = {"name": "main", "image": "python:3.11"}
     if resources:
         container["resources"] = resources
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels or {}},
-        "spec": {"containers": containers or [container], **spec},
-    }
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": labels or {}},
+            "spec": {"containers": containers or [container], **spec}}
 
 
 @pytest.fixture
@@ -40,8 +37,7 @@ def status_of(exc: ApiException) -> dict:
 
 def test_crud_stamps_uid_resource_version_and_generation(kube, core):
     created = core.create_namespaced_config_map(
-        NS, {"metadata": {"name": "cm", "labels": {"a": "1"}}, "data": {"k": "v"}}
-    )
+        NS, {"metadata": {"name": "cm", "labels": {"a": "1"}}, "data": {"k": "v"}})
     assert len(created.metadata.uid) == 36
     assert created.metadata.creation_timestamp is not None
     rv1 = int(created.metadata.resource_version)
@@ -66,20 +62,11 @@ def test_crud_stamps_uid_resource_version_and_generation(kube, core):
 
 def test_generation_bumps_on_spec_change_only(kube, core):
     apps = client.AppsV1Api(kube.api_client)
-    dep = apps.create_namespaced_deployment(
-        NS,
-        {
-            "metadata": {"name": "tb"},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app": "tb"}},
-                "template": {
-                    "metadata": {"labels": {"app": "tb"}},
-                    "spec": {"containers": [{"name": "tb", "image": "tb:1"}]},
-                },
-            },
-        },
-    )
+    dep = apps.create_namespaced_deployment(NS, {
+        "metadata": {"name": "tb"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "tb"}},
+                 "template": {"metadata": {"labels": {"app": "tb"}},
+                              "spec": {"containers": [{"name": "tb", "image": "tb:1"}]}}}})
     assert dep.metadata.generation == 1
     labelled = apps.patch_namespaced_deployment("tb", NS, {"metadata": {"labels": {"x": "y"}}})
     assert labelled.metadata.generation == 1
@@ -100,48 +87,22 @@ def test_every_kind_in_the_table_round_trips(kube, core):
     net = client.NetworkingV1Api(kube.api_client)
     rbac = client.RbacAuthorizationV1Api(kube.api_client)
     batch = client.BatchV1Api(kube.api_client)
-    core.create_namespaced_service(
-        NS,
-        {
-            "metadata": {"name": "svc"},
-            "spec": {"clusterIP": "None", "selector": {"a": "b"}, "ports": [{"port": 2222}]},
-        },
-    )
+    core.create_namespaced_service(NS, {"metadata": {"name": "svc"}, "spec": {
+        "clusterIP": "None", "selector": {"a": "b"}, "ports": [{"port": 2222}]}})
     core.create_namespaced_secret(NS, {"metadata": {"name": "s"}, "stringData": {"a": "b"}})
     core.create_namespaced_service_account(NS, {"metadata": {"name": "sa"}})
-    core.create_namespaced_persistent_volume_claim(
-        NS,
-        {
-            "metadata": {"name": "data"},
-            "spec": {
-                "accessModes": ["ReadWriteMany"],
-                "storageClassName": "standard",
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-    )
+    core.create_namespaced_persistent_volume_claim(NS, {"metadata": {"name": "data"}, "spec": {
+        "accessModes": ["ReadWriteMany"], "storageClassName": "standard",
+        "resources": {"requests": {"storage": "1Gi"}}}})
     core.create_namespaced_limit_range(NS, {"metadata": {"name": "lr"}, "spec": {"limits": []}})
-    net.create_namespaced_network_policy(
-        NS, {"metadata": {"name": "np"}, "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}
-    )
+    net.create_namespaced_network_policy(NS, {"metadata": {"name": "np"}, "spec": {
+        "podSelector": {}, "policyTypes": ["Ingress"]}})
     rbac.create_namespaced_role(NS, {"metadata": {"name": "r"}, "rules": []})
-    rbac.create_namespaced_role_binding(
-        NS,
-        {
-            "metadata": {"name": "rb"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "r"},
-            "subjects": [{"kind": "ServiceAccount", "name": "sa", "namespace": NS}],
-        },
-    )
-    batch.create_namespaced_job(
-        NS,
-        {
-            "metadata": {"name": "j"},
-            "spec": {
-                "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "i"}]}}
-            },
-        },
-    )
+    rbac.create_namespaced_role_binding(NS, {"metadata": {"name": "rb"}, "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "r"},
+        "subjects": [{"kind": "ServiceAccount", "name": "sa", "namespace": NS}]})
+    batch.create_namespaced_job(NS, {"metadata": {"name": "j"}, "spec": {"template": {
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "i"}]}}}})
     assert core.read_namespaced_service("svc", NS).spec.cluster_ip == "None"
     assert net.read_namespaced_network_policy("np", NS).spec.policy_types == ["Ingress"]
     assert rbac.read_namespaced_role_binding("rb", NS).role_ref.name == "r"
@@ -192,12 +153,9 @@ def raw_call(kube, method, path, body=None, content_type="application/json"):
     """Send ``body`` through the official client's transport without its model checks
     (the typed methods already refuse unknown fields client-side)."""
     api = kube.api_client
-    params = api.param_serialize(
-        method=method,
-        resource_path=path,
-        body=body,
-        header_params={"Content-Type": content_type, "Accept": "application/json"},
-    )
+    params = api.param_serialize(method=method, resource_path=path, body=body,
+                                 header_params={"Content-Type": content_type,
+                                                "Accept": "application/json"})
     response = api.call_api(*params)
     response.read()
     return api.response_deserialize(response, {"2XX": "object"}).data
@@ -221,14 +179,9 @@ def test_schema_verdicts_match_kubernetes_validate(kube):
 
     from tests.kubeapi.resources import lookup
 
-    bad_job = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "j"},
-        "spec": {
-            "template": {"spec": {"containers": [{"name": "c", "image": "i", "resources": {"limit": {}}}]}}
-        },
-    }
+    bad_job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+               "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i",
+                                                              "resources": {"limit": {}}}]}}}}
     bad_pod = pod_manifest()
     bad_pod["spec"]["containers"][0]["ports"] = [{"containerPort": "2222"}]
     for kind, obj in (("jobs", bad_job), ("pods", bad_pod)):
@@ -253,8 +206,7 @@ def test_kubernetes_version_is_an_option(make_kube):
     # but resizePolicy on containers only exists from 1.27.
     manifest = pod_manifest()
     manifest["spec"]["containers"][0]["resizePolicy"] = [
-        {"resourceName": "cpu", "restartPolicy": "NotRequired"}
-    ]
+        {"resourceName": "cpu", "restartPolicy": "NotRequired"}]
     for version, ok in (("1.25", False), ("1.29", True)):
         kube = make_kube(kubernetes_version=version)
         kube.create_namespace(NS)
@@ -270,25 +222,19 @@ def test_kubernetes_version_is_an_option(make_kube):
 # -- selectors ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "selector, expected",
-    [
-        ("role=worker", ["w0", "w1"]),
-        ("role==worker,index=1", ["w1"]),
-        ("role!=worker", ["ps0", "tb"]),
-        ("role in (ps, worker)", ["ps0", "w0", "w1"]),
-        ("role notin (ps,worker)", ["tb"]),
-        ("role", ["ps0", "w0", "w1"]),
-        ("!role", ["tb"]),
-    ],
-)
+@pytest.mark.parametrize("selector, expected", [
+    ("role=worker", ["w0", "w1"]),
+    ("role==worker,index=1", ["w1"]),
+    ("role!=worker", ["ps0", "tb"]),
+    ("role in (ps, worker)", ["ps0", "w0", "w1"]),
+    ("role notin (ps,worker)", ["tb"]),
+    ("role", ["ps0", "w0", "w1"]),
+    ("!role", ["tb"]),
+])
 def test_label_selectors(kube, core, selector, expected):
-    for name, labels in (
-        ("w0", {"role": "worker", "index": "0"}),
-        ("w1", {"role": "worker", "index": "1"}),
-        ("ps0", {"role": "ps", "index": "0"}),
-        ("tb", {"app": "tb"}),
-    ):
+    for name, labels in (("w0", {"role": "worker", "index": "0"}),
+                         ("w1", {"role": "worker", "index": "1"}),
+                         ("ps0", {"role": "ps", "index": "0"}), ("tb", {"app": "tb"})):
         core.create_namespaced_pod(NS, pod_manifest(name, labels))
     found = core.list_namespaced_pod(NS, label_selector=selector).items
     assert sorted(p.metadata.name for p in found) == expected
@@ -321,9 +267,8 @@ def test_watch_streams_added_modified_deleted(kube, core):
     kube.kubelet.run(NS, "w")
     core.delete_namespaced_pod("w", NS)
     seen = []
-    for event in watch.Watch().stream(
-        core.list_namespaced_pod, NS, label_selector="r=x", resource_version=start, timeout_seconds=1
-    ):
+    for event in watch.Watch().stream(core.list_namespaced_pod, NS, label_selector="r=x",
+                                      resource_version=start, timeout_seconds=1):
         seen.append((event["type"], event["object"].status.phase))
     types = [t for t, _ in seen]
     assert types[0] == "ADDED" and types[-1] == "DELETED" and "MODIFIED" in types
@@ -359,20 +304,13 @@ def test_watch_without_resource_version_lists_first_and_selector_transitions(kub
     core.create_namespaced_pod(NS, pod_manifest("moving", {"team": "a"}))
     core.patch_namespaced_pod("moving", NS, {"metadata": {"labels": {"team": "b"}}})
     rv = core.list_namespaced_pod(NS).metadata.resource_version
-    initial = [
-        (e["type"], e["object"].metadata.name)
-        for e in watch.Watch().stream(
-            core.list_namespaced_pod, NS, label_selector="team=a", timeout_seconds=1
-        )
-    ]
+    initial = [(e["type"], e["object"].metadata.name) for e in watch.Watch().stream(
+        core.list_namespaced_pod, NS, label_selector="team=a", timeout_seconds=1)]
     assert initial == [("ADDED", "old")]
     core.patch_namespaced_pod("old", NS, {"metadata": {"labels": {"team": "c"}}})
-    left = [
-        e["type"]
-        for e in watch.Watch().stream(
-            core.list_namespaced_pod, NS, label_selector="team=a", resource_version=rv, timeout_seconds=1
-        )
-    ]
+    left = [e["type"] for e in watch.Watch().stream(
+        core.list_namespaced_pod, NS, label_selector="team=a", resource_version=rv,
+        timeout_seconds=1)]
     assert left == ["DELETED"]  # an object leaving the selector is DELETED for this watch
 
 
@@ -383,9 +321,8 @@ def test_watch_too_old_resource_version_is_410(make_kube):
     for i in range(10):
         core.create_namespaced_config_map(NS, {"metadata": {"name": f"c{i}"}})
     with pytest.raises(ApiException) as exc:
-        list(
-            watch.Watch().stream(core.list_namespaced_config_map, NS, resource_version="1", timeout_seconds=1)
-        )
+        list(watch.Watch().stream(core.list_namespaced_config_map, NS, resource_version="1",
+                                  timeout_seconds=1))
     assert exc.value.status == 410 and "too old resource version" in exc.value.reason
 
 
@@ -394,24 +331,16 @@ def test_watch_too_old_resource_version_is_410(make_kube):
 
 def test_deleting_owner_cascades(kube, core):
     root = core.create_namespaced_config_map(NS, {"metadata": {"name": "root"}})
-    ref = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "name": "root",
-        "uid": root.metadata.uid,
-        "controller": True,
-    }
-    svc = core.create_namespaced_service(
-        NS,
-        {
-            "metadata": {"name": "svc", "ownerReferences": [ref]},
-            "spec": {"clusterIP": "None", "ports": [{"port": 1}]},
-        },
-    )
-    grandchild_ref = {"apiVersion": "v1", "kind": "Service", "name": "svc", "uid": svc.metadata.uid}
-    core.create_namespaced_pod(
-        NS, {**pod_manifest("child"), "metadata": {"name": "child", "ownerReferences": [grandchild_ref]}}
-    )
+    ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "root",
+           "uid": root.metadata.uid, "controller": True}
+    svc = core.create_namespaced_service(NS, {"metadata": {"name": "svc",
+                                                           "ownerReferences": [ref]},
+                                              "spec": {"clusterIP": "None",
+                                                       "ports": [{"port": 1}]}})
+    grandchild_ref = {"apiVersion": "v1", "kind": "Service", "name": "svc",
+                      "uid": svc.metadata.uid}
+    core.create_namespaced_pod(NS, {**pod_manifest("child"), "metadata": {
+        "name": "child", "ownerReferences": [grandchild_ref]}})
     core.create_namespaced_pod(NS, pod_manifest("bystander"))
     core.delete_namespaced_config_map("root", NS)
     assert kube.get_object("services", "svc", NS) is None
@@ -421,17 +350,8 @@ def test_deleting_owner_cascades(kube, core):
 
 def test_orphan_propagation_keeps_dependents(kube, core):
     root = core.create_namespaced_config_map(NS, {"metadata": {"name": "root"}})
-    core.create_namespaced_secret(
-        NS,
-        {
-            "metadata": {
-                "name": "s",
-                "ownerReferences": [
-                    {"apiVersion": "v1", "kind": "ConfigMap", "name": "root", "uid": root.metadata.uid}
-                ],
-            }
-        },
-    )
+    core.create_namespaced_secret(NS, {"metadata": {"name": "s", "ownerReferences": [{
+        "apiVersion": "v1", "kind": "ConfigMap", "name": "root", "uid": root.metadata.uid}]}})
     core.delete_namespaced_config_map("root", NS, propagation_policy="Orphan")
     assert kube.get_object("secrets", "s", NS)["metadata"]["ownerReferences"] == []
 
@@ -445,18 +365,10 @@ def test_deleting_namespace_deletes_contents(kube, core):
 
 # -- RBAC ---------------------------------------------------------------------
 
-ROLE = {
-    "apiVersion": "rbac.authorization.k8s.io/v1",
-    "kind": "Role",
-    "metadata": {"name": "backend", "namespace": NS},
-    "rules": [
-        {
-            "apiGroups": [""],
-            "resources": ["pods", "pods/log"],
-            "verbs": ["get", "list", "watch", "create", "delete"],
-        }
-    ],
-}
+ROLE = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "backend", "namespace": NS},
+        "rules": [{"apiGroups": [""], "resources": ["pods", "pods/log"],
+                   "verbs": ["get", "list", "watch", "create", "delete"]}]}
 
 
 def test_rbac_denies_outside_role_and_records_requests(kube, core):
@@ -469,8 +381,7 @@ def test_rbac_denies_outside_role_and_records_requests(kube, core):
     assert exc.value.status == 403 and body["reason"] == "Forbidden"
     assert body["message"] == (
         'pods is forbidden: User "system:serviceaccount:alice:jupyter" cannot create resource '
-        '"pods" in API group "" in the namespace "other"'
-    )
+        '"pods" in API group "" in the namespace "other"')
     with pytest.raises(ApiException) as exc:
         core.create_namespaced_config_map(NS, {"metadata": {"name": "c"}})
     assert exc.value.status == 403
@@ -483,8 +394,7 @@ def test_rbac_denies_outside_role_and_records_requests(kube, core):
 
     # admin clients bypass RBAC
     client.CoreV1Api(kube.admin_api_client).create_namespaced_config_map(
-        NS, {"metadata": {"name": "by-admin"}}
-    )
+        NS, {"metadata": {"name": "by-admin"}})
 
     reqs = [r for r in kube.requests if r.user != "system:admin"]
     assert [(r.verb, r.resource, r.namespace, r.allowed, r.code) for r in reqs] == [
@@ -512,38 +422,25 @@ def test_rbac_subresource_rules(kube, core):
 
 
 def test_resource_quota_rejects_and_tracks_usage(kube, core):
-    core.create_namespaced_resource_quota(
-        NS,
-        {
-            "metadata": {"name": "q"},
-            "spec": {
-                "hard": {
-                    "pods": "2",
-                    "requests.cpu": "1",
-                    "requests.memory": "1Gi",
-                    "limits.cpu": "2",
-                    "limits.memory": "2Gi",
-                    "requests.nvidia.com/gpu": "1",
-                }
-            },
-        },
-    )
-    res = {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
+    core.create_namespaced_resource_quota(NS, {"metadata": {"name": "q"}, "spec": {"hard": {
+        "pods": "2", "requests.cpu": "1", "requests.memory": "1Gi", "limits.cpu": "2",
+        "limits.memory": "2Gi", "requests.nvidia.com/gpu": "1"}}})
+    res = {"requests": {"cpu": "500m", "memory": "256Mi"},
+           "limits": {"cpu": "1", "memory": "512Mi"}}
     core.create_namespaced_pod(NS, pod_manifest("a", resources=res, restartPolicy="Never"))
     used = core.read_namespaced_resource_quota("q", NS).status.used
     assert used["pods"] == "1" and used["requests.cpu"] == "500m"
     assert used["requests.memory"] == str(256 * 2**20)
 
-    big = {"requests": {"cpu": "600m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
+    big = {"requests": {"cpu": "600m", "memory": "256Mi"},
+           "limits": {"cpu": "1", "memory": "512Mi"}}
     with pytest.raises(ApiException) as exc:
         core.create_namespaced_pod(NS, pod_manifest("b", resources=big))
     body = status_of(exc.value)
     assert exc.value.status == 403 and body["reason"] == "Forbidden"
-    assert body["message"] == (
-        'pods "b" is forbidden: exceeded quota: q, requested: '
-        "requests.cpu=600m, used: requests.cpu=500m, limited: "
-        "requests.cpu=1"
-    )
+    assert body["message"] == ('pods "b" is forbidden: exceeded quota: q, requested: '
+                               'requests.cpu=600m, used: requests.cpu=500m, limited: '
+                               'requests.cpu=1')
 
     gpus = {"limits": {"cpu": "100m", "memory": "64Mi", "nvidia.com/gpu": "2"}}
     with pytest.raises(ApiException) as exc:
@@ -556,22 +453,19 @@ def test_resource_quota_rejects_and_tracks_usage(kube, core):
 
     # terminal pods release their share; deletes too
     kube.kubelet.succeed(NS, "a")
-    kube.wait_for(
-        lambda: kube.get_object("resourcequotas", "q", NS)["status"]["used"]["pods"] == "0",
-        message="quota released",
-    )
+    kube.wait_for(lambda: kube.get_object("resourcequotas", "q", NS)["status"]["used"]["pods"]
+                  == "0", message="quota released")
     core.create_namespaced_pod(NS, pod_manifest("b", resources=big))
 
 
 def test_pod_count_quota(kube, core):
-    core.create_namespaced_resource_quota(NS, {"metadata": {"name": "q"}, "spec": {"hard": {"pods": "1"}}})
+    core.create_namespaced_resource_quota(NS, {"metadata": {"name": "q"},
+                                               "spec": {"hard": {"pods": "1"}}})
     core.create_namespaced_pod(NS, pod_manifest("a"))
     with pytest.raises(ApiException) as exc:
         core.create_namespaced_pod(NS, pod_manifest("b"))
-    assert (
-        "exceeded quota: q, requested: pods=1, used: pods=1, limited: pods=1"
-        in status_of(exc.value)["message"]
-    )
+    assert "exceeded quota: q, requested: pods=1, used: pods=1, limited: pods=1" in \
+        status_of(exc.value)["message"]
 
 
 # -- kubelet ------------------------------------------------------------------
@@ -613,10 +507,8 @@ def test_pod_log_read_tail_timestamps_and_errors(kube, core):
     with pytest.raises(ApiException) as exc:
         core.read_namespaced_pod_log("w", NS)
     assert exc.value.status == 400
-    assert (
-        status_of(exc.value)["message"]
-        == 'container "main" in pod "w" is waiting to start: ContainerCreating'
-    )
+    assert status_of(exc.value)["message"] == \
+        'container "main" in pod "w" is waiting to start: ContainerCreating'
     kube.kubelet.run(NS, "w")
     kube.kubelet.log(NS, "w", "one\ntwo\nthree")
     assert core.read_namespaced_pod_log("w", NS) == "one\ntwo\nthree\n"
@@ -624,7 +516,8 @@ def test_pod_log_read_tail_timestamps_and_errors(kube, core):
     stamped = core.read_namespaced_pod_log("w", NS, timestamps=True).splitlines()
     assert stamped[0].endswith("Z one") and stamped[0][:4].isdigit()
 
-    two = pod_manifest("two", containers=[{"name": "a", "image": "i"}, {"name": "b", "image": "i"}])
+    two = pod_manifest("two", containers=[{"name": "a", "image": "i"},
+                                          {"name": "b", "image": "i"}])
     core.create_namespaced_pod(NS, two)
     kube.kubelet.run(NS, "two")
     kube.kubelet.log(NS, "two", "from b", container="b")
@@ -673,23 +566,18 @@ def test_status_subresource_and_main_resource_are_separate(kube, core):
     core.patch_namespaced_pod_status("p", NS, {"status": {"phase": "Running"}})
     assert core.read_namespaced_pod("p", NS).status.phase == "Running"
     # a write to the main resource cannot change status (as with real strategies)
-    patched = core.patch_namespaced_pod(
-        "p", NS, {"metadata": {"labels": {"a": "b"}}, "status": {"phase": "Failed"}}
-    )
+    patched = core.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"a": "b"}},
+                                                  "status": {"phase": "Failed"}})
     assert patched.status.phase == "Running" and patched.metadata.labels == {"a": "b"}
 
 
 def test_json_patch_and_delete_collection(kube, core):
-    core.create_namespaced_config_map(
-        NS, {"metadata": {"name": "cm", "labels": {"x": "1"}}, "data": {"a": "1"}}
-    )
-    patched = raw_call(
-        kube,
-        "PATCH",
-        f"/api/v1/namespaces/{NS}/configmaps/cm",
-        [{"op": "add", "path": "/data/b", "value": "2"}, {"op": "remove", "path": "/data/a"}],
-        content_type="application/json-patch+json",
-    )
+    core.create_namespaced_config_map(NS, {"metadata": {"name": "cm", "labels": {"x": "1"}},
+                                           "data": {"a": "1"}})
+    patched = raw_call(kube, "PATCH", f"/api/v1/namespaces/{NS}/configmaps/cm",
+                       [{"op": "add", "path": "/data/b", "value": "2"},
+                        {"op": "remove", "path": "/data/a"}],
+                       content_type="application/json-patch+json")
     assert patched["data"] == {"b": "2"}
     core.create_namespaced_config_map(NS, {"metadata": {"name": "keep"}})
     core.delete_collection_namespaced_config_map(NS, label_selector="x=1")

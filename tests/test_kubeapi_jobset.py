@@ -26,7 +26,8 @@ GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 
 def jobset_manifest(name: str = "mnist", **kw) -> dict:
     spec = ClusterSpec(name=name, ps=1, workers=2, script="print(1)\n", owner="alice", **kw)
-    return j.jobset(spec, K8sSettings(namespace=NS, image="task:1", user="alice"), LifecyclePolicy.of(spec))
+    return j.jobset(spec, K8sSettings(namespace=NS, image="task:1", user="alice"),
+                    LifecyclePolicy.of(spec))
 
 
 @pytest.fixture
@@ -44,16 +45,13 @@ def test_crud_and_status_subresource(kube, custom):
     assert created["metadata"]["uid"] and created["metadata"]["generation"] == 1
     got = custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "mnist")
     assert got["spec"] == jobset_manifest()["spec"]
-    listed = custom.list_namespaced_custom_object(
-        GROUP, VERSION, NS, PLURAL, label_selector="tfk8s.io/cluster=mnist"
-    )
+    listed = custom.list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL,
+                                                  label_selector="tfk8s.io/cluster=mnist")
     assert [i["metadata"]["name"] for i in listed["items"]] == ["mnist"]
-    custom.patch_namespaced_custom_object_status(
-        GROUP, VERSION, NS, PLURAL, "mnist", {"status": {"restarts": 1}}
-    )
-    patched = custom.patch_namespaced_custom_object(
-        GROUP, VERSION, NS, PLURAL, "mnist", {"spec": {"suspend": True}}
-    )
+    custom.patch_namespaced_custom_object_status(GROUP, VERSION, NS, PLURAL, "mnist",
+                                                 {"status": {"restarts": 1}})
+    patched = custom.patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "mnist",
+                                                    {"spec": {"suspend": True}})
     assert patched["status"]["restarts"] == 1 and patched["spec"]["suspend"] is True
     assert patched["metadata"]["generation"] == 2
     custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "mnist")
@@ -72,7 +70,8 @@ def test_schema_violation_and_undeclared_field_are_422_like_a_crd(kube, custom):
     status = json.loads(info.value.body)
     assert (info.value.status, status["reason"]) == (422, "Invalid")
     assert status["message"].startswith('JobSet.jobset.x-k8s.io "mnist" is invalid: ')
-    assert 'spec.replicatedJobs[0].replicas in body must be of type integer: "string"' in status["message"]
+    assert 'spec.replicatedJobs[0].replicas in body must be of type integer: "string"' \
+        in status["message"]
     fields = {c["field"] for c in status["details"]["causes"]}
     assert fields == {"spec.replicatedJobs[0].replicas", "spec.successPolicy.operater"}
     assert kube.list_objects("jobsets", NS) == []
@@ -97,22 +96,14 @@ def test_job_templates_are_checked_as_jobs_of_the_cluster_version(make_kube):
 
 
 def test_watch_streams_jobset_events(kube, custom):
-    start = custom.list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL)["metadata"]["resourceVersion"]
+    start = custom.list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL)["metadata"][
+        "resourceVersion"]
     create(custom, jobset_manifest())
     kube.jobsets.finish(NS, "mnist")
     custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "mnist")
-    seen = [
-        (e["type"], (e["object"].get("status") or {}).get("terminalState"))
-        for e in watch.Watch().stream(
-            custom.list_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            NS,
-            PLURAL,
-            resource_version=start,
-            timeout_seconds=1,
-        )
-    ]
+    seen = [(e["type"], (e["object"].get("status") or {}).get("terminalState"))
+            for e in watch.Watch().stream(custom.list_namespaced_custom_object, GROUP, VERSION,
+                                          NS, PLURAL, resource_version=start, timeout_seconds=1)]
     assert seen[0] == ("ADDED", None)
     assert ("MODIFIED", "Completed") in seen
     assert seen[-1][0] == "DELETED"
@@ -129,7 +120,8 @@ def test_discovery_lists_the_jobset_group(kube):
 def test_pods_and_service_as_jobset_and_the_job_controller_make_them(kube, custom):
     created = create(custom, jobset_manifest())
     pods = kube.jobsets.pods(NS, "mnist")
-    assert [p["spec"]["hostname"] for p in pods] == ["mnist-ps-0-0", "mnist-worker-0-0", "mnist-worker-0-1"]
+    assert [p["spec"]["hostname"] for p in pods] == [
+        "mnist-ps-0-0", "mnist-worker-0-0", "mnist-worker-0-1"]
     worker = pods[2]
     assert worker["metadata"]["name"].startswith("mnist-worker-0-1-")
     assert len(worker["metadata"]["name"]) == len("mnist-worker-0-1-") + 5
@@ -145,12 +137,8 @@ def test_pods_and_service_as_jobset_and_the_job_controller_make_them(kube, custo
     assert labels["tfk8s.io/role"] == "worker"  # the template's own labels are kept
     assert worker["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1"
     env = worker["spec"]["containers"][0]["env"]
-    assert env[-1] == {
-        "name": "JOB_COMPLETION_INDEX",
-        "valueFrom": {
-            "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
-        },
-    }
+    assert env[-1] == {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}
     assert j.task_of_pod(labels).name == "worker-1"
     svc = kube.get_object("services", "mnist", NS)
     assert svc["spec"]["clusterIP"] == "None"
@@ -173,12 +161,10 @@ def test_the_double_decides_nothing_a_test_says_what_jobset_did(kube, custom):
     assert kube.jobsets.pod_name(NS, "mnist", "worker", 1) == w1
     with pytest.raises(KeyError):
         kube.jobsets.pod_name(NS, "mnist", "ps", 0)
-    assert "status" not in kube.get_object("jobsets", "mnist", NS) or not kube.get_object(
-        "jobsets", "mnist", NS
-    )["status"].get("conditions")
-    kube.jobsets.finish(
-        NS, "mnist", "Failed", "ReachedMaxRestarts", "jobset failed due to reaching max number of restarts"
-    )
+    assert "status" not in kube.get_object("jobsets", "mnist", NS) or \
+        not kube.get_object("jobsets", "mnist", NS)["status"].get("conditions")
+    kube.jobsets.finish(NS, "mnist", "Failed", "ReachedMaxRestarts",
+                        "jobset failed due to reaching max number of restarts")
     js = kube.get_object("jobsets", "mnist", NS)
     assert js["status"]["conditions"][0]["type"] == "Failed"
     # a finished JobSet's active Jobs are deleted; an ended pod stays as it ended
@@ -186,20 +172,15 @@ def test_the_double_decides_nothing_a_test_says_what_jobset_did(kube, custom):
 
 
 def test_rbac_covers_jobsets(kube, custom):
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": {"name": "r", "namespace": NS},
-        "rules": [{"apiGroups": [GROUP], "resources": ["jobsets"], "verbs": ["get", "list"]}],
-    }
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "r", "namespace": NS},
+            "rules": [{"apiGroups": [GROUP], "resources": ["jobsets"], "verbs": ["get", "list"]}]}
     kube.set_role(role, NS, "notebook")
     with pytest.raises(ApiException) as info:
         create(custom, jobset_manifest())
     assert info.value.status == 403
-    assert (
-        'cannot create resource "jobsets" in API group "jobset.x-k8s.io"'
-        in json.loads(info.value.body)["message"]
-    )
+    assert 'cannot create resource "jobsets" in API group "jobset.x-k8s.io"' in \
+        json.loads(info.value.body)["message"]
     assert custom.list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL)["items"] == []
 
 
@@ -208,21 +189,14 @@ def test_foreground_deletion_removes_the_owner_with_its_dependents(kube, custom)
     core = client.CoreV1Api(kube.api_client)
     root = core.create_namespaced_config_map(NS, {"metadata": {"name": "mnist"}})
     body = jobset_manifest()
-    body["metadata"]["ownerReferences"] = [
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "name": "mnist",
-            "uid": root.metadata.uid,
-            "blockOwnerDeletion": True,
-        }
-    ]
+    body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap",
+                                            "name": "mnist", "uid": root.metadata.uid,
+                                            "blockOwnerDeletion": True}]
     create(custom, body)
     for pod in kube.jobsets.pods(NS, "mnist"):
         kube.kubelet.run(NS, pod["metadata"]["name"])
     answer = core.delete_namespaced_config_map(
-        "mnist", NS, body=client.V1DeleteOptions(propagation_policy="Foreground")
-    )
+        "mnist", NS, body=client.V1DeleteOptions(propagation_policy="Foreground"))
     assert answer is not None
     for kind in ("configmaps", "jobsets", "pods", "services"):
         assert kube.list_objects(kind, NS) == [], kind
@@ -231,8 +205,8 @@ def test_foreground_deletion_removes_the_owner_with_its_dependents(kube, custom)
 
 def test_background_deletion_is_immediate_for_the_owner(kube, custom):
     create(custom, jobset_manifest())
-    custom.delete_namespaced_custom_object(
-        GROUP, VERSION, NS, PLURAL, "mnist", body=client.V1DeleteOptions(propagation_policy="Foreground")
-    )
+    custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "mnist",
+                                           body=client.V1DeleteOptions(
+                                               propagation_policy="Foreground"))
     # Without graceful pods every dependent goes at once, so the owner does too.
     assert kube.list_objects("jobsets", NS) == [] and kube.jobsets.pods(NS, "mnist") == []

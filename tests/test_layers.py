@@ -21,63 +21,20 @@ FORBIDDEN = {
     "api": {"ui", "magics", "cli"},
     "backends": {"api", "ui", "magics", "cli", "watch", "kernel"},
     # the kernel launcher runs before ipykernel, on the isolation layer only
-    "kernel": {
-        "api",
-        "ui",
-        "magics",
-        "cli",
-        "watch",
-        "spec",
-        "runtime",
-        "trainer",
-        "serving",
-        "storage",
-        "backends",
-    },
+    "kernel": {"api", "ui", "magics", "cli", "watch", "spec", "runtime", "trainer", "serving", "storage",
+               "backends"},
     # isolation sits just above the process primitives (lifeline, ports) and the option registry:
     # the relay, the guard and the kernel launcher load it without the rest of the package
-    "isolation": {
-        "api",
-        "ui",
-        "magics",
-        "cli",
-        "watch",
-        "kernel",
-        "backends",
-        "spec",
-        "runtime",
-        "trainer",
-        "serving",
-        "storage",
-        "sidebar",
-        "ingraph",
-        "lifecycle",
-        "taskenv",
-        "scriptcheck",
-        "stall",
-        "records",
-        "tfconfig",
-        "yamltext",
-    },
+    "isolation": {"api", "ui", "magics", "cli", "watch", "kernel", "backends", "spec", "runtime", "trainer",
+                  "serving", "storage", "sidebar", "ingraph", "lifecycle", "taskenv", "scriptcheck", "stall",
+                  "records", "tfconfig", "yamltext"},
     "watch": {"api", "ui", "magics", "cli"},
     "spec": {"api", "ui", "magics", "cli", "backends", "watch"},
     "options": {"api", "ui", "magics", "cli", "backends", "watch", "spec"},
     "runtime": {"api", "ui", "magics", "cli", "backends", "watch"},
     # object storage sits just above errors: the spec checks URLs with it, the backends transfer with it
-    "storage": {
-        "api",
-        "ui",
-        "magics",
-        "cli",
-        "backends",
-        "watch",
-        "spec",
-        "options",
-        "runtime",
-        "trainer",
-        "serving",
-        "scriptcheck",
-    },
+    "storage": {"api", "ui", "magics", "cli", "backends", "watch", "spec", "options", "runtime",
+                "trainer", "serving", "scriptcheck"},
 }
 
 
@@ -190,24 +147,18 @@ def test_the_transitive_check_follows_every_hop():
 
 #: How many project modules a security component loads (issue 25: 54 and 52 before the isolation
 #: layer).  Change a number only on purpose, and say in the commit what the new module is for.
-LOADED = {
-    "tfk8s_magics.kernel.sandbox": 13,
-    "tfk8s_magics.isolation.relay": 5,
-    "tfk8s_magics.isolation.guard": 11,
-}
+LOADED = {"tfk8s_magics.kernel.sandbox": 13, "tfk8s_magics.isolation.relay": 5,
+          "tfk8s_magics.isolation.guard": 11}
 
 
 @pytest.mark.parametrize("module", sorted(LOADED))
 def test_a_security_component_loads_only_what_it_runs(module):
     """Counted in a fresh interpreter, as the component starts (``python -m``), and checked
     against the static count (so the transitive layer test sees what really loads)."""
-    probe = (
-        f"import sys, {module}; "
-        "print(' '.join(sorted(m for m in sys.modules if m.startswith('tfk8s_magics'))))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
-    )
+    probe = (f"import sys, {module}; "
+             "print(' '.join(sorted(m for m in sys.modules if m.startswith('tfk8s_magics'))))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         timeout=60)
     loaded = set(out.stdout.split())
     assert len(loaded) == LOADED[module], sorted(loaded)
     assert loaded == _loaded_at_import(module)
@@ -221,7 +172,7 @@ def test_project_modules_are_imported_at_the_top_unless_a_comment_says_why():
         for module, node, in_function in _imports(path):
             if not in_function:
                 continue
-            context = "\n".join(lines[max(0, node.lineno - 4) : node.lineno])
+            context = "\n".join(lines[max(0, node.lineno - 4): node.lineno])
             if "Deferred" not in context and "deferred" not in context:
                 unexplained.append(f"{path.relative_to(PKG.parent)}:{node.lineno} imports {module}")
     assert not unexplained, "\n".join(unexplained)
@@ -241,13 +192,8 @@ def test_the_task_entry_point_starts_without_a_runpy_warning():
     probe = "import sys, tfk8s_magics; print('tfk8s_magics.runtime.task' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr
-    run = subprocess.run(
-        [sys.executable, "-W", "error::RuntimeWarning", "-m", "tfk8s_magics.runtime.task"],
-        capture_output=True,
-        text=True,
-        env={"PATH": "/usr/bin:/bin"},
-        timeout=120,
-    )
+    run = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "tfk8s_magics.runtime.task"],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=120)
     assert "RuntimeWarning" not in run.stderr and "found in sys.modules" not in run.stderr, run.stderr
 
 

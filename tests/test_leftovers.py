@@ -29,7 +29,7 @@ from tests.conftest import wait_for
 from tfk8s_magics.lifeline import children_of, pid_alive, process_state
 
 #: A kernel: launches a cluster, opens its TensorBoard, deletes it (which stops TensorBoard), waits.
-KERNEL = textwrap.dedent("""
+KERNEL = textwrap.dedent('''
     import json, os, sys, time
     import tfk8s_magics as tk
     from tfk8s_magics.backends.local import LocalBackend
@@ -43,7 +43,7 @@ KERNEL = textwrap.dedent("""
         c.delete()
     print(json.dumps({"pid": os.getpid(), "tensorboards": seen}), flush=True)
     time.sleep(600)
-""")
+''')
 
 
 def _zombies_under(pid: int) -> list[int]:
@@ -52,12 +52,8 @@ def _zombies_under(pid: int) -> list[int]:
 
 @pytest.mark.slow
 def test_a_kernel_keeps_no_zombie_of_its_ended_supervisors_and_tensorboards(state_dir, workdir):
-    kernel = subprocess.Popen(
-        [sys.executable, "-c", KERNEL, str(state_dir)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "TFK8S_POOL_SIZE": "0"},
-    )
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL, str(state_dir)], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "TFK8S_POOL_SIZE": "0"})
     try:
         line = kernel.stdout.readline()
         assert line, f"the kernel failed ({kernel.wait()})"
@@ -81,30 +77,12 @@ def _execute(base: str, token: str, kernel_id: str, code: str, timeout: float = 
         url = base.replace("http", "ws", 1) + f"/user/demo/api/kernels/{kernel_id}/channels"
         conn = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {token}"}))
         msg_id = uuid.uuid4().hex
-        conn.write_message(
-            json.dumps(
-                {
-                    "header": {
-                        "msg_id": msg_id,
-                        "msg_type": "execute_request",
-                        "username": "demo",
-                        "session": uuid.uuid4().hex,
-                        "version": "5.3",
-                    },
-                    "parent_header": {},
-                    "metadata": {},
-                    "channel": "shell",
-                    "content": {
-                        "code": code,
-                        "silent": False,
-                        "store_history": False,
-                        "user_expressions": {},
-                        "allow_stdin": False,
-                        "stop_on_error": True,
-                    },
-                }
-            )
-        )
+        conn.write_message(json.dumps({
+            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "demo",
+                       "session": uuid.uuid4().hex, "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell",
+            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                        "allow_stdin": False, "stop_on_error": True}}))
         out, error = [], None
         while True:
             raw = await asyncio.wait_for(conn.read_message(), timeout)
@@ -126,7 +104,7 @@ def _execute(base: str, token: str, kernel_id: str, code: str, timeout: float = 
     return asyncio.run(run())
 
 
-LAUNCH = textwrap.dedent("""
+LAUNCH = textwrap.dedent('''
     import json, os
     os.environ.update({{"TFK8S_POOL_SIZE": "1", "TFK8S_WARM_KERNEL": "0"}})
     import tfk8s_magics as tk
@@ -145,7 +123,7 @@ LAUNCH = textwrap.dedent("""
     print(json.dumps({{"phase": st.phase, "cold": cold, "pid": os.getpid(), "sock": pool.current(),
                       "daemon": found["pid"], "owners": found["owners"], "dir": found["dir"],
                       "processes": [p["pid"] for p in found["processes"]]}}))
-""")
+''')
 
 
 @pytest.mark.slow
@@ -164,9 +142,8 @@ def test_the_lab_keeps_no_zombies_and_leaves_nothing_in_the_temp_dir(tmp_path, r
     env = {**lab_env(tmp_path / "lab"), "TFK8S_LAB_ADMIN_TOKEN": token, "TMPDIR": str(tmp)}
     base = f"http://127.0.0.1:{env['TFK8S_LAB_PORT']}"
     auth = {"Authorization": f"token {token}"}
-    proc = subprocess.Popen(
-        [str(LAB)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    proc = subprocess.Popen([str(LAB)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
     def get(path: str):
         assert proc.poll() is None, proc.stdout.read().decode()
@@ -182,17 +159,12 @@ def test_the_lab_keeps_no_zombies_and_leaves_nothing_in_the_temp_dir(tmp_path, r
         assert requests.post(f"{base}/hub/api/users/demo", headers=auth, timeout=10).status_code == 201
         spawn = requests.post(f"{base}/hub/api/users/demo/server", headers=auth, timeout=60)
         assert spawn.status_code in (201, 202), spawn.text
-        wait_for(
-            lambda: (get("/hub/api/users/demo") or {}).get("servers", {}).get("", {}).get("ready"),
-            180,
-            "demo's server",
-            interval=0.5,
-        )
+        wait_for(lambda: (get("/hub/api/users/demo") or {}).get("servers", {}).get("", {}).get("ready"), 180,
+                 "demo's server", interval=0.5)
         kernels = []
         for _ in range(2):
-            r = requests.post(
-                f"{base}/user/demo/api/kernels", json={"name": "python3"}, headers=auth, timeout=120
-            )
+            r = requests.post(f"{base}/user/demo/api/kernels", json={"name": "python3"}, headers=auth,
+                              timeout=120)
             assert r.status_code == 201, r.text
             kernels.append(r.json()["id"])
         for i, kernel_id in enumerate(kernels):

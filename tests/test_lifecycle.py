@@ -21,14 +21,8 @@ from tfk8s_magics.spec import ClusterSpec
 TABLE = [
     pytest.param(TaskEnd(exit_code=0), 0, 2, SUCCEED, "exit code 0", id="exit 0"),
     pytest.param(TaskEnd(exit_code=1), 0, 2, FAIL, "raised an exception", id="exit 1: raised"),
-    pytest.param(
-        TaskEnd(exit_code=3, reason=lifecycle.SCRIPT_BROKEN),
-        0,
-        2,
-        FAIL,
-        "failed on an import",
-        id="exit 3 + runtime's mark: broken",
-    ),
+    pytest.param(TaskEnd(exit_code=3, reason=lifecycle.SCRIPT_BROKEN), 0, 2, FAIL, "failed on an import",
+                 id="exit 3 + runtime's mark: broken"),
     pytest.param(TaskEnd(exit_code=3), 0, 2, FAIL, "exit code 3", id="exit 3 alone: sys.exit(3)"),
     pytest.param(TaskEnd(exit_code=7), 0, 2, FAIL, "exit code 7", id="exit 7: chosen"),
     pytest.param(TaskEnd(exit_code=127), 0, 2, FAIL, "exit code 127", id="exit 127: chosen"),
@@ -38,14 +32,8 @@ TABLE = [
     pytest.param(TaskEnd(exit_code=143), 0, 2, RESTART, "killed by SIGTERM", id="container 143"),
     pytest.param(TaskEnd(exit_code=137, reason="OOMKilled"), 0, 2, RESTART, "OOMKilled", id="OOM"),
     pytest.param(TaskEnd(reason="Evicted"), 0, 2, RESTART, "Evicted", id="evicted"),
-    pytest.param(
-        TaskEnd(exit_code=1, conditions=frozenset({"DisruptionTarget"})),
-        0,
-        2,
-        RESTART,
-        "DisruptionTarget",
-        id="disruption beats the exit code",
-    ),
+    pytest.param(TaskEnd(exit_code=1, conditions=frozenset({"DisruptionTarget"})), 0, 2, RESTART,
+                 "DisruptionTarget", id="disruption beats the exit code"),
     pytest.param(TaskEnd(vanished=True), 0, 2, RESTART, "removed by someone else", id="pod deleted"),
     pytest.param(TaskEnd(exit_code=75), 0, 2, RESTART, "lost a peer", id="exit 75: lost a peer"),
     pytest.param(TaskEnd(exit_code=75), 2, 2, FAIL, "restart budget 2 used up", id="peer lost, no budget"),
@@ -86,11 +74,10 @@ def _what_jobset_does(js: dict, end: TaskEnd, used: int) -> str:
     reason = "BackoffLimitExceeded"
     for rule in job["podFailurePolicy"]["rules"]:
         on_codes = rule.get("onExitCodes")
-        matched = any(c["type"] in conditions for c in rule.get("onPodConditions", [])) or (
-            on_codes is not None
-            and code is not None
-            and code != 0
-            and (code in on_codes["values"]) == (on_codes["operator"] == "In")
+        matched = (
+            any(c["type"] in conditions for c in rule.get("onPodConditions", []))
+            or (on_codes is not None and code is not None and code != 0
+                and (code in on_codes["values"]) == (on_codes["operator"] == "In"))
         )
         if matched:
             if rule["action"] == "Ignore":
@@ -118,12 +105,8 @@ def test_the_kubernetes_jobset_obeys_the_table(end, used, budget, action, words)
 @pytest.mark.parametrize(
     ("mode", "roles", "success", "recycled"),
     [
-        (
-            "between",
-            dict(chief=1, workers=2, ps=1, evaluator=1),
-            ["chief-0", "worker-0", "worker-1"],
-            ["ps-0", "evaluator-0"],
-        ),
+        ("between", dict(chief=1, workers=2, ps=1, evaluator=1),
+         ["chief-0", "worker-0", "worker-1"], ["ps-0", "evaluator-0"]),
         ("in-graph", dict(workers=2, ps=1), [], ["ps-0", "worker-0", "worker-1"]),
     ],
 )
@@ -155,9 +138,8 @@ def test_which_tasks_restart_with_a_retried_end(mode, ended, restarted):
 
 
 def test_the_policy_is_built_from_the_spec():
-    spec = ClusterSpec(
-        name="c", workers=1, script="pass", restart_budget=4, ps_grace_period=7, ttl_after_finished=60
-    )
+    spec = ClusterSpec(name="c", workers=1, script="pass", restart_budget=4, ps_grace_period=7,
+                       ttl_after_finished=60)
     policy = LifecyclePolicy.of(spec)
     assert (policy.restart_budget, policy.grace_period, policy.ttl_after_finished) == (4, 7.0, 60.0)
     assert policy.failure_grace == 0.0  # the others stop at once after a failure

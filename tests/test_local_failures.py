@@ -54,14 +54,8 @@ def test_cli_submit_is_detached_and_logs_follow(state_dir, workdir):
     script.write_text("for i in range(3):\n    print('cli line', i, flush=True)\n")
 
     def tfk8s(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "tfk8s_magics.cli", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-            cwd=workdir,
-        )
+        return subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=240, cwd=workdir)
 
     r = tfk8s("submit", "fromcli", "--script", str(script), "--workers", "1", "--ps", "0")
     assert r.returncode == 0, r.stderr

@@ -49,7 +49,6 @@ def _progress_at_least(cluster, step: int):
         if st.terminal:
             raise AssertionError(f"the cluster ended early: {st.phase}: {st.reason}")
         return st.progress is not None and st.progress.step >= step
-
     return check
 
 
@@ -173,21 +172,16 @@ def test_a_sigstopped_mwms_worker_is_named_when_tensorflow_gives_up_on_it(local,
     os.kill(frozen.pid, signal.SIGSTOP)
     stopped = time.monotonic()
     try:
-        culprit = wait_for(
-            lambda: next((e for e in cluster.events() if e.reason == "Culprit"), None),
-            90,
-            "the frozen worker to be named",
-        )
+        culprit = wait_for(lambda: next((e for e in cluster.events() if e.reason == "Culprit"), None), 90,
+                           "the frozen worker to be named")
         named = time.monotonic() - stopped
     finally:
         try:
             os.kill(frozen.pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
-    print(
-        f"\nfault-time: SIGSTOPped MWMS worker named {named:.1f} s after the stop (TensorFlow's "
-        "heartbeat timeout + the supervisor's reaction)"
-    )
+    print(f"\nfault-time: SIGSTOPped MWMS worker named {named:.1f} s after the stop (TensorFlow's "
+          "heartbeat timeout + the supervisor's reaction)")
     assert culprit.task == "worker-1" and culprit.message.startswith("worker-1 was stopped (SIGSTOP"), culprit
     assert "worker-0 lost it" in culprit.message
     wait_for(lambda: cluster.status().task("worker-1").restarts == 1, 60, "worker-1 to restart")
@@ -279,9 +273,8 @@ def test_the_recovery_pattern_works_ten_times_in_a_row(local, workdir, monkeypat
     import tensorflow as tf
 
     monkeypatch.setenv("TFK8S_STATE_DIR", str(local.state_dir))
-    cluster = tk.launch(
-        "igten", mode="in-graph", ps=1, workers=2, restart_budget=20, backend=local, wait_ready=240
-    )
+    cluster = tk.launch("igten", mode="in-graph", ps=1, workers=2, restart_budget=20, backend=local,
+                        wait_ready=240)
     lost = "the coordinator's connection is lost"
 
     def kill():
@@ -298,16 +291,13 @@ def test_the_recovery_pattern_works_ten_times_in_a_row(local, workdir, monkeypat
         times.append(time.monotonic() - began)
         expected += 5.0
         assert cluster.status().reason == "every task is ready", cluster.status().reason
-    print(
-        f"\nfault-time: PS killed under a coordinator, reconnect + 5 steps: 10 of 10 runs, "
-        f"{min(times):.1f}-{max(times):.1f} s each"
-    )
+    print(f"\nfault-time: PS killed under a coordinator, reconnect + 5 steps: 10 of 10 runs, "
+          f"{min(times):.1f}-{max(times):.1f} s each")
     cluster.delete()
 
 
 def test_a_connect_that_cannot_reach_every_worker_is_one_sentence_and_the_loss_stays(
-    local, workdir, monkeypatch
-):
+        local, workdir, monkeypatch):
     """connect() returns only a strategy that ran a step: with a worker stopped after a PS restart it
     says so in one sentence (TensorFlow would wait for it without end), and the status still says
     the connection is lost until a connect() has run its step."""
@@ -333,8 +323,7 @@ def test_a_connect_that_cannot_reach_every_worker_is_one_sentence_and_the_loss_s
         took = time.monotonic() - began
         assert str(e.value).startswith(
             f"connect: worker-1 of 'igten' is stopped (pid {frozen}, SIGSTOP or a debugger) and cannot "
-            f"answer; continue it (kill -CONT {frozen})"
-        ), e.value
+            f"answer; continue it (kill -CONT {frozen})"), e.value
         assert took < 8.0 + 10.0, took
         assert lost in cluster.status().reason, cluster.status().reason
     finally:
@@ -361,8 +350,7 @@ time.sleep(5)  # the peer may still be reading this all-reduce: leaving now woul
 
 @pytest.mark.parametrize(("mode", "victim"), [("between", "worker-1"), ("in-graph", "ps-0")])
 def test_a_port_taken_between_allocation_and_bind_is_repicked_for_every_task(
-    local, workdir, monkeypatch, mode, victim
-):
+        local, workdir, monkeypatch, mode, victim):
     """Tasks on the host's loopback (in-graph; TFK8S_ISOLATION=loopback): another process takes a
     task's port right after the launch picked it.  The task moves to a new port, every task gets
     the new addresses (TF_CONFIG), and nothing is counted against the restart budget."""
@@ -384,25 +372,13 @@ def test_a_port_taken_between_allocation_and_bind_is_repicked_for_every_task(
             grabbed.append(s)
         return ports
 
-    spec = ClusterSpec(
-        name="grab",
-        mode=mode,
-        workers=2 if mode == "between" else 1,
-        ps=0 if mode == "between" else 1,
-        script=MWMS_ONCE if mode == "between" else None,
-        restart_budget=0,
-    )
+    spec = ClusterSpec(name="grab", mode=mode, workers=2 if mode == "between" else 1,
+                          ps=0 if mode == "between" else 1, script=MWMS_ONCE if mode == "between" else None,
+                          restart_budget=0)
     monkeypatch.setattr(local_backend, "free_ports", picked_then_taken)
     try:
-        cluster = tk.launch(
-            "grab",
-            mode=mode,
-            workers=spec.workers,
-            ps=spec.ps,
-            script=spec.script,
-            restart_budget=0,
-            backend=local,
-        )
+        cluster = tk.launch("grab", mode=mode, workers=spec.workers, ps=spec.ps, script=spec.script,
+                            restart_budget=0, backend=local)
         taken = grabbed[0].getsockname()[1]
         if mode == "between":
             st = cluster.wait(timeout=240)

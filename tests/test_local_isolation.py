@@ -28,10 +28,8 @@ ISOLATION_PY = Path(__file__).resolve().parent.parent / "tfk8s_magics/isolation/
 pytestmark = [
     pytest.mark.faults,
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a probe as another uid (setpriv)"),
-    pytest.mark.skipif(
-        not (shutil.which("setpriv") and Path(SYSTEM_PYTHON).exists()),
-        reason="needs setpriv and /usr/bin/python3",
-    ),
+    pytest.mark.skipif(not (shutil.which("setpriv") and Path(SYSTEM_PYTHON).exists()),
+                       reason="needs setpriv and /usr/bin/python3"),
 ]
 
 #: Connects to each port, sends what a gRPC client sends first, prints what happened as JSON.
@@ -90,11 +88,7 @@ def test_a_private_network_namespace_for_another_user_keeps_its_uid(tmp_path):
     """)
     proc = subprocess.Popen(
         ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", SYSTEM_PYTHON, "-c", script],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd="/",
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
     )
     try:
         mode, uid, gid, moved, port = proc.stdout.readline().split()
@@ -127,10 +121,7 @@ def test_a_multithreaded_process_of_another_user_cannot_join_a_cluster_namespace
     """)
     done = subprocess.run(
         ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", SYSTEM_PYTHON, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd="/",
+        capture_output=True, text=True, timeout=60, cwd="/",
     )
     assert done.stdout.split()[:1] == ["refused"], done.stdout + done.stderr
 
@@ -164,21 +155,14 @@ def test_another_uid_gets_nothing_from_a_cluster_while_its_own_namespace_does(lo
     namespace gets the server's reply (the control that shows the probe can succeed)."""
     import tfk8s_magics as tk
 
-    cluster = tk.launch(
-        "iso", ps=1, workers=1, script="import time\ntime.sleep(120)\n", backend=local, wait_ready=240
-    )
+    cluster = tk.launch("iso", ps=1, workers=1, script="import time\ntime.sleep(120)\n",
+                        backend=local, wait_ready=240)
     raw = json.loads((local.clusters_dir / "iso" / "status.json").read_text())
     assert raw["isolation"]["mode"] == "netns", raw["isolation"]
     ps = _ports({"ps": local.addresses("iso")["ps"]})
     assert all(v in (0, "refused") for v in probe(ps, NOBODY).values())
-    inside = subprocess.run(
-        ["nsenter", f"--net={raw['isolation']['netns']}", SYSTEM_PYTHON, "-c", PROBE, *map(str, ps)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-        cwd="/",
-    )
+    inside = subprocess.run(["nsenter", f"--net={raw['isolation']['netns']}", SYSTEM_PYTHON, "-c", PROBE,
+                             *map(str, ps)], capture_output=True, text=True, timeout=60, check=True, cwd="/")
     assert all(isinstance(v, int) and v > 0 for v in json.loads(inside.stdout).values()), inside.stdout
     cluster.delete()
 
@@ -198,11 +182,8 @@ def test_an_in_graph_cluster_shares_the_hosts_loopback_behind_the_shim(local):
     raw = json.loads((local.clusters_dir / "ig" / "status.json").read_text())
     assert raw["isolation"] == {"mode": "loopback-shim", "reason": IN_GRAPH_NO_NETNS, "netns": None}
     ports = set(_ports(local.addresses("ig")))
-    listening = [
-        c.laddr
-        for c in psutil.net_connections("tcp")
-        if c.status == psutil.CONN_LISTEN and c.laddr.port in ports
-    ]
+    listening = [c.laddr for c in psutil.net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port in ports]
     loopback = ("127.0.0.1", "::ffff:127.0.0.1", "::1")
     assert sorted(a.port for a in listening) == sorted(ports), listening
     assert all(a.ip in loopback for a in listening), listening
@@ -246,11 +227,8 @@ def test_the_model_server_answers_its_owner_only(local, workdir):
             return {"y": 2.0 * x}
 
     m = M()
-    tf.saved_model.save(
-        m,
-        str(Path(cluster.status().log_dir.path) / "models" / "srviso" / "1"),
-        signatures={"serving_default": m.serve},
-    )
+    tf.saved_model.save(m, str(Path(cluster.status().log_dir.path) / "models" / "srviso" / "1"),
+                        signatures={"serving_default": m.serve})
     info = cluster.serve()
     rest = int(info.rest_local.rstrip("/").rsplit(":", 1)[1])
     grpc_port = int(info.grpc_address.rsplit(":", 1)[1])

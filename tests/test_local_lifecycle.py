@@ -21,7 +21,8 @@ SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(600)\n"
 
 
 def test_ps_recycled_after_the_grace_period(local, workdir):
-    cluster = tk.launch("grace", workers=1, ps=1, ps_grace_period=3, script="print('done')\n", backend=local)
+    cluster = tk.launch("grace", workers=1, ps=1, ps_grace_period=3, script="print('done')\n",
+                        backend=local)
     st = cluster.wait(timeout=120)
     assert st.phase == Phase.SUCCEEDED
     # Still alive during the grace period (it may not have finished importing TF yet).
@@ -38,7 +39,8 @@ def test_ps_recycled_after_the_grace_period(local, workdir):
 
 
 def test_grace_zero_stops_ps_at_once(local, workdir):
-    cluster = tk.launch("nograce", workers=1, ps=1, ps_grace_period=0, script="print('x')\n", backend=local)
+    cluster = tk.launch("nograce", workers=1, ps=1, ps_grace_period=0, script="print('x')\n",
+                        backend=local)
     cluster.wait(timeout=120)
     *_, final = cluster.watch()
     events = {e.reason: e.time for e in cluster.events()}
@@ -103,9 +105,8 @@ def test_a_killed_worker_is_one_incident_its_peer_restarts_with_it(local, workdi
 def test_an_exit_code_the_script_chose_is_not_restarted(local, workdir):
     # Exit 1..127 is the user's outcome: rerunning the same code would end the same way.
     script = "import sys\nprint('giving up', flush=True)\nsys.exit(7)\n"
-    cluster = tk.launch(
-        "chosen", workers=1, ps=1, restart_budget=3, script=script, ps_grace_period=60, backend=local
-    )
+    cluster = tk.launch("chosen", workers=1, ps=1, restart_budget=3, script=script,
+                        ps_grace_period=60, backend=local)
     st = cluster.wait(timeout=120)
     assert st.phase == Phase.FAILED and st.reason == "worker-0 failed: exit code 7"
     assert st.task("worker-0").restarts == 0
@@ -145,9 +146,8 @@ def test_script_failing_on_import_is_not_restarted(local, workdir):
 def test_a_scripts_own_exit_3_is_its_exit_code_not_a_broken_script(local, workdir):
     """sys.exit(3) from user code collides with the runtime's "cannot run" code; only the runtime's
     termination file makes exit 3 "broken", so the user's 3 is reported as what it is."""
-    cluster = tk.launch(
-        "exit3", workers=1, restart_budget=3, script="import sys\nsys.exit(3)\n", backend=local
-    )
+    cluster = tk.launch("exit3", workers=1, restart_budget=3, script="import sys\nsys.exit(3)\n",
+                        backend=local)
     *_, st = cluster.watch()
     assert st.phase == Phase.FAILED
     assert st.task("worker-0").exit_code == 3
@@ -260,11 +260,8 @@ def test_tensorboard_binds_loopback_is_reused_and_ends_with_delete(local, workdi
         assert r.status == 200 and len(r.read()) > 1000
     # On the host only the owner-only relay (TensorBoard's child) listens, on loopback; TensorBoard
     # itself is in a network namespace of its own (tests/test_local_isolation.py: others get nothing).
-    listening = [
-        c
-        for c in psutil.net_connections("tcp")
-        if c.status == psutil.CONN_LISTEN and c.laddr.port == first.port
-    ]
+    listening = [c for c in psutil.net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port == first.port]
     assert [c.laddr.ip for c in listening] == ["127.0.0.1"], listening
     assert listening[0].pid in {p.pid for p in psutil.Process(first.pid).children()}
     assert os.readlink(f"/proc/{first.pid}/ns/net") != os.readlink("/proc/self/ns/net")
@@ -278,7 +275,8 @@ def test_tensorboard_binds_loopback_is_reused_and_ends_with_delete(local, workdi
 
 
 def test_stop_during_the_grace_period_is_prompt(local, workdir):
-    cluster = tk.launch("gracestop", workers=1, ps=1, ps_grace_period=60, script="print(1)\n", backend=local)
+    cluster = tk.launch("gracestop", workers=1, ps=1, ps_grace_period=60, script="print(1)\n",
+                        backend=local)
     st = cluster.wait(timeout=120)
     assert st.phase == Phase.SUCCEEDED and st.task("ps-0").phase not in Phase.TERMINAL
     started = time.monotonic()

@@ -15,7 +15,8 @@ SCRIPTS = Path(__file__).parent / "scripts"
 
 
 def test_mwms_workers_all_reduce_across_processes_and_fit(local, workdir):
-    cluster = tk.launch("mwms", workers=2, ps=0, script_path=str(SCRIPTS / "mwms_keras.py"), backend=local)
+    cluster = tk.launch("mwms", workers=2, ps=0, script_path=str(SCRIPTS / "mwms_keras.py"),
+                        backend=local)
     st = cluster.wait(timeout=240)
     logs = cluster.logs()
     assert st.phase == Phase.SUCCEEDED, logs[-3000:]
@@ -56,9 +57,8 @@ def test_a_succeeded_run_whose_chief_ends_last_has_no_crash_message_in_its_logs(
 
 
 def test_tf1_parameter_servers_hold_the_variables(local, workdir):
-    cluster = tk.launch(
-        "tf1", workers=2, ps=2, ps_grace_period=0, script_path=str(SCRIPTS / "tf1_ps.py"), backend=local
-    )
+    cluster = tk.launch("tf1", workers=2, ps=2, ps_grace_period=0,
+                        script_path=str(SCRIPTS / "tf1_ps.py"), backend=local)
     st = cluster.wait(timeout=240)
     logs = cluster.logs()
     assert st.phase == Phase.SUCCEEDED, logs[-3000:]
@@ -106,11 +106,8 @@ def test_in_graph_cluster_driven_from_this_process(local):
     for t in st.tasks:
         assert os.readlink(f"/proc/{t.pid}/ns/net") == own, t.name
     ports = {int(a.rsplit(":", 1)[1]) for hosts in local.addresses("ig").values() for a in hosts}
-    host = [
-        c.laddr
-        for c in psutil.net_connections("tcp")
-        if c.status == psutil.CONN_LISTEN and c.laddr.port in ports
-    ]
+    host = [c.laddr for c in psutil.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port in ports]
     assert sorted(a.port for a in host) == sorted(ports), host
     assert all(a.ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for a in host), host
     # The coordinator's own progress reports speak for the cluster.

@@ -36,10 +36,9 @@ pytestmark = [
     pytest.mark.faults,
     pytest.mark.slow,
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the lab as another uid (setpriv)"),
-    pytest.mark.skipif(
-        not (shutil.which("setpriv") and shutil.which("nsenter") and Path(SYSTEM_PYTHON).exists()),
-        reason="needs setpriv, nsenter and /usr/bin/python3",
-    ),
+    pytest.mark.skipif(not (shutil.which("setpriv") and shutil.which("nsenter")
+                            and Path(SYSTEM_PYTHON).exists()),
+                       reason="needs setpriv, nsenter and /usr/bin/python3"),
 ]
 
 SCRIPT = textwrap.dedent("""
@@ -75,38 +74,16 @@ def _as_owner() -> list[str]:
     blocked = any(not os.stat(p).st_mode & 0o001 for p in [*Path(prefix).parents][:-1])
     if not blocked:
         return owner
-    return [
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "--",
-        SYSTEM_PYTHON,
-        "-c",
-        OPEN_INTERPRETER,
-        prefix,
-        *owner,
-    ]
+    return ["unshare", "--mount", "--propagation", "private", "--",
+            SYSTEM_PYTHON, "-c", OPEN_INTERPRETER, prefix, *owner]
 
 
 def _cli(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {
-        "HOME": str(home),
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "PYTHONPATH": str(REPO),
-        "TFK8S_BACKEND": "local",
-        "TFK8S_POOL_SIZE": "0",
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-        "LANG": "C.UTF-8",
-    }
-    return subprocess.run(
-        [*_as_owner(), sys.executable, "-m", "tfk8s_magics.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=home,
-        env=env,
-    )
+    env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+           "PYTHONPATH": str(REPO), "TFK8S_BACKEND": "local", "TFK8S_POOL_SIZE": "0",
+           "TF_CPP_MIN_LOG_LEVEL": "2", "LANG": "C.UTF-8"}
+    return subprocess.run([*_as_owner(), sys.executable, "-m", "tfk8s_magics.cli", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=home, env=env)
 
 
 def _owned_pids(home: Path) -> list[int]:
@@ -140,20 +117,8 @@ def home():
 
 
 def test_an_unprivileged_owners_cluster_trains_in_its_own_user_namespace_and_nobody_else_reaches_it(home):
-    done = _cli(
-        home,
-        "launch",
-        "un",
-        "--workers",
-        "2",
-        "--script",
-        "train.py",
-        "--env",
-        "HOLD=120",
-        "--detach",
-        "--no-dashboard",
-        timeout=300,
-    )
+    done = _cli(home, "launch", "un", "--workers", "2", "--script", "train.py", "--env", "HOLD=120",
+                "--detach", "--no-dashboard", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     status_file = home / ".local/share/tfk8s/clusters/un/status.json"
     log = home / ".local/share/tfk8s/clusters/un"
@@ -180,14 +145,9 @@ def test_an_unprivileged_owners_cluster_trains_in_its_own_user_namespace_and_nob
 
     assert probe(ports, OTHER) == {p: "refused" for p in ports}
     assert probe(ports, OWNER) == {p: "refused" for p in ports}  # even the owner, from the host
-    inside = subprocess.run(
-        ["nsenter", f"--net=/proc/{sup}/ns/net", SYSTEM_PYTHON, "-c", PROBE, *map(str, ports)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-        cwd="/",
-    )
+    inside = subprocess.run(["nsenter", f"--net=/proc/{sup}/ns/net", SYSTEM_PYTHON, "-c", PROBE,
+                             *map(str, ports)],
+                            capture_output=True, text=True, timeout=60, check=True, cwd="/")
     assert all(isinstance(v, int) and v > 0 for v in json.loads(inside.stdout).values()), inside.stdout
 
     task_pids = {t["pid"] for t in raw["tasks"]}

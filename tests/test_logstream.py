@@ -185,11 +185,8 @@ def _inotify_masks(directory) -> list[int]:
 
 
 def _inotify_fds() -> set[int]:
-    return {
-        int(fd)
-        for fd in os.listdir("/proc/self/fd")
-        if _readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"
-    }
+    return {int(fd) for fd in os.listdir("/proc/self/fd")
+            if _readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"}
 
 
 def _readlink(path: str) -> str:
@@ -210,12 +207,8 @@ def test_a_busy_stream_is_read_on_a_timer_and_its_writes_make_no_inotify_event(t
     path = tmp_path / "worker-0.log"
     path.write_bytes(b"")
     skew = [0.0]  # the pacer's clock is monotonic + skew; its sleeps only move the skew
-    pacer = Pacer(
-        0.005,
-        3600,
-        clock=lambda: time.monotonic() + skew[0],
-        sleep=lambda s: skew.__setitem__(0, skew[0] + s),
-    )
+    pacer = Pacer(0.005, 3600, clock=lambda: time.monotonic() + skew[0],
+                  sleep=lambda s: skew.__setitem__(0, skew[0] + s))
     stop = threading.Event()
     before = _inotify_fds()
     gen = logtail.follow_batches({"worker-0": path}, stop, lambda: False, pacer=pacer)
@@ -265,21 +258,18 @@ def _reference_lines(chunks: list[bytes]) -> list[str]:
         if len(partial) > logtail.MAX_LINE:
             complete.append(partial)
             partial = b""
-        out += [line[: logtail.MAX_LINE].decode("utf-8", "replace").rstrip("\r") for line in complete]
+        out += [line[:logtail.MAX_LINE].decode("utf-8", "replace").rstrip("\r") for line in complete]
     return out
 
 
-@pytest.mark.parametrize(
-    "chunks",
-    [
-        [b"plain\nlines\n"],
-        [b"windows\r\nline\r\n", b"half a li", b"ne\n"],
-        [b"bad \xff\xfe utf8\n\xe2\x82\n\xe2\x82\xac ok\n", b"cut \xe2", b"\x82\xac across reads\n"],
-        [("\u20ac" * (logtail.MAX_LINE // 2)).encode() + b"\nshort\n"],  # long in bytes, not chars
-        [b"x" * (logtail.MAX_LINE + 10)] + [b"y" * 100 + b"\n"],  # an endless line is shown cut
-        [b"a\n" * 20_000 + b"\xff" * (logtail.MAX_LINE + 1) + b"\n"],
-    ],
-)
+@pytest.mark.parametrize("chunks", [
+    [b"plain\nlines\n"],
+    [b"windows\r\nline\r\n", b"half a li", b"ne\n"],
+    [b"bad \xff\xfe utf8\n\xe2\x82\n\xe2\x82\xac ok\n", b"cut \xe2", b"\x82\xac across reads\n"],
+    [("\u20ac" * (logtail.MAX_LINE // 2)).encode() + b"\nshort\n"],  # long in bytes, not chars
+    [b"x" * (logtail.MAX_LINE + 10)] + [b"y" * 100 + b"\n"],  # an endless line is shown cut
+    [b"a\n" * 20_000 + b"\xff" * (logtail.MAX_LINE + 1) + b"\n"],
+])
 def test_chunked_reading_yields_what_line_by_line_reading_did(tmp_path, chunks):
     path = tmp_path / "t.log"
     path.write_bytes(b"")
@@ -344,11 +334,8 @@ def test_the_live_view_formats_only_what_a_flood_leaves_visible(capsys):
 
 
 def test_a_batch_is_a_sequence_of_the_lines_it_was_read_as():
-    chunks = [
-        LogChunk("ps-0", ["p0", "p1"], 1.0),
-        LogChunk("worker-0", [], 2.0),
-        LogChunk("worker-0", ["w0", "w1", "w2"], 3.0),
-    ]
+    chunks = [LogChunk("ps-0", ["p0", "p1"], 1.0), LogChunk("worker-0", [], 2.0),
+              LogChunk("worker-0", ["w0", "w1", "w2"], 3.0)]
     lines = [ln for c in chunks for ln in c.lines()]
     batch = LogBatch(chunks)
     assert len(batch) == 5 and batch == lines and list(batch) == lines

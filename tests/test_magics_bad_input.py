@@ -27,11 +27,8 @@ SCRIPT = "print('hello')\n"
 BAD = [
     ("", None, "needs a subcommand"),
     ("frobnicate x", None, "unknown subcommand 'frobnicate': the subcommands are launch, "),
-    (
-        "launch ok --bogus 1",
-        SCRIPT,
-        "%tfcluster launch: unknown option --bogus (%tfcluster launch --help lists its options)",
-    ),
+    ("launch ok --bogus 1", SCRIPT,
+     "%tfcluster launch: unknown option --bogus (%tfcluster launch --help lists its options)"),
     ("launch Bad_Name", SCRIPT, "cluster name 'Bad_Name' is not valid"),
     ("launch " + "a" * 41, SCRIPT, "is not valid: use at most 40"),
     ("launch ok --workers 0", SCRIPT, "needs at least 1 worker"),
@@ -46,16 +43,10 @@ BAD = [
     ("launch ok", "def broken(:\n", "does not compile"),
     ("launch ok", "import no_such_module_xyz\n", "imports no_such_module_xyz, found neither in"),
     ("launch ok", "\n\ndef broken(:\n", "does not compile: invalid syntax at <cell> line 4"),
-    (
-        "launch ok --ps 1",
-        "import tensorflow as tf\ns = tf.distribute.MultiWorkerMirroredStrategy()\n",
-        "waits forever when the cluster has parameter servers (--ps 1): launch it with --ps 0",
-    ),
-    (
-        "launch ok --ps 2",
-        "from tensorflow.distribute import MultiWorkerMirroredStrategy as M\n",
-        "builds tf.distribute.MultiWorkerMirroredStrategy",
-    ),
+    ("launch ok --ps 1", "import tensorflow as tf\ns = tf.distribute.MultiWorkerMirroredStrategy()\n",
+     "waits forever when the cluster has parameter servers (--ps 1): launch it with --ps 0"),
+    ("launch ok --ps 2", "from tensorflow.distribute import MultiWorkerMirroredStrategy as M\n",
+     "builds tf.distribute.MultiWorkerMirroredStrategy"),
     ("launch ok --file /no/such/helper.py", SCRIPT, "--file '/no/such/helper.py' does not exist"),
     ("launch ok --force", SCRIPT, "--force only goes with --replace"),
     ("launch ok --workers  # a comment, not arguments", None, "argument --workers: expected one argument"),
@@ -96,11 +87,8 @@ def test_bad_input_is_one_sentence_and_leaves_nothing(ip, state_dir, workdir, li
 def test_name_in_use_unknown_task_and_bad_tail(ip, state_dir):
     run(ip, "launch dup --workers 1 --ps 0 --no-follow", "import time\ntime.sleep(600)\n")
     before = snapshot(state_dir)
-    with pytest.raises(
-        UsageError,
-        match=r"cluster 'dup' is still (starting|running): stop it first "
-        r"\(%tfcluster stop dup\) and run the launch again",
-    ):
+    with pytest.raises(UsageError, match=r"cluster 'dup' is still (starting|running): stop it first "
+                                         r"\(%tfcluster stop dup\) and run the launch again"):
         run(ip, "launch dup --workers 1 --ps 0", SCRIPT)
     with pytest.raises(UsageError, match="has no task 'worker-9': its tasks are worker-0"):
         run(ip, "logs dup worker-9")
@@ -132,19 +120,13 @@ def test_an_unknown_subcommand_is_one_sentence_ending_with_a_period(ip):
     assert said.endswith("(%tfcluster --help).") and said.count(". ") == 0, said
 
 
-@pytest.mark.parametrize(
-    "line, message",
-    [
-        (
-            "launch x --wokers 2",
-            "%tfcluster launch: unknown option --wokers; did you mean --workers? "
-            "(%tfcluster launch --help lists its options)",
-        ),
-        ("logs x --tial 3", "unknown option --tial; did you mean --tail?"),
-        ("lauch x", "unknown subcommand 'lauch'; did you mean launch?"),
-        ("staus x", "unknown subcommand 'staus'; did you mean status?"),
-    ],
-)
+@pytest.mark.parametrize("line, message", [
+    ("launch x --wokers 2", "%tfcluster launch: unknown option --wokers; did you mean --workers? "
+                            "(%tfcluster launch --help lists its options)"),
+    ("logs x --tial 3", "unknown option --tial; did you mean --tail?"),
+    ("lauch x", "unknown subcommand 'lauch'; did you mean launch?"),
+    ("staus x", "unknown subcommand 'staus'; did you mean status?"),
+])
 def test_a_typo_names_the_closest_flag_or_subcommand(ip, line, message):
     with pytest.raises(UsageError) as err:
         run(ip, line, SCRIPT if line.startswith("launch") else None)
@@ -160,22 +142,13 @@ def test_top_level_help_points_to_each_subcommands_full_help(ip, capsys):
     assert "--workers N" in out and "--ps N" in out and "--replace" in out
 
 
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (
-            ["submit", "x", "--wokers", "2"],
-            "tfk8s launch: unknown option --wokers; did you mean --workers? "
-            "(tfk8s launch --help lists its options)",
-        ),
-        (["lisst"], "tfk8s: unknown subcommand 'lisst'; did you mean list?"),
-        (
-            ["launch", "x", "--workers", "abc"],
-            "tfk8s launch: argument --workers: 'abc' is not a whole number",
-        ),
-        (["frobnicate"], "tfk8s: unknown subcommand 'frobnicate': the subcommands are "),
-    ],
-)
+@pytest.mark.parametrize("argv, message", [
+    (["submit", "x", "--wokers", "2"], "tfk8s launch: unknown option --wokers; did you mean --workers? "
+                                       "(tfk8s launch --help lists its options)"),
+    (["lisst"], "tfk8s: unknown subcommand 'lisst'; did you mean list?"),
+    (["launch", "x", "--workers", "abc"], "tfk8s launch: argument --workers: 'abc' is not a whole number"),
+    (["frobnicate"], "tfk8s: unknown subcommand 'frobnicate': the subcommands are "),
+])
 def test_the_cli_says_its_mistakes_in_one_cli_sentence(argv, message, tmp_path):
     import os
     import subprocess
@@ -183,13 +156,9 @@ def test_the_cli_says_its_mistakes_in_one_cli_sentence(argv, message, tmp_path):
 
     from tests.conftest import REPO
 
-    out = subprocess.run(
-        [sys.executable, "-m", "tfk8s_magics.cli", *argv],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO), "TFK8S_STATE_DIR": str(tmp_path)},
-        timeout=120,
-    )
+    out = subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", *argv], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO), "TFK8S_STATE_DIR": str(tmp_path)},
+                         timeout=120)
     assert out.returncode == 2
     assert message in out.stderr, out.stderr
     assert "usage:" not in out.stderr and "%tfcluster" not in out.stderr
@@ -205,36 +174,24 @@ def test_the_cli_never_tells_a_terminal_to_use_a_cell(tmp_path):
     from tests.conftest import REPO
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "TFK8S_STATE_DIR": str(tmp_path)}
-    for argv, says in (
-        (["launch", "x"], "needs a training script: give it as --script PATH."),
-        (
-            ["launch", "x", "--mode", "in-graph", "--ps", "1", "--script", __file__],
-            "an in-graph launch takes no --script",
-        ),
-        (["frobnicate"], "(tfk8s --help)."),
-    ):
-        out = subprocess.run(
-            [sys.executable, "-m", "tfk8s_magics.cli", *argv],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-        )
+    for argv, says in ((["launch", "x"], "needs a training script: give it as --script PATH."),
+                       (["launch", "x", "--mode", "in-graph", "--ps", "1", "--script", __file__],
+                        "an in-graph launch takes no --script"),
+                       (["frobnicate"], "(tfk8s --help).")):
+        out = subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", *argv], capture_output=True,
+                             text=True, env=env, timeout=120)
         assert out.returncode == 2 and says in out.stderr, out.stderr
         assert "cell" not in out.stderr and out.stderr.rstrip().endswith("."), out.stderr
 
 
-@pytest.mark.parametrize(
-    "line, argv",
-    [
-        ("list  # the cluster's list", ["list"]),
-        ('logs x --tail 5 # "unclosed in a comment', ["logs", "x", "--tail", "5"]),
-        ("launch x --env A=b#c  # it's kept", ["launch", "x", "--env", "A=b#c"]),
-        ("launch x --env 'A=# not a comment'", ["launch", "x", "--env", "A=# not a comment"]),
-        ('launch x --env "B=\\"#\\"" #c', ["launch", "x", "--env", 'B="#"']),
-        ("#only a comment", []),
-    ],
-)
+@pytest.mark.parametrize("line, argv", [
+    ("list  # the cluster's list", ["list"]),
+    ('logs x --tail 5 # "unclosed in a comment', ["logs", "x", "--tail", "5"]),
+    ("launch x --env A=b#c  # it's kept", ["launch", "x", "--env", "A=b#c"]),
+    ("launch x --env 'A=# not a comment'", ["launch", "x", "--env", "A=# not a comment"]),
+    ('launch x --env "B=\\"#\\"" #c', ["launch", "x", "--env", 'B="#"']),
+    ("#only a comment", []),
+])
 def test_a_comment_on_a_magic_line_is_cut_before_quotes_are_parsed(line, argv):
     import shlex
 

@@ -21,9 +21,8 @@ def ip(monkeypatch, tmp_path):
 
 
 def test_render_prints_valid_yaml_for_the_cell(ip, capsys):
-    ip.run_cell_magic(
-        "tfcluster", "render mnist --workers 2 --ps 1 --cpu 1 --memory 2Gi --tensorboard", "print('train')\n"
-    )
+    ip.run_cell_magic("tfcluster", "render mnist --workers 2 --ps 1 --cpu 1 --memory 2Gi --tensorboard",
+                      "print('train')\n")
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     kinds = sorted(d["kind"] for d in docs)
     assert kinds.count("JobSet") == 1 and "Pod" not in kinds  # JobSet makes the pods
@@ -47,10 +46,7 @@ def test_render_writes_one_file_per_object(ip, tmp_path, capsys):
     files = sorted(out.glob("*.yaml"))
     assert files and f"wrote {len(files)} objects" in capsys.readouterr().out
     assert {yaml.safe_load(f.read_text())["kind"] for f in files} == {
-        "JobSet",
-        "ConfigMap",
-        "PersistentVolumeClaim",
-    }
+        "JobSet", "ConfigMap", "PersistentVolumeClaim"}
 
 
 def test_the_api_renders_what_the_magic_renders(ip, capsys):
@@ -70,15 +66,14 @@ def test_render_carries_per_role_resources_queue_and_placement(ip, capsys):
         "render q1 --workers 2 --ps 1 --gpus worker=1 --cpu worker=2,ps=1 --queue team-a "
         "--priority high --scheduler volcano --active-deadline 3600 --spread worker "
         "--node-affinity ps:!nvidia.com/gpu.present",
-        "print('train')\n",
-    )
+        "print('train')\n")
     js = next(d for d in yaml.safe_load_all(capsys.readouterr().out) if d["kind"] == "JobSet")
     assert js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
-    pods = {r["name"]: r["template"]["spec"]["template"]["spec"] for r in js["spec"]["replicatedJobs"]}
+    pods = {r["name"]: r["template"]["spec"]["template"]["spec"]
+            for r in js["spec"]["replicatedJobs"]}
     assert pods["worker"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert "nvidia.com/gpu" not in pods["ps"]["containers"][0].get("resources", {}).get(
-        "limits", {}
-    )  # parameter servers take no GPU
+        "limits", {})  # parameter servers take no GPU
     assert pods["ps"]["containers"][0]["resources"]["requests"]["cpu"] == "1"
     assert pods["worker"]["tolerations"][-1]["key"] == "nvidia.com/gpu"
     assert pods["ps"]["affinity"]["nodeAffinity"]
@@ -88,14 +83,11 @@ def test_render_carries_per_role_resources_queue_and_placement(ip, capsys):
     assert crd.problems(js) == []
 
 
-@pytest.mark.parametrize(
-    "args, words",
-    [
-        ("--gpus workers=1", "ROLE=VALUE with a role among"),
-        ("--queue 'Team A'", "--queue 'Team A' is not a valid name"),
-        ("--node-affinity ps", "is not ROLE:REQUIREMENT"),
-    ],
-)
+@pytest.mark.parametrize("args, words", [
+    ("--gpus workers=1", "ROLE=VALUE with a role among"),
+    ("--queue 'Team A'", "--queue 'Team A' is not a valid name"),
+    ("--node-affinity ps", "is not ROLE:REQUIREMENT"),
+])
 def test_bad_scheduling_flags_are_one_sentence(ip, args, words):
     from IPython.core.error import UsageError
 
@@ -117,8 +109,6 @@ def test_the_docs_route_for_packages_on_kubernetes_runs_every_task_on_the_users_
     args, image = line[1].replace("NAME", "pkgs", 1), line[2]
     ip.run_cell_magic("tfcluster", f"render {args} --ps 1", "import my_package\n")
     js = next(d for d in yaml.safe_load_all(capsys.readouterr().out) if d["kind"] == "JobSet")
-    images = {
-        r["name"]: [c["image"] for c in r["template"]["spec"]["template"]["spec"]["containers"]]
-        for r in js["spec"]["replicatedJobs"]
-    }
+    images = {r["name"]: [c["image"] for c in r["template"]["spec"]["template"]["spec"]["containers"]]
+              for r in js["spec"]["replicatedJobs"]}
     assert images == {"ps": [image], "worker": [image]}, images

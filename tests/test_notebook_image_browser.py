@@ -21,7 +21,7 @@ import requests
 
 from tests.browserlab import chromium, shot, wait
 from tests.test_browser_walk import _dirty_tabs, _kernel_idle
-from tests.test_containers import images  # noqa: F401  (the fixture that builds this tree's images)
+from tests.test_containers import images, pods  # noqa: F401, F811  (fixtures: this tree's images, a PodmanRun)
 
 pytestmark = [pytest.mark.containers, pytest.mark.browser]
 
@@ -36,19 +36,7 @@ def notebook_image(request) -> str:
     return os.environ.get("TFK8S_NOTEBOOK_IMAGE") or request.getfixturevalue("images")["notebook"]
 
 
-@pytest.fixture
-def pods(tmp_path):
-    from tests.containers.podman import PodmanRun
-
-    run = PodmanRun(f"tfk8s-{os.getpid()}-{secrets.token_hex(3)}", tmp_path / "podman")
-    try:
-        yield run
-    finally:
-        run.cleanup()
-    assert not run.leftovers(), f"left in podman: {run.leftovers()}"
-
-
-def test_the_notebook_image_is_the_labs_jupyterlab(notebook_image, pods, tmp_path):
+def test_the_notebook_image_is_the_labs_jupyterlab(notebook_image, pods, tmp_path):  # noqa: F811
     from tests.test_containers import build_flags
     from tfk8s_magics.ports import free_port
 

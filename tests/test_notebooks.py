@@ -27,12 +27,8 @@ NOTEBOOKS = REPO / "notebooks"
 #: Where each executed notebook is kept, with its outputs: the docs render these copies.
 EXECUTED = REPO / "build" / "notebooks"
 _STARTED = time.time()
-ALL = (
-    "in_graph_walkthrough.ipynb",
-    "between_graph_walkthrough.ipynb",
-    "dashboard_tour.ipynb",
-    "trainer_and_serving.ipynb",
-)
+ALL = ("in_graph_walkthrough.ipynb", "between_graph_walkthrough.ipynb", "dashboard_tour.ipynb",
+       "trainer_and_serving.ipynb")
 
 
 def read_notebook(name: str):
@@ -40,9 +36,8 @@ def read_notebook(name: str):
 
     path = NOTEBOOKS / name
     if not path.exists():
-        pytest.fail(
-            f"{path.relative_to(REPO)} is missing: every example notebook in {ALL} must exist and run in CI."
-        )
+        pytest.fail(f"{path.relative_to(REPO)} is missing: every example notebook in {ALL} must "
+                    "exist and run in CI.")
     return nbformat.read(path, as_version=4)
 
 
@@ -63,23 +58,15 @@ def python3_kernel(tmp_path, monkeypatch):
     """Make the ``python3`` kernelspec start this interpreter, with this checkout importable."""
     kernels = tmp_path / "jupyter" / "kernels" / "python3"
     kernels.mkdir(parents=True)
-    (kernels / "kernel.json").write_text(
-        json.dumps(
-            {
-                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                "display_name": "Python 3 (tfk8s tests)",
-                "language": "python",
-            }
-        ),
-        encoding="utf-8",
-    )
-    monkeypatch.setenv(
-        "JUPYTER_PATH",
-        os.pathsep.join(p for p in (str(tmp_path / "jupyter"), os.environ.get("JUPYTER_PATH")) if p),
-    )
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    )
+    (kernels / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (tfk8s tests)",
+        "language": "python",
+    }), encoding="utf-8")
+    monkeypatch.setenv("JUPYTER_PATH", os.pathsep.join(
+        p for p in (str(tmp_path / "jupyter"), os.environ.get("JUPYTER_PATH")) if p))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     return "python3"
 
 
@@ -93,13 +80,9 @@ def run_notebook(state_dir, python3_kernel, tmp_path):
         nb = read_notebook(name)
         workdir = tmp_path / "work"
         workdir.mkdir()
-        client = NotebookClient(
-            nb,
-            kernel_name=python3_kernel,
-            timeout=600,
-            resources={"metadata": {"path": str(workdir)}},
-            on_cell_executed=on_cell_executed,
-        )
+        client = NotebookClient(nb, kernel_name=python3_kernel, timeout=600,
+                                resources={"metadata": {"path": str(workdir)}},
+                                on_cell_executed=on_cell_executed)
         try:
             client.execute()
         finally:
@@ -141,9 +124,8 @@ class Run:
 
     def cell(self, source_start: str):
         """The one code cell whose source starts with ``source_start``."""
-        found = [
-            c for c in self.nb.cells if c.cell_type == "code" and c.source.lstrip().startswith(source_start)
-        ]
+        found = [c for c in self.nb.cells
+                 if c.cell_type == "code" and c.source.lstrip().startswith(source_start)]
         assert len(found) == 1, f"{self.name}: {len(found)} cells start with {source_start!r}"
         return found[0]
 
@@ -158,21 +140,14 @@ class Run:
         return "\n".join(parts)
 
     def html(self, source_start: str) -> str:
-        return "\n".join(
-            out.data.get("text/html", "")
-            for out in self.cell(source_start).outputs
-            if out.output_type in ("display_data", "execute_result")
-        )
+        return "\n".join(out.data.get("text/html", "") for out in self.cell(source_start).outputs
+                         if out.output_type in ("display_data", "execute_result"))
 
     @property
     def stderr(self) -> str:
-        return "\n".join(
-            out.text
-            for c in self.nb.cells
-            if c.cell_type == "code"
-            for out in c.outputs
-            if out.output_type == "stream" and out.name == "stderr"
-        )
+        return "\n".join(out.text for c in self.nb.cells if c.cell_type == "code"
+                         for out in c.outputs
+                         if out.output_type == "stream" and out.name == "stderr")
 
 
 def task_line(text: str, task: str) -> str:
@@ -190,13 +165,8 @@ def test_in_graph_walkthrough(run_notebook):
     # The kernel is the chief of a cluster whose servers it sees.
     devices = nb.text("strategy = %tfcluster connect ig")
     assert "ParameterServerStrategy" in devices
-    for job in (
-        "chief/replica:0/task:0",
-        "ps/replica:0/task:0",
-        "ps/replica:0/task:1",
-        "worker/replica:0/task:0",
-        "worker/replica:0/task:1",
-    ):
+    for job in ("chief/replica:0/task:0", "ps/replica:0/task:0", "ps/replica:0/task:1",
+                "worker/replica:0/task:0", "worker/replica:0/task:1"):
         assert f"/job:{job}/device:CPU:0" in devices, devices
 
     # tf-keras variables live on the parameter servers, round-robin over both.
@@ -280,7 +250,8 @@ def test_between_graph_walkthrough(run_notebook):
     # The prose: the line shown for worker-1 is the last global step it reported, the total.
     assert re.fullmatch(r"worker-1: global step 100/100, .*", nb.text("reports = ").strip())
     for i in (0, 1):  # both trained the shared variables up to the total global step
-        final = re.search(rf"^worker-{i}: global step 100/100, loss [\d.]+, w \[([^\]]*)\]$", logs, re.M)
+        final = re.search(rf"^worker-{i}: global step 100/100, loss [\d.]+, w \[([^\]]*)\]$",
+                          logs, re.M)
         assert final, logs
         w = [float(v) for v in final[1].split(",")]
         assert w == pytest.approx([2.0, -1.0, 0.5, 3.0], abs=0.1), final[0]
@@ -364,17 +335,14 @@ def test_a_saved_notebook_records_how_its_cluster_ended(ending, state_dir, pytho
             "deadline = time.monotonic() + 300\n"
             "while not tk.get('short').status().terminal and time.monotonic() < deadline:\n"
             "    time.sleep(0.2)\n"
-            "time.sleep(3)  # the summary is drawn by the watcher's thread meanwhile"
-        ],
+            "time.sleep(3)  # the summary is drawn by the watcher's thread meanwhile"],
     }[ending]
     nb = nbformat.v4.new_notebook(
         cells=[nbformat.v4.new_code_cell(src) for src in ["%load_ext tfk8s_magics", SHORT_RUN, *then]],
-        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-    )
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
     (workdir := tmp_path / "work").mkdir()
-    NotebookClient(
-        nb, kernel_name=python3_kernel, timeout=600, resources={"metadata": {"path": str(workdir)}}
-    ).execute()
+    NotebookClient(nb, kernel_name=python3_kernel, timeout=600,
+                   resources={"metadata": {"path": str(workdir)}}).execute()
     path = tmp_path / "saved.ipynb"
     nbformat.write(nb, path)
     saved = nbformat.read(path, as_version=4)
@@ -394,13 +362,13 @@ def test_a_saved_notebook_records_how_its_cluster_ended(ending, state_dir, pytho
         plain = "final state of short\ncluster short (local, between): succeeded"
     assert "tfk8s-phase-succeeded" in html and "starting" not in html, html
     assert "line 2 &lt;b&gt;not bold&lt;/b&gt;" in html and "the script&#x27;s last line" in html, html
-    assert plain in "".join(o.data.get("text/plain", "") for o in outputs if o.output_type == "display_data")
+    assert plain in "".join(
+        o.data.get("text/plain", "") for o in outputs if o.output_type == "display_data")
     # Saved with widget state (nbclient's default, which nbconvert then embeds): the dashboard's
     # widgets hold the final state too, not the one of the last draw before the notebook ended.
     state = saved.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
-    headers = [
-        m["state"]["value"] for m in state.values() if "tfk8s-header" in str(m["state"].get("value", ""))
-    ]
+    headers = [m["state"]["value"] for m in state.values()
+               if "tfk8s-header" in str(m["state"].get("value", ""))]
     final = "deleted" if ending == "wait-then-delete" else "succeeded"
     assert len(headers) == 1 and f'data-phase="{final}"' in headers[0], headers
     # Saved as JupyterLab saves it by default (no widget state): nbconvert shows the summary.
@@ -456,8 +424,7 @@ def test_the_docs_show_the_notebooks_with_the_outputs_of_this_run(tmp_path):
     for name in ALL:
         copy = EXECUTED / name
         assert copy.exists() and copy.stat().st_mtime >= _STARTED, (
-            f"{copy.relative_to(REPO)} was not written by this run: run all of tests/test_notebooks.py."
-        )
+            f"{copy.relative_to(REPO)} was not written by this run: run all of tests/test_notebooks.py.")
     result = build_docs(tmp_path / "html", env={"TFK8S_DOCS_REQUIRE_OUTPUTS": "1"})
     assert result.returncode == 0, result.stderr[-6000:]
     for name in ALL:

@@ -35,30 +35,22 @@ from tfk8s_magics.backends.local import pool
 from tfk8s_magics.lifeline import pid_alive
 
 # -- which environments a pooled process can serve (no TensorFlow) -------------------------
-BASE = {
-    "PATH": "/usr/bin",
-    "TF_CPP_MIN_LOG_LEVEL": "2",
-    "TF_USE_LEGACY_KERAS": "1",
-    "PYTHONUNBUFFERED": "1",
-    "LD_PRELOAD": "/x/shim.so",
-}
+BASE = {"PATH": "/usr/bin", "TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "1",
+        "PYTHONUNBUFFERED": "1", "LD_PRELOAD": "/x/shim.so"}
 
 
-@pytest.mark.parametrize(
-    "change, cold_because",
-    [
-        ({}, ""),
-        ({"TF_CONFIG": "{}", "TFK8S_TASK": "worker-0", "TFK8S_SCRIPT": "/s.py"}, ""),  # per task, read late
-        ({"EPOCHS": "3", "MY_SETTING": "x"}, ""),  # the user's own variables, read by the script
-        ({"TF_CPP_MIN_LOG_LEVEL": "0"}, "TF_CPP_MIN_LOG_LEVEL is '0' for the task but '2' in the pool"),
-        ({"TF_USE_LEGACY_KERAS": None}, "TF_USE_LEGACY_KERAS is unset for the task"),
-        ({"OMP_NUM_THREADS": "1"}, "OMP_NUM_THREADS is set for the task and may be read at start-up"),
-        ({"TF_NUM_INTEROP_THREADS": "1"}, "TF_NUM_INTEROP_THREADS is set for the task"),
-        ({"CUDA_VISIBLE_DEVICES": ""}, "CUDA_VISIBLE_DEVICES is set for the task"),
-        ({"PYTHONHASHSEED": "0"}, "PYTHONHASHSEED is set for the task"),
-        ({"LD_PRELOAD": ""}, "LD_PRELOAD is '' for the task"),
-    ],
-)
+@pytest.mark.parametrize("change, cold_because", [
+    ({}, ""),
+    ({"TF_CONFIG": "{}", "TFK8S_TASK": "worker-0", "TFK8S_SCRIPT": "/s.py"}, ""),  # per task, read late
+    ({"EPOCHS": "3", "MY_SETTING": "x"}, ""),  # the user's own variables, read by the script
+    ({"TF_CPP_MIN_LOG_LEVEL": "0"}, "TF_CPP_MIN_LOG_LEVEL is '0' for the task but '2' in the pool"),
+    ({"TF_USE_LEGACY_KERAS": None}, "TF_USE_LEGACY_KERAS is unset for the task"),
+    ({"OMP_NUM_THREADS": "1"}, "OMP_NUM_THREADS is set for the task and may be read at start-up"),
+    ({"TF_NUM_INTEROP_THREADS": "1"}, "TF_NUM_INTEROP_THREADS is set for the task"),
+    ({"CUDA_VISIBLE_DEVICES": ""}, "CUDA_VISIBLE_DEVICES is set for the task"),
+    ({"PYTHONHASHSEED": "0"}, "PYTHONHASHSEED is set for the task"),
+    ({"LD_PRELOAD": ""}, "LD_PRELOAD is '' for the task"),
+])
 def test_import_time_variables_must_match_the_pool(change, cold_because):
     task = {k: v for k, v in {**BASE, **change}.items() if v is not None}
     why = pool.mismatch(BASE, task)
@@ -68,22 +60,18 @@ def test_import_time_variables_must_match_the_pool(change, cold_because):
 SHIM = "/x/shim.so"
 
 
-@pytest.mark.parametrize(
-    "pool_preload, task_preload, cold_because, off",
-    [
-        (SHIM, SHIM, "", False),  # behind the shim (in-graph, TFK8S_ISOLATION=loopback): as preloaded
-        (SHIM, None, "", True),  # in a private network namespace: no shim, so it is switched off
-        (f"{SHIM} /other.so", "/other.so", "", True),  # the kernel's own preload stays
-        (f"{SHIM} /other.so", f"{SHIM} /other.so", "", False),
-        (SHIM, "", "LD_PRELOAD is '' for the task", True),
-        (f"{SHIM} /other.so", "/third.so", "LD_PRELOAD is '/third.so' for the task", True),
-        (f"{SHIM} /other.so", None, "LD_PRELOAD is unset for the task", True),
-        (SHIM, f"/other.so {SHIM}", "LD_PRELOAD is '/other.so /x/shim.so' for the task", False),
-    ],
-)
+@pytest.mark.parametrize("pool_preload, task_preload, cold_because, off", [
+    (SHIM, SHIM, "", False),  # behind the shim (in-graph, TFK8S_ISOLATION=loopback): as preloaded
+    (SHIM, None, "", True),  # in a private network namespace: no shim, so it is switched off
+    (f"{SHIM} /other.so", "/other.so", "", True),  # the kernel's own preload stays
+    (f"{SHIM} /other.so", f"{SHIM} /other.so", "", False),
+    (SHIM, "", "LD_PRELOAD is '' for the task", True),
+    (f"{SHIM} /other.so", "/third.so", "LD_PRELOAD is '/third.so' for the task", True),
+    (f"{SHIM} /other.so", None, "LD_PRELOAD is unset for the task", True),
+    (SHIM, f"/other.so {SHIM}", "LD_PRELOAD is '/other.so /x/shim.so' for the task", False),
+])
 def test_a_task_without_the_pools_loopback_shim_runs_with_it_switched_off(
-    pool_preload, task_preload, cold_because, off
-):
+        pool_preload, task_preload, cold_because, off):
     pooled = {**BASE, "LD_PRELOAD": pool_preload}
     task = {k: v for k, v in {**BASE, "LD_PRELOAD": task_preload}.items() if v is not None}
     why = pool.mismatch(pooled, task, SHIM)
@@ -108,12 +96,8 @@ def test_the_pool_size_is_an_option_with_a_checked_env_var(monkeypatch):
 
 
 def test_the_cli_explains_that_a_pool_belongs_to_a_kernel():
-    out = subprocess.run(
-        [sys.executable, "-m", "tfk8s_magics.cli", "pool", "--size", "2"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", "pool", "--size", "2"],
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "belongs to the process that launches" in out.stderr
 
 
@@ -125,9 +109,8 @@ def test_an_expired_claim_is_answered_at_once_and_the_daemon_does_not_spin(tmp_p
     # importing" (sleep, in sessions of their own): the first is past its deadline.
     pool_dir = tmp_path / "pool"
     pool_dir.mkdir()
-    (pool_dir / "config.json").write_text(
-        json.dumps({"env": {}, "cwd": str(tmp_path), "size": 0, "owner": os.getpid()})
-    )
+    (pool_dir / "config.json").write_text(json.dumps(
+        {"env": {}, "cwd": str(tmp_path), "size": 0, "owner": os.getpid()}))
     daemon = pool.Daemon(pool_dir)
     sleepers = [subprocess.Popen(["sleep", "120"], start_new_session=True) for _ in range(2)]
     claimers = []
@@ -139,9 +122,8 @@ def test_an_expired_claim_is_answered_at_once_and_the_daemon_does_not_spin(tmp_p
     for deadline in (now - 1, now + 60):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(3)]  # log, ready and status pipes
-        daemon.wait_for(
-            pool.daemon._Claim(theirs, {"ns": None, "peer": os.getpid(), "wait": True}, fds, deadline)
-        )
+        daemon.wait_for(pool.daemon._Claim(theirs, {"ns": None, "peer": os.getpid(), "wait": True}, fds,
+                                           deadline))
         claimers.append(mine)
     calls = []
     select = daemon.sel.select
@@ -178,9 +160,8 @@ def _daemon_with_an_importing_process(tmp_path):
     claim for it: (daemon, that process, the claimer's end of the connection, the claim)."""
     pool_dir = tmp_path / "pool"
     pool_dir.mkdir()
-    (pool_dir / "config.json").write_text(
-        json.dumps({"env": {}, "cwd": str(tmp_path), "size": 0, "owner": os.getpid()})
-    )
+    (pool_dir / "config.json").write_text(json.dumps(
+        {"env": {}, "cwd": str(tmp_path), "size": 0, "owner": os.getpid()}))
     daemon = pool.Daemon(pool_dir)
     sleeper = subprocess.Popen(["sleep", "120"], start_new_session=True)
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -188,9 +169,8 @@ def _daemon_with_an_importing_process(tmp_path):
     fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(3)]  # log, ready and status pipes
     try:
         daemon.workers[sleeper.pid] = pool.daemon._Worker(sleeper, worker_sock, os.pidfd_open(sleeper.pid))
-        claim = pool.daemon._Claim(
-            theirs, {"ns": None, "peer": os.getpid(), "wait": True, "env": {}}, fds, time.monotonic() + 60
-        )
+        claim = pool.daemon._Claim(theirs, {"ns": None, "peer": os.getpid(), "wait": True, "env": {}}, fds,
+                            time.monotonic() + 60)
         yield daemon, sleeper, mine, claim
     finally:
         sleeper.kill()
@@ -335,19 +315,13 @@ def test_a_spare_namespace_is_joined_before_import_by_root_and_by_another_user(u
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd="/")
     assert done.returncode == 0, done.stderr
     mode = "netns" if uid == 0 else "userns+netns"
-    assert json.loads(done.stdout) == {
-        "mode": mode,
-        "fds": 1 if uid == 0 else 2,
-        "joined": mode,
-        "uid": uid,
-        "moved": True,
-        "host_reaches_it": False,
-    }
+    assert json.loads(done.stdout) == {"mode": mode, "fds": 1 if uid == 0 else 2, "joined": mode, "uid": uid,
+                                       "moved": True, "host_reaches_it": False}
 
 
 # -- real tasks ------------------------------------------------------------------------
 # What a task can observe about itself before and while running user code.
-PROBE = textwrap.dedent("""
+PROBE = textwrap.dedent('''
     import json, os, signal, socket, sys, locale
     import tensorflow as tf
 
@@ -392,7 +366,7 @@ PROBE = textwrap.dedent("""
     with open(path, "w") as f:
         json.dump(out, f)
     print("probe done", flush=True)
-""")
+''')
 
 
 @pytest.fixture
@@ -417,11 +391,8 @@ def _wait_idle(n: int, timeout: float = 180.0, kind: str = pool.NS) -> dict:
     """Start this process's pool if needed and wait until ``n`` processes of ``kind`` are idle."""
     sock = pool.ensure(kind)
     assert sock, "the pool did not start"
-    return wait_for(
-        lambda: (i := pool.info(sock)) and _idle(i, kind) >= n and i,
-        timeout,
-        f"{n} idle pooled processes ({kind})",
-    )
+    return wait_for(lambda: (i := pool.info(sock)) and _idle(i, kind) >= n and i, timeout,
+                    f"{n} idle pooled processes ({kind})")
 
 
 def _run_probe(local, name, env=None) -> tuple[dict, list]:
@@ -499,15 +470,9 @@ def test_pooled_tasks_live_wholly_in_their_clusters_own_namespace(local, workdir
     ns_a, _ = _wholly_in_own_namespace(local, first, host)
     held = os.open(f"/proc/{_supervisor(local, 'nsa')}/ns/net", os.O_RDONLY)  # its number stays its own
     try:
-        found = wait_for(
-            lambda: (
-                (i := pool.info(pool.current()))
-                and not any(p["reserved"] and p["state"] != "busy" for p in i["processes"])
-                and i
-            ),
-            30,
-            "the unclaimed process in its namespace to end",
-        )
+        found = wait_for(lambda: (i := pool.info(pool.current())) and not any(
+            p["reserved"] and p["state"] != "busy" for p in i["processes"]) and i, 30,
+            "the unclaimed process in its namespace to end")
         busy = {p["pid"] for p in found["processes"] if p["state"] == "busy"}
         assert found["claimed"] == 2 and len(busy) == 2 and busy <= spares
         assert not (spares - busy) & {p["pid"] for p in found["processes"]}  # the third ended
@@ -583,14 +548,14 @@ def test_a_different_import_time_variable_starts_cold(local, workdir, warm):
 def test_exit_codes_signals_and_restarts_are_the_cold_ones(local, workdir, warm):
     _wait_idle(2)
     # First run: killed by SIGKILL (retried); the restart exits 7 (a user error: failed).
-    script = textwrap.dedent("""
+    script = textwrap.dedent('''
         import os, signal
         marker = os.path.join(os.environ["TFK8S_LOG_DIR"], "ran-once")
         if not os.path.exists(marker):
             open(marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
         raise SystemExit(7)
-    """)
+    ''')
     cluster = tk.launch("codes", workers=1, restart_budget=1, script=script, backend=local)
     *_, st = cluster.watch()
     task = st.task("worker-0")
@@ -604,12 +569,10 @@ def test_exit_codes_signals_and_restarts_are_the_cold_ones(local, workdir, warm)
 @pytest.mark.slow
 def test_a_pooled_task_dies_with_its_supervisor(local, workdir, warm):
     _wait_idle(1)
-    cluster = tk.launch(
-        "orphan", workers=1, script="import time\nprint('up', flush=True)\ntime.sleep(600)\n", backend=local
-    )
-    st = wait_for(
-        lambda: (s := cluster.status()).task("worker-0").phase == Phase.RUNNING and s, 120, "the task running"
-    )
+    cluster = tk.launch("orphan", workers=1, script="import time\nprint('up', flush=True)\ntime.sleep(600)\n",
+                        backend=local)
+    st = wait_for(lambda: (s := cluster.status()).task("worker-0").phase == Phase.RUNNING and s,
+                  120, "the task running")
     pid = st.task("worker-0").pid
     sup = json.loads((local.clusters_dir / "orphan" / "status.json").read_text())["supervisor_pid"]
     os.kill(sup, signal.SIGKILL)
@@ -654,7 +617,7 @@ def test_a_daemon_double_forked_by_a_pooled_task_dies_with_its_cluster(local, wo
 
 @pytest.mark.slow
 def test_the_pool_dies_with_its_owner_and_leaves_nothing(tmp_path, xdg_runtime):
-    owner = textwrap.dedent("""
+    owner = textwrap.dedent('''
         import json, os, sys, time
         os.environ["TFK8S_POOL_SIZE"] = "1"
         from tfk8s_magics.backends.local import pool
@@ -665,14 +628,9 @@ def test_the_pool_dies_with_its_owner_and_leaves_nothing(tmp_path, xdg_runtime):
         print(json.dumps({"daemon": i["pid"], "procs": [p["pid"] for p in i["processes"]],
                           "dir": i["dir"], "sock": sock, "kind": i["processes"][0]["kind"]}), flush=True)
         time.sleep(600)
-    """)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", owner],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "TFK8S_POOL_SIZE": "1"},
-    )
+    ''')
+    proc = subprocess.Popen([sys.executable, "-c", owner], stdout=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env={**os.environ, "TFK8S_POOL_SIZE": "1"})
     held = None
     try:
         seen = json.loads(proc.stdout.readline())
@@ -725,7 +683,7 @@ def test_pool_command_shows_size_and_idle_memory(warm):
 @pytest.mark.slow
 def test_an_in_graph_launch_imports_tensorflow_while_the_cluster_starts(tmp_path):
     # A fresh process (a new kernel): the launch starts the import; connect waits for it, not anew.
-    kernel = textwrap.dedent("""
+    kernel = textwrap.dedent('''
         import json, sys
         import tfk8s_magics as tk
         from tfk8s_magics import ingraph
@@ -738,15 +696,9 @@ def test_an_in_graph_launch_imports_tensorflow_while_the_cluster_starts(tmp_path
         strategy = tk.connect("pre", backend=be)
         print(json.dumps({"threads": started, "strategy": type(strategy).__name__}), flush=True)
         cluster.delete()
-    """)
-    done = subprocess.run(
-        [sys.executable, "-c", kernel, str(tmp_path / "state")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-        env={**os.environ, "TFK8S_POOL_SIZE": "0"},
-    )
+    ''')
+    done = subprocess.run([sys.executable, "-c", kernel, str(tmp_path / "state")], capture_output=True,
+                          text=True, timeout=600, cwd=tmp_path, env={**os.environ, "TFK8S_POOL_SIZE": "0"})
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["threads"] == "tfk8s-import-tensorflow"
@@ -758,7 +710,7 @@ def test_an_in_graph_launch_imports_tensorflow_while_the_cluster_starts(tmp_path
 def test_a_kernel_with_a_warm_pool_imports_tensorflow_in_the_background(tmp_path, xdg_runtime, warm_kernel):
     # The owner is the client of its in-graph clusters: with a warm pool it is warm too, so a
     # sub-second warm launch is not followed by seconds of connect importing TensorFlow.
-    kernel = textwrap.dedent("""
+    kernel = textwrap.dedent('''
         import json, sys
         from tfk8s_magics import ingraph
         from tfk8s_magics.backends.local import pool
@@ -769,24 +721,15 @@ def test_a_kernel_with_a_warm_pool_imports_tensorflow_in_the_background(tmp_path
         pool.shutdown()
         print(json.dumps({"sock": bool(sock), "thread": thread, "imported": imported,
                           "tf": "tensorflow" in sys.modules}), flush=True)
-    """)
-    done = subprocess.run(
-        [sys.executable, "-c", kernel],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-        env={**os.environ, "TFK8S_POOL_SIZE": "1", "TFK8S_WARM_KERNEL": warm_kernel},
-    )
+    ''')
+    done = subprocess.run([sys.executable, "-c", kernel], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path, env={**os.environ, "TFK8S_POOL_SIZE": "1",
+                                             "TFK8S_WARM_KERNEL": warm_kernel})
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     on = warm_kernel == "1"
-    assert out == {
-        "sock": True,
-        "thread": "tfk8s-import-tensorflow" if on else None,
-        "imported": on,
-        "tf": on,
-    }, out
+    assert out == {"sock": True, "thread": "tfk8s-import-tensorflow" if on else None,
+                   "imported": on, "tf": on}, out
 
 
 @pytest.mark.slow
@@ -825,11 +768,8 @@ def test_tfcluster_list_shows_what_the_warm_pools_of_this_user_hold(warm, capsys
     shell.run_line_magic("tfcluster", "list")
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("warm pool of this user:"))
-    assert re.search(
-        r"\d+ TensorFlow process(es)? waiting, \d+ MiB PSS, shared by 1 kernel "
-        r"\(this kernel's included\)",
-        line,
-    ), line
+    assert re.search(r"\d+ TensorFlow process(es)? waiting, \d+ MiB PSS, shared by 1 kernel "
+                     r"\(this kernel's included\)", line), line
     mine = sum(p["pss"] for p in pool.info(found["socket"])["processes"]) / 2**20
     assert int(re.search(r"waiting, (\d+) MiB PSS", line)[1]) == pytest.approx(mine, rel=0.25, abs=20)
     assert int(re.search(r"waiting, (\d+) MiB PSS", line)[1]) > 100  # TensorFlow imported: hundreds of MiB

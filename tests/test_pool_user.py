@@ -29,23 +29,18 @@ from tfk8s_magics.backends.local import pool
 from tfk8s_magics.lifeline import pid_alive
 
 #: A kernel: joins (or starts) this user's pool, says which, then lives until killed.
-KERNEL = textwrap.dedent("""
+KERNEL = textwrap.dedent('''
     import json, os, sys, time
     from tfk8s_magics.backends.local import pool
     sock = pool.ensure()
     print(json.dumps({"sock": sock, "daemon": pool.daemon_pid(), "pid": os.getpid()}), flush=True)
     time.sleep(600)
-""")
+''')
 
 
 def _kernel(cwd: Path) -> tuple[subprocess.Popen, dict]:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", KERNEL],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, "TFK8S_WARM_KERNEL": "0"},
-    )
+    proc = subprocess.Popen([sys.executable, "-c", KERNEL], stdout=subprocess.PIPE, text=True, cwd=cwd,
+                            env={**os.environ, "TFK8S_WARM_KERNEL": "0"})
     line = proc.stdout.readline()
     assert line, f"the kernel exited ({proc.wait()})"
     return proc, json.loads(line)
@@ -57,8 +52,7 @@ def _idle_pids(found: dict) -> set[int]:
 
 @pytest.mark.slow
 def test_two_kernels_share_one_pool_of_its_size_that_ends_with_the_last_of_them(
-    tmp_path, xdg_runtime, monkeypatch
-):
+        tmp_path, xdg_runtime, monkeypatch):
     monkeypatch.setenv("TFK8S_POOL_SIZE", "2")
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()  # kernels of notebooks in different folders share it too
@@ -70,11 +64,8 @@ def test_two_kernels_share_one_pool_of_its_size_that_ends_with_the_last_of_them(
         kernels.append(b)
         assert seen_a["sock"] == seen_b["sock"] and seen_a["daemon"] == seen_b["daemon"]
         daemon = seen_a["daemon"]
-        found = wait_for(
-            lambda: (i := pool.info(seen_a["sock"])) and len(_idle_pids(i)) >= 2 and i,
-            300,
-            "two idle pooled processes",
-        )
+        found = wait_for(lambda: (i := pool.info(seen_a["sock"])) and len(_idle_pids(i)) >= 2 and i, 300,
+                         "two idle pooled processes")
         assert found["owners"] == sorted([a.pid, b.pid])
         assert len(found["processes"]) == 2  # the size, not two per kernel
         assert all(p["pss"] > 50 * 2**20 for p in found["processes"])  # each imported TensorFlow
@@ -84,11 +75,8 @@ def test_two_kernels_share_one_pool_of_its_size_that_ends_with_the_last_of_them(
         # The first kernel (the one that started the daemon) ends: the pool serves the other.
         a.kill()
         a.wait()
-        found = wait_for(
-            lambda: (i := pool.info(seen_a["sock"])) and i["owners"] == [b.pid] and i,
-            30,
-            "the pool to drop the dead kernel",
-        )
+        found = wait_for(lambda: (i := pool.info(seen_a["sock"])) and i["owners"] == [b.pid] and i, 30,
+                         "the pool to drop the dead kernel")
         assert _idle_pids(found) == procs and pid_alive(daemon)
         # The last owner ends (SIGKILL: no clean-up of its own): the pool ends, leaving nothing.
         b.kill()
@@ -125,11 +113,8 @@ def test_an_unused_pool_empties_after_its_idle_time_and_the_next_launch_refills_
     first = wait_for(lambda: (i := pool.info(sock)) and _idle_pids(i) and i, 300, "an idle pooled process")
     assert first["idle_timeout"] == 4 and not first["shrunk"]
     # Unused for 4 s (no launch, no claim): its process ends, the daemon stays for its owner.
-    emptied = wait_for(
-        lambda: (i := pool.info(sock)) and i["shrunk"] and not i["processes"] and i,
-        60,
-        "the pool to empty itself",
-    )
+    emptied = wait_for(lambda: (i := pool.info(sock)) and i["shrunk"] and not i["processes"] and i, 60,
+                       "the pool to empty itself")
     assert all(not pid_alive(p) for p in _idle_pids(first))
     assert emptied["pid"] == first["pid"] and "emptied (unused)" in pool.describe(emptied)
     assert "0 TensorFlow processes waiting" in pool.memory_line()
@@ -153,18 +138,12 @@ def test_the_pool_takes_a_new_size_for_every_kernel_sharing_it(xdg_runtime, monk
         sock = pool.ensure(pool.HOST)
         wait_for(lambda: len(_idle_pids(pool.info(sock))) == 1, 300, "one idle pooled process")
         pool.resize(3)
-        found = wait_for(
-            lambda: (i := pool.info(sock)) and len(_idle_pids(i)) == 3 and i,
-            600,
-            "three idle pooled processes",
-        )
+        found = wait_for(lambda: (i := pool.info(sock)) and len(_idle_pids(i)) == 3 and i, 600,
+                         "three idle pooled processes")
         assert found["size"] == 3 and len(found["processes"]) == 3
         pool.resize(1)
-        found = wait_for(
-            lambda: (i := pool.info(sock)) and len(i["processes"]) == 1 and i,
-            30,
-            "the pool to keep one process",
-        )
+        found = wait_for(lambda: (i := pool.info(sock)) and len(i["processes"]) == 1 and i, 30,
+                         "the pool to keep one process")
         assert found["size"] == 1
     finally:
         daemon = pool.daemon_pid()
@@ -173,7 +152,7 @@ def test_the_pool_takes_a_new_size_for_every_kernel_sharing_it(xdg_runtime, monk
 
 
 #: Another user's process: connect to the socket, ask to claim (with three descriptors) and to join.
-INTRUDER = textwrap.dedent("""
+INTRUDER = textwrap.dedent('''
     import json, os, socket, sys
     out = {"uid": os.getuid()}
     for name, path in (("private", sys.argv[1]), ("linked", sys.argv[2])):
@@ -190,7 +169,7 @@ INTRUDER = textwrap.dedent("""
         except OSError as e:
             out[name] = e.__class__.__name__
     print(json.dumps(out))
-""")
+''')
 
 
 def test_another_user_can_neither_reach_nor_use_the_pool(tmp_path, xdg_runtime):
@@ -198,9 +177,8 @@ def test_another_user_can_neither_reach_nor_use_the_pool(tmp_path, xdg_runtime):
         pytest.skip("needs root, setpriv and /usr/bin/python3 to run as another uid")
     sock = pool.socket_path("intrudertest0000")
     pool_dir = Path(tempfile.mkdtemp(prefix="pool-intruder-", dir=pool.runtime_dir()))
-    (pool_dir / "config.json").write_text(
-        json.dumps({"env": {}, "size": 0, "owner": os.getpid(), "socket": sock, "idle": 0})
-    )
+    (pool_dir / "config.json").write_text(json.dumps(
+        {"env": {}, "size": 0, "owner": os.getpid(), "socket": sock, "idle": 0}))
     daemon = pool.Daemon(pool_dir)
     ready_r, ready_w = os.pipe()
     loop = threading.Thread(target=daemon.run, args=(ready_w,), daemon=True)
@@ -214,25 +192,9 @@ def test_another_user_can_neither_reach_nor_use_the_pool(tmp_path, xdg_runtime):
         public.chmod(0o755)
         os.link(sock, public / "sock")
         os.chmod(public / "sock", 0o666)
-        done = subprocess.run(
-            [
-                "setpriv",
-                "--reuid",
-                "65534",
-                "--regid",
-                "65534",
-                "--clear-groups",
-                "/usr/bin/python3",
-                "-c",
-                INTRUDER,
-                sock,
-                str(public / "sock"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd="/",
-        )
+        done = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                               "/usr/bin/python3", "-c", INTRUDER, sock, str(public / "sock")],
+                              capture_output=True, text=True, timeout=60, cwd="/")
         assert done.returncode == 0, done.stderr
         out = json.loads(done.stdout)
         assert out["uid"] == 65534
@@ -264,12 +226,8 @@ def test_a_start_sweeps_what_killed_pools_left_and_nothing_else(xdg_runtime):
     live.bind(str(root / "pool-00000000000000bb.sock"))
     live.listen(1)
     folders = {}
-    for name, pid in (
-        ("pool-00000000000000aa-x", dead.pid),
-        ("pool-00000000000000bb-x", os.getpid()),
-        (f"pool-{dead.pid}-x", None),
-        (f"pool-{os.getpid()}-x", None),
-    ):
+    for name, pid in (("pool-00000000000000aa-x", dead.pid), ("pool-00000000000000bb-x", os.getpid()),
+                      (f"pool-{dead.pid}-x", None), (f"pool-{os.getpid()}-x", None)):
         (root / name).mkdir()
         if pid is not None:
             (root / name / "daemon.pid").write_text(str(pid))
@@ -279,9 +237,8 @@ def test_a_start_sweeps_what_killed_pools_left_and_nothing_else(xdg_runtime):
         with pool.owner._start_lock() as locked:
             assert locked == root
             pool.owner._sweep(locked)
-        assert sorted(p.name for p in root.iterdir()) == sorted(
-            ["pool-00000000000000bb.sock", "pool-00000000000000bb-x", f"pool-{os.getpid()}-x"]
-        )
+        assert sorted(p.name for p in root.iterdir()) == sorted([
+            "pool-00000000000000bb.sock", "pool-00000000000000bb-x", f"pool-{os.getpid()}-x"])
     finally:
         live.close()
         for p in root.iterdir():

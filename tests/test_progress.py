@@ -112,14 +112,10 @@ def test_callback_is_not_what_tensorflow_calls_slow(tmp_path, monkeypatch):
                       callbacks=[tfk8s_magics.progress_callback()])
         print("FIT DONE", flush=True)
     """)
-    env = {
-        **os.environ,
-        "TF_USE_LEGACY_KERAS": "1",
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-        "TFK8S_PROGRESS_FILE": str(tmp_path / "progress.jsonl"),
-        "TFK8S_TASK": "worker-0",
-    }
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "TFK8S_PROGRESS_FILE": str(tmp_path / "progress.jsonl"), "TFK8S_TASK": "worker-0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
     assert "FIT DONE" in out.stdout, out.stderr[-3000:]
     assert "is slow compared to the batch time" not in out.stderr, out.stderr[-3000:]
     records = [json.loads(x) for x in (tmp_path / "progress.jsonl").read_text().splitlines()]

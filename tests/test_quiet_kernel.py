@@ -22,14 +22,8 @@ def _ipython(tmp_path, code: str) -> subprocess.CompletedProcess:
     script.write_text(code)
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     env.update(IPYTHONDIR=str(ipdir), PYTHONPATH=str(REPO), TFK8S_STATE_DIR=str(tmp_path / "state"))
-    return subprocess.run(
-        [sys.executable, "-m", "IPython", "--no-banner", "--colors=NoColor", str(script)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    return subprocess.run([sys.executable, "-m", "IPython", "--no-banner", "--colors=NoColor",
+                           str(script)], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
 
 
 def test_a_notebooks_load_ext_prints_nothing_in_a_lab_kernel(tmp_path):
@@ -41,15 +35,11 @@ def test_a_notebooks_load_ext_prints_nothing_in_a_lab_kernel(tmp_path):
 
 @pytest.mark.slow
 def test_importing_tensorflow_first_in_a_lab_kernel_is_quiet(tmp_path):
-    out = _ipython(tmp_path, "import tensorflow as tf\nprint('TF', tf.__version__)\n%load_ext tfk8s_magics\n")
+    out = _ipython(tmp_path, "import tensorflow as tf\nprint('TF', tf.__version__)\n"
+                             "%load_ext tfk8s_magics\n")
     assert "TF " in out.stdout, out.stderr[-2000:]
-    noise = (
-        "cudart_stub",
-        "oneDNN custom operations",
-        "absl::InitializeLog",
-        "rebuild TensorFlow",
-        "already loaded",
-    )
+    noise = ("cudart_stub", "oneDNN custom operations", "absl::InitializeLog", "rebuild TensorFlow",
+             "already loaded")
     assert not [n for n in noise if n in out.stdout + out.stderr], out.stderr[-3000:]
 
 
@@ -57,15 +47,12 @@ def test_importing_tensorflow_first_in_a_lab_kernel_is_quiet(tmp_path):
 def test_connect_prints_no_tensorflow_info_lines(tmp_path):
     """``connect`` built the strategy with TensorFlow's INFO lines on stderr (six, two of them
     twice); a quiet lab shows none of them."""
-    out = _ipython(
-        tmp_path,
-        "import os\nos.environ['TFK8S_POOL_SIZE'] = '0'\n"
-        "import tfk8s_magics as tk\n"
-        "c = tk.launch('ig', mode='in-graph', ps=1, workers=1, wait_ready=240)\n"
-        "print('CONNECTING', flush=True)\n"
-        "s = tk.connect('ig')\n"
-        "print('CONNECTED', type(s).__name__, flush=True)\n"
-        "c.delete()\n",
-    )
+    out = _ipython(tmp_path, "import os\nos.environ['TFK8S_POOL_SIZE'] = '0'\n"
+                             "import tfk8s_magics as tk\n"
+                             "c = tk.launch('ig', mode='in-graph', ps=1, workers=1, wait_ready=240)\n"
+                             "print('CONNECTING', flush=True)\n"
+                             "s = tk.connect('ig')\n"
+                             "print('CONNECTED', type(s).__name__, flush=True)\n"
+                             "c.delete()\n")
     assert "CONNECTED ParameterServerStrategy" in out.stdout, out.stderr[-3000:]
     assert "INFO:tensorflow" not in out.stdout + out.stderr, out.stderr[-3000:]

@@ -19,12 +19,8 @@ from tfk8s_magics.backends import Phase
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
 #: The README and every docs page a reader sees (generated pages are derived from the code).
-PAGES = [
-    REPO / "README.md",
-    *sorted(
-        p for p in (REPO / "docs").rglob("*.md") if "_generated" not in p.parts and "_build" not in p.parts
-    ),
-]
+PAGES = [REPO / "README.md", *sorted(p for p in (REPO / "docs").rglob("*.md")
+                                     if "_generated" not in p.parts and "_build" not in p.parts)]
 
 
 def blocks(text: str, lang: str) -> list[str]:
@@ -134,11 +130,8 @@ def test_a_line_with_a_flag_that_does_not_exist_fails_the_parse_check():
 
 def test_cells_keep_a_triple_quoted_string_with_blank_lines_whole():
     block = "x = '''\na\n\nb\n'''\n\n%tfcluster list\n\n%%tfcluster launch y\nprint(1)\n\nprint(2)\n"
-    assert cells(block) == [
-        "x = '''\na\n\nb\n'''",
-        "%tfcluster list",
-        "%%tfcluster launch y\nprint(1)\n\nprint(2)",
-    ]
+    assert cells(block) == ["x = '''\na\n\nb\n'''", "%tfcluster list",
+                            "%%tfcluster launch y\nprint(1)\n\nprint(2)"]
 
 
 @pytest.mark.slow
@@ -148,12 +141,7 @@ def test_the_readme_terminal_example_runs_as_written(state_dir, workdir):
     body = next(c for c in cells(block) if c.startswith("%%tfcluster launch"))
     (workdir / "train.py").write_text(body.split("\n", 1)[1], encoding="utf-8")
     command = "tfk8s submit NAME --script train.py --workers 2".replace("NAME", "readme-cli").split()
-    proc = subprocess.run(
-        [sys.executable, "-m", "tfk8s_magics.cli", *command[1:], "--follow"],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    proc = subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", *command[1:], "--follow"],
+                          cwd=workdir, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert "readme-cli: succeeded" in proc.stdout

@@ -77,432 +77,166 @@ def _play(rule: RestartRule, step: tuple) -> list:
 
 # (id, spec, budget, [(step, expected actions)], restarts used at the end)
 ROWS = [
-    (
-        "a killed worker of three: one incident, the group ends first, then all start",
-        BETWEEN_3,
-        2,
-        [
-            (
-                ("end", "worker-1", KILL, 10.0),
-                [
-                    EndTasks(("worker-0", "worker-2"), "restart"),
-                    Restart("worker-1", "killed by SIGKILL; restart 1 of 2", deferred=True),
-                ],
-            ),
-            (
-                ("end", "worker-0", TERM, 10.2),
-                [
-                    Restart(
-                        "worker-0", "restarted with its group (worker-1: killed by SIGKILL)", deferred=True
-                    )
-                ],
-            ),
-            (
-                ("end", "worker-2", LOST, 10.3),
-                [
-                    Restart("worker-2", "restarted with its group (worker-1: killed by SIGKILL)"),
-                    StartDeferred(("worker-1", "worker-0")),
-                ],
-            ),
-        ],
-        1,
-    ),
-    (
-        "a killed worker is the cause even when a peer that noticed is already a zombie",
-        BETWEEN_3,
-        2,
-        [
-            (
-                ("end", "worker-1", KILL, 10.0, ("worker-2", "worker-2 had ended (its end not handled yet)")),
-                [
-                    EndTasks(("worker-0", "worker-2"), "restart"),
-                    Restart("worker-1", "killed by SIGKILL; restart 1 of 2", deferred=True),
-                ],
-            ),
-            (
-                ("end", "worker-2", LOST, 10.0),
-                [
-                    Restart(
-                        "worker-2", "restarted with its group (worker-1: killed by SIGKILL)", deferred=True
-                    )
-                ],
-            ),
-            (
-                ("end", "worker-0", TERM, 10.2),
-                [
-                    Restart("worker-0", "restarted with its group (worker-1: killed by SIGKILL)"),
-                    StartDeferred(("worker-1", "worker-2")),
-                ],
-            ),
-        ],
-        1,
-    ),
-    (
-        "the same worker killed again after the incident's window: a second restart",
-        BETWEEN_3,
-        2,
-        [
-            (
-                ("end", "worker-1", KILL, 10.0),
-                [
-                    EndTasks(("worker-0", "worker-2"), "restart"),
-                    Restart("worker-1", "killed by SIGKILL; restart 1 of 2", deferred=True),
-                ],
-            ),
-            (
-                ("end", "worker-0", TERM, 10.1),
-                [
-                    Restart(
-                        "worker-0", "restarted with its group (worker-1: killed by SIGKILL)", deferred=True
-                    )
-                ],
-            ),
-            (
-                ("end", "worker-2", TERM, 10.2),
-                [
-                    Restart("worker-2", "restarted with its group (worker-1: killed by SIGKILL)"),
-                    StartDeferred(("worker-1", "worker-0")),
-                ],
-            ),
-            (
-                ("end", "worker-2", KILL, 90.0),
-                [
-                    EndTasks(("worker-0", "worker-1"), "restart"),
-                    Restart("worker-2", "killed by SIGKILL; restart 2 of 2", deferred=True),
-                ],
-            ),
-        ],
-        2,
-    ),
-    (
-        "a PS lost, the workers notice 0.2 s and 7 s later: one restart (between-graph)",
-        BETWEEN_PS,
-        2,
-        [
-            (
-                ("end", "ps-0", KILL, 10.0),
-                [
-                    EndTasks(("worker-0", "worker-1"), "restart"),
-                    Restart("ps-0", "killed by SIGKILL; restart 1 of 2", deferred=True),
-                ],
-            ),
-            (
-                ("end", "worker-0", LOST, 10.2),
-                [Restart("worker-0", "restarted with its group (ps-0: killed by SIGKILL)", deferred=True)],
-            ),
-            (
-                ("end", "worker-1", LOST, 17.0),
-                [
-                    Restart("worker-1", "restarted with its group (ps-0: killed by SIGKILL)"),
-                    StartDeferred(("ps-0", "worker-0")),
-                ],
-            ),
-        ],
-        1,
-    ),
-    (
-        "in-graph: a PS lost, servers notice in the window and 30 s late: not counted again",
-        IN_GRAPH,
-        2,
-        [
-            (("end", "ps-0", KILL, 10.0), [Restart("ps-0", "killed by SIGKILL; restart 1 of 2")]),
-            (
-                ("end", "worker-0", LOST, 10.2),
-                [Restart("worker-0", "lost a peer (exit code 75); same incident as ps-0: killed by SIGKILL")],
-            ),
-            (
-                ("end", "worker-1", LOST, 45.0),
-                [  # running since before the incident: its late notice
-                    Restart(
-                        "worker-1", "lost a peer (exit code 75); same incident as ps-0: killed by SIGKILL"
-                    )
-                ],
-            ),
-            (
-                ("end", "worker-0", LOST, 50.0),
-                [  # restarted in it: a new loss, a new incident
-                    Restart("worker-0", "lost a peer (exit code 75); restart 2 of 2")
-                ],
-            ),
-        ],
-        2,
-    ),
-    (
-        "a second end of a task restarted in the incident is a new failure",
-        IN_GRAPH,
-        2,
-        [
-            (("end", "ps-0", KILL, 10.0), [Restart("ps-0", "killed by SIGKILL; restart 1 of 2")]),
-            (("end", "ps-0", KILL, 12.0), [Restart("ps-0", "killed by SIGKILL; restart 2 of 2")]),
-            (
-                ("end", "ps-0", KILL, 14.0),
-                [
-                    Fail(
-                        "ps-0 failed: killed by SIGKILL (restart budget 2 used up)",
-                        "ps-0",
-                        "killed by SIGKILL (restart budget 2 used up)",
-                    )
-                ],
-            ),
-        ],
-        2,
-    ),
-    (
-        "a peer lost after its group restarted: the stopped peer is named and restarts",
-        BETWEEN_2,
-        2,
-        [
-            (
-                ("end", "worker-0", LOST, 10.0, STOPPED_PEER),
-                [
-                    Blame("worker-1", f"{STOPPED_PEER[1]}; worker-0 lost it (lost a peer (exit code 75))"),
-                    EndTasks(("worker-1",), "restart"),
-                    Restart("worker-0", LOST_W1, deferred=True),
-                ],
-            ),
-            (
-                ("end", "worker-1", KILL, 15.0),
-                [
-                    Restart("worker-1", f"{STOPPED_PEER[1]}; restart 1 of 2 (the cause of this incident)"),
-                    StartDeferred(("worker-0",)),
-                ],
-            ),
-            (
-                ("end", "worker-0", LOST, 20.0),
-                [  # restarted already: counted, its group restarts
-                    EndTasks(("worker-1",), "restart"),
-                    Restart("worker-0", "lost a peer (exit code 75); restart 2 of 2", deferred=True),
-                ],
-            ),
-        ],
-        2,
-    ),
-    (
-        "a zombie peer: named, and its own end told once it is reaped",
-        BETWEEN_2,
-        2,
-        [
-            (
-                ("end", "worker-0", LOST, 10.0, ZOMBIE_PEER),
-                [
-                    Blame("worker-1", f"{ZOMBIE_PEER[1]}; worker-0 lost it (lost a peer (exit code 75))"),
-                    EndTasks(("worker-1",), "restart"),
-                    Restart("worker-0", LOST_W1, deferred=True),
-                ],
-            ),
-            (
-                ("end", "worker-1", KILL, 10.0),
-                [
-                    Restart("worker-1", "killed by SIGKILL; restart 1 of 2 (the cause of this incident)"),
-                    StartDeferred(("worker-0",)),
-                ],
-            ),
-        ],
-        1,
-    ),
-    (
-        "a stopped peer with no budget: the cause fails the cluster, named",
-        BETWEEN_2,
-        0,
-        [
-            (
-                ("end", "worker-0", LOST, 10.0, STOPPED_PEER),
-                [
-                    Blame(
-                        "worker-1",
-                        f"{STOPPED_PEER[1]}; worker-0 lost it "
-                        "(lost a peer (exit code 75) (restart budget 0 used up))",
-                    ),
-                    Fail(
-                        f"worker-1 failed: {STOPPED_PEER[1]}; worker-0 lost it "
-                        "(lost a peer (exit code 75) (restart budget 0 used up))",
-                        "worker-0",
-                        "lost worker-1 (lost a peer (exit code 75) (restart budget 0 used up))",
-                    ),
-                ],
-            ),
-            (("stop", True), []),
-            (("end", "worker-1", KILL, 11.0), [SettleTask("worker-1", "failed", STOPPED_PEER[1])]),
-        ],
-        0,
-    ),
-    (
-        "an evaluator's end restarts it alone; its exit 1 fails the cluster",
-        BETWEEN_EVAL,
-        2,
-        [
-            (
-                ("end", "evaluator-0", KILL, 10.0),
-                [Restart("evaluator-0", "killed by SIGKILL; restart 1 of 2")],
-            ),
-            (
-                ("end", "evaluator-0", RAISED, 60.0),
-                [
-                    Fail(
-                        "evaluator-0 failed: the script raised an exception (exit code 1); "
-                        "the traceback is in its log",
-                        "evaluator-0",
-                        "the script raised an exception (exit code 1); the traceback is in its log",
-                    )
-                ],
-            ),
-        ],
-        1,
-    ),
-    (
-        "the workers finish; the evaluator is recycled after the grace period",
-        BETWEEN_EVAL,
-        2,
-        [
-            (("end", "worker-0", OK, 10.0), [Succeed("worker-0", "exit code 0")]),
-            (("end", "worker-1", OK, 11.0), [Succeed("worker-1", "exit code 0")]),
-            (("recycle", "evaluator-0"), []),  # the supervisor's grace period is over
-            (
-                ("end", "evaluator-0", TERM, 41.0),
-                [SettleTask("evaluator-0", "succeeded", "recycled after the workers finished")],
-            ),
-        ],
-        0,
-    ),
-    (
-        "a port taken: moved and every task restarted with the new addresses, not counted",
-        IN_GRAPH,
-        0,
-        [
-            (("end", "worker-1", PORT, 1.0), [MovePort("worker-1")]),
-            (
-                ("moved", "worker-1", "127.0.0.1:4000", 1.1),
-                [
-                    EndTasks(("ps-0", "worker-0"), "ports"),
-                    Restart("worker-1", "on a new port (127.0.0.1:4000 was taken)", deferred=True),
-                ],
-            ),
-            (
-                ("end", "ps-0", TERM, 1.2),
-                [Restart("ps-0", "restarted with the cluster's new addresses (not counted)", deferred=True)],
-            ),
-            (
-                ("end", "worker-0", TERM, 1.3),
-                [
-                    Restart("worker-0", "restarted with the cluster's new addresses (not counted)"),
-                    StartDeferred(("worker-1", "ps-0")),
-                ],
-            ),
-        ],
-        0,
-    ),
-    (
-        f"a port taken {PORT_MOVES + 1} times: the last is the task's failure",
-        dict(IN_GRAPH, workers=1),
-        2,
-        [
-            step
-            for _ in range(PORT_MOVES)
-            for step in [
-                (("end", "worker-0", PORT, 1.0), [MovePort("worker-0")]),
-                (
-                    ("moved", "worker-0", "127.0.0.1:4000", 1.1),
-                    [
-                        EndTasks(("ps-0",), "ports"),
-                        Restart("worker-0", "on a new port (127.0.0.1:4000 was taken)", deferred=True),
-                    ],
-                ),
-                (
-                    ("end", "ps-0", TERM, 1.2),
-                    [
-                        Restart("ps-0", "restarted with the cluster's new addresses (not counted)"),
-                        StartDeferred(("worker-0",)),
-                    ],
-                ),
-            ]
-        ]
-        + [
-            (
-                ("end", "worker-0", PORT, 2.0),
-                [Fail("worker-0 failed: exit code 3", "worker-0", "exit code 3")],
-            ),
-        ],
-        0,
-    ),
-    (
-        "the budget spent: the next retryable end fails the cluster",
-        BETWEEN_2,
-        1,
-        [
-            (
-                ("end", "worker-0", KILL, 10.0),
-                [
-                    EndTasks(("worker-1",), "restart"),
-                    Restart("worker-0", "killed by SIGKILL; restart 1 of 1", deferred=True),
-                ],
-            ),
-            (
-                ("end", "worker-1", TERM, 10.5),
-                [
-                    Restart("worker-1", "restarted with its group (worker-0: killed by SIGKILL)"),
-                    StartDeferred(("worker-0",)),
-                ],
-            ),
-            (
-                ("end", "worker-1", KILL, 100.0),
-                [
-                    Fail(
-                        "worker-1 failed: killed by SIGKILL (restart budget 1 used up)",
-                        "worker-1",
-                        "killed by SIGKILL (restart budget 1 used up)",
-                    )
-                ],
-            ),
-        ],
-        1,
-    ),
-    (
-        "a stop during a group restart: the ended tasks are stopped, nothing starts",
-        BETWEEN_3,
-        2,
-        [
-            (
-                ("end", "worker-2", KILL, 10.0),
-                [
-                    EndTasks(("worker-0", "worker-1"), "restart"),
-                    Restart("worker-2", "killed by SIGKILL; restart 1 of 2", deferred=True),
-                ],
-            ),
-            (("stop",), []),
-            (("end", "worker-0", TERM, 10.1), [SettleTask("worker-0", "stopped")]),
-            (("end", "worker-1", LOST, 10.2), [SettleTask("worker-1", "stopped")]),
-        ],
-        1,
-    ),
-    (
-        "a retryable end while stopping is not restarted",
-        BETWEEN_2,
-        2,
-        [
-            (("stop",), []),
-            (("end", "worker-0", TERM, 10.0), [SettleTask("worker-0", "stopped")]),
-            (("end", "worker-1", TERM, 10.0), [SettleTask("worker-1", "stopped")]),
-        ],
-        0,
-    ),
-    (
-        "the script's own outcome is never restarted",
-        BETWEEN_2,
-        5,
-        [
-            (
-                ("end", "worker-0", TaskEnd(exit_code=3), 10.0),
-                [Fail("worker-0 failed: exit code 3", "worker-0", "exit code 3")],
-            ),
-        ],
-        0,
-    ),
+    ("a killed worker of three: one incident, the group ends first, then all start", BETWEEN_3, 2, [
+        (("end", "worker-1", KILL, 10.0), [
+            EndTasks(("worker-0", "worker-2"), "restart"),
+            Restart("worker-1", "killed by SIGKILL; restart 1 of 2", deferred=True)]),
+        (("end", "worker-0", TERM, 10.2), [
+            Restart("worker-0", "restarted with its group (worker-1: killed by SIGKILL)", deferred=True)]),
+        (("end", "worker-2", LOST, 10.3), [
+            Restart("worker-2", "restarted with its group (worker-1: killed by SIGKILL)"),
+            StartDeferred(("worker-1", "worker-0"))]),
+    ], 1),
+    ("a killed worker is the cause even when a peer that noticed is already a zombie", BETWEEN_3, 2, [
+        (("end", "worker-1", KILL, 10.0, ("worker-2", "worker-2 had ended (its end not handled yet)")), [
+            EndTasks(("worker-0", "worker-2"), "restart"),
+            Restart("worker-1", "killed by SIGKILL; restart 1 of 2", deferred=True)]),
+        (("end", "worker-2", LOST, 10.0), [
+            Restart("worker-2", "restarted with its group (worker-1: killed by SIGKILL)", deferred=True)]),
+        (("end", "worker-0", TERM, 10.2), [
+            Restart("worker-0", "restarted with its group (worker-1: killed by SIGKILL)"),
+            StartDeferred(("worker-1", "worker-2"))]),
+    ], 1),
+    ("the same worker killed again after the incident's window: a second restart", BETWEEN_3, 2, [
+        (("end", "worker-1", KILL, 10.0), [
+            EndTasks(("worker-0", "worker-2"), "restart"),
+            Restart("worker-1", "killed by SIGKILL; restart 1 of 2", deferred=True)]),
+        (("end", "worker-0", TERM, 10.1), [
+            Restart("worker-0", "restarted with its group (worker-1: killed by SIGKILL)", deferred=True)]),
+        (("end", "worker-2", TERM, 10.2), [
+            Restart("worker-2", "restarted with its group (worker-1: killed by SIGKILL)"),
+            StartDeferred(("worker-1", "worker-0"))]),
+        (("end", "worker-2", KILL, 90.0), [
+            EndTasks(("worker-0", "worker-1"), "restart"),
+            Restart("worker-2", "killed by SIGKILL; restart 2 of 2", deferred=True)]),
+    ], 2),
+    ("a PS lost, the workers notice 0.2 s and 7 s later: one restart (between-graph)", BETWEEN_PS, 2, [
+        (("end", "ps-0", KILL, 10.0), [
+            EndTasks(("worker-0", "worker-1"), "restart"),
+            Restart("ps-0", "killed by SIGKILL; restart 1 of 2", deferred=True)]),
+        (("end", "worker-0", LOST, 10.2), [
+            Restart("worker-0", "restarted with its group (ps-0: killed by SIGKILL)", deferred=True)]),
+        (("end", "worker-1", LOST, 17.0), [
+            Restart("worker-1", "restarted with its group (ps-0: killed by SIGKILL)"),
+            StartDeferred(("ps-0", "worker-0"))]),
+    ], 1),
+    ("in-graph: a PS lost, servers notice in the window and 30 s late: not counted again", IN_GRAPH, 2, [
+        (("end", "ps-0", KILL, 10.0), [Restart("ps-0", "killed by SIGKILL; restart 1 of 2")]),
+        (("end", "worker-0", LOST, 10.2), [
+            Restart("worker-0", "lost a peer (exit code 75); same incident as ps-0: killed by SIGKILL")]),
+        (("end", "worker-1", LOST, 45.0), [  # running since before the incident: its late notice
+            Restart("worker-1", "lost a peer (exit code 75); same incident as ps-0: killed by SIGKILL")]),
+        (("end", "worker-0", LOST, 50.0), [  # restarted in it: a new loss, a new incident
+            Restart("worker-0", "lost a peer (exit code 75); restart 2 of 2")]),
+    ], 2),
+    ("a second end of a task restarted in the incident is a new failure", IN_GRAPH, 2, [
+        (("end", "ps-0", KILL, 10.0), [Restart("ps-0", "killed by SIGKILL; restart 1 of 2")]),
+        (("end", "ps-0", KILL, 12.0), [Restart("ps-0", "killed by SIGKILL; restart 2 of 2")]),
+        (("end", "ps-0", KILL, 14.0), [
+            Fail("ps-0 failed: killed by SIGKILL (restart budget 2 used up)", "ps-0",
+                 "killed by SIGKILL (restart budget 2 used up)")]),
+    ], 2),
+    ("a peer lost after its group restarted: the stopped peer is named and restarts", BETWEEN_2, 2, [
+        (("end", "worker-0", LOST, 10.0, STOPPED_PEER), [
+            Blame("worker-1", f"{STOPPED_PEER[1]}; worker-0 lost it (lost a peer (exit code 75))"),
+            EndTasks(("worker-1",), "restart"),
+            Restart("worker-0", LOST_W1, deferred=True)]),
+        (("end", "worker-1", KILL, 15.0), [
+            Restart("worker-1", f"{STOPPED_PEER[1]}; restart 1 of 2 (the cause of this incident)"),
+            StartDeferred(("worker-0",))]),
+        (("end", "worker-0", LOST, 20.0), [  # restarted already: counted, its group restarts
+            EndTasks(("worker-1",), "restart"),
+            Restart("worker-0", "lost a peer (exit code 75); restart 2 of 2", deferred=True)]),
+    ], 2),
+    ("a zombie peer: named, and its own end told once it is reaped", BETWEEN_2, 2, [
+        (("end", "worker-0", LOST, 10.0, ZOMBIE_PEER), [
+            Blame("worker-1", f"{ZOMBIE_PEER[1]}; worker-0 lost it (lost a peer (exit code 75))"),
+            EndTasks(("worker-1",), "restart"),
+            Restart("worker-0", LOST_W1, deferred=True)]),
+        (("end", "worker-1", KILL, 10.0), [
+            Restart("worker-1", "killed by SIGKILL; restart 1 of 2 (the cause of this incident)"),
+            StartDeferred(("worker-0",))]),
+    ], 1),
+    ("a stopped peer with no budget: the cause fails the cluster, named", BETWEEN_2, 0, [
+        (("end", "worker-0", LOST, 10.0, STOPPED_PEER), [
+            Blame("worker-1", f"{STOPPED_PEER[1]}; worker-0 lost it "
+                  "(lost a peer (exit code 75) (restart budget 0 used up))"),
+            Fail(f"worker-1 failed: {STOPPED_PEER[1]}; worker-0 lost it "
+                 "(lost a peer (exit code 75) (restart budget 0 used up))",
+                 "worker-0", "lost worker-1 (lost a peer (exit code 75) (restart budget 0 used up))")]),
+        (("stop", True), []),
+        (("end", "worker-1", KILL, 11.0), [SettleTask("worker-1", "failed", STOPPED_PEER[1])]),
+    ], 0),
+    ("an evaluator's end restarts it alone; its exit 1 fails the cluster", BETWEEN_EVAL, 2, [
+        (("end", "evaluator-0", KILL, 10.0), [Restart("evaluator-0", "killed by SIGKILL; restart 1 of 2")]),
+        (("end", "evaluator-0", RAISED, 60.0), [
+            Fail("evaluator-0 failed: the script raised an exception (exit code 1); the traceback is in "
+                 "its log", "evaluator-0",
+                 "the script raised an exception (exit code 1); the traceback is in its log")]),
+    ], 1),
+    ("the workers finish; the evaluator is recycled after the grace period", BETWEEN_EVAL, 2, [
+        (("end", "worker-0", OK, 10.0), [Succeed("worker-0", "exit code 0")]),
+        (("end", "worker-1", OK, 11.0), [Succeed("worker-1", "exit code 0")]),
+        (("recycle", "evaluator-0"), []),  # the supervisor's grace period is over
+        (("end", "evaluator-0", TERM, 41.0), [SettleTask("evaluator-0", "succeeded",
+                                                        "recycled after the workers finished")]),
+    ], 0),
+    ("a port taken: moved and every task restarted with the new addresses, not counted", IN_GRAPH, 0, [
+        (("end", "worker-1", PORT, 1.0), [MovePort("worker-1")]),
+        (("moved", "worker-1", "127.0.0.1:4000", 1.1), [
+            EndTasks(("ps-0", "worker-0"), "ports"),
+            Restart("worker-1", "on a new port (127.0.0.1:4000 was taken)", deferred=True)]),
+        (("end", "ps-0", TERM, 1.2), [
+            Restart("ps-0", "restarted with the cluster's new addresses (not counted)", deferred=True)]),
+        (("end", "worker-0", TERM, 1.3), [
+            Restart("worker-0", "restarted with the cluster's new addresses (not counted)"),
+            StartDeferred(("worker-1", "ps-0"))]),
+    ], 0),
+    (f"a port taken {PORT_MOVES + 1} times: the last is the task's failure", dict(IN_GRAPH, workers=1), 2,
+     [step for _ in range(PORT_MOVES) for step in [
+         (("end", "worker-0", PORT, 1.0), [MovePort("worker-0")]),
+         (("moved", "worker-0", "127.0.0.1:4000", 1.1), [
+             EndTasks(("ps-0",), "ports"),
+             Restart("worker-0", "on a new port (127.0.0.1:4000 was taken)", deferred=True)]),
+         (("end", "ps-0", TERM, 1.2), [
+             Restart("ps-0", "restarted with the cluster's new addresses (not counted)"),
+             StartDeferred(("worker-0",))]),
+     ]] + [
+         (("end", "worker-0", PORT, 2.0), [Fail("worker-0 failed: exit code 3", "worker-0", "exit code 3")]),
+     ], 0),
+    ("the budget spent: the next retryable end fails the cluster", BETWEEN_2, 1, [
+        (("end", "worker-0", KILL, 10.0), [
+            EndTasks(("worker-1",), "restart"),
+            Restart("worker-0", "killed by SIGKILL; restart 1 of 1", deferred=True)]),
+        (("end", "worker-1", TERM, 10.5), [
+            Restart("worker-1", "restarted with its group (worker-0: killed by SIGKILL)"),
+            StartDeferred(("worker-0",))]),
+        (("end", "worker-1", KILL, 100.0), [
+            Fail("worker-1 failed: killed by SIGKILL (restart budget 1 used up)", "worker-1",
+                 "killed by SIGKILL (restart budget 1 used up)")]),
+    ], 1),
+    ("a stop during a group restart: the ended tasks are stopped, nothing starts", BETWEEN_3, 2, [
+        (("end", "worker-2", KILL, 10.0), [
+            EndTasks(("worker-0", "worker-1"), "restart"),
+            Restart("worker-2", "killed by SIGKILL; restart 1 of 2", deferred=True)]),
+        (("stop",), []),
+        (("end", "worker-0", TERM, 10.1), [SettleTask("worker-0", "stopped")]),
+        (("end", "worker-1", LOST, 10.2), [SettleTask("worker-1", "stopped")]),
+    ], 1),
+    ("a retryable end while stopping is not restarted", BETWEEN_2, 2, [
+        (("stop",), []),
+        (("end", "worker-0", TERM, 10.0), [SettleTask("worker-0", "stopped")]),
+        (("end", "worker-1", TERM, 10.0), [SettleTask("worker-1", "stopped")]),
+    ], 0),
+    ("the script's own outcome is never restarted", BETWEEN_2, 5, [
+        (("end", "worker-0", TaskEnd(exit_code=3), 10.0), [
+            Fail("worker-0 failed: exit code 3", "worker-0", "exit code 3")]),
+    ], 0),
 ]
 
 
-@pytest.mark.parametrize(
-    ("spec_kw", "budget", "steps", "used"), [pytest.param(s, b, st, u, id=i) for i, s, b, st, u in ROWS]
-)
+@pytest.mark.parametrize(("spec_kw", "budget", "steps", "used"),
+                         [pytest.param(s, b, st, u, id=i) for i, s, b, st, u in ROWS])
 def test_the_restart_rule_table(spec_kw, budget, steps, used):
     spec = ClusterSpec(name="c", restart_budget=budget, **spec_kw)
     rule = RestartRule(LifecyclePolicy.of(spec), spec)
@@ -520,6 +254,5 @@ def test_a_note_on_the_disk_replaces_the_promise_of_a_traceback():
         rule.started(t.name, 0.0)
     note = "; its log dir /l is full (No space left on device)"
     [fail] = rule.ended("worker-0", RAISED, 1.0, note=note)
-    assert fail.task_reason == (
-        f"the script raised an exception (exit code 1); its traceback may be missing from its log{note}"
-    )
+    assert fail.task_reason == ("the script raised an exception (exit code 1); its traceback may be "
+                                f"missing from its log{note}")

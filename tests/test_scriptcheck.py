@@ -11,38 +11,20 @@ from tfk8s_magics.errors import SpecError
 from tfk8s_magics.spec import ClusterSpec
 
 
-@pytest.mark.parametrize(
-    "source, found",
-    [
-        (
-            "import tensorflow as tf\ns = tf.distribute.MultiWorkerMirroredStrategy()\n",
-            ["MultiWorkerMirroredStrategy"],
-        ),
-        (
-            "import tensorflow as tf\ns = tf.distribute.experimental.MultiWorkerMirroredStrategy()\n",
-            ["MultiWorkerMirroredStrategy"],
-        ),
-        (
-            "from tensorflow.distribute import MultiWorkerMirroredStrategy as M\ns = M()\n",
-            ["MultiWorkerMirroredStrategy"],
-        ),
-        (
-            "import tensorflow as tf\n"
-            "s = tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy()\n",
-            ["MultiWorkerMirroredStrategy"],
-        ),
-        (
-            "from tensorflow.python.distribute import collective_all_reduce_strategy as c\n"
-            "s = c.CollectiveAllReduceStrategy()\n",
-            ["CollectiveAllReduceStrategy"],
-        ),
-        (
-            "import tensorflow as tf\n# MultiWorkerMirroredStrategy is not used here\n"
-            "s = tf.distribute.ParameterServerStrategy\nprint('MultiWorkerMirroredStrategy')\n",
-            [],
-        ),
-    ],
-)
+@pytest.mark.parametrize("source, found", [
+    ("import tensorflow as tf\ns = tf.distribute.MultiWorkerMirroredStrategy()\n",
+     ["MultiWorkerMirroredStrategy"]),
+    ("import tensorflow as tf\ns = tf.distribute.experimental.MultiWorkerMirroredStrategy()\n",
+     ["MultiWorkerMirroredStrategy"]),
+    ("from tensorflow.distribute import MultiWorkerMirroredStrategy as M\ns = M()\n",
+     ["MultiWorkerMirroredStrategy"]),
+    ("import tensorflow as tf\ns = tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy()\n",
+     ["MultiWorkerMirroredStrategy"]),
+    ("from tensorflow.python.distribute import collective_all_reduce_strategy as c\n"
+     "s = c.CollectiveAllReduceStrategy()\n", ["CollectiveAllReduceStrategy"]),
+    ("import tensorflow as tf\n# MultiWorkerMirroredStrategy is not used here\n"
+     "s = tf.distribute.ParameterServerStrategy\nprint('MultiWorkerMirroredStrategy')\n", []),
+])
 def test_collective_strategies_are_found_in_the_source_not_in_comments_or_strings(source, found):
     assert scriptcheck.collective_strategies(source) == found
 
@@ -96,21 +78,12 @@ def test_sibling_modules_must_travel_with_the_script_to_kubernetes(tmp_path):
 
 def test_a_task_environment_is_an_allow_list_where_flags_win():
     inherited = {
-        "PATH": "/bin",
-        "HOME": "/home/u",
-        "LC_ALL": "C.UTF-8",
-        "PYTHONPATH": "/site",
+        "PATH": "/bin", "HOME": "/home/u", "LC_ALL": "C.UTF-8", "PYTHONPATH": "/site",
         "TF_USE_LEGACY_KERAS": "1",  # as the hub exports it
-        "JUPYTER_TOKEN": "secret",
-        "KUBERNETES_SERVICE_HOST": "10.0.0.1",
-        "RANDOM_THING": "x",
+        "JUPYTER_TOKEN": "secret", "KUBERNETES_SERVICE_HOST": "10.0.0.1", "RANDOM_THING": "x",
     }
-    env = taskenv.build(
-        inherited,
-        {"PYTHONPATH": "/mine", "MY_FLAG": "on"},
-        {"TF_CONFIG": "{}", "TFK8S_TASK": "worker-0"},
-        legacy_keras=False,
-    )
+    env = taskenv.build(inherited, {"PYTHONPATH": "/mine", "MY_FLAG": "on"},
+                        {"TF_CONFIG": "{}", "TFK8S_TASK": "worker-0"}, legacy_keras=False)
     assert "TF_USE_LEGACY_KERAS" not in env  # --no-legacy-keras wins over the inherited 1
     assert not {"JUPYTER_TOKEN", "KUBERNETES_SERVICE_HOST", "RANDOM_THING"} & set(env)
     assert env["PATH"] == "/bin" and env["LC_ALL"] == "C.UTF-8" and env["MY_FLAG"] == "on"
@@ -124,26 +97,17 @@ def test_a_task_environment_is_an_allow_list_where_flags_win():
     assert chosen["TF_CPP_MIN_LOG_LEVEL"] == "0"  # the user's --env wins over quiet
 
 
-@pytest.mark.parametrize(
-    "line, noise",
-    [
-        ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR", True),
-        (
-            "I0000 00:00:1795409683.513348    8130 cudart_stub.cc:31] Could not find cuda drivers on your "
-            "machine, GPU will not be used.",
-            True,
-        ),
-        (
-            "E0000 00:00:1795409712.183075    8130 cuda_platform.cc:52] failed call to cuInit: INTERNAL: "
-            "CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)",
-            True,
-        ),
-        ("W0000 00:00:1795409712.1 8130 cpu_feature_guard.cc:1] oneDNN custom operations are on.", True),
-        ("E0000 00:00:1795409712.1 8130 grpc_server_lib.cc:618] UNKNOWN: Could not start gRPC server", False),
-        ("Traceback (most recent call last):", False),
-        ("I am the user's own line", False),
-    ],
-)
+@pytest.mark.parametrize("line, noise", [
+    ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR", True),
+    ("I0000 00:00:1795409683.513348    8130 cudart_stub.cc:31] Could not find cuda drivers on your "
+     "machine, GPU will not be used.", True),
+    ("E0000 00:00:1795409712.183075    8130 cuda_platform.cc:52] failed call to cuInit: INTERNAL: "
+     "CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)", True),
+    ("W0000 00:00:1795409712.1 8130 cpu_feature_guard.cc:1] oneDNN custom operations are on.", True),
+    ("E0000 00:00:1795409712.1 8130 grpc_server_lib.cc:618] UNKNOWN: Could not start gRPC server", False),
+    ("Traceback (most recent call last):", False),
+    ("I am the user's own line", False),
+])
 def test_only_start_up_noise_is_hidden(line, noise):
     assert taskenv.is_noise(line) is noise
 

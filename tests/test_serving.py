@@ -40,12 +40,8 @@ def _save_multi(path) -> None:
     import tensorflow as tf
 
     class M(tf.Module):
-        @tf.function(
-            input_signature=[
-                tf.TensorSpec([None], tf.float32, name="a"),
-                tf.TensorSpec([None], tf.float32, name="b"),
-            ]
-        )
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="a"),
+                                      tf.TensorSpec([None], tf.float32, name="b")])
         def serve(self, a, b):
             return {"sum": a + b, "prod": a * b}
 
@@ -71,12 +67,8 @@ def served(tmp_path_factory):
         m.refresh()
     rest, grpc_port = free_ports(2)
     server = ServingServer(Models(models), rest, grpc_port, poll_seconds=0.2).start()
-    yield {
-        "url": f"http://127.0.0.1:{rest}",
-        "grpc": f"127.0.0.1:{grpc_port}",
-        "root": root,
-        "models": models,
-    }
+    yield {"url": f"http://127.0.0.1:{rest}", "grpc": f"127.0.0.1:{grpc_port}", "root": root,
+           "models": models}
     server.close()
 
 
@@ -95,11 +87,8 @@ def test_model_status_is_tf_servings_json(served):
     r = requests.get(f"{served['url']}/v1/models/dense")
     assert r.status_code == 200
     assert r.headers["Content-Type"] == "application/json"
-    assert r.json() == {
-        "model_version_status": [
-            {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
-        ]
-    }
+    assert r.json() == {"model_version_status": [
+        {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]}
     assert requests.get(f"{served['url']}/v1/models/dense/versions/1").json() == r.json()
 
 
@@ -124,9 +113,8 @@ def test_predict_row_and_columnar_equal_the_model(served):
     assert set(r.json()) == {"outputs"}
     assert np.array_equal(np.asarray(r.json()["outputs"], np.float32), want)
     # Row objects naming the single input work too.
-    r = requests.post(
-        f"{served['url']}/v1/models/dense:predict", json={"instances": [{"x": row} for row in X]}
-    )
+    r = requests.post(f"{served['url']}/v1/models/dense:predict",
+                      json={"instances": [{"x": row} for row in X]})
     assert np.array_equal(np.asarray(r.json()["predictions"], np.float32), want)
 
 
@@ -149,9 +137,7 @@ def test_signature_name_and_binary_values(served):
     assert r.json() == {"predictions": [{"b64": blob}]}
     r = requests.post(url, json={"signature_name": "nope", "instances": [1.0]})
     assert (r.status_code, r.json()) == (
-        400,
-        {"error": 'Serving signature name: "nope" not found in signature def'},
-    )
+        400, {"error": 'Serving signature name: "nope" not found in signature def'})
 
 
 def test_predict_errors_have_tf_servings_shape_and_codes(served):
@@ -160,11 +146,8 @@ def test_predict_errors_have_tf_servings_shape_and_codes(served):
         (b"", 400, "JSON Parse error: The document is empty"),
         (b"{nope", 400, "JSON Parse error"),
         (b"[1, 2]", 400, "JSON Value: [1, 2] Is not object"),
-        (
-            json.dumps({"instances": X, "inputs": X}).encode(),
-            400,
-            "Not formatted correctly expecting only one of 'inputs' or 'instances' keys to exist",
-        ),
+        (json.dumps({"instances": X, "inputs": X}).encode(), 400,
+         "Not formatted correctly expecting only one of 'inputs' or 'instances' keys to exist"),
         (b"{}", 400, "Missing 'inputs' or 'instances' key"),
         (json.dumps({"instances": []}).encode(), 400, "No values in 'instances' array"),
         (json.dumps({"instances": [[1.0, 2.0]]}).encode(), 400, "input 'x' has shape [1, 2]"),
@@ -237,15 +220,9 @@ def test_a_new_version_is_served_without_restart(served):
     """Last: it changes the served model. TF Serving's latest-1 policy: v2 serves, v1 ends."""
     _save_dense(served["root"] / "dense" / "2", seed=2)
     url = served["url"]
-    wait_for(
-        lambda: (
-            requests.get(f"{url}/v1/models/dense/versions/2").status_code == 200
-            and requests.get(f"{url}/v1/models/dense/versions/2").json()["model_version_status"][0]["state"]
-            == "AVAILABLE"
-        ),
-        timeout=60,
-        what="version 2 to be loaded by the poll",
-    )
+    wait_for(lambda: requests.get(f"{url}/v1/models/dense/versions/2").status_code == 200
+             and requests.get(f"{url}/v1/models/dense/versions/2").json()["model_version_status"][0]["state"]
+             == "AVAILABLE", timeout=60, what="version 2 to be loaded by the poll")
     listed = requests.get(f"{url}/v1/models/dense").json()["model_version_status"]
     states = {s["version"]: s["state"] for s in listed}
     assert states == {"2": "AVAILABLE", "1": "END"}

@@ -19,16 +19,10 @@ from tfk8s_magics.spec import ClusterSpec
 
 SETTINGS = K8sSettings(namespace="alice", image="tfk8s/tensorflow-task:0.1.0", user="alice")
 SPEC = ClusterSpec(name="mnist", workers=2, script="print(1)\n", owner="alice")
-LABELS = {
-    "app.kubernetes.io/managed-by": "tfk8s",
-    "app.kubernetes.io/name": "tfk8s",
-    "app.kubernetes.io/part-of": "tfk8s-lab",
-    "app.kubernetes.io/instance": "mnist",
-    "app.kubernetes.io/component": "serving",
-    "tfk8s.io/cluster": "mnist",
-    "tfk8s.io/user": "alice",
-    "tfk8s.io/component": "serving",
-}
+LABELS = {"app.kubernetes.io/managed-by": "tfk8s", "app.kubernetes.io/name": "tfk8s",
+          "app.kubernetes.io/part-of": "tfk8s-lab", "app.kubernetes.io/instance": "mnist",
+          "app.kubernetes.io/component": "serving", "tfk8s.io/cluster": "mnist", "tfk8s.io/user": "alice",
+          "tfk8s.io/component": "serving"}
 
 
 def test_deployment_is_exactly_this():
@@ -45,57 +39,28 @@ def test_deployment_is_exactly_this():
                 "spec": {
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": 1000,
-                        "runAsGroup": 1000,
-                        "fsGroup": 100,
-                        "fsGroupChangePolicy": "OnRootMismatch",
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "containers": [
-                        {
-                            "name": "serving",
-                            "image": "tensorflow/serving:2.20.0",
-                            "command": ["tensorflow_model_server"],
-                            "args": [
-                                "--port=8500",
-                                "--rest_api_port=8501",
-                                "--model_name=mnist",
-                                "--model_base_path=/log/models/mnist",
-                                "--file_system_poll_wait_seconds=5",
-                            ],
-                            "ports": [
-                                {"name": "grpc", "containerPort": 8500, "protocol": "TCP"},
-                                {"name": "rest", "containerPort": 8501, "protocol": "TCP"},
-                            ],
-                            "readinessProbe": {
-                                "httpGet": {"path": "/v1/models/mnist", "port": "rest"},
-                                "periodSeconds": 5,
-                                "failureThreshold": 3,
-                            },
-                            "resources": {
-                                "requests": {"cpu": "1", "memory": "1Gi"},
-                                "limits": {"memory": "1Gi"},
-                            },
-                            "securityContext": {
-                                "allowPrivilegeEscalation": False,
-                                "readOnlyRootFilesystem": True,
-                                "capabilities": {"drop": ["ALL"]},
-                            },
-                            "volumeMounts": [
-                                {"name": "log", "mountPath": "/log", "readOnly": True},
-                                {"name": "tmp", "mountPath": "/tmp"},
-                            ],
-                        }
-                    ],
-                    "volumes": [
-                        {
-                            "name": "log",
-                            "persistentVolumeClaim": {"claimName": "mnist-log", "readOnly": True},
-                        },
-                        {"name": "tmp", "emptyDir": {}},
-                    ],
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                                        "fsGroup": 100, "fsGroupChangePolicy": "OnRootMismatch",
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{
+                        "name": "serving",
+                        "image": "tensorflow/serving:2.20.0",
+                        "command": ["tensorflow_model_server"],
+                        "args": ["--port=8500", "--rest_api_port=8501", "--model_name=mnist",
+                                 "--model_base_path=/log/models/mnist", "--file_system_poll_wait_seconds=5"],
+                        "ports": [{"name": "grpc", "containerPort": 8500, "protocol": "TCP"},
+                                  {"name": "rest", "containerPort": 8501, "protocol": "TCP"}],
+                        "readinessProbe": {"httpGet": {"path": "/v1/models/mnist", "port": "rest"},
+                                           "periodSeconds": 5, "failureThreshold": 3},
+                        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}},
+                        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}},
+                        "volumeMounts": [{"name": "log", "mountPath": "/log", "readOnly": True},
+                                         {"name": "tmp", "mountPath": "/tmp"}],
+                    }],
+                    "volumes": [{"name": "log", "persistentVolumeClaim": {"claimName": "mnist-log",
+                                                                          "readOnly": True}},
+                                {"name": "tmp", "emptyDir": {}}],
                 },
             },
         },
@@ -107,10 +72,8 @@ def test_service_is_a_cluster_ip_never_a_node_port():
     assert svc["spec"] == {
         "type": "ClusterIP",
         "selector": {"tfk8s.io/cluster": "mnist", "tfk8s.io/component": "serving"},
-        "ports": [
-            {"name": "grpc", "port": 8500, "targetPort": "grpc", "protocol": "TCP"},
-            {"name": "rest", "port": 8501, "targetPort": "rest", "protocol": "TCP"},
-        ],
+        "ports": [{"name": "grpc", "port": 8500, "targetPort": "grpc", "protocol": "TCP"},
+                  {"name": "rest", "port": 8501, "targetPort": "rest", "protocol": "TCP"}],
     }
 
 
@@ -122,16 +85,13 @@ def test_shared_claim_puts_models_under_the_cluster_dir():
     assert dep["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "shared"
 
 
-@pytest.mark.parametrize(
-    "bad, sentence",
-    [
-        ({"model": "../etc"}, "--model '../etc' is not a valid model name"),
-        ({"model": "Big"}, "--model 'Big' is not a valid model name"),
-        ({"model": "m", "replicas": 0}, "--replicas 0 is out of range: give a count from 1 to 50"),
-        ({"model": "m", "cpu": "lots"}, "--cpu 'lots' is not a Kubernetes quantity"),
-        ({"model": "m", "memory": "1 GB"}, "--memory '1 GB' is not a Kubernetes quantity"),
-    ],
-)
+@pytest.mark.parametrize("bad, sentence", [
+    ({"model": "../etc"}, "--model '../etc' is not a valid model name"),
+    ({"model": "Big"}, "--model 'Big' is not a valid model name"),
+    ({"model": "m", "replicas": 0}, "--replicas 0 is out of range: give a count from 1 to 50"),
+    ({"model": "m", "cpu": "lots"}, "--cpu 'lots' is not a Kubernetes quantity"),
+    ({"model": "m", "memory": "1 GB"}, "--memory '1 GB' is not a Kubernetes quantity"),
+])
 def test_bad_serving_options_are_one_sentence(bad, sentence):
     with pytest.raises(SpecError) as err:
         s.serving_options(**bad)
@@ -147,16 +107,8 @@ def test_serving_manifests_validate_strictly(version):
 
 
 # -- the restricted Pod Security Standard (v1.29+ rules) --------------------------
-_ALLOWED_VOLUMES = {
-    "configMap",
-    "csi",
-    "downwardAPI",
-    "emptyDir",
-    "ephemeral",
-    "persistentVolumeClaim",
-    "projected",
-    "secret",
-}
+_ALLOWED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                    "projected", "secret"}
 
 
 def restricted_violations(pod_spec: dict) -> list[str]:
@@ -229,19 +181,13 @@ def test_backend_serves_and_stops_on_the_real_cluster(realkube, kube_user, monke
     apps = kubernetes.client.AppsV1Api(realkube.admin)
 
     def deployment():
-        found = [
-            d
-            for d in apps.list_namespaced_deployment(ns.name).items
-            if d.metadata.name == "mnist-serving" and not d.metadata.deletion_timestamp
-        ]
+        found = [d for d in apps.list_namespaced_deployment(ns.name).items
+                 if d.metadata.name == "mnist-serving" and not d.metadata.deletion_timestamp]
         return found[0] if found else None
 
     def service():
-        found = [
-            x
-            for x in realkube.core.list_namespaced_service(ns.name).items
-            if x.metadata.name == "mnist-serving" and not x.metadata.deletion_timestamp
-        ]
+        found = [x for x in realkube.core.list_namespaced_service(ns.name).items
+                 if x.metadata.name == "mnist-serving" and not x.metadata.deletion_timestamp]
         return found[0] if found else None
 
     monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/alice/")
@@ -262,7 +208,8 @@ def test_backend_serves_and_stops_on_the_real_cluster(realkube, kube_user, monke
     assert backend.stop_serving("mnist") is False and backend.serving("mnist") is None
     backend.serve("mnist")
     backend.delete("mnist")
-    wait_for(lambda: deployment() is None and service() is None, 90, message="the cascade delete of serving")
+    wait_for(lambda: deployment() is None and service() is None, 90,
+             message="the cascade delete of serving")
 
 
 # -- serve --from URL: an init container of the task image fetches the models --------------
@@ -282,48 +229,24 @@ def test_serving_from_a_url_is_exactly_this():
     template = dep["spec"]["template"]
     assert template["metadata"]["annotations"] == {"tfk8s.io/model": "mnist", "tfk8s.io/source": SOURCE}
     pod = template["spec"]
-    assert list(pod) == [
-        "automountServiceAccountToken",
-        "enableServiceLinks",
-        "securityContext",
-        "initContainers",
-        "containers",
-        "volumes",
-    ]
-    assert pod["initContainers"] == [
-        {
-            "name": "fetch",
-            "image": "tfk8s/tensorflow-task:0.1.0",
-            "command": [
-                "/opt/storage/bin/python",
-                "-m",
-                "tfk8s_magics.storage",
-                "fetch-models",
-                SOURCE,
-                "/models",
-                "--model",
-                "mnist",
-            ],
-            "env": [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
-            "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-            "securityContext": {
-                "allowPrivilegeEscalation": False,
-                "readOnlyRootFilesystem": True,
-                "capabilities": {"drop": ["ALL"]},
-            },
-            "volumeMounts": [
-                {"name": "models", "mountPath": "/models"},
-                {"name": "tmp", "mountPath": "/tmp"},
-            ],
-            "envFrom": [{"secretRef": {"name": SECRET_NAME}}],
-        }
-    ]
+    assert list(pod) == ["automountServiceAccountToken", "enableServiceLinks", "securityContext",
+                         "initContainers", "containers", "volumes"]
+    assert pod["initContainers"] == [{
+        "name": "fetch",
+        "image": "tfk8s/tensorflow-task:0.1.0",
+        "command": ["/opt/storage/bin/python", "-m", "tfk8s_magics.storage", "fetch-models", SOURCE,
+                    "/models", "--model", "mnist"],
+        "env": [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "models", "mountPath": "/models"}, {"name": "tmp", "mountPath": "/tmp"}],
+        "envFrom": [{"secretRef": {"name": SECRET_NAME}}],
+    }]
     (serving,) = pod["containers"]
     assert "--model_base_path=/models/mnist" in serving["args"] and "envFrom" not in serving
-    assert serving["volumeMounts"] == [
-        {"name": "models", "mountPath": "/models", "readOnly": True},
-        {"name": "tmp", "mountPath": "/tmp"},
-    ]
+    assert serving["volumeMounts"] == [{"name": "models", "mountPath": "/models", "readOnly": True},
+                                       {"name": "tmp", "mountPath": "/tmp"}]
     assert pod["volumes"] == [{"name": "models", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
     # without a Secret the fetch has no envFrom (public bucket, or a node's own credentials)
     bare = s.serving_deployment(SPEC, SETTINGS, s.serving_options("mnist", source_url=SOURCE))
@@ -340,16 +263,13 @@ def test_serving_from_a_url_validates_strictly_and_is_restricted(version):
     assert restricted_violations(dep["spec"]["template"]["spec"]) == []
 
 
-@pytest.mark.parametrize(
-    "bad, sentence",
-    [
-        ({"source_url": "s3://AKIAX:topsecret@runs/m"}, "--from 's3://runs/m' carries a password"),
-        ({"source_url": "https://h/m?X-Amz-Signature=abc"}, "--from 'https://h/m' carries credentials"),
-        ({"source_url": "ftp://h/m"}, "--from 'ftp://h/m': the scheme ftp:// is not supported"),
-        ({"credentials_secret": SECRET_NAME}, "--credentials-secret 's3-creds' goes with serve --from URL"),
-        ({"source_url": SOURCE, "credentials_secret": "Bad_Name"}, "--credentials-secret 'Bad_Name'"),
-    ],
-)
+@pytest.mark.parametrize("bad, sentence", [
+    ({"source_url": "s3://AKIAX:topsecret@runs/m"}, "--from 's3://runs/m' carries a password"),
+    ({"source_url": "https://h/m?X-Amz-Signature=abc"}, "--from 'https://h/m' carries credentials"),
+    ({"source_url": "ftp://h/m"}, "--from 'ftp://h/m': the scheme ftp:// is not supported"),
+    ({"credentials_secret": SECRET_NAME}, "--credentials-secret 's3-creds' goes with serve --from URL"),
+    ({"source_url": SOURCE, "credentials_secret": "Bad_Name"}, "--credentials-secret 'Bad_Name'"),
+])
 def test_bad_serve_from_input_is_one_sentence_without_the_secret(bad, sentence):
     with pytest.raises(SpecError) as err:
         s.serving_options("mnist", **bad)
@@ -367,25 +287,8 @@ def test_render_shows_the_fetch_and_names_the_secret_only(capsys, tmp_path, monk
 
     script = tmp_path / "train.py"
     script.write_text("print(1)\n")
-    assert (
-        cli.main(
-            [
-                "render",
-                "mnist",
-                "--workers",
-                "1",
-                "--script",
-                str(script),
-                "--serve",
-                "mnist",
-                "--from",
-                SOURCE,
-                "--credentials-secret",
-                SECRET_NAME,
-            ]
-        )
-        == 0
-    )
+    assert cli.main(["render", "mnist", "--workers", "1", "--script", str(script), "--serve", "mnist",
+                     "--from", SOURCE, "--credentials-secret", SECRET_NAME]) == 0
     docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
     (dep,) = [d for d in docs if d["kind"] == "Deployment"]
     (fetch,) = dep["spec"]["template"]["spec"]["initContainers"]
@@ -411,63 +314,41 @@ def test_serve_from_a_url_on_the_real_cluster(realkube, kube_user, monkeypatch):
 
     ns, backend = _served_backend(kube_user)
     apps = kubernetes.client.AppsV1Api(realkube.admin)
-    realkube.core.create_namespaced_secret(
-        ns.name,
-        {
-            "metadata": {"name": SECRET_NAME},
-            "type": "Opaque",
-            "data": {k: base64.b64encode(v.encode()).decode() for k, v in SECRET_VALUES.items()},
-        },
-    )
+    realkube.core.create_namespaced_secret(ns.name, {
+        "metadata": {"name": SECRET_NAME}, "type": "Opaque",
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in SECRET_VALUES.items()}})
     monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/alice/")
 
     def deployment():
-        found = [
-            d
-            for d in apps.list_namespaced_deployment(ns.name).items
-            if d.metadata.name == "mnist-serving" and not d.metadata.deletion_timestamp
-        ]
+        found = [d for d in apps.list_namespaced_deployment(ns.name).items
+                 if d.metadata.name == "mnist-serving" and not d.metadata.deletion_timestamp]
         return realkube.admin.sanitize_for_serialization(found[0]) if found else None
 
     backend.launch(ClusterSpec(name="mnist", workers=1, script="print(1)\n"), detach=True)
     info = backend.serve("mnist", source_url=SOURCE, credentials_secret=SECRET_NAME)
     assert (info.model, info.reused, info.base_path) == ("mnist", False, "/models/mnist")
-    pods = wait_for(
-        lambda: realkube.pods(ns.name, "tfk8s.io/component=serving"),
-        90,
-        message="the serving pod admitted under restricted (made by its ReplicaSet)",
-    )
+    pods = wait_for(lambda: realkube.pods(ns.name, "tfk8s.io/component=serving"), 90,
+                    message="the serving pod admitted under restricted (made by its ReplicaSet)")
     assert [c.name for c in pods[0].spec.init_containers] == ["fetch"]
     assert backend.serve("mnist", source_url=SOURCE).reused is True  # the cluster's Secret: none
     before, asked = deployment(), len(ns.requests())
     with pytest.raises(SpecError) as err:
         backend.serve("mnist", source_url="s3://runs/other")
-    assert str(err.value) == (
-        f"cluster 'mnist' already serves model 'mnist' from {SOURCE}: "
-        "`%tfcluster serve mnist --stop` first, then serve again."
-    )
+    assert str(err.value) == (f"cluster 'mnist' already serves model 'mnist' from {SOURCE}: "
+                              "`%tfcluster serve mnist --stop` first, then serve again.")
     # nothing changed: no write of the user's, the same spec (the controller may write status)
     assert not [r for r in ns.requests()[asked:] if r.verb not in ("get", "list", "watch")]
     after = deployment()
     assert (after["spec"], after["metadata"]["generation"]) == (
-        before["spec"],
-        before["metadata"]["generation"],
-    )
+        before["spec"], before["metadata"]["generation"])
     shown = [repr(backend.serving("mnist")), repr(backend.status("mnist")), repr(backend.events("mnist"))]
-    written = json.dumps(
-        [
-            deployment(),
-            realkube.admin.sanitize_for_serialization(realkube.pods(ns.name)),
-            realkube.admin.sanitize_for_serialization(realkube.events(ns.name)),
-            realkube.admin.sanitize_for_serialization(
-                realkube.core.read_namespaced_config_map("mnist", ns.name)
-            ),
-        ]
-    )
-    for value in [
-        *SECRET_VALUES.values(),
-        *(base64.b64encode(v.encode()).decode() for v in SECRET_VALUES.values()),
-    ]:
+    written = json.dumps([deployment(),
+                          realkube.admin.sanitize_for_serialization(realkube.pods(ns.name)),
+                          realkube.admin.sanitize_for_serialization(realkube.events(ns.name)),
+                          realkube.admin.sanitize_for_serialization(
+                              realkube.core.read_namespaced_config_map("mnist", ns.name))])
+    for value in [*SECRET_VALUES.values(), *(base64.b64encode(v.encode()).decode()
+                                             for v in SECRET_VALUES.values())]:
         assert value not in written and not any(value in x for x in shown)
     assert backend.stop_serving("mnist") is True
     wait_for(lambda: deployment() is None, 60, message="the serving Deployment removed")
@@ -483,13 +364,10 @@ def test_serve_from_a_url_with_a_missing_secret_is_one_sentence_and_creates_noth
     assert str(err.value) == (
         f"--credentials-secret 'nope': there is no Secret of that name in namespace '{ns.name}'; create "
         "it there first (e.g. `kubectl create secret generic nope --from-literal=AWS_ACCESS_KEY_ID=...`), "
-        "then serve again."
-    )
+        "then serve again.")
     assert len([r for r in ns.requests() if r.verb == "create"]) == created
     apps = kubernetes.client.AppsV1Api(realkube.admin)
-    assert not [
-        d for d in apps.list_namespaced_deployment(ns.name).items if d.metadata.name == "mnist-serving"
-    ]
-    assert not [
-        x for x in realkube.core.list_namespaced_service(ns.name).items if x.metadata.name == "mnist-serving"
-    ]
+    assert not [d for d in apps.list_namespaced_deployment(ns.name).items
+                if d.metadata.name == "mnist-serving"]
+    assert not [x for x in realkube.core.list_namespaced_service(ns.name).items
+                if x.metadata.name == "mnist-serving"]

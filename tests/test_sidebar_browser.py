@@ -65,21 +65,10 @@ SUMMARIES = textwrap.dedent("""\
     print("summaries written", flush=True)
 """)
 LAUNCH_IG = "import tfk8s_magics as tk\ntk.launch('ig', mode='in-graph', ps=1, workers=1)"
-NOTEBOOK = {
-    "cells": [
-        {
-            "cell_type": "code",
-            "execution_count": None,
-            "id": "first",
-            "metadata": {},
-            "outputs": [],
-            "source": LAUNCH_IG,
-        }
-    ],
-    "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
-    "nbformat": 4,
-    "nbformat_minor": 5,
-}
+NOTEBOOK = {"cells": [{"cell_type": "code", "execution_count": None, "id": "first", "metadata": {},
+                       "outputs": [], "source": LAUNCH_IG}],
+            "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+            "nbformat": 4, "nbformat_minor": 5}
 
 # Arrival time of every "tick I T" line shown in a logs tab after this is installed:
 # [I, T printed, T shown] (the lines already shown are history, not a measure).
@@ -122,12 +111,8 @@ def _wait(cond, timeout: float, what: str, page=None):
 def lab(tmp_path, state_dir):
     root = tmp_path / "root"
     root.mkdir()
-    for name, text in {
-        "count.py": COUNT,
-        "ticker.py": TICKER,
-        "fails.py": FAILS,
-        "summaries.py": SUMMARIES,
-    }.items():
+    for name, text in {"count.py": COUNT, "ticker.py": TICKER, "fails.py": FAILS,
+                       "summaries.py": SUMMARIES}.items():
         (root / name).write_text(text)
     (root / "connect.ipynb").write_text(json.dumps(NOTEBOOK))
     server = Lab(tmp_path, state_dir, root)
@@ -170,12 +155,8 @@ def _active_tab_label(page) -> str:
 def _run_focus(page, cell) -> None:
     """Make ``cell`` the notebook's active cell (focus, no hit-test)."""
     cell.locator(".jp-InputArea-editor .cm-content").first.focus()
-    _wait(
-        lambda: "jp-mod-active" in (cell.get_attribute("class") or "").split(),
-        30,
-        "the cell to be the active one",
-        page,
-    )
+    _wait(lambda: "jp-mod-active" in (cell.get_attribute("class") or "").split(), 30,
+          "the cell to be the active one", page)
 
 
 def test_sidebar_end_to_end(lab, page, state_dir):
@@ -198,20 +179,10 @@ def test_sidebar_end_to_end(lab, page, state_dir):
     assert form.locator('input[name="script"]').input_value() == "count.py"
     assert form.locator('input[name="name"]').input_value() == "count"
     fields = [f["name"] for f in lab.request("GET", "/tfk8s/form")[1]["fields"]]
-    assert form.locator("[name]").evaluate_all("els => els.map(e => e.name)") == [
-        "name",
-        "script",
-        *[
-            n
-            for n in ["mode", "workers", "ps", "chief", "evaluator", "restart_budget", "backend"]
-            if n in fields
-        ],
-        *[
-            n
-            for n in fields
-            if n not in ("mode", "workers", "ps", "chief", "evaluator", "restart_budget", "backend")
-        ],
-    ]
+    assert form.locator("[name]").evaluate_all("els => els.map(e => e.name)") == ["name", "script", *[
+        n for n in ["mode", "workers", "ps", "chief", "evaluator", "restart_budget", "backend"] if n in fields
+    ], *[n for n in fields if n not in ("mode", "workers", "ps", "chief", "evaluator", "restart_budget",
+                                        "backend")]]
     form.locator('input[name="name"]').fill("form1")
     form.locator('input[name="workers"]').fill("x")
     form.locator(".tfk8s-form-submit").click()
@@ -219,30 +190,21 @@ def test_sidebar_end_to_end(lab, page, state_dir):
     _wait(lambda: error.inner_text().strip(), 30, "the form's error", page)
     assert error.inner_text().strip() == (
         "%tfcluster launch: argument --workers: 'x' is not a whole number "
-        "(%tfcluster launch --help shows how)"
-    )
+        "(%tfcluster launch --help shows how)")
     assert not [c.name for c in tk.list_clusters() if c.name == "form1"]  # nothing launched
     form.locator('input[name="workers"]').fill("1")
     form.locator(".tfk8s-form-submit").click()
     _wait(lambda: "form1: launched" in form.locator(".tfk8s-form-done").inner_text(), 60, "the launch", page)
     phases = []
-    _wait(
-        lambda: phases.append(_phase(page, "form1")) or phases[-1] == "running",
-        120,
-        "form1 running in the sidebar",
-        page,
-    )
+    _wait(lambda: phases.append(_phase(page, "form1")) or phases[-1] == "running", 120,
+          "form1 running in the sidebar", page)
     row = _row(page, "form1")
     _wait(lambda: "step" in row.locator(".tfk8s-row-progress").inner_text(), 60, "form1's progress", page)
     # No layout shift while rows update: the browser's own layout-shift entries, over updates.
     page.evaluate(OBSERVE_SHIFTS)
     steps = {row.locator(".tfk8s-row-progress").inner_text()}
-    _wait(
-        lambda: steps.add(row.locator(".tfk8s-row-progress").inner_text()) or len(steps) >= 4,
-        60,
-        "three more progress updates of form1",
-        page,
-    )
+    _wait(lambda: steps.add(row.locator(".tfk8s-row-progress").inner_text()) or len(steps) >= 4, 60,
+          "three more progress updates of form1", page)
     assert page.evaluate("window.__shifts") == [], "rows moved while updating"
     _shot(page, "sidebar.png", page.locator("#tfk8s-sidebar"), docs=True)
 
@@ -283,12 +245,8 @@ def test_sidebar_end_to_end(lab, page, state_dir):
     bad_logs = page.locator(".tfk8s-logs").filter(has=page.locator('.tfk8s-logs-tab[data-task="worker-1"]'))
     _wait(lambda: bad_logs.count() == 1, 30, "bad's logs tab", page)
     assert bad_logs.locator('.tfk8s-logs-tab[aria-selected="true"]').inner_text() == "worker-1"
-    _wait(
-        lambda: "gives up" in bad_logs.locator('.tfk8s-logs-pre[data-task="worker-1"]').inner_text(),
-        30,
-        "worker-1's last words",
-        page,
-    )
+    _wait(lambda: "gives up" in bad_logs.locator('.tfk8s-logs-pre[data-task="worker-1"]').inner_text(), 30,
+          "worker-1's last words", page)
 
     # Its events, and the ticker's progress and loss curve, in tabs of their own.
     _row(page, "bad").locator(".tfk8s-action-events").click()
@@ -296,9 +254,8 @@ def test_sidebar_end_to_end(lab, page, state_dir):
     _wait(lambda: "worker-1" in events.locator("tbody").inner_text(), 60, "bad's events", page)
     _row(page, "ticker").locator(".tfk8s-action-progress").click()
     curve = page.locator(".tfk8s-progress .tfk8s-curve polyline")
-    _wait(
-        lambda: len((curve.get_attribute("points") or "").split()) >= 3, 60, "three points of the curve", page
-    )
+    _wait(lambda: len((curve.get_attribute("points") or "").split()) >= 3, 60, "three points of the curve",
+          page)
     assert "loss by step" in page.locator(".tfk8s-progress-label").inner_text()
 
     # 6. TensorBoard in a tab, through jupyter-server-proxy.
@@ -339,8 +296,7 @@ def test_sidebar_end_to_end(lab, page, state_dir):
     handle = cells.filter(has_text="cluster = tk.get('ticker')")
     _wait(lambda: handle.count() == 1, 30, "the inserted cell", page)
     assert cells.nth(2).locator(".jp-InputArea-editor").inner_text().strip() == (
-        "import tfk8s_magics as tk\ncluster = tk.get('ticker')\ncluster"
-    )  # below the active cell
+        "import tfk8s_magics as tk\ncluster = tk.get('ticker')\ncluster")  # below the active cell
     run_cell(page, handle)
     out = handle.locator(".jp-OutputArea")
     _wait(lambda: "ticker" in out.inner_text(), 120, "the handle's output", page)
@@ -351,23 +307,15 @@ def test_sidebar_end_to_end(lab, page, state_dir):
     connect = cells.filter(has_text="strategy = %tfcluster connect ig")
     _wait(lambda: connect.count() == 1, 30, "the second inserted cell", page)
     run_cell(page, connect)
-    _wait(
-        lambda: connect.locator(".jp-InputPrompt").inner_text().strip() not in ("[*]:", "[ ]:"),
-        300,
-        "the connect cell to finish",
-        page,
-    )
+    _wait(lambda: connect.locator(".jp-InputPrompt").inner_text().strip() not in ("[*]:", "[ ]:"),
+          300, "the connect cell to finish", page)
     assert "Error" not in connect.locator(".jp-OutputArea").inner_text()
     last = cells.nth(cells.count() - 1)
     last.locator(".jp-InputArea-editor .cm-content").first.click()
     page.keyboard.type("print(type(strategy).__name__)")
     run_cell(page, last)
-    _wait(
-        lambda: "ParameterServerStrategy" in last.locator(".jp-OutputArea").inner_text(),
-        120,
-        "the strategy of the connected kernel",
-        page,
-    )
+    _wait(lambda: "ParameterServerStrategy" in last.locator(".jp-OutputArea").inner_text(), 120,
+          "the strategy of the connected kernel", page)
     _shot(page, "sidebar-connect.png", docs=True)
 
     # 8. Stop, then Delete, from the sidebar.
@@ -387,12 +335,8 @@ def dark_lab(tmp_path, state_dir):
     root.mkdir()
     for name, text in {"count.py": COUNT, "ticker.py": TICKER}.items():
         (root / name).write_text(text)
-    server = Lab(
-        tmp_path,
-        state_dir,
-        root,
-        settings={"@jupyterlab/apputils-extension/themes": {"theme": "JupyterLab Dark"}},
-    )
+    server = Lab(tmp_path, state_dir, root,
+                 settings={"@jupyterlab/apputils-extension/themes": {"theme": "JupyterLab Dark"}})
     server.start()
     try:
         yield server
@@ -401,7 +345,7 @@ def dark_lab(tmp_path, state_dir):
 
 
 def _luminance(css: str) -> float:
-    r, g, b = (int(x) for x in css[css.index("(") + 1 : css.index(")")].split(",")[:3])
+    r, g, b = (int(x) for x in css[css.index("(") + 1:css.index(")")].split(",")[:3])
     return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255
 
 
@@ -419,20 +363,12 @@ def test_sidebar_after_a_server_restart(dark_lab, page, state_dir):
     assert _luminance(bar.locator(".tfk8s-title").evaluate("e => getComputedStyle(e).color")) > 0.6
     lab.tfk8s("submit", "keep", "--workers", "1", "--script", "ticker.py")
     lab.tfk8s("submit", "gone", "--workers", "1", "--script", "count.py")
-    _wait(
-        lambda: _phase(page, "keep") == "running" and _row(page, "gone").count() == 1,
-        120,
-        "both clusters in the sidebar",
-        page,
-    )
+    _wait(lambda: _phase(page, "keep") == "running" and _row(page, "gone").count() == 1, 120,
+          "both clusters in the sidebar", page)
     _shot(page, "sidebar-dark.png", bar, docs=True)
     lab.stop()
-    _wait(
-        lambda: "Reconnecting" in page.locator(".tfk8s-status").inner_text(),
-        60,
-        "the sidebar to notice",
-        page,
-    )
+    _wait(lambda: "Reconnecting" in page.locator(".tfk8s-status").inner_text(), 60,
+          "the sidebar to notice", page)
     tk.get("gone").delete()
     lab.tfk8s("submit", "new", "--workers", "1", "--script", "count.py")
     lab.start()
@@ -450,10 +386,6 @@ def test_sidebar_after_a_server_restart(dark_lab, page, state_dir):
     _wait(lambda: _phase(page, "keep") == "stopped", 60, "keep stopped", page)
     # A browser restart (a fresh page): the same rows from the server's snapshot.
     _open_sidebar(page, lab)
-    _wait(
-        lambda: _phase(page, "keep") == "stopped" and _phase(page, "new") == "succeeded",
-        60,
-        "the rows after a reload",
-        page,
-    )
+    _wait(lambda: _phase(page, "keep") == "stopped" and _phase(page, "new") == "succeeded", 60,
+          "the rows after a reload", page)
     assert _row(page, "gone").count() == 0

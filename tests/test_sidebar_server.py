@@ -34,87 +34,45 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_row_of_a_running_cluster_with_progress():
     st = ClusterStatus(
-        name="mnist",
-        backend="local",
-        mode="between",
-        phase="running",
-        created=100.0,
-        owner="ann",
+        name="mnist", backend="local", mode="between", phase="running", created=100.0, owner="ann",
         detached=True,
-        tasks=[
-            TaskStatus("ps-0", "running"),
-            TaskStatus("worker-0", "running"),
-            TaskStatus("worker-1", "starting"),
-        ],
+        tasks=[TaskStatus("ps-0", "running"), TaskStatus("worker-0", "running"),
+               TaskStatus("worker-1", "starting")],
         progress=Progress(step=120, total=1000, rate=5.0, metrics={"loss": 0.5}, time=110.0),
     )
     assert cluster_row(st, now=111.0) == {
-        "name": "mnist",
-        "backend": "local",
-        "mode": "between",
-        "phase": "running",
-        "terminal": False,
-        "reason": "",
-        "stall": "",
-        "created": 100.0,
-        "finished": None,
-        "detached": True,
-        "owner": "ann",
-        "log_dir": "",
-        "ready": 2,
-        "total": 3,
+        "name": "mnist", "backend": "local", "mode": "between", "phase": "running", "terminal": False,
+        "reason": "", "stall": "", "created": 100.0, "finished": None, "detached": True, "owner": "ann",
+        "log_dir": "", "ready": 2, "total": 3,
         "tasks": [
             {"name": "ps-0", "phase": "running", "reason": "", "restarts": 0, "exit_code": None},
             {"name": "worker-0", "phase": "running", "reason": "", "restarts": 0, "exit_code": None},
             {"name": "worker-1", "phase": "starting", "reason": "", "restarts": 0, "exit_code": None},
         ],
         "failed_task": None,
-        "progress": {
-            "step": 120,
-            "total": 1000,
-            "percent": 12.0,
-            "eta": 176.0,
-            "rate": 5.0,
-            "metrics": {"loss": 0.5},
-            "time": 110.0,
-        },
+        "progress": {"step": 120, "total": 1000, "percent": 12.0, "eta": 176.0, "rate": 5.0,
+                     "metrics": {"loss": 0.5}, "time": 110.0},
     }
 
 
 def test_row_of_a_failed_cluster_names_its_first_failed_task_and_drops_the_eta():
     st = ClusterStatus(
-        name="bad",
-        backend="local",
-        mode="between",
-        phase="failed",
-        reason="restart budget spent",
-        tasks=[
-            TaskStatus("worker-0", "succeeded", exit_code=0),
-            TaskStatus("worker-1", "failed", reason="exit code 1", exit_code=1, restarts=2),
-            TaskStatus("worker-2", "failed", reason="exit code 1", exit_code=1),
-        ],
+        name="bad", backend="local", mode="between", phase="failed", reason="restart budget spent",
+        tasks=[TaskStatus("worker-0", "succeeded", exit_code=0),
+               TaskStatus("worker-1", "failed", reason="exit code 1", exit_code=1, restarts=2),
+               TaskStatus("worker-2", "failed", reason="exit code 1", exit_code=1)],
         progress=Progress(step=10, total=100, rate=2.0),
     )
     row = cluster_row(st, now=0.0)
     assert (row["phase"], row["terminal"], row["failed_task"], row["ready"]) == (
-        "failed",
-        True,
-        "worker-1",
-        1,
-    )
+        "failed", True, "worker-1", 1)
     assert row["progress"]["eta"] is None and row["progress"]["rate"] is None
     assert row["progress"]["percent"] == 10.0
 
 
 def test_row_of_a_stalled_cluster_says_so():
-    st = ClusterStatus(
-        name="s",
-        backend="local",
-        mode="between",
-        phase="running",
-        tasks=[TaskStatus("worker-0", "running")],
-        stall=Stall(since=100.0, timeout=60.0),
-    )
+    st = ClusterStatus(name="s", backend="local", mode="between", phase="running",
+                       tasks=[TaskStatus("worker-0", "running")], stall=Stall(since=100.0, timeout=60.0))
     row = cluster_row(st, now=165.0)
     assert row["phase"] == "stalled"
     assert row["stall"] == "stalled: no log line, progress or task exit for 1m 05s"
@@ -122,13 +80,8 @@ def test_row_of_a_stalled_cluster_says_so():
 
 def test_event_row():
     e = Event(time=5.0, task="worker-1", reason="Restarted", message="exit code 1", type="Warning")
-    assert event_row(e) == {
-        "time": 5.0,
-        "task": "worker-1",
-        "reason": "Restarted",
-        "message": "exit code 1",
-        "type": "Warning",
-    }
+    assert event_row(e) == {"time": 5.0, "task": "worker-1", "reason": "Restarted",
+                            "message": "exit code 1", "type": "Warning"}
 
 
 # -- the launch form ----------------------------------------------------------------------------
@@ -136,75 +89,32 @@ def test_event_row():
 
 def test_form_fields_are_the_registrys_launch_options():
     fields = {f["name"]: f for f in form_fields({})}
-    launch = [
-        o.name
-        for o in options.for_command("launch")
-        if o.name not in ("name", "script_path", "detach", "show_dashboard")
-    ]
+    launch = [o.name for o in options.for_command("launch")
+              if o.name not in ("name", "script_path", "detach", "show_dashboard")]
     assert list(fields) == launch
-    assert fields["workers"] == {
-        "name": "workers",
-        "flag": "--workers",
-        "kind": "int",
-        "default": 2,
-        "help": "worker tasks",
-        "metavar": "N",
-    }
+    assert fields["workers"] == {"name": "workers", "flag": "--workers", "kind": "int", "default": 2,
+                                 "help": "worker tasks", "metavar": "N"}
     assert fields["ps_grace_period"]["kind"] == "float"
     assert fields["legacy_keras"] == {
-        "name": "legacy_keras",
-        "flag": "--no-legacy-keras",
-        "kind": "bool",
-        "default": True,
-        "help": options.OPTIONS["legacy_keras"].help,
-        "metavar": "",
-    }
+        "name": "legacy_keras", "flag": "--no-legacy-keras", "kind": "bool", "default": True,
+        "help": options.OPTIONS["legacy_keras"].help, "metavar": ""}
     assert fields["env"]["kind"] == "list" and fields["mode"]["default"] == "between"
 
 
 def test_form_argv_is_the_magics_command_line():
-    assert form_argv(
-        "m",
-        "/r/t.py",
-        {
-            "workers": "3",
-            "ps": "",
-            "legacy_keras": False,
-            "data_sync": False,
-            "env": ["A=1", "B=2"],
-            "replace": True,
-        },
-    ) == [
-        "launch",
-        "m",
-        "--script",
-        "/r/t.py",
-        "--workers",
-        "3",
-        "--env",
-        "A=1",
-        "--env",
-        "B=2",
-        "--no-legacy-keras",
-        "--replace",
-    ]
+    assert form_argv("m", "/r/t.py", {"workers": "3", "ps": "", "legacy_keras": False, "data_sync": False,
+                                       "env": ["A=1", "B=2"], "replace": True}) == [
+        "launch", "m", "--script", "/r/t.py", "--workers", "3", "--env", "A=1", "--env", "B=2",
+        "--no-legacy-keras", "--replace"]
     args = parse_form("m", "/r/t.py", {"workers": "3", "mode": "in-graph", "ps": "1"})
     assert (args.name, args.workers, args.ps, args.mode, args.script_path) == (
-        "m",
-        3,
-        1,
-        "in-graph",
-        "/r/t.py",
-    )
+        "m", 3, 1, "in-graph", "/r/t.py")
 
 
-@pytest.mark.parametrize(
-    ("values", "magic_line"),
-    [
-        ({"workers": "x"}, "launch m --script /r/t.py --workers x"),
-        ({"ps_grace_period": "soon"}, "launch m --script /r/t.py --ps-grace soon"),
-    ],
-)
+@pytest.mark.parametrize(("values", "magic_line"), [
+    ({"workers": "x"}, "launch m --script /r/t.py --workers x"),
+    ({"ps_grace_period": "soon"}, "launch m --script /r/t.py --ps-grace soon"),
+])
 def test_a_type_mistake_is_the_magics_sentence(values, magic_line):
     from IPython.core.error import UsageError
 
@@ -291,9 +201,8 @@ def test_monitor_pushes_rows_of_clusters_launched_anywhere(state_dir, tmp_path):
 
     def phases(name):
         with lock:
-            return [
-                m["cluster"]["phase"] for m in seen if m["type"] == "cluster" and m["cluster"]["name"] == name
-            ]
+            return [m["cluster"]["phase"] for m in seen
+                    if m["type"] == "cluster" and m["cluster"]["name"] == name]
 
     mon = ClusterMonitor(discover_every=0.5).start()
     mon.subscribe(on)
@@ -301,42 +210,20 @@ def test_monitor_pushes_rows_of_clusters_launched_anywhere(state_dir, tmp_path):
         api.launch("here", workers=1, script_path=str(script), detach=True)
         # Launched by another process (the CLI): found by discovery, then watched.
         env = dict(os.environ)
-        subprocess.run(
-            [
-                str(Path(sys.executable).parent / "tfk8s"),
-                "submit",
-                "there",
-                "--workers",
-                "1",
-                "--script",
-                str(script),
-            ],
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        wait_for(
-            lambda: "succeeded" in phases("here") and "succeeded" in phases("there"),
-            120,
-            "both clusters to be pushed as succeeded",
-        )
+        subprocess.run([str(Path(sys.executable).parent / "tfk8s"), "submit", "there", "--workers", "1",
+                        "--script", str(script)], env=env, check=True, capture_output=True, timeout=120)
+        wait_for(lambda: "succeeded" in phases("here") and "succeeded" in phases("there"), 120,
+                 "both clusters to be pushed as succeeded")
         for name in ("here", "there"):
             got = phases(name)
             assert got.index("running") < got.index("succeeded"), got
-        steps = [
-            m["cluster"]["progress"]["step"]
-            for m in seen
-            if m["type"] == "cluster" and m["cluster"]["name"] == "here" and m["cluster"]["progress"]
-        ]
+        steps = [m["cluster"]["progress"]["step"] for m in seen
+                 if m["type"] == "cluster" and m["cluster"]["name"] == "here" and m["cluster"]["progress"]]
         assert steps[-1] == 12 and len(set(steps)) > 3, steps  # progress pushed step by step
         assert {r["name"] for r in mon.snapshot()} == {"here", "there"}
         api.get("there").delete()
-        wait_for(
-            lambda: any(m == {"type": "removed", "name": "there"} for m in list(seen)),
-            30,
-            "the deleted cluster's removal",
-        )
+        wait_for(lambda: any(m == {"type": "removed", "name": "there"} for m in list(seen)), 30,
+                 "the deleted cluster's removal")
         assert [r["name"] for r in mon.snapshot()] == ["here"]
     finally:
         mon.close()
@@ -382,12 +269,9 @@ def test_a_cookie_login_needs_the_xsrf_token_to_change_anything(lab):
     xsrf = next(c.value for c in jar if c.name == "_xsrf")
 
     def post(headers):
-        req = urllib.request.Request(
-            f"{lab.base}/tfk8s/clusters",
-            method="POST",
-            headers=headers,
-            data=json.dumps({"name": "c", "script": "count.py", "options": {"workers": "x"}}).encode(),
-        )
+        req = urllib.request.Request(f"{lab.base}/tfk8s/clusters", method="POST", headers=headers,
+                                     data=json.dumps({"name": "c", "script": "count.py",
+                                                      "options": {"workers": "x"}}).encode())
         try:
             with opener.open(req, timeout=60) as r:
                 return r.status, r.read().decode()
@@ -400,8 +284,7 @@ def test_a_cookie_login_needs_the_xsrf_token_to_change_anything(lab):
     assert status == 400, text  # past XSRF: the form's own sentence
     assert json.loads(text)["message"] == (
         "%tfcluster launch: argument --workers: 'x' is not a whole number "
-        "(%tfcluster launch --help shows how)"
-    )
+        "(%tfcluster launch --help shows how)")
     with opener.open(f"{lab.base}/tfk8s/clusters", timeout=60) as r:
         assert json.loads(r.read())["clusters"] == []
 
@@ -414,9 +297,7 @@ def test_launch_refuses_a_script_outside_the_root_and_creates_nothing(lab, tmp_p
     assert body["message"].startswith("the script '../outside.py' is outside the server's root")
     status, body = lab.request("POST", "/tfk8s/clusters", {"name": "c", "script": ""})
     assert (status, body["message"]) == (
-        400,
-        "no training script chosen: pick a .py file in the file browser.",
-    )
+        400, "no training script chosen: pick a .py file in the file browser.")
     assert not api.list_clusters()
 
 
@@ -428,9 +309,8 @@ def test_rest_and_stream_launch_follow_stop_delete(lab):
     try:
         first = json.loads(ws.recv())
         assert (first["type"], first["backend"], first["clusters"]) == ("snapshot", "local", [])
-        status, body = lab.request(
-            "POST", "/tfk8s/clusters", {"name": "c1", "script": "count.py", "options": {"workers": "1"}}
-        )
+        status, body = lab.request("POST", "/tfk8s/clusters", {"name": "c1", "script": "count.py",
+                                                                "options": {"workers": "1"}})
         assert status == 201, body
         assert body["cluster"]["name"] == "c1" and body["cluster"]["detached"] is True
         ws.send(json.dumps({"type": "follow", "id": "7", "name": "c1"}))
@@ -446,11 +326,8 @@ def test_rest_and_stream_launch_follow_stop_delete(lab):
             elif m["type"] == "logs_end":
                 break
         assert lines == [f"line {i}" for i in range(12)]
-        wait_for(
-            lambda: lab.request("GET", "/tfk8s/clusters")[1]["clusters"][0]["phase"] == "succeeded",
-            30,
-            "c1 to be listed as succeeded",
-        )
+        wait_for(lambda: lab.request("GET", "/tfk8s/clusters")[1]["clusters"][0]["phase"] == "succeeded", 30,
+                 "c1 to be listed as succeeded")
         status, body = lab.request("GET", "/tfk8s/clusters/c1/events")
         assert status == 200 and isinstance(body["events"], list)
         status, body = lab.request("DELETE", "/tfk8s/clusters/c1")
@@ -466,15 +343,11 @@ def test_rest_and_stream_launch_follow_stop_delete(lab):
 def test_a_stopped_tensorboards_link_says_what_happened_and_how_to_start_it_again(lab):
     """Issue 27 item 7: the link of a TensorBoard whose server was stopped (its cluster deleted)
     gave jupyter-server-proxy's bare "500 : Internal Server Error"."""
-    status, body = lab.request(
-        "POST", "/tfk8s/clusters", {"name": "tb", "script": "count.py", "options": {"workers": "1"}}
-    )
+    status, body = lab.request("POST", "/tfk8s/clusters", {"name": "tb", "script": "count.py",
+                                                            "options": {"workers": "1"}})
     assert status == 201, body
-    wait_for(
-        lambda: lab.request("GET", "/tfk8s/clusters")[1]["clusters"][0]["phase"] == "succeeded",
-        120,
-        "tb to succeed",
-    )
+    wait_for(lambda: lab.request("GET", "/tfk8s/clusters")[1]["clusters"][0]["phase"] == "succeeded", 120,
+             "tb to succeed")
     status, tb = lab.request("POST", "/tfk8s/clusters/tb/tensorboard")
     assert status == 200, tb
 
@@ -489,11 +362,9 @@ def test_a_stopped_tensorboards_link_says_what_happened_and_how_to_start_it_agai
     status, page = get(f"/proxy/{tb['port']}/")
     assert status == 200 and "<title>TensorBoard</title>" in page, (status, page[:300])
     assert lab.request("DELETE", "/tfk8s/clusters/tb")[0] == 204  # stops its TensorBoard too
-    for path, where in (
-        (f"/proxy/{tb['port']}/", tb["port"]),
-        (f"/proxy/127.0.0.1:{tb['port']}/", tb["port"]),
-        (f"/proxy/localhost:{tb['port']}/", f"localhost:{tb['port']}"),
-    ):
+    for path, where in ((f"/proxy/{tb['port']}/", tb["port"]),
+                        (f"/proxy/127.0.0.1:{tb['port']}/", tb["port"]),
+                        (f"/proxy/localhost:{tb['port']}/", f"localhost:{tb['port']}")):
         status, page = get(path)
         assert status == 502, (path, status, page[:500])
         assert f"This server has stopped: nothing answers on port {where} any more." in page, page
@@ -506,16 +377,10 @@ def test_a_stopped_tensorboards_link_says_what_happened_and_how_to_start_it_agai
 @pytest.mark.slow
 def test_the_wheel_ships_the_prebuilt_sidebar_and_enables_it(tmp_path):
     assert (REPO / "tfk8s_magics" / "sidebar" / "labextension" / "package.json").exists(), (
-        "the sidebar is not built: run scripts/bootstrap lab"
-    )
+        "the sidebar is not built: run scripts/bootstrap lab")
     wheels, prefix = tmp_path / "wheels", tmp_path / "prefix"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(REPO), "-w", str(wheels)],
-        check=True,
-        capture_output=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(REPO), "-w", str(wheels)],
+                   check=True, capture_output=True, timeout=600, cwd=tmp_path)
     wheel = next(wheels.glob("tfk8s_magics-*.whl"))
     # Installed as an installer lays a wheel out under a prefix (by hand: pip would also see, and
     # replace, this checkout's editable install in the test's own environment).
@@ -535,41 +400,20 @@ def test_the_wheel_ships_the_prebuilt_sidebar_and_enables_it(tmp_path):
     meta = json.loads((ext / "package.json").read_text())
     assert meta["name"] == "tfk8s-sidebar" and (ext / meta["jupyterlab"]["_build"]["load"]).is_file()
     # A prefix of its own, read as Jupyter reads sys.prefix: nothing of this checkout on the path.
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(site),
-        JUPYTER_PATH=str(prefix / "share" / "jupyter"),
-        JUPYTER_CONFIG_PATH=str(prefix / "etc" / "jupyter"),
-        JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"),
-        JUPYTER_DATA_DIR=str(tmp_path / "data"),
-    )
+    env = dict(os.environ, PYTHONPATH=str(site), JUPYTER_PATH=str(prefix / "share" / "jupyter"),
+               JUPYTER_CONFIG_PATH=str(prefix / "etc" / "jupyter"),
+               JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"), JUPYTER_DATA_DIR=str(tmp_path / "data"))
     jupyter = str(Path(sys.executable).parent / "jupyter")
-    servers = subprocess.run(
-        [jupyter, "server", "extension", "list"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    servers = subprocess.run([jupyter, "server", "extension", "list"], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120)
     text = servers.stdout + servers.stderr
-    assert (
-        "tfk8s_magics.sidebar" in text
-        and str(site)
-        in subprocess.run(
-            [sys.executable, "-c", "import tfk8s_magics.sidebar as s; print(s.__file__)"],
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        ).stdout
-    )
+    assert "tfk8s_magics.sidebar" in text and str(site) in subprocess.run(
+        [sys.executable, "-c", "import tfk8s_magics.sidebar as s; print(s.__file__)"], env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=60).stdout
     plain = " ".join(text.replace("\x1b[32m", "").replace("\x1b[0m", "").split())
     assert "tfk8s_magics.sidebar enabled" in plain
-    labs = subprocess.run(
-        [jupyter, "labextension", "list"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
+    labs = subprocess.run([jupyter, "labextension", "list"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
     listed = " ".join((labs.stdout + labs.stderr).replace("\x1b[32m", "").replace("\x1b[0m", "").split())
     assert f"{prefix / 'share' / 'jupyter' / 'labextensions'}" in listed
     assert "tfk8s-sidebar v0.1.0 enabled OK" in listed

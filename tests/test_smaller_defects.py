@@ -16,19 +16,14 @@ from tfk8s_magics.ui.dashboard import Dashboard
 def test_a_nul_byte_in_a_body_names_its_line():
     with pytest.raises(tk.SpecError) as e:
         tk.make_spec("nul", script="x = 1\ny = 2\nz = '\0'\n")
-    assert str(e.value) == (
-        "the training script contains a NUL byte at <cell> line 3: remove it and launch again."
-    )
+    assert str(e.value) == ("the training script contains a NUL byte at <cell> line 3: remove it and "
+                            "launch again.")
 
 
 def test_submit_with_a_name_that_looks_like_a_flag_is_one_sentence(tmp_path):
-    r = subprocess.run(
-        [sys.executable, "-m", "tfk8s_magics.cli", "submit", "--", "-lead"],
-        env={**os.environ, "TFK8S_STATE_DIR": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = subprocess.run([sys.executable, "-m", "tfk8s_magics.cli", "submit", "--", "-lead"],
+                       env={**os.environ, "TFK8S_STATE_DIR": str(tmp_path)}, capture_output=True, text=True,
+                       timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().startswith("tfk8s: cluster name '-lead' is not valid:"), r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "clusters").exists()

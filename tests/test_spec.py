@@ -14,12 +14,7 @@ SCRIPT = "print('hi')\n"
 def test_tasks_are_listed_chief_ps_worker_evaluator():
     spec = ClusterSpec(name="m", workers=2, ps=2, chief=1, evaluator=1, script=SCRIPT)
     assert [t.name for t in spec.tasks()] == [
-        "chief-0",
-        "ps-0",
-        "ps-1",
-        "worker-0",
-        "worker-1",
-        "evaluator-0",
+        "chief-0", "ps-0", "ps-1", "worker-0", "worker-1", "evaluator-0",
     ]
     assert spec.replicas() == {"chief": 1, "ps": 2, "worker": 2, "evaluator": 1}
 
@@ -39,9 +34,7 @@ def test_coordinator_sees_itself_as_chief():
     spec = ClusterSpec(name="ig", mode="in-graph", workers=1, ps=1)
     cluster = {"ps": ["a:1"], "worker": ["b:2"]}
     assert coordinator_cluster_def(spec, cluster, "c:3") == {
-        "chief": ["c:3"],
-        "ps": ["a:1"],
-        "worker": ["b:2"],
+        "chief": ["c:3"], "ps": ["a:1"], "worker": ["b:2"],
     }
 
 
@@ -52,14 +45,9 @@ def test_mode_spellings_normalise(mode):
 
 def test_spec_round_trips_through_dict():
     spec = ClusterSpec(
-        name="m",
-        workers=2,
-        ps=1,
-        script=SCRIPT,
-        env={"A": "1"},
+        name="m", workers=2, ps=1, script=SCRIPT, env={"A": "1"},
         resources={"worker": Resources(cpu="2", memory="4Gi", gpus=1)},
-        tolerations=({"key": "gpu", "operator": "Exists"},),
-        node_selector={"pool": "gpu"},
+        tolerations=({"key": "gpu", "operator": "Exists"},), node_selector={"pool": "gpu"},
     )
     again = ClusterSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
     assert again == spec

@@ -46,11 +46,8 @@ def test_stop_ends_a_multiworker_fit_at_once_with_a_clean_exit(local, workdir):
     ``finally`` runs), every task exits 143, no SIGKILL is needed, the events record each end."""
     cluster = tk.launch("mwmsstop", workers=2, ps=0, script=MWMS_FIT, backend=local)
     cluster.wait_ready(timeout=240)
-    wait_for(
-        lambda: (cluster.status().progress or None) and cluster.status().progress.step >= 20,
-        timeout=240,
-        what="20 steps of training",
-    )
+    wait_for(lambda: (cluster.status().progress or None) and cluster.status().progress.step >= 20,
+             timeout=240, what="20 steps of training")
     st = cluster.stop()
     assert st.phase == Phase.STOPPED, st.reason
     assert st.reason == "stopped by the user"
@@ -68,10 +65,8 @@ def test_stop_ends_a_multiworker_fit_at_once_with_a_clean_exit(local, workdir):
     assert not [e for e in events if e.reason == "Killed"], events
     ended = {e.task: e.message for e in events if e.reason == "TaskStopped"}
     assert set(ended) == {"worker-0", "worker-1"}
-    assert all(
-        m.startswith(f"exited with code {EXIT_STOPPED} ") and m.endswith("after SIGTERM")
-        for m in ended.values()
-    ), ended
+    assert all(m.startswith(f"exited with code {EXIT_STOPPED} ") and m.endswith("after SIGTERM")
+               for m in ended.values()), ended
     # The order tells the truth: "Stopped" comes after every task's end.
     assert reasons.index(("", "Stopped")) > max(reasons.index((t, "TaskStopped")) for t in ended)
 
@@ -119,11 +114,8 @@ def test_a_task_that_ignores_sigterm_is_stopping_until_killed_and_the_kill_is_re
     result = {}
     stopper = threading.Thread(target=lambda: result.setdefault("st", cluster.stop()))
     stopper.start()
-    seen = wait_for(
-        lambda: (s := cluster.status()).phase == Phase.STOPPING and s,
-        timeout=30,
-        what="the cluster to say stopping",
-    )
+    seen = wait_for(lambda: (s := cluster.status()).phase == Phase.STOPPING and s, timeout=30,
+                    what="the cluster to say stopping")
     assert seen.task("worker-0").phase == Phase.RUNNING
     assert "waiting for the tasks to end" in seen.reason
     stopper.join(timeout=120)
@@ -141,16 +133,12 @@ def test_a_task_that_ignores_sigterm_is_stopping_until_killed_and_the_kill_is_re
 def test_after_the_grace_period_the_reason_says_the_servers_were_recycled(local, workdir):
     """Issue 27 item 7: "parameter servers stop after a 1 s grace period" stayed the reason after
     they had been recycled."""
-    cluster = tk.launch(
-        "recycled", workers=1, ps=1, ps_grace_period=1, script="print('done')\n", backend=local
-    )
+    cluster = tk.launch("recycled", workers=1, ps=1, ps_grace_period=1, script="print('done')\n",
+                        backend=local)
     st = cluster.wait(timeout=240)
     assert st.phase == Phase.SUCCEEDED
-    final = wait_for(
-        lambda: (s := cluster.status()).task("ps-0").phase in Phase.TERMINAL and s,
-        timeout=60,
-        what="the parameter server's end",
-    )
+    final = wait_for(lambda: (s := cluster.status()).task("ps-0").phase in Phase.TERMINAL and s,
+                     timeout=60, what="the parameter server's end")
     assert final.reason == "the workers finished; the parameter servers were recycled", final.reason
     assert "grace period" not in final.reason
 
@@ -175,15 +163,11 @@ def test_a_stopped_multiworker_fit_leaves_no_workertemp_run_in_tensorboard(local
     script = MWMS_FIT.replace(
         "callbacks=[tfk8s_magics.progress_callback()]",
         "callbacks=[tfk8s_magics.progress_callback(), "
-        "tf.keras.callbacks.TensorBoard(os.path.join(os.environ['TFK8S_LOG_DIR'], 'tb'))]",
-    )
+        "tf.keras.callbacks.TensorBoard(os.path.join(os.environ['TFK8S_LOG_DIR'], 'tb'))]")
     cluster = tk.launch("mwmstemp", workers=2, ps=0, script=script, backend=local)
     log_dir = Path(cluster.status().log_dir)
-    wait_for(
-        lambda: (cluster.status().progress or None) and cluster.status().progress.step >= 20,
-        timeout=240,
-        what="20 steps of training",
-    )
+    wait_for(lambda: (cluster.status().progress or None) and cluster.status().progress.step >= 20,
+             timeout=240, what="20 steps of training")
     assert (log_dir / "tb" / "workertemp_1" / "train").is_dir()  # what Keras writes meanwhile
     st = cluster.stop()
     assert st.phase == Phase.STOPPED, st.reason
@@ -192,12 +176,6 @@ def test_a_stopped_multiworker_fit_leaves_no_workertemp_run_in_tensorboard(local
     removed = [e for e in cluster.events() if e.reason == "TempRemoved"]
     assert len(removed) == 1 and "workertemp_1" in removed[0].message, removed
     info = cluster.tensorboard()
-    runs = wait_for(
-        lambda: (
-            json.loads(urllib.request.urlopen(f"http://127.0.0.1:{info.port}/data/runs", timeout=10).read())
-            or None
-        ),
-        60,
-        "TensorBoard's runs",
-    )
+    runs = wait_for(lambda: json.loads(urllib.request.urlopen(
+        f"http://127.0.0.1:{info.port}/data/runs", timeout=10).read()) or None, 60, "TensorBoard's runs")
     assert sorted(runs) == ["progress", "tb/train"], runs  # the callback's scalars and the chief's run

@@ -30,23 +30,15 @@ def mem():
     fs.rm(f"/{prefix}", recursive=True) if fs.exists(f"/{prefix}") else None
 
 
-@pytest.mark.parametrize(
-    "url, flag, writable, wanted",
-    [
-        ("s3://AKIAXXX:topsecret@bucket/x.py", "--script", False, "carries a password"),
-        (
-            "https://host/x.py?X-Amz-Signature=abc&X-Amz-Credential=AKIA",
-            "--script",
-            False,
-            "carries credentials",
-        ),
-        ("https://me:pw@host/x.py", "--file", False, "carries a password"),
-        ("https://token@host/x.py", "--file", False, "carries credentials"),
-        ("ftp://host/x", "--data-dir", False, "is not supported"),
-        ("https://host/out", "--backup", True, "read-only"),
-        ("s3://", "--backup", True, "names no bucket"),
-    ],
-)
+@pytest.mark.parametrize("url, flag, writable, wanted", [
+    ("s3://AKIAXXX:topsecret@bucket/x.py", "--script", False, "carries a password"),
+    ("https://host/x.py?X-Amz-Signature=abc&X-Amz-Credential=AKIA", "--script", False, "carries credentials"),
+    ("https://me:pw@host/x.py", "--file", False, "carries a password"),
+    ("https://token@host/x.py", "--file", False, "carries credentials"),
+    ("ftp://host/x", "--data-dir", False, "is not supported"),
+    ("https://host/out", "--backup", True, "read-only"),
+    ("s3://", "--backup", True, "names no bucket"),
+])
 def test_bad_urls_are_one_sentence_without_the_secret(url, flag, writable, wanted):
     with pytest.raises(StorageError) as e:
         storage.check_url(flag, url, writable=writable)
@@ -62,22 +54,17 @@ def test_fetch_text_records_size_and_sha256(mem):
     fs.pipe(f"/{p}/train.py", SCRIPT.encode())
     got = storage.fetch_text(f"memory://{p}/train.py", 1000)
     assert got.text == SCRIPT
-    assert got.source() == {
-        "url": f"memory://{p}/train.py",
-        "size": len(SCRIPT),
-        "sha256": hashlib.sha256(SCRIPT.encode()).hexdigest(),
-    }
+    assert got.source() == {"url": f"memory://{p}/train.py", "size": len(SCRIPT),
+                            "sha256": hashlib.sha256(SCRIPT.encode()).hexdigest()}
 
 
 def test_fetch_text_refuses_missing_big_and_directories(mem):
     fs, p = mem
     fs.pipe(f"/{p}/big.py", b"#" * 101)
     fs.pipe(f"/{p}/dir/a.py", b"x = 1\n")
-    for url, wanted in (
-        (f"memory://{p}/nope.py", "does not exist"),
-        (f"memory://{p}/big.py", "more than 100"),
-        (f"memory://{p}/dir", "is a directory"),
-    ):
+    for url, wanted in ((f"memory://{p}/nope.py", "does not exist"),
+                        (f"memory://{p}/big.py", "more than 100"),
+                        (f"memory://{p}/dir", "is a directory")):
         with pytest.raises(StorageError, match=wanted):
             storage.fetch_text(url, 100)
 
@@ -119,40 +106,22 @@ def test_a_failed_sync_leaves_nothing_behind(mem, tmp_path):
 def test_the_command_line_fetches_and_uploads_with_progress_lines(tmp_path):
     # memory:// lives in one process: the command line is tested here against a local fsspec URL
     # scheme it refuses, and against S3 in tests/test_storage_s3.py.
-    run = subprocess.run(
-        [sys.executable, "-m", "tfk8s_magics.storage", "fetch", "ftp://h/x", str(tmp_path / "d")],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-        timeout=120,
-    )
+    run = subprocess.run([sys.executable, "-m", "tfk8s_magics.storage", "fetch", "ftp://h/x",
+                          str(tmp_path / "d")], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()}, timeout=120)
     assert run.returncode == 1
     assert run.stderr.strip().count("\n") == 0 and "ftp:// is not supported" in run.stderr
     assert not (tmp_path / "d").exists()
 
 
 def test_spec_moves_a_data_url_and_checks_the_storage_fields():
-    spec = ClusterSpec(
-        "s",
-        script="print(1)",
-        data_dir="s3://bkt/ds",
-        data_sync=True,
-        log_dir="s3://bkt/run1",
-        credentials_secret="s3-creds",
-    )
-    assert (spec.data_url, spec.data_dir, spec.backup_url, spec.log_dir) == (
-        "s3://bkt/ds",
-        None,
-        "s3://bkt/run1",
-        None,
-    )
+    spec = ClusterSpec("s", script="print(1)", data_dir="s3://bkt/ds", data_sync=True,
+                       log_dir="s3://bkt/run1", credentials_secret="s3-creds")
+    assert (spec.data_url, spec.data_dir, spec.backup_url, spec.log_dir) == ("s3://bkt/ds", None,
+                                                                          "s3://bkt/run1", None)
     again = ClusterSpec.from_dict(spec.to_dict())
     assert (again.data_url, again.data_sync, again.backup_url, again.credentials_secret) == (
-        "s3://bkt/ds",
-        True,
-        "s3://bkt/run1",
-        "s3-creds",
-    )
+        "s3://bkt/ds", True, "s3://bkt/run1", "s3-creds")
     for kwargs, wanted in (
         ({"data_sync": True}, "--data-sync copies a --data-dir URL"),
         ({"backup_url": "https://h/x"}, "read-only"),
@@ -169,12 +138,8 @@ def test_make_spec_fetches_script_and_files_once_and_records_them(mem):
     fs, p = mem
     fs.pipe(f"/{p}/code/train.py", b"import helper\nprint(helper.X)\n")
     fs.pipe(f"/{p}/code/helper.py", b"X = 42\n")
-    spec = api.make_spec(
-        "s",
-        script_path=f"memory://{p}/code/train.py",
-        files=[f"memory://{p}/code/helper.py"],
-        backup_url=f"memory://{p}/out",
-    )
+    spec = api.make_spec("s", script_path=f"memory://{p}/code/train.py", files=[f"memory://{p}/code/helper.py"],
+                         backup_url=f"memory://{p}/out")
     assert spec.script.startswith("import helper") and spec.files == {"helper.py": "X = 42\n"}
     assert spec.sources["script.py"]["url"] == f"memory://{p}/code/train.py"
     assert spec.sources["helper.py"]["sha256"] == hashlib.sha256(b"X = 42\n").hexdigest()
@@ -219,9 +184,7 @@ def test_fetch_models_takes_a_backup_urls_models_or_a_models_dir(mem, tmp_path):
     done = storage.fetch_models(f"memory://{p}/run1", tmp_path / "a", model="m")
     assert done == {"files": 2, "bytes": 102}
     assert sorted(str(f.relative_to(tmp_path / "a")) for f in (tmp_path / "a").rglob("*") if f.is_file()) == [
-        "m/1/saved_model.pb",
-        "m/1/variables/variables.index",
-    ]
+        "m/1/saved_model.pb", "m/1/variables/variables.index"]
     storage.fetch_models(f"memory://{p}/run1/models", tmp_path / "b")
     assert (tmp_path / "b" / "m" / "1" / "saved_model.pb").read_bytes() == b"pb" * 50
     assert not [f for f in (tmp_path / "b").iterdir() if f.name.startswith(".")]
@@ -238,8 +201,7 @@ def test_fetch_models_without_the_model_is_one_sentence_and_keeps_nothing(mem, t
         assert str(err.value) == (
             f"--from 'memory://{p}/run1' holds no complete export of model {model!r} (found: m): give one "
             "of those with --model, or the URL of a --backup or of a models dir "
-            "(<model>/<version>/saved_model.pb)."
-        )
+            "(<model>/<version>/saved_model.pb).")
     assert list((tmp_path / "pod").iterdir()) == [] and not (tmp_path / "new").exists()
     with pytest.raises(StorageError, match=f"--from 'memory://{p}/gone' does not exist"):
         storage.fetch_models(f"memory://{p}/gone", tmp_path / "gone")
@@ -264,34 +226,24 @@ def test_the_fetch_models_command_line(mem, tmp_path, capsys):
 def test_local_serve_refuses_a_kubernetes_secret_in_one_sentence(local):
     with pytest.raises(SpecError) as err:
         local.serve("any", source_url="s3://b/run", credentials_secret="s3-creds")
-    assert str(err.value) == (
-        "--credentials-secret 's3-creds' names a Kubernetes Secret; the local backend "
-        "reads storage credentials from your environment or fsspec's config: drop it."
-    )
+    assert str(err.value) == ("--credentials-secret 's3-creds' names a Kubernetes Secret; the local backend "
+                              "reads storage credentials from your environment or fsspec's config: drop it.")
     assert not list(local.state_dir.iterdir())
 
 
-@pytest.mark.parametrize(
-    "url, package, extra",
-    [
-        ("gs://bucket/x", "gcsfs", "gcs"),
-        ("gcs://bucket/x", "gcsfs", "gcs"),
-        ("abfs://container/x", "adlfs", "azure"),
-        ("abfss://container/x", "adlfs", "azure"),
-        ("az://container/x", "adlfs", "azure"),
-        ("hdfs://namenode:8020/x", "pyarrow", "hdfs"),
-    ],
-)
+@pytest.mark.parametrize("url, package, extra", [
+    ("gs://bucket/x", "gcsfs", "gcs"), ("gcs://bucket/x", "gcsfs", "gcs"),
+    ("abfs://container/x", "adlfs", "azure"), ("abfss://container/x", "adlfs", "azure"),
+    ("az://container/x", "adlfs", "azure"), ("hdfs://namenode:8020/x", "pyarrow", "hdfs"),
+])
 def test_each_missing_filesystem_package_is_one_sentence_naming_its_extra(url, package, extra, tmp_path):
     import importlib.util
 
     if importlib.util.find_spec(package) is not None:
         pytest.skip(f"{package} is installed here")
     kind = url.partition(":")[0]
-    want = (
-        f"{kind}:// URLs need the {package} package, which is not installed: "
-        f"pip install 'tfk8s-magics[{extra}]' (or pip install {package})."
-    )
+    want = (f"{kind}:// URLs need the {package} package, which is not installed: "
+            f"pip install 'tfk8s-magics[{extra}]' (or pip install {package}).")
     with pytest.raises(StorageError) as err:
         storage.sync_down(url, tmp_path / "data")
     assert str(err.value) == want
@@ -306,8 +258,7 @@ def test_the_extras_named_exist_in_pyproject():
     from pathlib import Path
 
     extras = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())[
-        "project"
-    ]["optional-dependencies"]
+        "project"]["optional-dependencies"]
     for package, extra in storage.urls.EXTRAS.items():
         via_s3fs = package == "aiohttp" and any(r.startswith("s3fs") for r in extras[extra])
         assert any(r.startswith(package) for r in extras[extra]) or via_s3fs, (package, extra)

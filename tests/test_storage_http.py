@@ -47,26 +47,17 @@ def _self_signed(dest) -> tuple[str, str]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tfk8s test CA")])
     now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=2))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=2))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
     (dest / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (dest / "key.pem").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
+    (dest / "key.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     return str(dest / "cert.pem"), str(dest / "key.pem")
 
 
@@ -111,11 +102,8 @@ def test_a_script_and_a_file_are_fetched_with_size_and_sha256(web):
     base, _ = web
     spec = api.make_spec("w", script_path=f"{base}/code/train.py", files=[f"{base}/code/helper.py"])
     assert spec.script == TRAIN.decode() and spec.files == {"helper.py": "X = 42\n"}
-    assert spec.sources["script.py"] == {
-        "url": f"{base}/code/train.py",
-        "size": len(TRAIN),
-        "sha256": hashlib.sha256(TRAIN).hexdigest(),
-    }
+    assert spec.sources["script.py"] == {"url": f"{base}/code/train.py", "size": len(TRAIN),
+                                         "sha256": hashlib.sha256(TRAIN).hexdigest()}
     assert spec.sources["helper.py"]["size"] == 7
 
 
@@ -147,18 +135,12 @@ def test_writing_to_an_http_url_is_refused_before_any_request(web, local, tmp_pa
     for kwargs in ({"backup_url": f"{base}/out"}, {"log_dir": f"{base}/out"}):
         with pytest.raises(StorageError) as err:
             tk.launch("w", script="print(1)\n", backend=local, **kwargs)
-        assert str(err.value) == (
-            f"--backup '{base}/out': http:// is read-only; give a URL the lab can "
-            "upload to (s3://, gs://, abfs://, hdfs://)."
-        )
+        assert str(err.value) == (f"--backup '{base}/out': http:// is read-only; give a URL the lab can "
+                                  "upload to (s3://, gs://, abfs://, hdfs://).")
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "x").write_text("x")
-    run = subprocess.run(
-        [sys.executable, "-m", "tfk8s_magics.storage", "upload", str(tmp_path / "ckpt"), f"{base}/out"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = subprocess.run([sys.executable, "-m", "tfk8s_magics.storage", "upload", str(tmp_path / "ckpt"),
+                          f"{base}/out"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 1 and run.stderr.count("\n") == 1 and "http:// is read-only" in run.stderr
     assert seen == []  # not a single request reached the server
     assert not (local.state_dir / "clusters").exists() or not any((local.state_dir / "clusters").iterdir())
@@ -167,16 +149,9 @@ def test_writing_to_an_http_url_is_refused_before_any_request(web, local, tmp_pa
 @pytest.mark.slow
 def test_a_cluster_runs_a_script_from_http_on_data_synced_from_http(web, local, workdir):
     base, _ = web
-    cluster = tk.launch(
-        "web",
-        workers=1,
-        script_path=f"{base}/code/train.py",
-        files=[f"{base}/code/helper.py"],
-        data_dir=f"{base}/ds",
-        data_sync=True,
-        backend=local,
-        detach=True,
-    )
+    cluster = tk.launch("web", workers=1, script_path=f"{base}/code/train.py",
+                        files=[f"{base}/code/helper.py"], data_dir=f"{base}/ds", data_sync=True,
+                        backend=local, detach=True)
     st = cluster.wait(timeout=300)
     logs = cluster.logs("worker-0")
     assert st.phase == Phase.SUCCEEDED, (st.reason, logs)
@@ -208,28 +183,15 @@ def test_https_with_the_servers_ca_in_ssl_cert_file_fetches_script_and_data(web,
     makes its TLS context): the storage command in a fresh process, as the tasks' steps run it."""
     base, seen, cert = web
     env = {**os.environ, "SSL_CERT_FILE": cert}
-    run = subprocess.run(
-        [sys.executable, "-m", "tfk8s_magics.storage", "fetch", f"{base}/ds", str(tmp_path / "data")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    run = subprocess.run([sys.executable, "-m", "tfk8s_magics.storage", "fetch", f"{base}/ds",
+                          str(tmp_path / "data")], capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "data" / "a.bin").read_bytes() == PAYLOAD
     assert (tmp_path / "data" / "sub" / "b.txt").read_bytes() == b"hello\n"
-    code = (
-        "import sys; from tfk8s_magics import storage; "
-        "f = storage.fetch_text(sys.argv[1], 1000); print(f.size, f.sha256)"
-    )
-    got = subprocess.run(
-        [sys.executable, "-c", code, f"{base}/code/train.py"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=True,
-    )
+    code = ("import sys; from tfk8s_magics import storage; "
+            "f = storage.fetch_text(sys.argv[1], 1000); print(f.size, f.sha256)")
+    got = subprocess.run([sys.executable, "-c", code, f"{base}/code/train.py"], capture_output=True,
+                         text=True, timeout=120, env=env, check=True)
     assert got.stdout.split() == [str(len(TRAIN)), hashlib.sha256(TRAIN).hexdigest()]
     assert ("GET", "/code/train.py") in seen
 

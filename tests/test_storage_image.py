@@ -48,17 +48,9 @@ def _pins(path: Path) -> dict[str, str]:
 def _closure() -> set[str]:
     """Every distribution the roots need on Linux / CPython 3.11 (no extras), from the dev
     venv's metadata, with python-dateutil's own needs as of its 2.x line."""
-    env = {
-        "python_version": "3.11",
-        "python_full_version": "3.11.2",
-        "sys_platform": "linux",
-        "platform_system": "Linux",
-        "os_name": "posix",
-        "platform_machine": "x86_64",
-        "implementation_name": "cpython",
-        "platform_python_implementation": "CPython",
-        "extra": "",
-    }
+    env = {"python_version": "3.11", "python_full_version": "3.11.2", "sys_platform": "linux",
+           "platform_system": "Linux", "os_name": "posix", "platform_machine": "x86_64",
+           "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
     seen: set[str] = set()
     todo = list(ROOTS)
     while todo:
@@ -90,19 +82,15 @@ def test_its_pins_are_the_labs_except_python_dateutil():
 
 def test_the_step_commands_import_neither_kubernetes_nor_tensorflow():
     """What the storage venv runs (the storage tool, the steps) imports no module it lacks."""
-    code = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]); import tfk8s_magics.storage.__main__, "
-        "tfk8s_magics.backends.kubernetes.steps; "
-        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
-    )
-    r = subprocess.run([sys.executable, "-c", code, str(REPO)], capture_output=True, text=True, check=True)
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import tfk8s_magics.storage.__main__, "
+            "tfk8s_magics.backends.kubernetes.steps; "
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
+    r = subprocess.run([sys.executable, "-c", code, str(REPO)], capture_output=True, text=True,
+                       check=True)
     loaded = set(json.loads(r.stdout))
     # cython_runtime: the pseudo-module of PyYAML's compiled part
-    third_party = {
-        n
-        for n in loaded
-        if n not in sys.stdlib_module_names and not n.startswith("_") and n != "cython_runtime"
-    }
+    third_party = {n for n in loaded if n not in sys.stdlib_module_names and not n.startswith("_")
+                   and n != "cython_runtime"}
     # yaml is PyYAML (in the lock); nothing else outside the standard library
     assert third_party == {"tfk8s_magics", "yaml"}, third_party
 
@@ -112,13 +100,13 @@ def test_the_step_pods_run_the_storage_venv():
     from tfk8s_magics.backends.kubernetes.settings import K8sSettings
     from tfk8s_magics.spec import ClusterSpec
 
-    spec = ClusterSpec(
-        name="sv", workers=1, script="print(1)", data_url="s3://b/d", data_sync=True, backup_url="s3://b/out"
-    )
+    spec = ClusterSpec(name="sv", workers=1, script="print(1)", data_url="s3://b/d", data_sync=True,
+                       backup_url="s3://b/out")
     settings = K8sSettings()
     sync = sp.sync_pod(spec, settings)["spec"]
     backup = sp.backup_pod(spec, settings, ["worker-0"])["spec"]
-    commands = [c["command"] for c in [*sync["initContainers"], *sync["containers"], *backup["containers"]]]
+    commands = [c["command"] for c in [*sync["initContainers"], *sync["containers"],
+                                       *backup["containers"]]]
     assert [c[0] for c in commands] == ["/opt/storage/bin/python"] * 3
     dockerfile = (REPO / "images" / "task" / "Dockerfile").read_text()
     assert "RUN python -m venv /opt/storage" in dockerfile

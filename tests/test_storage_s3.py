@@ -39,21 +39,12 @@ def s3():
     host, port = server.get_host_and_port()
     base = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_DEFAULT_REGION": "us-east-1"}
     admin = {**base, "aws_access_key_id": "setup", "aws_secret_access_key": "setup"}
-    kw = {
-        "endpoint_url": admin["AWS_ENDPOINT_URL"],
-        "region_name": "us-east-1",
-        "aws_access_key_id": "setup",
-        "aws_secret_access_key": "setup",
-    }
+    kw = {"endpoint_url": admin["AWS_ENDPOINT_URL"], "region_name": "us-east-1",
+          "aws_access_key_id": "setup", "aws_secret_access_key": "setup"}
     iam = boto3.client("iam", **kw)
     iam.create_user(UserName="lab")
-    iam.put_user_policy(
-        UserName="lab",
-        PolicyName="s3",
-        PolicyDocument=json.dumps(
-            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
-        ),
-    )
+    iam.put_user_policy(UserName="lab", PolicyName="s3", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
     key = iam.create_access_key(UserName="lab")["AccessKey"]
     s3c = boto3.client("s3", **kw)
     s3c.create_bucket(Bucket=BUCKET)
@@ -64,16 +55,9 @@ def s3():
     env = {**base, "AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
     del admin
     with enable_iam_authentication():
-        yield (
-            env,
-            boto3.client(
-                "s3",
-                endpoint_url=base["AWS_ENDPOINT_URL"],
-                region_name="us-east-1",
-                aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-            ),
-        )
+        yield env, boto3.client("s3", endpoint_url=base["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                                aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                                aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
     server.stop()
 
 
@@ -90,16 +74,12 @@ def _keys(client, prefix):
 
 
 def test_script_and_files_are_fetched_with_size_and_sha256(creds):
-    spec = api.make_spec(
-        "s3code", script_path=f"s3://{BUCKET}/code/train.py", files=[f"s3://{BUCKET}/code/helper.py"]
-    )
+    spec = api.make_spec("s3code", script_path=f"s3://{BUCKET}/code/train.py",
+                         files=[f"s3://{BUCKET}/code/helper.py"])
     assert spec.files == {"helper.py": "X = 42\n"}
     assert spec.sources["script.py"]["size"] == len(spec.script.encode())
     assert spec.sources["helper.py"] == {
-        "url": f"s3://{BUCKET}/code/helper.py",
-        "size": 7,
-        "sha256": hashlib.sha256(b"X = 42\n").hexdigest(),
-    }
+        "url": f"s3://{BUCKET}/code/helper.py", "size": 7, "sha256": hashlib.sha256(b"X = 42\n").hexdigest()}
 
 
 def test_a_missing_object_and_a_wrong_secret_are_one_sentence(creds, monkeypatch):
@@ -113,13 +93,9 @@ def test_a_missing_object_and_a_wrong_secret_are_one_sentence(creds, monkeypatch
 
 
 def _cli(args, env, timeout=120):
-    return subprocess.run(
-        [sys.executable, "-m", "tfk8s_magics.storage", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), **env},
-    )
+    return subprocess.run([sys.executable, "-m", "tfk8s_magics.storage", *args], capture_output=True,
+                          text=True, timeout=timeout,
+                          env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), **env})
 
 
 def test_the_command_line_fetches_and_uploads_and_fails_in_one_sentence(creds, tmp_path):
@@ -134,44 +110,30 @@ def test_the_command_line_fetches_and_uploads_and_fails_in_one_sentence(creds, t
     run = _cli(["upload", str(tmp_path / "data"), f"s3://{BUCKET}/copy/run1"], env)
     assert run.returncode == 0, run.stderr
     assert _keys(client, "copy/run1/") == ["copy/run1/a.txt", "copy/run1/sub/b.bin"]
-    for args in (
-        ["fetch", f"s3://{BUCKET}/missing", str(tmp_path / "d2")],
-        ["fetch", f"s3://{BUCKET}/ds", str(tmp_path / "d3")],
-    ):
+    for args in (["fetch", f"s3://{BUCKET}/missing", str(tmp_path / "d2")],
+                 ["fetch", f"s3://{BUCKET}/ds", str(tmp_path / "d3")]):
         bad = {**env, "AWS_SECRET_ACCESS_KEY": "wrong-secret-value"} if args[2].endswith("d3") else env
         run = _cli(args, bad)
         assert run.returncode == 1 and run.stdout == ""
         assert run.stderr.count("\n") == 1 and run.stderr.startswith("tfk8s-storage: --data-dir ")
         assert "wrong-secret-value" not in run.stderr
         assert not Path(args[2]).exists()
-    run = _cli(
-        ["upload", str(tmp_path / "data"), f"s3://{BUCKET}/copy/run2"],
-        {**env, "AWS_SECRET_ACCESS_KEY": "wrong-secret-value"},
-    )
+    run = _cli(["upload", str(tmp_path / "data"), f"s3://{BUCKET}/copy/run2"],
+               {**env, "AWS_SECRET_ACCESS_KEY": "wrong-secret-value"})
     assert run.returncode == 1 and "access was refused" in run.stderr
     assert _keys(client, "copy/run2/") == []
 
 
 def test_launch_refuses_a_wrong_credential_or_missing_data_and_leaves_nothing(creds, local, monkeypatch):
     with pytest.raises(StorageError, match="does not exist"):
-        tk.launch(
-            "nodata",
-            script="print(1)\n",
-            data_dir=f"s3://{BUCKET}/nothing-here",
-            data_sync=True,
-            backend=local,
-        )
+        tk.launch("nodata", script="print(1)\n", data_dir=f"s3://{BUCKET}/nothing-here", data_sync=True,
+                  backend=local)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-value")
     with pytest.raises(StorageError, match="access was refused"):
         tk.launch("badkey", script="print(1)\n", backup_url=f"s3://{BUCKET}/out", backend=local)
     with pytest.raises(SpecError, match="credentials-secret .* names a Kubernetes Secret"):
-        tk.launch(
-            "secret",
-            script="print(1)\n",
-            backup_url=f"s3://{BUCKET}/out",
-            credentials_secret="s3-creds",
-            backend=local,
-        )
+        tk.launch("secret", script="print(1)\n", backup_url=f"s3://{BUCKET}/out",
+                  credentials_secret="s3-creds", backend=local)
     assert not (local.state_dir / "clusters").exists() or not any((local.state_dir / "clusters").iterdir())
 
 
@@ -192,16 +154,8 @@ print("trained", flush=True)
 @pytest.mark.slow
 def test_data_synced_before_the_tasks_and_results_backed_up_after(creds, local, workdir):
     env, client = creds
-    cluster = tk.launch(
-        "synced",
-        workers=1,
-        script=TRAIN,
-        data_dir=f"s3://{BUCKET}/ds",
-        data_sync=True,
-        backup_url=f"s3://{BUCKET}/backup/run1",
-        backend=local,
-        detach=True,
-    )
+    cluster = tk.launch("synced", workers=1, script=TRAIN, data_dir=f"s3://{BUCKET}/ds", data_sync=True,
+                        backup_url=f"s3://{BUCKET}/backup/run1", backend=local, detach=True)
     st = cluster.wait(timeout=300)
     logs = cluster.logs("worker-0")
     assert st.phase == Phase.SUCCEEDED, (st.reason, logs)
@@ -218,11 +172,8 @@ def test_data_synced_before_the_tasks_and_results_backed_up_after(creds, local, 
     leaked = [str(p) for p in local.state_dir.rglob("*") if p.is_file() and secret in p.read_bytes()]
     assert not leaked
     spec = cluster.spec
-    assert (spec.data_url, spec.data_sync, spec.backup_url) == (
-        f"s3://{BUCKET}/ds",
-        True,
-        f"s3://{BUCKET}/backup/run1",
-    )
+    assert (spec.data_url, spec.data_sync, spec.backup_url) == (f"s3://{BUCKET}/ds", True,
+                                                                f"s3://{BUCKET}/backup/run1")
     isolation_mode = local._raw_status(local._dir("synced"), local._record("synced"))["isolation"]["mode"]
     assert isolation_mode in ("netns", "userns+netns")  # synced: the tasks keep their private network
     # The volumes are gone: %tfcluster serve --from the backup URL serves the uploaded SavedModel.
@@ -230,9 +181,8 @@ def test_data_synced_before_the_tasks_and_results_backed_up_after(creds, local, 
     info = cluster.serve(source_url=f"s3://{BUCKET}/backup/run1")
     try:
         assert (info.model, info.version) == ("m", 1)
-        r = requests.post(
-            f"{info.rest_local}/v1/models/m:predict", json={"instances": [1.0, 2.0]}, timeout=30
-        )
+        r = requests.post(f"{info.rest_local}/v1/models/m:predict", json={"instances": [1.0, 2.0]},
+                          timeout=30)
         assert r.json() == {"predictions": [3.0, 6.0]}, r.text
     finally:
         cluster.serve(stop=True)
@@ -249,9 +199,8 @@ with fsspec.open(url + "/a.txt", "rb") as f:
 
 @pytest.mark.slow
 def test_an_unsynced_data_url_is_streamed_by_the_tasks(creds, local, workdir):
-    cluster = tk.launch(
-        "streamed", workers=1, script=STREAM, data_dir=f"s3://{BUCKET}/ds", backend=local, detach=True
-    )
+    cluster = tk.launch("streamed", workers=1, script=STREAM, data_dir=f"s3://{BUCKET}/ds", backend=local,
+                        detach=True)
     st = cluster.wait(timeout=300)
     logs = cluster.logs("worker-0")
     assert st.phase == Phase.SUCCEEDED, (st.reason, logs)
@@ -263,20 +212,12 @@ def test_an_unsynced_data_url_is_streamed_by_the_tasks(creds, local, workdir):
 
 
 @pytest.mark.slow
-def test_a_failed_sync_fails_the_cluster_in_one_sentence_and_leaves_the_data_dir_empty(
-    creds, local, workdir, monkeypatch
-):
+def test_a_failed_sync_fails_the_cluster_in_one_sentence_and_leaves_the_data_dir_empty(creds, local, workdir,
+                                                                                      monkeypatch):
     env, client = creds
     client.put_object(Bucket=BUCKET, Key="gone/x.bin", Body=b"x" * 10)
-    cluster = tk.launch(
-        "gone",
-        workers=1,
-        script="print('never')\n",
-        data_dir=f"s3://{BUCKET}/gone",
-        data_sync=True,
-        backend=local,
-        detach=True,
-    )
+    cluster = tk.launch("gone", workers=1, script="print('never')\n", data_dir=f"s3://{BUCKET}/gone",
+                        data_sync=True, backend=local, detach=True)
     client.delete_object(Bucket=BUCKET, Key="gone/x.bin")  # may race the sync: then it succeeds
     st = cluster.wait(timeout=120)
     if st.phase == Phase.SUCCEEDED:
@@ -287,7 +228,6 @@ def test_a_failed_sync_fails_the_cluster_in_one_sentence_and_leaves_the_data_dir
 
 
 # -- the supervisor's --data-sync copy: a child it can stop at once ------------------------------
-
 
 class _Sup:
     """What ClusterStorage uses of a supervisor (a real selector; ``pump`` dispatches like its own,
@@ -329,10 +269,7 @@ def test_the_supervisors_sync_shows_progress_as_the_reason_and_fails_in_one_sent
     assert sup.events[0][0] == "Synced"
     assert sup.events[0][1].startswith(f"{url} → {tmp_path / 'data'}: 2 file(s), 300.1 kB in ")
     assert sorted(str(p.relative_to(tmp_path / "data")) for p in (tmp_path / "data").rglob("*")) == [
-        "a.txt",
-        "sub",
-        "sub/b.bin",
-    ]
+        "a.txt", "sub", "sub/b.bin"]
     gone = f"s3://{BUCKET}/gone-for-good"
     sup = _Sup(ClusterSpec("s", script="print(1)", data_dir=gone, data_sync=True), tmp_path / "data2")
     assert not local_storage.ClusterStorage(sup).before_tasks()
@@ -352,9 +289,8 @@ class _HeldS3:
 
         self.key, self.started, self.release = key, threading.Event(), threading.Event()
         app = moto_server.DomainDispatcherApplication(moto_server.create_backend_app)
-        self.server = make_server(
-            "127.0.0.1", 0, self._held(app), True, request_handler=moto_server.MotoRequestHandler
-        )
+        self.server = make_server("127.0.0.1", 0, self._held(app), True,
+                                  request_handler=moto_server.MotoRequestHandler)
         self.endpoint = f"http://127.0.0.1:{self.server.server_port}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -371,9 +307,7 @@ class _HeldS3:
                 self.started.set()
                 self.release.wait(300)
                 yield data[65536:]
-
             return held()
-
         return wsgi
 
     def close(self):
@@ -412,11 +346,8 @@ def test_a_stop_during_the_copy_kills_it_and_keeps_nothing(held, tmp_path):
     from tfk8s_magics.spec import ClusterSpec
 
     url = f"s3://{BUCKET}/slow"
-    sup = _Sup(
-        ClusterSpec("s", script="print(1)", data_dir=url, data_sync=True),
-        tmp_path / "data",
-        stop_when=held.started.is_set,
-    )
+    sup = _Sup(ClusterSpec("s", script="print(1)", data_dir=url, data_sync=True), tmp_path / "data",
+               stop_when=held.started.is_set)
     assert not local_storage.ClusterStorage(sup).before_tasks()
     assert not held.release.is_set()  # the transfer was still held when the copy was ended
     assert sup.events[-1][0] == "SyncAborted" and "nothing of it was kept" in sup.events[-1][1]
@@ -435,9 +366,8 @@ sys.stdin.read()
 
 
 def _start_owner(url: str) -> subprocess.Popen:
-    owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, url], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
     assert owner.stdout.readline().strip() == "launched"
     return owner
 
@@ -458,11 +388,8 @@ def test_the_owners_exit_during_a_long_sync_stops_it_at_once(held, local, workdi
     try:
         assert held.started.wait(120), "the copy never started"
         data_dir = local._record("slow")["data_dir"]
-        wait_for(
-            lambda: local.status("slow").reason.startswith(f"sync: fetching s3://{BUCKET}/slow: "),
-            timeout=60,
-            what="progress as the reason",
-        )
+        wait_for(lambda: local.status("slow").reason.startswith(f"sync: fetching s3://{BUCKET}/slow: "),
+                 timeout=60, what="progress as the reason")
     finally:
         owner.kill()
         owner.wait()

@@ -62,17 +62,14 @@ class Tiny(tfk8s_magics.Trainer):
 
 
 # -- options and shapes (no TensorFlow) -------------------------------------------
-@pytest.mark.parametrize(
-    "bad, sentence",
-    [
-        ({"steps": 0}, "--steps 0 is out of range: give a count from 1 to"),
-        ({"steps": "ten"}, "--steps 'ten' is not a whole number"),
-        ({"batch_size": 2.5}, "--batch-size 2.5 is not a whole number"),
-        ({"sync": "maybe"}, "--sync 'maybe' is not valid: use 'sync'"),
-        ({"checkpoint_every": -1}, "--checkpoint-every -1 is out of range"),
-        ({"model_name": "My Model"}, "--model-name 'My Model' is not a valid model name"),
-    ],
-)
+@pytest.mark.parametrize("bad, sentence", [
+    ({"steps": 0}, "--steps 0 is out of range: give a count from 1 to"),
+    ({"steps": "ten"}, "--steps 'ten' is not a whole number"),
+    ({"batch_size": 2.5}, "--batch-size 2.5 is not a whole number"),
+    ({"sync": "maybe"}, "--sync 'maybe' is not valid: use 'sync'"),
+    ({"checkpoint_every": -1}, "--checkpoint-every -1 is out of range"),
+    ({"model_name": "My Model"}, "--model-name 'My Model' is not a valid model name"),
+])
 def test_bad_options_are_one_sentence(bad, sentence):
     with pytest.raises(SpecError) as err:
         TrainerOptions(**bad)
@@ -84,23 +81,12 @@ def test_unknown_option_names_the_known_ones():
         TrainerOptions.from_dict({"stepz": 3})
 
 
-@pytest.mark.parametrize(
-    "shape, options, sentence",
-    [
-        (
-            {"workers": 2, "ps": 1},
-            {},
-            "--sync sync (MultiWorkerMirroredStrategy) cannot use parameter servers",
-        ),
-        ({"workers": 2, "ps": 1}, {"sync": "async"}, "--sync async between-graph needs a chief"),
-        (
-            {"workers": 2, "ps": 0, "chief": 1},
-            {"sync": "async"},
-            "--sync async trains with parameter servers",
-        ),
-        ({"mode": "in-graph", "workers": 1, "ps": 1}, {}, "--trainer runs between-graph"),
-    ],
-)
+@pytest.mark.parametrize("shape, options, sentence", [
+    ({"workers": 2, "ps": 1}, {}, "--sync sync (MultiWorkerMirroredStrategy) cannot use parameter servers"),
+    ({"workers": 2, "ps": 1}, {"sync": "async"}, "--sync async between-graph needs a chief"),
+    ({"workers": 2, "ps": 0, "chief": 1}, {"sync": "async"}, "--sync async trains with parameter servers"),
+    ({"mode": "in-graph", "workers": 1, "ps": 1}, {}, "--trainer runs between-graph"),
+])
 def test_shapes_that_cannot_train_are_refused_at_launch(local, shape, options, sentence):
     with pytest.raises(SpecError) as err:
         api.launch("t", backend=local, script=TRAINER, trainer="Tiny", **options, **shape)
@@ -140,25 +126,16 @@ def test_a_class_from_a_module_is_imported_by_name():
         trainer_script(dict, TrainerOptions())
 
 
-@pytest.mark.parametrize(
-    "edit, sentence",
-    [
-        (
-            ("def dataset(self, ctx):", "def dataset(self):"),
-            "Tiny.dataset(self) does not take what the platform passes it: define it as "
-            "dataset(self, input_context).",
-        ),
-        (
-            ("def build_model(self):", "def build_model(self, strategy):"),
-            "Tiny.build_model(self, strategy) does not take what the platform passes it: define it as "
-            "build_model(self).",
-        ),
-        (
-            ("def dataset(self, ctx):", "def data(self, ctx):"),
-            "Tiny does not override dataset(): a Trainer must define dataset(self, input_context).",
-        ),
-    ],
-)
+@pytest.mark.parametrize("edit, sentence", [
+    (("def dataset(self, ctx):", "def dataset(self):"),
+     "Tiny.dataset(self) does not take what the platform passes it: define it as "
+     "dataset(self, input_context)."),
+    (("def build_model(self):", "def build_model(self, strategy):"),
+     "Tiny.build_model(self, strategy) does not take what the platform passes it: define it as "
+     "build_model(self)."),
+    (("def dataset(self, ctx):", "def data(self, ctx):"),
+     "Tiny does not override dataset(): a Trainer must define dataset(self, input_context)."),
+])
 def test_a_trainer_the_platform_cannot_call_is_refused_at_launch(local, edit, sentence):
     """Issue 27 item 8: checked before anything is created, not a TypeError in every task."""
     with pytest.raises(SpecError) as err:
@@ -193,15 +170,13 @@ def test_magic_flags_are_the_registry_options(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(api, "_backends", {})
 
     magics = TFClusterMagics(shell=None)
-    magics.tfcluster(
-        "render t --trainer Tiny --workers 2 --steps 9 --batch-size 8 --checkpoint-every 3", TRAINER
-    )
+    magics.tfcluster("render t --trainer Tiny --workers 2 --steps 9 --batch-size 8 --checkpoint-every 3",
+                     TRAINER)
     out = capsys.readouterr().out
     # one JobSet with a single replicated Job, the 2 workers (sync MWMS: no parameter server)
     (jobset,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "JobSet"]
-    assert [(r["name"], r["template"]["spec"]["completions"]) for r in jobset["spec"]["replicatedJobs"]] == [
-        ("worker", 2)
-    ]
+    assert [(r["name"], r["template"]["spec"]["completions"])
+            for r in jobset["spec"]["replicatedJobs"]] == [("worker", 2)]
     assert "t-worker-0-1.t.default.svc:2222" in out and "t-ps-0" not in out
     assert '\\"steps\\": 9' in out or '"steps": 9' in out
     from IPython.core.error import UsageError
@@ -246,18 +221,8 @@ def test_plain_process_run_exports_versions_and_resumes(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_sync_training_resumes_from_the_checkpoint_after_the_workers_are_killed(local, workdir):
     script = TRAINER.replace("PAUSE = 0.0", "PAUSE = 0.02")
-    cluster = api.launch(
-        "rs",
-        backend=local,
-        script=script,
-        trainer="Tiny",
-        workers=2,
-        ps=0,
-        restart_budget=6,
-        steps=240,
-        checkpoint_every=40,
-        batch_size=16,
-    )
+    cluster = api.launch("rs", backend=local, script=script, trainer="Tiny", workers=2, ps=0,
+                         restart_budget=6, steps=240, checkpoint_every=40, batch_size=16)
     log_dir = cluster.status().log_dir.path
     ckpt = os.path.join(log_dir, "checkpoints", "ckpt-40.index")
     wait_for(lambda: os.path.exists(ckpt), timeout=300, what="the first checkpoint", interval=0.1)
@@ -289,10 +254,8 @@ def test_sync_training_resumes_from_the_checkpoint_after_the_workers_are_killed(
     x = np.random.default_rng(0).normal(size=(5, 4)).astype("float32")
     r = requests.post(info.predict_url(), json={"instances": x.tolist()}, timeout=60)
     assert r.status_code == 200, r.text
-    assert np.array_equal(
-        np.asarray(r.json()["predictions"], np.float32),
-        _in_process_predict(os.path.join(models, "rs", "1"), x),
-    )
+    assert np.array_equal(np.asarray(r.json()["predictions"], np.float32),
+                          _in_process_predict(os.path.join(models, "rs", "1"), x))
     assert cluster.serve().reused is True
     pid = info.pid
     assert cluster.serve(stop=True) is True
@@ -303,20 +266,8 @@ def test_sync_training_resumes_from_the_checkpoint_after_the_workers_are_killed(
 
 @pytest.mark.slow
 def test_async_training_with_a_chief_coordinating_parameter_servers(local, workdir):
-    cluster = api.launch(
-        "as",
-        backend=local,
-        script=TRAINER,
-        trainer="Tiny",
-        chief=1,
-        ps=1,
-        workers=1,
-        ps_grace_period=0,
-        sync="async",
-        steps=30,
-        checkpoint_every=10,
-        summary_every=5,
-    )
+    cluster = api.launch("as", backend=local, script=TRAINER, trainer="Tiny", chief=1, ps=1, workers=1,
+                         ps_grace_period=0, sync="async", steps=30, checkpoint_every=10, summary_every=5)
     st = cluster.wait(timeout=600)
     assert st.phase == "succeeded", (st.reason, cluster.logs(tail=30))
     assert "ParameterServerStrategy" in cluster.logs("chief-0")
@@ -343,18 +294,8 @@ def test_sync_training_resumes_after_one_worker_is_killed(local, workdir):
     """One worker SIGKILLed: its peer's lost collective is the same incident, the group restarts
     once, and both resume from the checkpoint's step."""
     script = TRAINER.replace("PAUSE = 0.0", "PAUSE = 0.02")
-    cluster = api.launch(
-        "one",
-        backend=local,
-        script=script,
-        trainer="Tiny",
-        workers=2,
-        ps=0,
-        restart_budget=1,
-        steps=200,
-        checkpoint_every=40,
-        batch_size=16,
-    )
+    cluster = api.launch("one", backend=local, script=script, trainer="Tiny", workers=2, ps=0,
+                         restart_budget=1, steps=200, checkpoint_every=40, batch_size=16)
     ckpt = os.path.join(cluster.status().log_dir.path, "checkpoints", "ckpt-40.index")
     wait_for(lambda: os.path.exists(ckpt), timeout=300, what="the first checkpoint", interval=0.1)
     os.kill(cluster.status().task("worker-1").pid, signal.SIGKILL)

@@ -27,9 +27,8 @@ SCRIPTS = Path(__file__).parent / "scripts"
 
 
 def test_multi_worker_keras_fit_with_a_helper_module_beside_the_script(local, workdir):
-    cluster = tk.launch(
-        "kerasfit", workers=2, ps=0, backend=local, script_path=str(SCRIPTS / "mwms_fit" / "train.py")
-    )
+    cluster = tk.launch("kerasfit", workers=2, ps=0, backend=local,
+                        script_path=str(SCRIPTS / "mwms_fit" / "train.py"))
     st = cluster.wait(timeout=600)
     logs = cluster.logs()
     assert st.phase == Phase.SUCCEEDED, logs[-4000:]
@@ -38,7 +37,8 @@ def test_multi_worker_keras_fit_with_a_helper_module_beside_the_script(local, wo
 
 
 def test_multi_worker_custom_training_loop(local, workdir):
-    cluster = tk.launch("ctl", workers=2, ps=0, backend=local, script_path=str(SCRIPTS / "mwms_loop.py"))
+    cluster = tk.launch("ctl", workers=2, ps=0, backend=local,
+                        script_path=str(SCRIPTS / "mwms_loop.py"))
     st = cluster.wait(timeout=600)
     logs = cluster.logs()
     assert st.phase == Phase.SUCCEEDED, logs[-4000:]
@@ -48,14 +48,8 @@ def test_multi_worker_custom_training_loop(local, workdir):
 def test_parameter_server_training_from_a_resolver_with_fit_custom_loop_and_evaluation(state_dir, tmp_path):
     tk.launch("pstutorial", mode="in-graph", ps=2, workers=2, backend="local", wait_ready=300)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / "ps_coordinator.py")],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "ps_coordinator.py")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
     # The partitioner split the embedding over both parameter servers.

@@ -63,7 +63,8 @@ class PodmanKubelet:
 
     def _objects(self) -> list[dict]:
         out = []
-        for kind, api_version in (("configmaps", "v1"), ("services", "v1"), ("persistentvolumeclaims", "v1")):
+        for kind, api_version in (("configmaps", "v1"), ("services", "v1"),
+                                  ("persistentvolumeclaims", "v1")):
             for obj in self.kube.list_objects(kind, self.namespace):
                 out.append({"apiVersion": api_version, "kind": lookup(kind).kind, **obj})
         return out
@@ -71,20 +72,14 @@ class PodmanKubelet:
     def _start(self, name: str) -> None:
         pod = self.kube.get_object("pods", name, self.namespace)
         meta = pod["metadata"]
-        instance = PodInstance(
-            name, self.namespace, dict(meta.get("labels", {})), dict(meta.get("annotations", {})), pod["spec"]
-        )
+        instance = PodInstance(name, self.namespace, dict(meta.get("labels", {})),
+                               dict(meta.get("annotations", {})), pod["spec"])
         # what the API server and the scheduler filled in (placement only: one machine needs none);
         # every other field goes to the mapping, which refuses what it cannot reproduce
         instance.spec = {k: v for k, v in pod["spec"].items() if k not in _PLACEMENT}
         image = instance.spec["containers"][0]["image"]
-        plan = container_plan(
-            instance,
-            self._objects(),
-            prefix=self.run.prefix,
-            network=self.run.ensure_network(),
-            image_user=self.run.image_user(image),
-        )
+        plan = container_plan(instance, self._objects(), prefix=self.run.prefix,
+                              network=self.run.ensure_network(), image_user=self.run.image_user(image))
         self.plans[name] = plan
         self.run.start(plan)
         self.run.wait_ready(plan)

@@ -95,17 +95,9 @@ class PodmanRun:
     def plans(self, objects: list[Manifest], **options) -> list[ContainerPlan]:
         """A plan per pod of the rendered ``objects`` (raises :class:`~.pods.Unmappable`)."""
         network = self.ensure_network()
-        return [
-            container_plan(
-                p,
-                objects,
-                prefix=self.prefix,
-                network=network,
-                image_user=self.image_user(p.spec["containers"][0]["image"]),
-                **options,
-            )
-            for p in pod_instances(objects)
-        ]
+        return [container_plan(p, objects, prefix=self.prefix, network=network,
+                               image_user=self.image_user(p.spec["containers"][0]["image"]), **options)
+                for p in pod_instances(objects)]
 
     def start(self, plan: ContainerPlan, extra: list[str] = (), init_timeout: float = 600) -> str:
         """Create what ``plan`` mounts, run its init containers to their end (in order), then
@@ -165,16 +157,13 @@ class PodmanRun:
         while True:
             status, code = self.state(plan.container)
             if status != "running":
-                raise AssertionError(
-                    f"{plan.container} is {status} (exit {code}) before it was ready:\n"
-                    + self.logs(plan.container)
-                )
+                raise AssertionError(f"{plan.container} is {status} (exit {code}) before it was ready:\n"
+                                     + self.logs(plan.container))
             if self.run("exec", plan.container, *plan.readiness, check=False).returncode == 0:
                 return time.monotonic() - start
             if time.monotonic() - start > timeout:
-                raise AssertionError(
-                    f"{plan.container} not ready after {timeout:g} s:\n" + self.logs(plan.container)
-                )
+                raise AssertionError(f"{plan.container} not ready after {timeout:g} s:\n"
+                                     + self.logs(plan.container))
             time.sleep(0.5)
 
     def wait_exit(self, name: str, timeout: float = 300) -> int:

@@ -61,15 +61,9 @@ def pod_instances(objects: Iterable[Manifest]) -> list[PodInstance]:
     for obj in objects:
         if obj.get("kind") == "Pod":
             meta = obj["metadata"]
-            out.append(
-                PodInstance(
-                    meta["name"],
-                    meta.get("namespace", "default"),
-                    dict(meta.get("labels", {})),
-                    dict(meta.get("annotations", {})),
-                    copy.deepcopy(obj["spec"]),
-                )
-            )
+            out.append(PodInstance(meta["name"], meta.get("namespace", "default"),
+                                   dict(meta.get("labels", {})), dict(meta.get("annotations", {})),
+                                   copy.deepcopy(obj["spec"])))
         elif obj.get("kind") == "JobSet":
             out += list(_jobset_pods(obj))
         elif obj.get("kind") == "Deployment":
@@ -77,15 +71,9 @@ def pod_instances(objects: Iterable[Manifest]) -> list[PodInstance]:
             if obj["spec"].get("replicas", 1) != 1:
                 raise Unmappable(f"Deployment {meta['name']}: replicas != 1 are not mapped")
             tmeta = template.get("metadata") or {}
-            out.append(
-                PodInstance(
-                    f"{meta['name']}-0",
-                    meta.get("namespace", "default"),
-                    dict(tmeta.get("labels", {})),
-                    dict(tmeta.get("annotations", {})),
-                    copy.deepcopy(template["spec"]),
-                )
-            )
+            out.append(PodInstance(f"{meta['name']}-0", meta.get("namespace", "default"),
+                                   dict(tmeta.get("labels", {})), dict(tmeta.get("annotations", {})),
+                                   copy.deepcopy(template["spec"])))
     return out
 
 
@@ -126,78 +114,27 @@ def _jobset_pods(jobset: Manifest) -> Iterator[PodInstance]:
                 if dns:
                     pod_spec.setdefault("hostname", f"{job}-{index}")
                     pod_spec.setdefault("subdomain", subdomain)
-                env = [
-                    {
-                        "name": "JOB_COMPLETION_INDEX",
-                        "valueFrom": {
-                            "fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}
-                        },
-                    }
-                ]
-                yield PodInstance(
-                    f"{job}-{index}",
-                    meta.get("namespace", "default"),
-                    labels,
-                    annotations,
-                    pod_spec,
-                    env,
-                    subdomain if dns else None,
-                )
+                env = [{"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
+                    "fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}}]
+                yield PodInstance(f"{job}-{index}", meta.get("namespace", "default"), labels,
+                                  annotations, pod_spec, env, subdomain if dns else None)
 
 
 # ---------------------------------------------------------------- the mapping
 
-_POD_FIELDS = {
-    "hostname",
-    "subdomain",
-    "restartPolicy",
-    "automountServiceAccountToken",
-    "enableServiceLinks",
-    "securityContext",
-    "containers",
-    "volumes",
-    "serviceAccountName",
-    "terminationGracePeriodSeconds",
-    "dnsPolicy",
-    "initContainers",
-}
-_CONTAINER_FIELDS = {
-    "name",
-    "image",
-    "imagePullPolicy",
-    "command",
-    "args",
-    "workingDir",
-    "env",
-    "envFrom",
-    "livenessProbe",
-    "ports",
-    "readinessProbe",
-    "securityContext",
-    "volumeMounts",
-    "resources",
-    "terminationMessagePolicy",
-    "terminationMessagePath",
-}
-_POD_SECURITY = {
-    "runAsNonRoot",
-    "runAsUser",
-    "runAsGroup",
-    "fsGroup",
-    "fsGroupChangePolicy",
-    "seccompProfile",
-    "supplementalGroups",
-}
-_CONTAINER_SECURITY = {
-    "allowPrivilegeEscalation",
-    "readOnlyRootFilesystem",
-    "capabilities",
-    "runAsNonRoot",
-    "runAsUser",
-    "runAsGroup",
-    "privileged",
-    "seccompProfile",
-}
+_POD_FIELDS = {"hostname", "subdomain", "restartPolicy", "automountServiceAccountToken",
+               "enableServiceLinks", "securityContext", "containers", "volumes",
+               "serviceAccountName", "terminationGracePeriodSeconds", "dnsPolicy",
+               "initContainers"}
+_CONTAINER_FIELDS = {"name", "image", "imagePullPolicy", "command", "args", "workingDir", "env",
+                     "envFrom",
+                     "livenessProbe",
+                     "ports", "readinessProbe", "securityContext", "volumeMounts", "resources",
+                     "terminationMessagePolicy", "terminationMessagePath"}
+_POD_SECURITY = {"runAsNonRoot", "runAsUser", "runAsGroup", "fsGroup", "fsGroupChangePolicy",
+                 "seccompProfile", "supplementalGroups"}
+_CONTAINER_SECURITY = {"allowPrivilegeEscalation", "readOnlyRootFilesystem", "capabilities",
+                       "runAsNonRoot", "runAsUser", "runAsGroup", "privileged", "seccompProfile"}
 
 
 @dataclass
@@ -233,9 +170,8 @@ def _check_keys(where: str, obj: Manifest, allowed: set[str]) -> None:
             refuse(f"{where}.{key}", obj[key])
 
 
-def promised_names(
-    pod: PodInstance, objects: list[Manifest], cluster_domain: str, unenforced: Iterable[str] = ()
-) -> list[str]:
+def promised_names(pod: PodInstance, objects: list[Manifest], cluster_domain: str,
+                   unenforced: Iterable[str] = ()) -> list[str]:
     """The DNS names the rendered Services promise for ``pod``.
 
     * ``<hostname>.<subdomain>.<ns>.svc.<domain>`` when a headless Service named
@@ -260,9 +196,8 @@ def promised_names(
             continue
         if spec.get("type", "ClusterIP") != "ClusterIP":
             refuse(f"Service {name}.spec.type", spec["type"])
-        ports = {
-            p.get("name"): p["containerPort"] for c in pod.spec["containers"] for p in c.get("ports", [])
-        }
+        ports = {p.get("name"): p["containerPort"]
+                 for c in pod.spec["containers"] for p in c.get("ports", [])}
         if f"Service/{name}" in unenforced:
             continue
         for port in spec.get("ports", []):
@@ -276,18 +211,8 @@ def promised_names(
 
 
 _QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T|m)?$")
-_FACTORS = {
-    None: 1,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "m": 10**-3,
-}
+_FACTORS = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6,
+            "G": 10**9, "T": 10**12, "m": 10**-3}
 
 
 def quantity(value: str | int) -> float:
@@ -300,11 +225,8 @@ def quantity(value: str | int) -> float:
 
 def expand(text: str, env: dict[str, str]) -> str:
     """The API's ``$(VAR)`` expansion: defined names are replaced, ``$$`` is a literal ``$``."""
-    return re.sub(
-        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)",
-        lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)),
-        text,
-    )
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)",
+                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
 
 
 def _field_ref(pod: PodInstance, path: str) -> str:
@@ -314,11 +236,8 @@ def _field_ref(pod: PodInstance, path: str) -> str:
         if m.group(2) not in source:
             refuse(f"fieldRef {path} (no such key on the pod)", path)
         return source[m.group(2)]
-    simple = {
-        "metadata.name": pod.name,
-        "metadata.namespace": pod.namespace,
-        "spec.serviceAccountName": pod.spec.get("serviceAccountName", "default"),
-    }
+    simple = {"metadata.name": pod.name, "metadata.namespace": pod.namespace,
+              "spec.serviceAccountName": pod.spec.get("serviceAccountName", "default")}
     if path not in simple:
         refuse("env valueFrom.fieldRef.fieldPath", path)
     return simple[path]
@@ -371,11 +290,8 @@ def _env(pod: PodInstance, container: Manifest, objects: list[Manifest]) -> dict
 def _configmap(objects: list[Manifest], namespace: str, name: str) -> Manifest:
     for obj in objects:
         meta = obj.get("metadata", {})
-        if (
-            obj.get("kind") == "ConfigMap"
-            and meta.get("name") == name
-            and meta.get("namespace", "default") == namespace
-        ):
+        if obj.get("kind") == "ConfigMap" and meta.get("name") == name and \
+                meta.get("namespace", "default") == namespace:
             return obj
     raise Unmappable(f"ConfigMap {name!r} is not among the rendered objects (nothing would mount)")
 
@@ -383,15 +299,11 @@ def _configmap(objects: list[Manifest], namespace: str, name: str) -> Manifest:
 def _secret(objects: list[Manifest], namespace: str, name: str) -> Manifest:
     for obj in objects:
         meta = obj.get("metadata", {})
-        if (
-            obj.get("kind") == "Secret"
-            and meta.get("name") == name
-            and meta.get("namespace", "default") == namespace
-        ):
+        if obj.get("kind") == "Secret" and meta.get("name") == name and \
+                meta.get("namespace", "default") == namespace:
             return obj
-    raise Unmappable(
-        f"Secret {name!r} is not among the given objects: the pod would wait in CreateContainerConfigError"
-    )
+    raise Unmappable(f"Secret {name!r} is not among the given objects: the pod would wait in "
+                     "CreateContainerConfigError")
 
 
 def _secret_value(objects: list[Manifest], namespace: str, name: str, key: str) -> str:
@@ -399,11 +311,8 @@ def _secret_value(objects: list[Manifest], namespace: str, name: str, key: str) 
 
     for obj in objects:
         meta = obj.get("metadata", {})
-        if (
-            obj.get("kind") == "Secret"
-            and meta.get("name") == name
-            and meta.get("namespace", "default") == namespace
-        ):
+        if obj.get("kind") == "Secret" and meta.get("name") == name and \
+                meta.get("namespace", "default") == namespace:
             if key in (obj.get("stringData") or {}):
                 return obj["stringData"][key]
             return base64.b64decode(obj["data"][key]).decode()
@@ -411,11 +320,8 @@ def _secret_value(objects: list[Manifest], namespace: str, name: str, key: str) 
 
 
 def _claim_names(objects: list[Manifest], namespace: str) -> set[str]:
-    return {
-        o["metadata"]["name"]
-        for o in objects
-        if o.get("kind") == "PersistentVolumeClaim" and o["metadata"].get("namespace", "default") == namespace
-    }
+    return {o["metadata"]["name"] for o in objects if o.get("kind") == "PersistentVolumeClaim"
+            and o["metadata"].get("namespace", "default") == namespace}
 
 
 def _security(
@@ -479,9 +385,8 @@ def _resources(container: Manifest) -> list[str]:
     return args
 
 
-def _volumes(
-    pod: PodInstance, container: Manifest, objects: list[Manifest], existing_claims: Iterable[str]
-) -> tuple[list[str], dict[str, bool], dict]:
+def _volumes(pod: PodInstance, container: Manifest, objects: list[Manifest],
+             existing_claims: Iterable[str]) -> tuple[list[str], dict[str, bool], dict]:
     volumes = {v["name"]: v for v in pod.spec.get("volumes", [])}
     known_claims = _claim_names(objects, pod.namespace) | set(existing_claims)
     args: list[str] = []
@@ -492,7 +397,7 @@ def _volumes(
         vol = dict(volumes[mount["name"]])
         path, ro = mount["mountPath"], bool(mount.get("readOnly"))
         vol.pop("name")
-        ((kind, source),) = vol.items()
+        (kind, source), = vol.items()
         if mount.get("subPath") and kind != "configMap":
             refuse(f"volumeMounts[{mount['name']}].subPath on a {kind}", mount["subPath"])
         if kind == "emptyDir":
@@ -505,9 +410,8 @@ def _volumes(
             _check_keys("persistentVolumeClaim", source, {"claimName", "readOnly"})
             claim = source["claimName"]
             if claim not in known_claims:
-                raise Unmappable(
-                    f"claim {claim!r} is neither rendered nor given as existing: the pod would stay Pending"
-                )
+                raise Unmappable(f"claim {claim!r} is neither rendered nor given as existing: "
+                                 "the pod would stay Pending")
             ro = ro or bool(source.get("readOnly"))
             claims[claim] = claims.get(claim, True) and ro
             args += ["-v", f"@claim:{claim}:{path}:{'ro' if ro else 'rw'}"]
@@ -535,20 +439,8 @@ def _probe(c: Manifest, probe: Manifest | None, what: str) -> list[str] | None:
     the pod (the kubelet sends it to the pod's IP; here python3 in the image sends it)."""
     if probe is None:
         return None
-    _check_keys(
-        what,
-        probe,
-        {
-            "exec",
-            "httpGet",
-            "tcpSocket",
-            "periodSeconds",
-            "failureThreshold",
-            "initialDelaySeconds",
-            "timeoutSeconds",
-            "successThreshold",
-        },
-    )
+    _check_keys(what, probe, {"exec", "httpGet", "tcpSocket", "periodSeconds", "failureThreshold",
+                              "initialDelaySeconds", "timeoutSeconds", "successThreshold"})
     if "exec" in probe:
         return list(probe["exec"]["command"])
     if "tcpSocket" in probe:
@@ -568,18 +460,10 @@ def _probe(c: Manifest, probe: Manifest | None, what: str) -> list[str] | None:
     return None
 
 
-def container_plan(
-    pod: PodInstance,
-    objects: list[Manifest],
-    *,
-    prefix: str,
-    network: str,
-    image_user: str = "",
-    cluster_domain: str = "cluster.local",
-    existing_claims: Iterable[str] = (),
-    unenforced: Iterable[str] = (),
-    _init: Manifest | None = None,
-) -> ContainerPlan:
+def container_plan(pod: PodInstance, objects: list[Manifest], *, prefix: str, network: str,
+                   image_user: str = "", cluster_domain: str = "cluster.local",
+                   existing_claims: Iterable[str] = (), unenforced: Iterable[str] = (),
+                   _init: Manifest | None = None) -> ContainerPlan:
     """How to run ``pod`` with podman, or :class:`Unmappable` naming the first field it cannot map.
 
     ``-v @claim:NAME:…`` and ``-v @files:DIR:…`` in ``run_args`` are placeholders the
@@ -595,10 +479,8 @@ def container_plan(
     if spec.get("restartPolicy", "Always") not in restart:
         refuse("restartPolicy", spec["restartPolicy"])
     if spec.get("automountServiceAccountToken") is not False and "serviceAccountToken" not in unenforced:
-        refuse(
-            "automountServiceAccountToken (no API server token here)",
-            spec.get("automountServiceAccountToken"),
-        )
+        refuse("automountServiceAccountToken (no API server token here)",
+               spec.get("automountServiceAccountToken"))
     if spec.get("enableServiceLinks") is not False and "enableServiceLinks" not in unenforced:
         refuse("enableServiceLinks (Service environment variables)", spec.get("enableServiceLinks"))
     if spec.get("dnsPolicy", "ClusterFirst") != "ClusterFirst":
@@ -611,20 +493,9 @@ def container_plan(
         refuse("imagePullPolicy (no registry here)", c["imagePullPolicy"])
     name = f"{prefix}-{pod.name}" + ("" if _init is None else f"-init-{c['name']}")
     # An init container runs to its end: never restarted in place (restartPolicy Never here).
-    args = [
-        "--name",
-        name,
-        "--network",
-        network,
-        "--pull",
-        "never",
-        "--restart",
-        restart[spec.get("restartPolicy", "Always")] if _init is None else "no",
-        "--label",
-        f"tfk8s.test-run={prefix}",
-        "--hostname",
-        spec.get("hostname") or pod.name,
-    ]
+    args = ["--name", name, "--network", network, "--pull", "never",
+            "--restart", restart[spec.get("restartPolicy", "Always")] if _init is None else "no",
+            "--label", f"tfk8s.test-run={prefix}", "--hostname", spec.get("hostname") or pod.name]
     if _init is not None and (c.get("readinessProbe") or c.get("livenessProbe")):
         refuse(f"initContainers[{c['name']}] probes (the API server refuses them)", c["name"])
     dns = promised_names(pod, objects, cluster_domain, unenforced) if _init is None else []
@@ -632,7 +503,8 @@ def container_plan(
     # The resolv.conf of a ClusterFirst pod: its namespace first, then the cluster, ndots:5.
     for search in (f"{pod.namespace}.svc.{cluster_domain}", f"svc.{cluster_domain}", cluster_domain):
         args += ["--dns-search", search]
-    args += ["--dns-option", "ndots:5", "--stop-timeout", str(spec.get("terminationGracePeriodSeconds", 30))]
+    args += ["--dns-option", "ndots:5",
+             "--stop-timeout", str(spec.get("terminationGracePeriodSeconds", 30))]
     sec, fs_group, uid = _security(pod, c, image_user)
     args += sec + _resources(c)
     vol_args, claims, files = _volumes(pod, c, objects, existing_claims)
@@ -650,33 +522,17 @@ def container_plan(
         args += ["--entrypoint", json.dumps(command)]  # podman then drops the image's CMD too
     readiness = _probe(c, c.get("readinessProbe"), "readinessProbe")
     if c.get("livenessProbe") is not None and "livenessProbe" not in unenforced:
-        refuse(
-            "livenessProbe (not run here; pass unenforced={'livenessProbe'} to accept that)",
-            c["livenessProbe"],
-        )
+        refuse("livenessProbe (not run here; pass unenforced={'livenessProbe'} to accept that)",
+               c["livenessProbe"])
     for port in c.get("ports", []):
         # containers on one network reach each other's ports, as pods do; nothing is published
         _check_keys("ports[]", port, {"name", "containerPort", "protocol"})
         if port.get("protocol", "TCP") != "TCP":
             refuse("ports[].protocol", port["protocol"])
-    init = (
-        []
-        if _init is not None
-        else [
-            container_plan(
-                pod,
-                objects,
-                prefix=prefix,
-                network=network,
-                image_user=image_user,
-                cluster_domain=cluster_domain,
-                existing_claims=existing_claims,
-                unenforced=unenforced,
-                _init=ic,
-            )
-            for ic in spec.get("initContainers", [])
-        ]
-    )
-    return ContainerPlan(
-        pod, name, c["image"], args + [c["image"], *cargs], claims, files, readiness, dns, fs_group, uid, init
-    )
+    init = [] if _init is not None else [
+        container_plan(pod, objects, prefix=prefix, network=network, image_user=image_user,
+                       cluster_domain=cluster_domain, existing_claims=existing_claims,
+                       unenforced=unenforced, _init=ic)
+        for ic in spec.get("initContainers", [])]
+    return ContainerPlan(pod, name, c["image"], args + [c["image"], *cargs], claims, files,
+                         readiness, dns, fs_group, uid, init)

@@ -1,4 +1,4 @@
-"""A fake Kubernetes API server for tests — a TEST DOUBLE, not a cluster.
+'''A fake Kubernetes API server for tests — a TEST DOUBLE, not a cluster.
 
 What it is still for
 ====================
@@ -168,7 +168,7 @@ What it does NOT model
   DNS, network policy enforcement, PVC binding (claims stay as created),
   node capacity in scheduling, quota scopes and storage quotas.
 * Pod IPs are data only: nothing listens on them, never connect to them.
-"""
+'''
 
 from .api import ADMIN_TOKEN, RecordedRequest
 from .harness import KubeHarness

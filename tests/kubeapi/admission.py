@@ -49,10 +49,9 @@ def _qos_class(spec: dict) -> str:
         return "BestEffort"
     guaranteed = all(
         (r.get("limits") or {}).get(n) is not None
-        and (r.get("requests") or {}).get(n, (r.get("limits") or {}).get(n)) == (r.get("limits") or {}).get(n)
-        for r in resources
-        for n in ("cpu", "memory")
-    )
+        and (r.get("requests") or {}).get(n, (r.get("limits") or {}).get(n))
+        == (r.get("limits") or {}).get(n)
+        for r in resources for n in ("cpu", "memory"))
     return "Guaranteed" if guaranteed else "Burstable"
 
 
@@ -60,12 +59,8 @@ def default_job(job: dict, uid: str) -> None:
     """Generate the Job's selector and pod-template labels from its uid (real defaulting)."""
     spec = job.setdefault("spec", {})
     name = job["metadata"].get("name", "")
-    labels = {
-        "batch.kubernetes.io/controller-uid": uid,
-        "batch.kubernetes.io/job-name": name,
-        "controller-uid": uid,
-        "job-name": name,
-    }
+    labels = {"batch.kubernetes.io/controller-uid": uid, "batch.kubernetes.io/job-name": name,
+              "controller-uid": uid, "job-name": name}
     if not spec.get("manualSelector"):
         spec.setdefault("selector", {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}})
         template_meta = spec.setdefault("template", {}).setdefault("metadata", {})
@@ -91,9 +86,8 @@ def _admit_priority(store: Store, pod: dict) -> None:
         return
     found = store.get(lookup("priorityclasses"), None, name)
     if found is None and name not in SYSTEM_PRIORITY:
-        raise errors.forbidden(
-            lookup("pods"), pod["metadata"].get("name", ""), f"no PriorityClass with name {name} was found"
-        )
+        raise errors.forbidden(lookup("pods"), pod["metadata"].get("name", ""),
+                               f"no PriorityClass with name {name} was found")
     spec["priority"] = found["value"] if found else SYSTEM_PRIORITY[name]
 
 
@@ -122,13 +116,10 @@ def _request_limit_problems(pod: dict) -> list[tuple[str, str]]:
             limits = res.get("limits") or {}
             for name, request in sorted((res.get("requests") or {}).items()):
                 if name in limits and quota.parse_quantity(request) > quota.parse_quantity(limits[name]):
-                    problems.append(
-                        (
-                            f"spec.{group}[{i}].resources.requests[{name}]",
-                            f'Invalid value: "{request}": must be less than or equal to {name} '
-                            f"limit of {limits[name]}",
-                        )
-                    )
+                    problems.append((
+                        f"spec.{group}[{i}].resources.requests[{name}]",
+                        f'Invalid value: "{request}": must be less than or equal to {name} '
+                        f"limit of {limits[name]}"))
     return problems
 
 
@@ -160,10 +151,9 @@ def admit_create(store: Store, kind: ResourceKind, namespace: str | None, obj: d
             raise errors.not_found(lookup("namespaces"), namespace or "")
         if ns["metadata"].get("deletionTimestamp"):
             raise errors.forbidden(
-                kind,
-                obj["metadata"].get("name"),
-                f"unable to create new content in namespace {namespace} because it is being terminated",
-            )
+                kind, obj["metadata"].get("name"),
+                f"unable to create new content in namespace {namespace} because it is being "
+                "terminated")
     uid = None
     if kind.kind == "Pod":
         admit_pod(store, ns, obj)

@@ -93,7 +93,8 @@ class Route:
     subresource: str | None
 
 
-_NOT_FOUND_PATH = errors.ApiError(404, "NotFound", "the server could not find the requested resource", {})
+_NOT_FOUND_PATH = errors.ApiError(404, "NotFound", "the server could not find the requested "
+                                                   "resource", {})
 
 
 def parse_route(path: str) -> Route:
@@ -162,15 +163,10 @@ class KubeAPI:
         record = None
         try:
             if req.path in ("/version", "/version/"):
-                return Response(
-                    200,
-                    {
-                        "major": "1",
-                        "minor": self.validator.kubernetes_version.split(".")[1],
-                        "gitVersion": f"v{self.validator.kubernetes_version}.0-kubeapi-fake",
-                        "platform": "linux/amd64",
-                    },
-                )
+                return Response(200, {"major": "1", "minor": self.validator.kubernetes_version
+                                      .split(".")[1], "gitVersion":
+                                      f"v{self.validator.kubernetes_version}.0-kubeapi-fake",
+                                      "platform": "linux/amd64"})
             if req.path in ("/healthz", "/readyz", "/livez"):
                 return Response(200, "ok", "text/plain")
             listing = self._discovery(req)
@@ -179,14 +175,12 @@ class KubeAPI:
             if req.method == "POST" and req.path.rstrip("/") == SSAR_PATH:
                 return self._self_review(req)
             if len(req.body) > MAX_REQUEST_BODY:
-                raise errors.ApiError(
-                    413, "RequestEntityTooLarge", f"Request entity too large: limit is {MAX_REQUEST_BODY}"
-                )
+                raise errors.ApiError(413, "RequestEntityTooLarge",
+                                      f"Request entity too large: limit is {MAX_REQUEST_BODY}")
             route = parse_route(req.path)
             verb = _verb(req.method, route, req.query)
-            attrs = RequestAttributes(
-                verb, route.kind.group, route.kind.plural, route.subresource, route.namespace, route.name
-            )
+            attrs = RequestAttributes(verb, route.kind.group, route.kind.plural,
+                                      route.subresource, route.namespace, route.name)
             if not req.internal:
                 record = self._authorize(req, route.kind, attrs)
             response = self._dispatch(req, route, verb)
@@ -204,14 +198,9 @@ class KubeAPI:
         """
         review = json.loads(req.body or b"{}")
         ra = (review.get("spec") or {}).get("resourceAttributes") or {}
-        attrs = RequestAttributes(
-            ra.get("verb", ""),
-            ra.get("group", ""),
-            ra.get("resource", ""),
-            ra.get("subresource") or None,
-            ra.get("namespace") or None,
-            ra.get("name") or None,
-        )
+        attrs = RequestAttributes(ra.get("verb", ""), ra.get("group", ""), ra.get("resource", ""),
+                                  ra.get("subresource") or None, ra.get("namespace") or None,
+                                  ra.get("name") or None)
         admin = req.token == ADMIN_TOKEN or self.authorizer is None
         allowed = admin or self.authorizer.allows(attrs)
         return Response(201, {**review, "status": {"allowed": allowed}})
@@ -230,84 +219,34 @@ class KubeAPI:
             groups: dict[str, list[str]] = {}
             for k in served:
                 groups.setdefault(k.group, []).append(k.version)
-            return Response(
-                200,
-                {
-                    "kind": "APIGroupList",
-                    "apiVersion": "v1",
-                    "groups": [
-                        {
-                            "name": g,
-                            "versions": [
-                                {"groupVersion": f"{g}/{v}", "version": v} for v in dict.fromkeys(vs)
-                            ],
-                            "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]},
-                        }
-                        for g, vs in groups.items()
-                    ],
-                },
-            )
+            return Response(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+                {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v}
+                                         for v in dict.fromkeys(vs)],
+                 "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]}}
+                for g, vs in groups.items()]})
         kinds = [k for k in served if (k.group, k.version) == (parts[1], parts[2])]
         if not kinds:
             raise _NOT_FOUND_PATH
         resources = []
         for k in kinds:
-            resources.append(
-                {
-                    "name": k.plural,
-                    "singularName": k.singular,
-                    "namespaced": k.namespaced,
-                    "kind": k.kind,
-                    "verbs": [
-                        "create",
-                        "delete",
-                        "deletecollection",
-                        "get",
-                        "list",
-                        "patch",
-                        "update",
-                        "watch",
-                    ],
-                }
-            )
-            resources += [
-                {
-                    "name": f"{k.plural}/{sub}",
-                    "singularName": "",
-                    "namespaced": k.namespaced,
-                    "kind": k.kind,
-                    "verbs": ["get", "patch", "update"],
-                }
-                for sub in sorted(k.subresources)
-            ]
-        return Response(
-            200,
-            {
-                "kind": "APIResourceList",
-                "apiVersion": "v1",
-                "groupVersion": f"{parts[1]}/{parts[2]}",
-                "resources": resources,
-            },
-        )
+            resources.append({"name": k.plural, "singularName": k.singular, "namespaced":
+                              k.namespaced, "kind": k.kind, "verbs": [
+                                  "create", "delete", "deletecollection", "get", "list",
+                                  "patch", "update", "watch"]})
+            resources += [{"name": f"{k.plural}/{sub}", "singularName": "", "namespaced":
+                           k.namespaced, "kind": k.kind, "verbs": ["get", "patch", "update"]}
+                          for sub in sorted(k.subresources)]
+        return Response(200, {"kind": "APIResourceList", "apiVersion": "v1",
+                              "groupVersion": f"{parts[1]}/{parts[2]}", "resources": resources})
 
-    def _authorize(self, req: Request, kind: ResourceKind, attrs: RequestAttributes) -> RecordedRequest:
+    def _authorize(self, req: Request, kind: ResourceKind,
+                   attrs: RequestAttributes) -> RecordedRequest:
         admin = req.token == ADMIN_TOKEN or self.authorizer is None
         user = "system:admin" if admin else self.authorizer.username
         allowed = admin or self.authorizer.allows(attrs)
-        record = RecordedRequest(
-            time.time(),
-            req.method,
-            req.path,
-            dict(req.query),
-            attrs.verb,
-            attrs.group,
-            attrs.resource,
-            attrs.subresource,
-            attrs.namespace,
-            attrs.name,
-            user,
-            allowed,
-        )
+        record = RecordedRequest(time.time(), req.method, req.path, dict(req.query), attrs.verb,
+                                 attrs.group, attrs.resource, attrs.subresource, attrs.namespace,
+                                 attrs.name, user, allowed)
         with self._requests_lock:
             self.requests.append(record)
         if not allowed:
@@ -321,19 +260,13 @@ class KubeAPI:
                 raise errors.method_not_allowed(f"{req.method} is not supported on pods/log")
             return self._log(route, req.query)
         handler = {
-            "get": self._get,
-            "list": self._list,
-            "watch": self._watch,
-            "create": self._create,
-            "update": self._update,
-            "patch": self._patch,
-            "delete": self._delete,
-            "deletecollection": self._delete_collection,
+            "get": self._get, "list": self._list, "watch": self._watch,
+            "create": self._create, "update": self._update, "patch": self._patch,
+            "delete": self._delete, "deletecollection": self._delete_collection,
         }.get(verb)
         if handler is None or (route.subresource and verb not in ("get", "update", "patch")):
-            raise errors.method_not_allowed(
-                f"the server does not allow this method on the requested resource ({req.method} {req.path})"
-            )
+            raise errors.method_not_allowed(f"the server does not allow this method on the "
+                                            f"requested resource ({req.method} {req.path})")
         if verb == "create" and route.name:
             raise errors.method_not_allowed("POST to a named resource is not allowed")
         return handler(req, route)
@@ -358,20 +291,16 @@ class KubeAPI:
         if (obj["apiVersion"], obj["kind"]) != (kind.api_version, kind.kind):
             raise errors.bad_request(
                 f"the API version in the data ({obj['apiVersion']}) does not match the expected "
-                f"API version ({kind.api_version}) or kind {obj['kind']} is not {kind.kind}"
-            )
+                f"API version ({kind.api_version}) or kind {obj['kind']} is not {kind.kind}")
         meta = obj.setdefault("metadata", {})
         if kind.namespaced:
             if meta.get("namespace") not in (None, "", route.namespace):
-                raise errors.bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request"
-                )
+                raise errors.bad_request("the namespace of the provided object does not match "
+                                         "the namespace sent on the request")
             meta["namespace"] = route.namespace
         if route.name and meta.get("name") != route.name:
-            raise errors.bad_request(
-                f"the name of the object ({meta.get('name')}) does not "
-                f"match the name on the URL ({route.name})"
-            )
+            raise errors.bad_request(f"the name of the object ({meta.get('name')}) does not "
+                                     f"match the name on the URL ({route.name})")
         return obj
 
     def _selectors(self, route: Route, query: dict[str, str]):
@@ -381,9 +310,8 @@ class KubeAPI:
 
     @staticmethod
     def _matches(obj: dict, labels, fields) -> bool:
-        return selectors.labels_match(labels, obj["metadata"].get("labels")) and selectors.fields_match(
-            fields, obj
-        )
+        return (selectors.labels_match(labels, obj["metadata"].get("labels"))
+                and selectors.fields_match(fields, obj))
 
     def _existing(self, route: Route) -> dict:
         obj = self.store.get(route.kind, route.namespace, route.name)
@@ -398,23 +326,16 @@ class KubeAPI:
         if "as=PartialObjectMetadata" in req.accept:
             # The server's metadata-only answer (Accept: ...;as=PartialObjectMetadata;g=meta.k8s.io;v=v1):
             # a Secret's data never leaves it.
-            return Response(
-                200,
-                {
-                    "kind": "PartialObjectMetadata",
-                    "apiVersion": "meta.k8s.io/v1",
-                    "metadata": obj["metadata"],
-                },
-            )
+            return Response(200, {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                                  "metadata": obj["metadata"]})
         return Response(200, obj)
 
     def _list(self, req: Request, route: Route) -> Response:
         labels, fields = self._selectors(route, req.query)
         with self.store.lock:
             rv = self.store.resource_version
-            items = [
-                o for o in self.store.objects(route.kind, route.namespace) if self._matches(o, labels, fields)
-            ]
+            items = [o for o in self.store.objects(route.kind, route.namespace)
+                     if self._matches(o, labels, fields)]
         meta = {"resourceVersion": str(rv)}
         limit = int(req.query.get("limit") or 0)
         start = int(req.query.get("continue") or 0)
@@ -423,16 +344,10 @@ class KubeAPI:
             if start + limit < len(items):
                 meta["continue"] = str(start + limit)
                 meta["remainingItemCount"] = len(items) - start - limit
-            items = items[start : start + limit]
-        return Response(
-            200,
-            {
-                "kind": f"{route.kind.kind}List",
-                "apiVersion": route.kind.api_version,
-                "metadata": meta,
-                "items": [_list_item(o) for o in items],
-            },
-        )
+            items = items[start:start + limit]
+        return Response(200, {"kind": f"{route.kind.kind}List",
+                              "apiVersion": route.kind.api_version, "metadata": meta,
+                              "items": [_list_item(o) for o in items]})
 
     def _create(self, req: Request, route: Route) -> Response:
         obj = self._object_body(req, route)
@@ -458,9 +373,8 @@ class KubeAPI:
             self.validator.validate(route.kind, candidate)
             if req.query.get("dryRun") == "All":
                 return Response(200, candidate)
-            updated = self.store.update(
-                route.kind, obj, subresource=route.subresource, check_version=check_version
-            )
+            updated = self.store.update(route.kind, obj, subresource=route.subresource,
+                                        check_version=check_version)
         return Response(200, updated)
 
     def _patch(self, req: Request, route: Route) -> Response:
@@ -473,18 +387,17 @@ class KubeAPI:
                 if fixed in current["metadata"]:
                     patched["metadata"][fixed] = current["metadata"][fixed]
             # Only a resourceVersion the patch itself carries is a precondition.
-            given = (
-                ((body or {}).get("metadata") or {}).get("resourceVersion")
-                if isinstance(body, dict)
-                else None
-            )
-            patched["metadata"]["resourceVersion"] = given or current["metadata"]["resourceVersion"]
+            given = ((body or {}).get("metadata") or {}).get("resourceVersion") \
+                if isinstance(body, dict) else None
+            patched["metadata"]["resourceVersion"] = given or current["metadata"][
+                "resourceVersion"]
             return self._replace(req, route, patched, check_version=True)
 
     def _delete_options(self, req: Request) -> tuple[str, int | None]:
         body = self._body(req) if req.body else {}
         body = body if isinstance(body, dict) else {}
-        policy = req.query.get("propagationPolicy") or body.get("propagationPolicy") or "Background"
+        policy = req.query.get("propagationPolicy") or body.get("propagationPolicy") \
+            or "Background"
         grace = req.query.get("gracePeriodSeconds", body.get("gracePeriodSeconds"))
         return policy, int(grace) if grace is not None else None
 
@@ -493,56 +406,53 @@ class KubeAPI:
         # Deleted at once whatever the grace period (unless the harness holds running
         # pods Terminating, or a Foreground owner waits for its dependents).
         with self.store.lock:
-            gone = self.store.delete(route.kind, route.namespace, route.name, propagation=policy)
+            gone = self.store.delete(route.kind, route.namespace, route.name,
+                                     propagation=policy)
             pending = self.store.get(route.kind, route.namespace, route.name) is not None
         if route.kind.returns_deleted_object or pending:
             # Still there (a Foreground owner, a Terminating pod): the object, as real.
             return Response(200, gone)
-        details = {"name": route.name, "kind": route.kind.plural, "uid": gone["metadata"]["uid"]}
+        details = {"name": route.name, "kind": route.kind.plural,
+                   "uid": gone["metadata"]["uid"]}
         if route.kind.group:
             details["group"] = route.kind.group
-        return Response(
-            200,
-            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details},
-        )
+        return Response(200, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                              "status": "Success", "details": details})
 
     def _delete_collection(self, req: Request, route: Route) -> Response:
         policy, _grace = self._delete_options(req)
         labels, fields = self._selectors(route, req.query)
         with self.store.lock:
             for obj in self.store.objects(route.kind, route.namespace):
-                if (
-                    self._matches(obj, labels, fields)
-                    and self.store.get(route.kind, route.namespace, obj["metadata"]["name"]) is not None
-                ):
-                    self.store.delete(
-                        route.kind, route.namespace, obj["metadata"]["name"], propagation=policy
-                    )
-        return Response(200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"})
+                if self._matches(obj, labels, fields) and self.store.get(
+                        route.kind, route.namespace, obj["metadata"]["name"]) is not None:
+                    self.store.delete(route.kind, route.namespace, obj["metadata"]["name"],
+                                      propagation=policy)
+        return Response(200, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                              "status": "Success"})
 
     # -- watch -------------------------------------------------------------------
 
     def _watch(self, req: Request, route: Route) -> Response:
         labels, fields = self._selectors(route, req.query)
         if route.name:
-            fields = fields + selectors.parse_field_selector(f"metadata.name={route.name}", route.kind)
+            fields = fields + selectors.parse_field_selector(f"metadata.name={route.name}",
+                                                             route.kind)
         timeout = float(req.query.get("timeoutSeconds") or DEFAULT_WATCH_TIMEOUT)
         rv = req.query.get("resourceVersion") or ""
         with self.store.lock:
             if rv in ("", "0"):
                 start = self.store.resource_version
-                initial = [
-                    o
-                    for o in self.store.objects(route.kind, route.namespace)
-                    if self._matches(o, labels, fields)
-                ]
+                initial = [o for o in self.store.objects(route.kind, route.namespace)
+                           if self._matches(o, labels, fields)]
             else:
                 try:
                     start = int(rv)
                 except ValueError as exc:
                     raise errors.bad_request(f"invalid resourceVersion {rv!r}") from exc
                 initial = []
-        return Response(200, stream=self._watch_stream(route, labels, fields, start, initial, timeout))
+        return Response(200, stream=self._watch_stream(route, labels, fields, start, initial,
+                                                       timeout))
 
     def _translate(self, event: WatchEvent, route: Route, labels, fields) -> dict | None:
         """Map a store event onto what this watch sees, honouring selector transitions."""
@@ -566,9 +476,8 @@ class KubeAPI:
             kind = None
         return {"type": kind, "object": event.obj} if kind else None
 
-    def _watch_stream(
-        self, route: Route, labels, fields, start: int, initial: list[dict], timeout: float
-    ) -> Iterator[bytes]:
+    def _watch_stream(self, route: Route, labels, fields, start: int, initial: list[dict],
+                      timeout: float) -> Iterator[bytes]:
         deadline = time.monotonic() + timeout
         for obj in initial:
             yield json.dumps({"type": "ADDED", "object": obj}).encode() + b"\n"
@@ -601,9 +510,8 @@ class KubeAPI:
             if len(names) != 1:
                 raise errors.bad_request(
                     f"a container name must be specified for pod {name}, choose one of: "
-                    f"[{' '.join(names)}]"
-                    + (f" or one of the init containers: [{' '.join(init_names)}]" if init_names else "")
-                )
+                    f"[{' '.join(names)}]" + (f" or one of the init containers: "
+                                              f"[{' '.join(init_names)}]" if init_names else ""))
             container = names[0]
         elif container not in names + init_names:
             raise errors.bad_request(f"container {container} is not valid for pod {name}")
@@ -612,18 +520,20 @@ class KubeAPI:
         found = self.kubelet.log_lines(uid, container, previous)
         state = self._container_state(pod, container)
         if previous and found is None:
-            raise errors.bad_request(f'previous terminated container "{container}" in pod "{name}" not found')
+            raise errors.bad_request(f'previous terminated container "{container}" in pod '
+                                     f'"{name}" not found')
         waiting = state.get("waiting") if state else {"reason": "ContainerCreating"}
-        if not previous and waiting and not (found and waiting.get("reason") == "CrashLoopBackOff"):
+        if not previous and waiting and not (found and waiting.get("reason") ==
+                                             "CrashLoopBackOff"):
             reason = waiting.get("reason", "ContainerCreating")
             if reason in ("ImagePullBackOff", "ErrImagePull"):
                 reason = "trying and failing to pull image"
-            raise errors.bad_request(f'container "{container}" in pod "{name}" is waiting to start: {reason}')
+            raise errors.bad_request(f'container "{container}" in pod "{name}" is waiting to '
+                                     f"start: {reason}")
         lines, segment = found if found else ([], 0)
         tail = query.get("tailLines")
-        shown = (
-            lines[-int(tail) :] if tail is not None and int(tail) > 0 else ([] if tail is not None else lines)
-        )
+        shown = lines[-int(tail):] if tail is not None and int(tail) > 0 else (
+            [] if tail is not None else lines)
         since = query.get("sinceTime")
         if since:
             # The API server hands sinceTime on to the kubelet as RFC 3339 to the second
@@ -633,26 +543,27 @@ class KubeAPI:
                 floor = dt.datetime.fromisoformat(since.replace("Z", "+00:00")[:19] + "+00:00")
             except ValueError:
                 raise errors.bad_request(f"invalid sinceTime {since!r}") from None
-            shown = [e for e in shown if dt.datetime.fromisoformat(e[0][:19] + "+00:00") >= floor]
+            shown = [e for e in shown
+                     if dt.datetime.fromisoformat(e[0][:19] + "+00:00") >= floor]
         stamps = query.get("timestamps") in ("true", "1")
         limit = int(query["limitBytes"]) if query.get("limitBytes") else None
 
         def render(entries) -> bytes:
-            return "".join(f"{ts} {text}\n" if stamps else f"{text}\n" for ts, text in entries).encode()
+            return "".join(f"{ts} {text}\n" if stamps else f"{text}\n"
+                           for ts, text in entries).encode()
 
         if query.get("follow") not in ("true", "1") or previous:
             body = render(shown)
             return Response(200, body[:limit] if limit else body, "text/plain")
-        return Response(
-            200,
-            stream=self._follow(route, uid, container, segment, len(lines), render(shown), render),
-            content_type="text/plain",
-        )
+        return Response(200, stream=self._follow(route, uid, container, segment, len(lines),
+                                                 render(shown), render),
+                        content_type="text/plain")
 
     @staticmethod
     def _container_state(pod: dict, container: str) -> dict | None:
         status = pod.get("status") or {}
-        for cs in (status.get("containerStatuses") or []) + (status.get("initContainerStatuses") or []):
+        for cs in (status.get("containerStatuses") or []) + \
+                (status.get("initContainerStatuses") or []):
             if cs["name"] == container:
                 return cs.get("state") or {}
         return None
@@ -661,9 +572,8 @@ class KubeAPI:
         """End every followed log stream now (a connection the network or a restart cut)."""
         self.log_epoch += 1
 
-    def _follow(
-        self, route: Route, uid: str, container: str, segment: int, seen: int, first: bytes, render
-    ) -> Iterator[bytes]:
+    def _follow(self, route: Route, uid: str, container: str, segment: int, seen: int,
+                first: bytes, render) -> Iterator[bytes]:
         epoch = self.log_epoch
         if first:
             yield first
@@ -679,7 +589,8 @@ class KubeAPI:
             if pod is None or pod["metadata"]["uid"] != uid:
                 return
             state = self._container_state(pod, container) or {}
-            if "terminated" in state or "CrashLoopBackOff" == (state.get("waiting") or {}).get("reason"):
+            if "terminated" in state or "CrashLoopBackOff" == (state.get("waiting") or {}).get(
+                    "reason"):
                 found = self.kubelet.log_lines(uid, container)
                 if found and len(found[0]) > seen:
                     yield render(found[0][seen:])

@@ -18,14 +18,8 @@ from .store import Store, WatchEvent
 
 
 def _owner_ref(obj: dict) -> dict:
-    return {
-        "apiVersion": obj["apiVersion"],
-        "kind": obj["kind"],
-        "name": obj["metadata"]["name"],
-        "uid": obj["metadata"]["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
+            "uid": obj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
 
 
 class _Controller:
@@ -48,7 +42,8 @@ class _Controller:
         """Store observer: reconcile the affected owner."""
         meta = event.obj["metadata"]
         if event.kind is self.kind and event.type != "DELETED":
-            if event.type == "MODIFIED" and event.old and event.old.get("spec") == event.obj.get("spec"):
+            if event.type == "MODIFIED" and event.old and \
+                    event.old.get("spec") == event.obj.get("spec"):
                 return  # a status write (often our own)
             self._kick(meta["namespace"], meta["name"])
         elif event.kind is self.pods:
@@ -72,38 +67,25 @@ class _Controller:
             finally:
                 self._busy.discard(key)
 
-    def _create_pod(
-        self, owner: dict, name: str, extra_labels: dict, event_on: dict | None = None
-    ) -> dict | None:
+    def _create_pod(self, owner: dict, name: str, extra_labels: dict,
+                    event_on: dict | None = None) -> dict | None:
         template = copy.deepcopy(owner["spec"].get("template") or {})
         meta = template.get("metadata") or {}
         ns = owner["metadata"]["namespace"]
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "spec": template.get("spec") or {},
-            "metadata": {
-                **meta,
-                "name": name,
-                "namespace": ns,
-                "labels": {**(meta.get("labels") or {}), **extra_labels},
-                "ownerReferences": [_owner_ref(owner)],
-            },
-        }
+        pod = {"apiVersion": "v1", "kind": "Pod", "spec": template.get("spec") or {},
+               "metadata": {**meta, "name": name, "namespace": ns,
+                            "labels": {**(meta.get("labels") or {}), **extra_labels},
+                            "ownerReferences": [_owner_ref(owner)]}}
         try:
             admission.admit_create(self.store, self.pods, ns, pod)
         except errors.ApiError as exc:
-            record_event(
-                self.store,
-                event_on or owner,
-                "FailedCreate",
-                f"Error creating: {exc.message}",
-                type_="Warning",
-                component="job-controller" if event_on else self.component,
-            )
+            record_event(self.store, event_on or owner, "FailedCreate",
+                         f"Error creating: {exc.message}", type_="Warning",
+                         component="job-controller" if event_on else self.component)
             return None
         created = self.store.create(self.pods, pod)
-        record_event(self.store, owner, "SuccessfulCreate", f"Created pod: {name}", component=self.component)
+        record_event(self.store, owner, "SuccessfulCreate", f"Created pod: {name}",
+                     component=self.component)
         return created
 
     def reconcile(self, namespace: str, name: str) -> None:  # pragma: no cover - abstract

@@ -47,30 +47,28 @@ def _details(kind: ResourceKind, name: str | None, **extra) -> dict:
 
 def not_found(kind: ResourceKind, name: str) -> ApiError:
     """404 ``pods "x" not found``."""
-    return ApiError(404, "NotFound", f'{kind.qualified_resource} "{name}" not found', _details(kind, name))
+    return ApiError(404, "NotFound", f'{kind.qualified_resource} "{name}" not found',
+                    _details(kind, name))
 
 
 def already_exists(kind: ResourceKind, name: str) -> ApiError:
     """409 ``pods "x" already exists``."""
-    return ApiError(
-        409, "AlreadyExists", f'{kind.qualified_resource} "{name}" already exists', _details(kind, name)
-    )
+    return ApiError(409, "AlreadyExists", f'{kind.qualified_resource} "{name}" already exists',
+                    _details(kind, name))
 
 
 def conflict(kind: ResourceKind, name: str) -> ApiError:
     """409 Conflict for a stale ``metadata.resourceVersion`` (optimistic locking)."""
     return ApiError(
-        409,
-        "Conflict",
+        409, "Conflict",
         f'Operation cannot be fulfilled on {kind.qualified_resource} "{name}": the object has '
         "been modified; please apply your changes to the latest version and try again",
         _details(kind, name),
     )
 
 
-def invalid(
-    kind: ResourceKind, name: str, causes: list[tuple[str, str]], qualified: bool = False
-) -> ApiError:
+def invalid(kind: ResourceKind, name: str, causes: list[tuple[str, str]],
+            qualified: bool = False) -> ApiError:
     """422 Invalid; ``causes`` are ``(field, message)`` pairs.
 
     ``qualified``: name the kind with its group (``JobSet.jobset.x-k8s.io``),
@@ -79,19 +77,15 @@ def invalid(
     text = "; ".join(f"{f}: {m}" if f else m for f, m in causes)
     what = f"{kind.kind}.{kind.group}" if qualified and kind.group else kind.kind
     return ApiError(
-        422,
-        "Invalid",
-        f'{what} "{name}" is invalid: {text}',
-        {
-            "name": name,
-            "group": kind.group,
-            "kind": kind.kind,
-            "causes": [{"reason": "FieldValueInvalid", "message": m, "field": f} for f, m in causes],
-        },
+        422, "Invalid", f'{what} "{name}" is invalid: {text}',
+        {"name": name, "group": kind.group, "kind": kind.kind,
+         "causes": [{"reason": "FieldValueInvalid", "message": m, "field": f}
+                    for f, m in causes]},
     )
 
 
-def forbidden(kind: ResourceKind, name: str | None, why: str, subresource: str | None = None) -> ApiError:
+def forbidden(kind: ResourceKind, name: str | None, why: str,
+              subresource: str | None = None) -> ApiError:
     """403 Forbidden, worded like ``admission.NewForbidden`` / the RBAC authorizer."""
     subject = f'{kind.qualified_resource} "{name}"' if name else kind.qualified_resource
     return ApiError(403, "Forbidden", f"{subject} is forbidden: {why}", _details(kind, name))
@@ -114,10 +108,7 @@ def method_not_allowed(message: str) -> ApiError:
 
 def unsupported_media_type(content_type: str) -> ApiError:
     """415 for patch types we do not implement (server-side apply)."""
-    return ApiError(
-        415,
-        "UnsupportedMediaType",
-        f"the body of the request was in an unknown format - accepted media types "
-        f"include: application/json-patch+json, application/merge-patch+json, "
-        f"application/strategic-merge-patch+json (got {content_type})",
-    )
+    return ApiError(415, "UnsupportedMediaType",
+                    f"the body of the request was in an unknown format - accepted media types "
+                    f"include: application/json-patch+json, application/merge-patch+json, "
+                    f"application/strategic-merge-patch+json (got {content_type})")

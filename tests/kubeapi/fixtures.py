@@ -16,7 +16,8 @@ from .harness import KubeHarness
 
 
 def _leaked_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("kubeapi") and t.is_alive()]
+    return [t.name for t in threading.enumerate()
+            if t.name.startswith("kubeapi") and t.is_alive()]
 
 
 @pytest.fixture

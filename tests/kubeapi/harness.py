@@ -34,15 +34,10 @@ T = TypeVar("T")
 class KubeHarness:
     """A running fake API server plus handles to script and inspect it."""
 
-    def __init__(
-        self,
-        *,
-        kubernetes_version: str = "1.29",
-        nodes: tuple[str, ...] = ("node-1",),
-        history_size: int = 1000,
-        strict_validation: bool = True,
-        jobset_in_order: bool = False,
-    ):
+    def __init__(self, *, kubernetes_version: str = "1.29",
+                 nodes: tuple[str, ...] = ("node-1",), history_size: int = 1000,
+                 strict_validation: bool = True,
+                 jobset_in_order: bool = False):
         self.store = Store(history_size=history_size)
         self.kubelet = SimulatedKubelet(self.store, nodes)
         self.validator = Validator(kubernetes_version, strict=strict_validation)
@@ -62,32 +57,21 @@ class KubeHarness:
         for ns in ("default", "kube-system"):
             self.create_namespace(ns)
         for node in nodes:
-            self.store.create(
-                lookup("nodes"),
-                {
-                    "metadata": {
-                        "name": node,
-                        "labels": {"kubernetes.io/hostname": node, "kubernetes.io/os": "linux"},
-                    },
-                    "spec": {},
-                    "status": {
-                        "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
-                        "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
-                        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
-                    },
-                },
-            )
-        self.create_object(
-            {
-                "apiVersion": "storage.k8s.io/v1",
-                "kind": "StorageClass",
-                "metadata": {
-                    "name": "standard",
-                    "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
-                },
-                "provisioner": "kubernetes.io/no-provisioner",
-            }
-        )
+            self.store.create(lookup("nodes"), {
+                "metadata": {"name": node, "labels": {"kubernetes.io/hostname": node,
+                                                      "kubernetes.io/os": "linux"}},
+                "spec": {},
+                "status": {"capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+                           "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+                           "conditions": [{"type": "Ready", "status": "True",
+                                           "reason": "KubeletReady"}]},
+            })
+        self.create_object({
+            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": "standard", "annotations": {
+                "storageclass.kubernetes.io/is-default-class": "true"}},
+            "provisioner": "kubernetes.io/no-provisioner",
+        })
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -179,14 +163,11 @@ class KubeHarness:
         ns = (obj.get("metadata") or {}).get("namespace") if kind.namespaced else None
         if kind.namespaced and not ns:
             raise ValueError(f"{kind.kind} needs metadata.namespace for create_object")
-        path = (
-            (f"/api/{kind.version}" if not kind.group else f"/apis/{kind.group}/{kind.version}")
-            + (f"/namespaces/{ns}" if ns else "")
-            + f"/{kind.plural}"
-        )
-        response = self.api.handle(
-            Request("POST", path, {}, json.dumps(obj).encode(), "application/json", internal=True)
-        )
+        path = (f"/api/{kind.version}" if not kind.group else
+                f"/apis/{kind.group}/{kind.version}") + \
+            (f"/namespaces/{ns}" if ns else "") + f"/{kind.plural}"
+        response = self.api.handle(Request("POST", path, {}, json.dumps(obj).encode(),
+                                           "application/json", internal=True))
         if response.code >= 300:
             body = response.body
             raise ApiError(response.code, body["reason"], body["message"], body.get("details"))
@@ -194,45 +175,31 @@ class KubeHarness:
 
     def create_namespace(self, name: str, labels: dict[str, str] | None = None) -> dict:
         """Create a namespace (status Active, ``kubernetes.io/metadata.name`` label)."""
-        return self.create_object(
-            {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {"name": name, "labels": dict(labels or {})},
-            }
-        )
+        return self.create_object({"apiVersion": "v1", "kind": "Namespace",
+                                   "metadata": {"name": name, "labels": dict(labels or {})}})
 
     def get_object(self, kind: str, name: str, namespace: str | None = None) -> dict | None:
         """The stored object (a copy) or None; ``kind`` like ``Pod``/``pods``/``jobs.batch``."""
         return self.store.get(lookup(kind), namespace, name)
 
-    def list_objects(
-        self, kind: str, namespace: str | None = None, label_selector: str | None = None
-    ) -> list[dict]:
+    def list_objects(self, kind: str, namespace: str | None = None,
+                     label_selector: str | None = None) -> list[dict]:
         """Stored objects of ``kind`` (copies), optionally filtered by a label selector."""
         reqs = parse_label_selector(label_selector)
-        return [
-            o
-            for o in self.store.objects(lookup(kind), namespace)
-            if labels_match(reqs, o["metadata"].get("labels"))
-        ]
+        return [o for o in self.store.objects(lookup(kind), namespace)
+                if labels_match(reqs, o["metadata"].get("labels"))]
 
-    def events(
-        self, namespace: str, involved_name: str | None = None, reason: str | None = None
-    ) -> list[dict]:
+    def events(self, namespace: str, involved_name: str | None = None,
+               reason: str | None = None) -> list[dict]:
         """Events in ``namespace``, oldest first, optionally about one object / of one reason."""
-        found = [
-            e
-            for e in self.store.objects(lookup("events"), namespace)
-            if (involved_name is None or e["involvedObject"]["name"] == involved_name)
-            and (reason is None or e["reason"] == reason)
-        ]
+        found = [e for e in self.store.objects(lookup("events"), namespace)
+                 if (involved_name is None or e["involvedObject"]["name"] == involved_name)
+                 and (reason is None or e["reason"] == reason)]
         return sorted(found, key=lambda e: int(e["metadata"]["resourceVersion"]))
 
     @staticmethod
-    def wait_for(
-        condition: Callable[[], T], timeout: float = 5.0, interval: float = 0.02, message: str = "condition"
-    ) -> T:
+    def wait_for(condition: Callable[[], T], timeout: float = 5.0,
+                 interval: float = 0.02, message: str = "condition") -> T:
         """Poll ``condition()`` until truthy and return it; AssertionError after ``timeout``."""
         deadline = time.monotonic() + timeout
         while True:

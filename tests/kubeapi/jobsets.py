@@ -95,10 +95,8 @@ class JobSetPods(_Controller):
                 return
             attempt = int((js.get("status") or {}).get("restarts", 0))
             self._service(js)
-            ordered = (
-                self.in_order
-                and (js["spec"].get("startupPolicy") or {}).get("startupPolicyOrder") == "InOrder"
-            )
+            ordered = self.in_order and (js["spec"].get("startupPolicy") or {}).get(
+                "startupPolicyOrder") == "InOrder"
             for rjob in js["spec"]["replicatedJobs"]:
                 key = (js["metadata"]["uid"], attempt, rjob["name"])
                 if key not in self._created:
@@ -113,49 +111,34 @@ class JobSetPods(_Controller):
     def _service(self, js: dict) -> None:
         network = js["spec"].get("network") or {}
         namespace = js["metadata"]["namespace"]
-        if (
-            network.get("enableDNSHostnames")
-            and self.store.get(self.services, namespace, _subdomain(js)) is None
-        ):
-            self.store.create(
-                self.services,
-                {
-                    "apiVersion": "v1",
-                    "kind": "Service",
-                    "metadata": {
-                        "name": _subdomain(js),
-                        "namespace": namespace,
-                        "ownerReferences": [_owner_ref(js)],
-                    },
-                    "spec": {
-                        "clusterIP": "None",
-                        "selector": {JOBSET_NAME: js["metadata"]["name"]},
-                        "publishNotReadyAddresses": network.get("publishNotReadyAddresses", True),
-                    },
-                },
-            )
+        if network.get("enableDNSHostnames") and \
+                self.store.get(self.services, namespace, _subdomain(js)) is None:
+            self.store.create(self.services, {
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": _subdomain(js), "namespace": namespace,
+                             "ownerReferences": [_owner_ref(js)]},
+                "spec": {"clusterIP": "None", "selector": {JOBSET_NAME: js["metadata"]["name"]},
+                         "publishNotReadyAddresses": network.get("publishNotReadyAddresses", True)},
+            })
 
     def _started(self, js: dict, rjob: dict, attempt: int) -> bool:
         """Whether every pod of ``rjob`` (this attempt) is ready or has ended."""
-        pods = [
-            p
-            for p in self.store.objects(self.pods, js["metadata"]["namespace"])
-            if p["metadata"]["labels"].get(JOBSET_NAME) == js["metadata"]["name"]
-            and p["metadata"]["labels"].get(f"{GROUP}/replicatedjob-name") == rjob["name"]
-            and p["metadata"]["labels"].get(RESTART_ATTEMPT) == str(attempt)
-        ]
+        pods = [p for p in self.store.objects(self.pods, js["metadata"]["namespace"])
+                if p["metadata"]["labels"].get(JOBSET_NAME) == js["metadata"]["name"]
+                and p["metadata"]["labels"].get(f"{GROUP}/replicatedjob-name") == rjob["name"]
+                and p["metadata"]["labels"].get(RESTART_ATTEMPT) == str(attempt)]
         want = rjob.get("replicas", 1) * rjob["template"]["spec"].get("completions", 1)
 
         def done(p: dict) -> bool:
             status = p.get("status") or {}
-            ready = any(
-                c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-            )
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in status.get("conditions") or [])
             return ready or status.get("phase") in ("Succeeded", "Failed")
 
         return len(pods) >= want and all(done(p) for p in pods)
 
-    def _create_jobset_pod(self, js: dict, rjob: dict, job_index: int, pod_index: int, attempt: int) -> None:
+    def _create_jobset_pod(self, js: dict, rjob: dict, job_index: int, pod_index: int,
+                           attempt: int) -> None:
         template = copy.deepcopy(rjob["template"]["spec"].get("template") or {})
         host = f"{js['metadata']['name']}-{rjob['name']}-{job_index}-{pod_index}"
         labels = _pod_labels(js, rjob, job_index, pod_index, attempt)
@@ -163,10 +146,8 @@ class JobSetPods(_Controller):
         spec["hostname"] = host
         if (js["spec"].get("network") or {}).get("enableDNSHostnames"):
             spec["subdomain"] = _subdomain(js)
-        index_env = {
-            "name": "JOB_COMPLETION_INDEX",
-            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}},
-        }
+        index_env = {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
+            "fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}}
         # The Job controller gives the index to every container, init containers included.
         for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
             container["env"] = [*container.get("env", []), index_env]
@@ -177,22 +158,13 @@ class JobSetPods(_Controller):
             "annotations": {**(meta.get("annotations") or {}), **labels},
         }
         template["spec"] = spec
-        owner = {
-            "spec": {"template": template},
-            "metadata": js["metadata"],
-            "apiVersion": js["apiVersion"],
-            "kind": js["kind"],
-        }
+        owner = {"spec": {"template": template}, "metadata": js["metadata"],
+                 "apiVersion": js["apiVersion"], "kind": js["kind"]}
         # JobSet's pods are the Job controller's: a refused pod is a FailedCreate Event on
         # the Job <jobset>-<replicated job>-<index> (the double makes no Job objects).
-        job = {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {
-                "name": f"{js['metadata']['name']}-{rjob['name']}-{job_index}",
-                "namespace": js["metadata"]["namespace"],
-            },
-        }
+        job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+            "name": f"{js['metadata']['name']}-{rjob['name']}-{job_index}",
+            "namespace": js["metadata"]["namespace"]}}
         self._create_pod(owner, f"{host}-{random_suffix()}", {}, event_on=job)
 
 
@@ -206,15 +178,12 @@ class JobSetDriver:
 
     def pods(self, namespace: str, name: str, attempt: int | None = None) -> list[dict]:
         """The pods of JobSet ``name`` (of one restart attempt), sorted by hostname."""
-        found = [
-            p
-            for p in self.store.objects(lookup("pods"), namespace)
-            if p["metadata"].get("labels", {}).get(JOBSET_NAME) == name
-            and (attempt is None or p["metadata"]["labels"].get(RESTART_ATTEMPT) == str(attempt))
-        ]
-        return sorted(
-            found, key=lambda p: (p["spec"].get("hostname", ""), p["metadata"]["labels"].get(RESTART_ATTEMPT))
-        )
+        found = [p for p in self.store.objects(lookup("pods"), namespace)
+                 if p["metadata"].get("labels", {}).get(JOBSET_NAME) == name
+                 and (attempt is None
+                      or p["metadata"]["labels"].get(RESTART_ATTEMPT) == str(attempt))]
+        return sorted(found, key=lambda p: (p["spec"].get("hostname", ""),
+                                            p["metadata"]["labels"].get(RESTART_ATTEMPT)))
 
     def pod_name(self, namespace: str, name: str, role: str, index: int) -> str:
         """The newest pod running task ``<role>-<index>`` of JobSet ``name``."""
@@ -222,7 +191,8 @@ class JobSetDriver:
         pods = [p for p in self.pods(namespace, name) if p["spec"].get("hostname") == host]
         if not pods:
             raise KeyError(f"JobSet {namespace}/{name} has no pod for {role}-{index}")
-        return max(pods, key=lambda p: int(p["metadata"]["labels"][RESTART_ATTEMPT]))["metadata"]["name"]
+        return max(pods, key=lambda p: int(p["metadata"]["labels"][RESTART_ATTEMPT]))[
+            "metadata"]["name"]
 
     def _status(self, namespace: str, name: str) -> dict:
         js = self.store.get(self.kind, namespace, name)
@@ -230,28 +200,16 @@ class JobSetDriver:
             raise KeyError(f"no JobSet {namespace}/{name}")
         return js
 
-    def finish(
-        self,
-        namespace: str,
-        name: str,
-        condition: str = "Completed",
-        reason: str = "AllJobsCompleted",
-        message: str = "jobset completed successfully",
-        delete_active: bool = True,
-    ) -> None:
+    def finish(self, namespace: str, name: str, condition: str = "Completed",
+               reason: str = "AllJobsCompleted", message: str = "jobset completed successfully",
+               delete_active: bool = True) -> None:
         """JobSet finished: its ``Completed``/``Failed`` condition, running pods deleted."""
         with self.store.lock:
             js = self._status(namespace, name)
             stamp = now()
             js.setdefault("status", {})["conditions"] = [
-                {
-                    "type": condition,
-                    "status": "True",
-                    "reason": reason,
-                    "message": message,
-                    "lastTransitionTime": stamp,
-                }
-            ]
+                {"type": condition, "status": "True", "reason": reason, "message": message,
+                 "lastTransitionTime": stamp}]
             js["status"]["terminalState"] = condition
             self.store.update(self.kind, js, subresource="status", check_version=False)
             if delete_active:

@@ -73,26 +73,17 @@ class SimulatedKubelet:
                 return c.get("image", "")
         return ""
 
-    def event(
-        self,
-        obj: dict,
-        reason: str,
-        message: str,
-        *,
-        type_: str = "Normal",
-        component: str = "kubelet",
-        field_path: str | None = None,
-    ) -> dict | None:
+    def event(self, obj: dict, reason: str, message: str, *, type_: str = "Normal",
+              component: str = "kubelet", field_path: str | None = None) -> dict | None:
         """Record a core/v1 Event about ``obj`` (see ``events.record_event``)."""
-        return record_event(
-            self.store, obj, reason, message, type_=type_, component=component, field_path=field_path
-        )
+        return record_event(self.store, obj, reason, message, type_=type_,
+                            component=component, field_path=field_path)
 
-    def _set_condition(
-        self, status: dict, type_: str, value: bool, reason: str | None = None, message: str | None = None
-    ) -> None:
+    def _set_condition(self, status: dict, type_: str, value: bool, reason: str | None = None,
+                       message: str | None = None) -> None:
         conds = [c for c in status.get("conditions") or [] if c["type"] != type_]
-        cond = {"type": type_, "status": "True" if value else "False", "lastTransitionTime": now()}
+        cond = {"type": type_, "status": "True" if value else "False",
+                "lastTransitionTime": now()}
         if reason:
             cond["reason"] = reason
         if message:
@@ -105,14 +96,9 @@ class SimulatedKubelet:
         out = {}
         for c in pod["spec"].get("containers") or []:
             out[c["name"]] = existing.get(c["name"]) or {
-                "name": c["name"],
-                "image": c.get("image", ""),
-                "imageID": "",
-                "ready": False,
-                "started": False,
-                "restartCount": 0,
-                "state": {"waiting": {"reason": "ContainerCreating"}},
-                "lastState": {},
+                "name": c["name"], "image": c.get("image", ""), "imageID": "",
+                "ready": False, "started": False, "restartCount": 0,
+                "state": {"waiting": {"reason": "ContainerCreating"}}, "lastState": {},
             }
         return out
 
@@ -120,9 +106,8 @@ class SimulatedKubelet:
         pod["status"]["containerStatuses"] = list(statuses.values())
         ready = bool(statuses) and all(s["ready"] for s in statuses.values())
         phase = pod["status"].get("phase")
-        reason = (
-            None if ready else ("PodCompleted" if phase in ("Succeeded", "Failed") else "ContainersNotReady")
-        )
+        reason = None if ready else ("PodCompleted" if phase in ("Succeeded", "Failed")
+                                     else "ContainersNotReady")
         self._set_condition(pod["status"], "ContainersReady", ready, reason)
         self._set_condition(pod["status"], "Ready", ready, reason)
 
@@ -140,33 +125,21 @@ class SimulatedKubelet:
             status = pod.setdefault("status", {})
             self._set_condition(status, "PodScheduled", True)
             self._set_condition(status, "Initialized", True)
-            status.update(hostIP="192.168.0.10", hostIPs=[{"ip": "192.168.0.10"}], startTime=now())
+            status.update(hostIP="192.168.0.10", hostIPs=[{"ip": "192.168.0.10"}],
+                          startTime=now())
             self._store_statuses(pod, self._statuses(pod))
             pod = self._write_status(pod)
-            self.event(
-                pod,
-                "Scheduled",
-                f"Successfully assigned {namespace}/{name} to {node}",
-                component="default-scheduler",
-            )
+            self.event(pod, "Scheduled", f"Successfully assigned {namespace}/{name} to {node}",
+                       component="default-scheduler")
             return pod
 
     def _init_statuses(self, pod: dict) -> dict[str, dict]:
         existing = {s["name"]: s for s in pod["status"].get("initContainerStatuses") or []}
-        return {
-            c["name"]: existing.get(c["name"])
-            or {
-                "name": c["name"],
-                "image": c.get("image", ""),
-                "imageID": "",
-                "ready": False,
-                "started": False,
-                "restartCount": 0,
-                "state": {"waiting": {"reason": "PodInitializing"}},
-                "lastState": {},
-            }
-            for c in pod["spec"].get("initContainers") or []
-        }
+        return {c["name"]: existing.get(c["name"]) or {
+            "name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False,
+            "started": False, "restartCount": 0,
+            "state": {"waiting": {"reason": "PodInitializing"}}, "lastState": {},
+        } for c in pod["spec"].get("initContainers") or []}
 
     def run_init(self, namespace: str, name: str) -> dict:
         """The first init container runs (phase Pending, the app containers waiting
@@ -180,17 +153,13 @@ class SimulatedKubelet:
             inits[first].update(started=True, state={"running": {"startedAt": now()}})
             self._open_segment(pod, first)
             pod["status"]["initContainerStatuses"] = list(inits.values())
-            self._set_condition(
-                pod["status"],
-                "Initialized",
-                False,
-                "ContainersNotInitialized",
-                f"containers with incomplete status: [{first}]",
-            )
+            self._set_condition(pod["status"], "Initialized", False, "ContainersNotInitialized",
+                                f"containers with incomplete status: [{first}]")
             self._store_statuses(pod, self._statuses(pod))
             return self._write_status(pod)
 
-    def fail_init(self, namespace: str, name: str, exit_code: int = 1, message: str | None = None) -> dict:
+    def fail_init(self, namespace: str, name: str, exit_code: int = 1,
+                  message: str | None = None) -> dict:
         """The first init container exits ``exit_code``: with restartPolicy Never the pod
         fails and its app containers never start (waiting ``PodInitializing``)."""
         with self.store.lock:
@@ -199,7 +168,8 @@ class SimulatedKubelet:
                 pod = self.schedule(namespace, name)
             inits = self._init_statuses(pod)
             first = next(iter(inits))
-            terminated = {"exitCode": exit_code, "reason": "Error", "startedAt": now(), "finishedAt": now()}
+            terminated = {"exitCode": exit_code, "reason": "Error", "startedAt": now(),
+                          "finishedAt": now()}
             if message:
                 terminated["message"] = message
             inits[first].update(state={"terminated": terminated})
@@ -207,13 +177,8 @@ class SimulatedKubelet:
             statuses = self._statuses(pod)
             for cs in statuses.values():
                 cs["state"] = {"waiting": {"reason": "PodInitializing"}}
-            self._set_condition(
-                pod["status"],
-                "Initialized",
-                False,
-                "ContainersNotInitialized",
-                f"containers with incomplete status: [{first}]",
-            )
+            self._set_condition(pod["status"], "Initialized", False, "ContainersNotInitialized",
+                                f"containers with incomplete status: [{first}]")
             pod["status"]["phase"] = "Failed"
             self._store_statuses(pod, statuses)
             return self._write_status(pod)
@@ -233,16 +198,8 @@ class SimulatedKubelet:
                 if "terminated" not in cs["state"]:
                     if "running" not in cs["state"]:
                         self._open_segment(pod, cs["name"])
-                    cs.update(
-                        state={
-                            "terminated": {
-                                "exitCode": 0,
-                                "reason": "Completed",
-                                "startedAt": now(),
-                                "finishedAt": now(),
-                            }
-                        }
-                    )
+                    cs.update(state={"terminated": {"exitCode": 0, "reason": "Completed",
+                                                    "startedAt": now(), "finishedAt": now()}})
             if inits:
                 pod["status"]["initContainerStatuses"] = list(inits.values())
             statuses = self._statuses(pod)
@@ -250,21 +207,13 @@ class SimulatedKubelet:
                 image = self._image(pod, cname)
                 field = f"spec.containers{{{cname}}}"
                 self.event(pod, "Pulling", f'Pulling image "{image}"', field_path=field)
-                self.event(
-                    pod,
-                    "Pulled",
-                    f'Successfully pulled image "{image}" in 1.2s (1.2s including waiting)',
-                    field_path=field,
-                )
+                self.event(pod, "Pulled", f'Successfully pulled image "{image}" in 1.2s '
+                                          "(1.2s including waiting)", field_path=field)
                 self.event(pod, "Created", f"Created container: {cname}", field_path=field)
                 self.event(pod, "Started", f"Started container {cname}", field_path=field)
-                cs.update(
-                    ready=True,
-                    started=True,
-                    state={"running": {"startedAt": now()}},
-                    imageID=f"docker.io/library/{image}@sha256:{secrets.token_hex(32)}",
-                    containerID=f"containerd://{secrets.token_hex(32)}",
-                )
+                cs.update(ready=True, started=True, state={"running": {"startedAt": now()}},
+                          imageID=f"docker.io/library/{image}@sha256:{secrets.token_hex(32)}",
+                          containerID=f"containerd://{secrets.token_hex(32)}")
                 self._open_segment(pod, cname)
             n = next(self._ips)
             ip = f"10.244.{n // 250}.{n % 250 + 1}"
@@ -272,15 +221,8 @@ class SimulatedKubelet:
             self._store_statuses(pod, statuses)
             return self._write_status(pod)
 
-    def _terminate(
-        self,
-        namespace: str,
-        name: str,
-        exit_code: int,
-        reason: str,
-        container: str | None,
-        message: str | None = None,
-    ) -> dict:
+    def _terminate(self, namespace: str, name: str, exit_code: int, reason: str,
+                   container: str | None, message: str | None = None) -> dict:
         with self.store.lock:
             pod = self._pod(namespace, name)
             if pod["status"].get("phase") != "Running":
@@ -290,39 +232,22 @@ class SimulatedKubelet:
             for cname in self._container_names(pod, container):
                 cs = statuses[cname]
                 started = (cs["state"].get("running") or {}).get("startedAt", now())
-                terminated = {
-                    "exitCode": exit_code,
-                    "reason": reason,
-                    "startedAt": started,
-                    "finishedAt": now(),
-                    "containerID": cs.get("containerID"),
-                }
+                terminated = {"exitCode": exit_code, "reason": reason, "startedAt": started,
+                              "finishedAt": now(), "containerID": cs.get("containerID")}
                 if message:
                     terminated["message"] = message
                 restarts = policy == "Always" or (policy == "OnFailure" and exit_code != 0)
                 if restarts:
                     # The kubelet restarts it after a back-off: CrashLoopBackOff.
-                    cs.update(
-                        ready=False,
-                        started=False,
-                        lastState={"terminated": terminated},
-                        restartCount=cs["restartCount"] + 1,
-                        state={
-                            "waiting": {
-                                "reason": "CrashLoopBackOff",
-                                "message": f"back-off 10s restarting failed container={cname}"
-                                f" pod={name}_{namespace}({pod['metadata']['uid']})",
-                            }
-                        },
-                    )
-                    self.event(
-                        pod,
-                        "BackOff",
-                        "Back-off restarting failed container "
-                        f"{cname} in pod {name}_{namespace}({pod['metadata']['uid']})",
-                        type_="Warning",
-                        field_path=f"spec.containers{{{cname}}}",
-                    )
+                    cs.update(ready=False, started=False, lastState={"terminated": terminated},
+                              restartCount=cs["restartCount"] + 1,
+                              state={"waiting": {
+                                  "reason": "CrashLoopBackOff",
+                                  "message": f"back-off 10s restarting failed container={cname}"
+                                             f" pod={name}_{namespace}({pod['metadata']['uid']})"}})
+                    self.event(pod, "BackOff", "Back-off restarting failed container "
+                               f"{cname} in pod {name}_{namespace}({pod['metadata']['uid']})",
+                               type_="Warning", field_path=f"spec.containers{{{cname}}}")
                 else:
                     cs.update(ready=False, started=False, state={"terminated": terminated})
             states = [s["state"] for s in statuses.values()]
@@ -332,7 +257,8 @@ class SimulatedKubelet:
             self._store_statuses(pod, statuses)
             return self._write_status(pod)
 
-    def succeed(self, namespace: str, name: str, exit_code: int = 0, container: str | None = None) -> dict:
+    def succeed(self, namespace: str, name: str, exit_code: int = 0,
+                container: str | None = None) -> dict:
         """Containers exit 0 (reason Completed); with restartPolicy Never/OnFailure the
         pod becomes Succeeded."""
         return self._terminate(namespace, name, exit_code, "Completed", container)
@@ -352,9 +278,8 @@ class SimulatedKubelet:
                 segments[-1].append((_now_nano(), line))
             self._log_changed.notify_all()
 
-    def log_lines(
-        self, uid: str, container: str, previous: bool = False
-    ) -> tuple[list[tuple[str, str]], int] | None:
+    def log_lines(self, uid: str, container: str, previous: bool = False
+                  ) -> tuple[list[tuple[str, str]], int] | None:
         """``(lines, segment_index)`` of the current (or previous) instance, or None."""
         with self._log_changed:
             segments = self._logs.get((uid, container)) or []
@@ -363,13 +288,13 @@ class SimulatedKubelet:
                 return None
             return list(segments[index]), index
 
-    def wait_for_log(self, uid: str, container: str, segment: int, seen: int, timeout: float) -> None:
+    def wait_for_log(self, uid: str, container: str, segment: int, seen: int,
+                     timeout: float) -> None:
         """Block until the segment grows past ``seen`` lines, changes, or timeout."""
-
         def changed() -> bool:
             segments = self._logs.get((uid, container)) or []
-            return self._stopped or len(segments) != segment + 1 or len(segments[segment]) > seen
-
+            return (self._stopped or len(segments) != segment + 1
+                    or len(segments[segment]) > seen)
         with self._log_changed:
             self._log_changed.wait_for(changed, timeout)
 
@@ -381,12 +306,9 @@ class SimulatedKubelet:
                 self._log_changed.notify_all()
             for cs in (event.obj.get("status") or {}).get("containerStatuses") or []:
                 if "running" in cs.get("state", {}):
-                    self.event(
-                        copy.deepcopy(event.obj),
-                        "Killing",
-                        f"Stopping container {cs['name']}",
-                        field_path=f"spec.containers{{{cs['name']}}}",
-                    )
+                    self.event(copy.deepcopy(event.obj), "Killing",
+                               f"Stopping container {cs['name']}",
+                               field_path=f"spec.containers{{{cs['name']}}}")
 
     def stop(self) -> None:
         """Wake log followers (harness shutdown)."""

@@ -46,9 +46,8 @@ def json_patch(doc: dict, ops: list) -> dict:
             kind, path = op["op"], op["path"]
             if kind in ("copy", "move"):
                 src_parent, src_key = _walk(doc, op["from"])
-                value = copy.deepcopy(
-                    src_parent[int(src_key)] if isinstance(src_parent, list) else src_parent[src_key]
-                )
+                value = copy.deepcopy(src_parent[int(src_key)] if isinstance(src_parent, list)
+                                      else src_parent[src_key])
                 if kind == "move":
                     del src_parent[int(src_key) if isinstance(src_parent, list) else src_key]
                 kind, op = "add", {**op, "value": value}
@@ -68,18 +67,15 @@ def json_patch(doc: dict, ops: list) -> dict:
             elif kind == "test":
                 current = parent[int(key)] if isinstance(parent, list) else parent[key]
                 if current != op["value"]:
-                    raise errors.ApiError(
-                        422,
-                        "Invalid",
-                        f"the server rejected our request due to an error in "
-                        f"our request: test failed at {path}",
-                    )
+                    raise errors.ApiError(422, "Invalid",
+                                          f"the server rejected our request due to an error in "
+                                          f"our request: test failed at {path}")
             else:
                 raise errors.bad_request(f"unknown JSON patch op {kind!r}")
     except (KeyError, IndexError, ValueError, TypeError) as exc:
-        raise errors.ApiError(
-            422, "Invalid", f"the server rejected our request due to an error in our request: {exc!r}"
-        ) from exc
+        raise errors.ApiError(422, "Invalid",
+                              f"the server rejected our request due to an error in our "
+                              f"request: {exc!r}") from exc
     return doc
 
 

@@ -21,44 +21,27 @@ from .resources import ResourceKind, lookup
 from .store import Store, WatchEvent
 
 _SUFFIX = {
-    "": 1,
-    "m": Decimal("0.001"),
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
+    "": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+    "Pi": 2**50, "Ei": 2**60,
 }
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 
 # Quota keys that count objects of a kind, besides the generic count/<resource>.
-_COUNTED = {
-    "pods": "pods",
-    "services": "services",
-    "configmaps": "configmaps",
-    "secrets": "secrets",
-    "persistentvolumeclaims": "persistentvolumeclaims",
-    "resourcequotas": "resourcequotas",
-}
+_COUNTED = {"pods": "pods", "services": "services", "configmaps": "configmaps",
+            "secrets": "secrets", "persistentvolumeclaims": "persistentvolumeclaims",
+            "resourcequotas": "resourcequotas"}
 _COMPUTE = ("cpu", "memory")
-_MUST_SPECIFY = frozenset({"cpu", "memory", "requests.cpu", "requests.memory", "limits.cpu", "limits.memory"})
+_MUST_SPECIFY = frozenset({"cpu", "memory", "requests.cpu", "requests.memory", "limits.cpu",
+                           "limits.memory"})
 
 
 def parse_quantity(value) -> Decimal:
     """A Kubernetes quantity (``500m``, ``2Gi``, ``1e3``, 4) as a Decimal."""
     m = _QUANTITY.match(str(value).strip())
     if not m:
-        raise ValueError(
-            f"quantities must match the regular expression "
-            f"'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$' (got {value!r})"
-        )
+        raise ValueError(f"quantities must match the regular expression "
+                         f"'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$' (got {value!r})")
     return Decimal(m.group(1)) * Decimal(_SUFFIX[m.group(2) or ""])
 
 
@@ -83,13 +66,12 @@ def pod_usage(pod: dict) -> dict[str, Decimal]:
     usage: dict[str, Decimal] = {"pods": Decimal(1)}
     containers, inits = _containers(pod)
     for section in ("requests", "limits"):
-        names = {n for c in containers + inits for n in (c.get("resources") or {}).get(section, {}) or {}}
+        names = {n for c in containers + inits for n in (c.get("resources") or {})
+                 .get(section, {}) or {}}
         for name in names:
-
             def amount(c, _section=section, _name=name):
                 val = ((c.get("resources") or {}).get(_section) or {}).get(_name)
                 return parse_quantity(val) if val is not None else Decimal(0)
-
             total = sum((amount(c) for c in containers), Decimal(0))
             peak = max((amount(c) for c in inits), default=Decimal(0))
             usage[f"{section}.{name}"] = max(total, peak)
@@ -149,26 +131,22 @@ def admit(store: Store, kind: ResourceKind, namespace: str, obj: dict) -> None:
         if kind.kind == "Pod":
             missing = sorted(k for k in hard if _is_compute(k) and k not in charges)
             if missing:
-                raise errors.forbidden(
-                    kind, name, f"failed quota: {quota['metadata']['name']}: must specify {','.join(missing)}"
-                )
+                raise errors.forbidden(kind, name, f"failed quota: {quota['metadata']['name']}: "
+                                                   f"must specify {','.join(missing)}")
         relevant = {k: v for k, v in hard.items() if k in charges}
         if not relevant:
             continue
         used = _used(store, namespace, relevant)
-        over = sorted(k for k, v in relevant.items() if used[k] + charges[k] > parse_quantity(v))
+        over = sorted(k for k, v in relevant.items()
+                      if used[k] + charges[k] > parse_quantity(v))
         if over:
-
             def fmt(values, keys=over):
                 return ",".join(f"{k}={format_quantity(values[k], k)}" for k in keys)
-
             raise errors.forbidden(
-                kind,
-                name,
+                kind, name,
                 f"exceeded quota: {quota['metadata']['name']}, "
                 f"requested: {fmt(charges)}, used: {fmt(used)}, "
-                f"limited: {','.join(f'{k}={relevant[k]}' for k in over)}",
-            )
+                f"limited: {','.join(f'{k}={relevant[k]}' for k in over)}")
 
 
 def _is_compute(key: str) -> bool:
@@ -188,11 +166,8 @@ class QuotaController:
         namespace = event.obj["metadata"].get("namespace")
         if not namespace or event.kind.kind == "Event":
             return
-        if (
-            event.kind is self._quota_kind
-            and event.type == "MODIFIED"
-            and (event.old or {}).get("spec") == event.obj.get("spec")
-        ):
+        if event.kind is self._quota_kind and event.type == "MODIFIED" and \
+                (event.old or {}).get("spec") == event.obj.get("spec"):
             return  # our own status write
         self.recompute(namespace)
 
@@ -201,8 +176,10 @@ class QuotaController:
         for quota in self.store.objects(self._quota_kind, namespace):
             hard = (quota.get("spec") or {}).get("hard") or {}
             used = _used(self.store, namespace, hard)
-            status = {"hard": dict(hard), "used": {k: format_quantity(v, k) for k, v in used.items()}}
+            status = {"hard": dict(hard),
+                      "used": {k: format_quantity(v, k) for k, v in used.items()}}
             if quota.get("status") != status:
                 new = copy.deepcopy(quota)
                 new["status"] = status
-                self.store.update(self._quota_kind, new, subresource="status", check_version=False)
+                self.store.update(self._quota_kind, new, subresource="status",
+                                  check_version=False)

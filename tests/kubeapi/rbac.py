@@ -36,11 +36,8 @@ def _rule_allows(rule: dict, attrs: RequestAttributes) -> bool:
     if "*" not in groups and attrs.group not in groups:
         return False
     wanted = attrs.resource_path
-    if not (
-        wanted in resources
-        or "*" in resources
-        or (attrs.subresource and f"*/{attrs.subresource}" in resources)
-    ):
+    if not (wanted in resources or "*" in resources
+            or (attrs.subresource and f"*/{attrs.subresource}" in resources)):
         return False
     if "*" not in verbs and attrs.verb not in verbs:
         return False
@@ -72,8 +69,7 @@ class RoleAuthorizer:
 
     def denial(self, attrs: RequestAttributes) -> str:
         """The "User ... cannot ..." sentence of a real Forbidden answer."""
-        where = f'in the namespace "{attrs.namespace}"' if attrs.namespace else "at the cluster scope"
-        return (
-            f'User "{self.username}" cannot {attrs.verb} resource "{attrs.resource_path}" '
-            f'in API group "{attrs.group}" {where}'
-        )
+        where = (f'in the namespace "{attrs.namespace}"' if attrs.namespace
+                 else "at the cluster scope")
+        return (f'User "{self.username}" cannot {attrs.verb} resource "{attrs.resource_path}" '
+                f'in API group "{attrs.group}" {where}')

@@ -43,15 +43,9 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         auth = self.headers.get("Authorization") or ""
         token = auth[7:] if auth.lower().startswith("bearer ") else None
-        req = Request(
-            self.command,
-            url.path,
-            dict(parse_qsl(url.query, keep_blank_values=True)),
-            body,
-            self.headers.get("Content-Type") or "",
-            token,
-            accept=self.headers.get("Accept") or "",
-        )
+        req = Request(self.command, url.path, dict(parse_qsl(url.query, keep_blank_values=True)),
+                      body, self.headers.get("Content-Type") or "", token,
+                      accept=self.headers.get("Accept") or "")
         response = self.server.api.handle(req)
         if response.stream is not None:
             self._send_stream(response)
@@ -116,11 +110,8 @@ class _Server(ThreadingHTTPServer):
     def process_request(self, request, client_address):
         with self._sockets_lock:
             self._sockets.add(request)
-        t = threading.Thread(
-            target=self.process_request_thread,
-            args=(request, client_address),
-            name=f"kubeapi-conn-{next(self._ids)}",
-        )
+        t = threading.Thread(target=self.process_request_thread, args=(request, client_address),
+                             name=f"kubeapi-conn-{next(self._ids)}")
         t.daemon = False
         self._conn_threads = [c for c in self._conn_threads if c.is_alive()] + [t]
         t.start()
@@ -152,9 +143,8 @@ class FakeKubeServer:
     def __init__(self, api: KubeAPI):
         self.api = api
         self._httpd = _Server(api)
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="kubeapi-server"
-        )
+        self._thread = threading.Thread(target=self._httpd.serve_forever,
+                                        kwargs={"poll_interval": 0.05}, name="kubeapi-server")
 
     @property
     def url(self) -> str:

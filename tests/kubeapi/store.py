@@ -125,9 +125,8 @@ class Store:
     def _commit(self, event_type: str, kind: ResourceKind, obj: dict, old: dict | None) -> None:
         if self._history.maxlen and len(self._history) == self._history.maxlen:
             self._floor = self._history[0].seq
-        event = WatchEvent(
-            self._rv, event_type, kind, copy.deepcopy(obj), copy.deepcopy(old) if old is not None else None
-        )
+        event = WatchEvent(self._rv, event_type, kind, copy.deepcopy(obj),
+                           copy.deepcopy(old) if old is not None else None)
         self._history.append(event)
         self._changed.notify_all()
         for observer in list(self._observers):
@@ -171,9 +170,8 @@ class Store:
             self._commit("ADDED", kind, obj, None)
             return copy.deepcopy(obj)
 
-    def update(
-        self, kind: ResourceKind, obj: dict, *, subresource: str | None = None, check_version: bool = True
-    ) -> dict:
+    def update(self, kind: ResourceKind, obj: dict, *, subresource: str | None = None,
+               check_version: bool = True) -> dict:
         """Replace a stored object (PUT semantics).
 
         With ``subresource="status"`` only ``.status`` changes; otherwise, for
@@ -201,14 +199,8 @@ class Store:
                     else:
                         new.pop("status", None)
                 # Server-owned metadata cannot be changed by a client.
-                for owned in (
-                    "uid",
-                    "creationTimestamp",
-                    "generation",
-                    "deletionTimestamp",
-                    "namespace",
-                    "name",
-                ):
+                for owned in ("uid", "creationTimestamp", "generation", "deletionTimestamp",
+                              "namespace", "name"):
                     if owned in current["metadata"]:
                         new["metadata"][owned] = current["metadata"][owned]
                     else:
@@ -228,9 +220,8 @@ class Store:
         self._commit("MODIFIED", kind, new, current)
         return copy.deepcopy(new)
 
-    def delete(
-        self, kind: ResourceKind, namespace: str | None, name: str, propagation: str = "Background"
-    ) -> dict:
+    def delete(self, kind: ResourceKind, namespace: str | None, name: str,
+               propagation: str = "Background") -> dict:
         """Delete an object and cascade to its dependents (garbage collector).
 
         ``Background``: the object goes at once, then its dependents.
@@ -262,19 +253,18 @@ class Store:
             if propagation == "Orphan":
                 for dep_kind, dep in self._dependents_of(uid):
                     dep["metadata"]["ownerReferences"] = [
-                        r for r in dep["metadata"]["ownerReferences"] if r.get("uid") != uid
-                    ]
+                        r for r in dep["metadata"]["ownerReferences"] if r.get("uid") != uid]
                     self.update(dep_kind, dep, check_version=False)
             elif propagation == "Foreground" and self._dependents_of(uid):
                 marked = copy.deepcopy(current)
                 marked["metadata"]["deletionTimestamp"] = now()
-                marked["metadata"]["finalizers"] = [*(marked["metadata"].get("finalizers") or []), FOREGROUND]
+                marked["metadata"]["finalizers"] = [
+                    *(marked["metadata"].get("finalizers") or []), FOREGROUND]
                 self._write(kind, key, marked, current)
                 for dep_kind, dep in self._dependents_of(uid):
                     if not self._has_live_owner(dep, excluding=uid):
-                        self._delete_if_present(
-                            dep_kind, dep["metadata"].get("namespace"), dep["metadata"]["name"], "Foreground"
-                        )
+                        self._delete_if_present(dep_kind, dep["metadata"].get("namespace"),
+                                                dep["metadata"]["name"], "Foreground")
                 return copy.deepcopy(self._objects.get(key) or self._finished[uid])
             return self._remove(kind, key)
 
@@ -285,8 +275,7 @@ class Store:
         gone = copy.deepcopy(current)
         gone["metadata"]["resourceVersion"] = str(self._rv)
         gone["metadata"]["finalizers"] = [
-            f for f in gone["metadata"].get("finalizers") or [] if f != FOREGROUND
-        ] or None
+            f for f in gone["metadata"].get("finalizers") or [] if f != FOREGROUND] or None
         if gone["metadata"]["finalizers"] is None:
             del gone["metadata"]["finalizers"]
         del self._objects[key]
@@ -295,7 +284,8 @@ class Store:
         uid = current["metadata"]["uid"]
         for dep_kind, dep in self._dependents_of(uid):
             if not self._has_live_owner(dep):
-                self._delete_if_present(dep_kind, dep["metadata"].get("namespace"), dep["metadata"]["name"])
+                self._delete_if_present(dep_kind, dep["metadata"].get("namespace"),
+                                        dep["metadata"]["name"])
         for ref in current["metadata"].get("ownerReferences") or []:
             self._release(ref.get("uid"))
         return gone
@@ -306,13 +296,14 @@ class Store:
         if found is None:
             return
         kind, owner = found
-        if FOREGROUND in (owner["metadata"].get("finalizers") or []) and not self._dependents_of(owner_uid):
+        if FOREGROUND in (owner["metadata"].get("finalizers") or []) and \
+                not self._dependents_of(owner_uid):
             meta = owner["metadata"]
-            self._remove(kind, _key(kind, meta.get("namespace") if kind.namespaced else None, meta["name"]))
+            self._remove(kind, _key(kind, meta.get("namespace") if kind.namespaced else None,
+                                    meta["name"]))
 
-    def _delete_if_present(
-        self, kind: ResourceKind, namespace: str | None, name: str, propagation: str = "Background"
-    ) -> None:
+    def _delete_if_present(self, kind: ResourceKind, namespace: str | None, name: str,
+                           propagation: str = "Background") -> None:
         if _key(kind, namespace, name) in self._objects:
             self.delete(kind, namespace, name, propagation)
 
@@ -339,7 +330,8 @@ class Store:
         """Committed events newer than ``resource_version``; 410 if already discarded."""
         with self.lock:
             if resource_version < self._floor:
-                raise errors.gone(f"too old resource version: {resource_version} ({self._floor})")
+                raise errors.gone(
+                    f"too old resource version: {resource_version} ({self._floor})")
             return [e for e in self._history if e.seq > resource_version]
 
     def wait_for_change(self, after: int, timeout: float) -> bool:

@@ -27,23 +27,18 @@ from . import errors
 from .resources import ResourceKind, lookup
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 
-_LABEL_MSG = (
-    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or "
-    "'-', and must start and end with an alphanumeric character"
-)
-_SUBDOMAIN_MSG = (
-    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
-    "characters, '-' or '.', and must start and end with an alphanumeric character"
-)
-_DNS1035_MSG = (
-    "a DNS-1035 label must consist of lower case alphanumeric characters or '-', "
-    "start with an alphabetic character, and end with an alphanumeric character"
-)
+_LABEL_MSG = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or "
+              "'-', and must start and end with an alphanumeric character")
+_SUBDOMAIN_MSG = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
+                  "characters, '-' or '.', and must start and end with an alphanumeric character")
+_DNS1035_MSG = ("a DNS-1035 label must consist of lower case alphanumeric characters or '-', "
+                "start with an alphabetic character, and end with an alphanumeric character")
 
 # Kinds whose names must be DNS labels (everything else: DNS subdomain).
 _NAME_RULES = {"Namespace": "label", "Service": "dns1035"}
@@ -58,7 +53,8 @@ def _check_dns(value: str, rule: str, field: str) -> list[tuple[str, str]]:
         ok, msg, limit = _DNS1123_SUBDOMAIN.match(value), _SUBDOMAIN_MSG, 253
     problems = []
     if len(value) > limit:
-        problems.append((field, f'Invalid value: "{value}": must be no more than {limit} characters'))
+        problems.append((field, f'Invalid value: "{value}": must be no more than {limit} '
+                                f"characters"))
     if not ok:
         problems.append((field, f'Invalid value: "{value}": {msg}'))
     return problems
@@ -68,29 +64,16 @@ def _check_labels(labels: dict, field: str) -> list[tuple[str, str]]:
     problems = []
     for key, value in (labels or {}).items():
         prefix, _, name = key.rpartition("/")
-        if (
-            (prefix and not _DNS1123_SUBDOMAIN.match(prefix))
-            or not _QUALIFIED_NAME.match(name)
-            or len(name) > 63
-        ):
-            problems.append(
-                (
-                    field,
-                    f'Invalid value: "{key}": name part must consist of '
-                    "alphanumeric characters, '-', '_' or '.', and must start "
-                    "and end with an alphanumeric character",
-                )
-            )
+        if (prefix and not _DNS1123_SUBDOMAIN.match(prefix)) or not _QUALIFIED_NAME.match(name) \
+                or len(name) > 63:
+            problems.append((field, f'Invalid value: "{key}": name part must consist of '
+                                    "alphanumeric characters, '-', '_' or '.', and must start "
+                                    "and end with an alphanumeric character"))
         if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
-            problems.append(
-                (
-                    f"{field}",
-                    f'Invalid value: "{value}": a valid label must be an '
-                    "empty string or consist of alphanumeric characters, "
-                    "'-', '_' or '.', and must start and end with an "
-                    "alphanumeric character (at most 63 characters)",
-                )
-            )
+            problems.append((f"{field}", f'Invalid value: "{value}": a valid label must be an '
+                                         "empty string or consist of alphanumeric characters, "
+                                         "'-', '_' or '.', and must start and end with an "
+                                         "alphanumeric character (at most 63 characters)"))
     return problems
 
 
@@ -125,9 +108,8 @@ def _data_size_problems(kind: ResourceKind, obj: dict) -> list[tuple[str, str]]:
 @functools.cache
 def _definitions(schema_dir: str, version: str) -> Resource:
     """The shared ``_definitions.json`` of one schema directory, parsed once."""
-    return Resource.from_contents(
-        kv_utils.schema_contents(f"kubernetes-json-schema/{schema_dir}/_definitions.json", version)
-    )
+    return Resource.from_contents(kv_utils.schema_contents(
+        f"kubernetes-json-schema/{schema_dir}/_definitions.json", version))
 
 
 @functools.cache
@@ -146,12 +128,10 @@ def _schema_validator(version: str, strict: bool, kind: str, api_version: str):
     group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
     try:
         schema = kv_utils.schema_contents(
-            f"kubernetes-json-schema/{schema_dir}/{kind.lower()}-{group_version}.json", version
-        )
+            f"kubernetes-json-schema/{schema_dir}/{kind.lower()}-{group_version}.json", version)
     except FileNotFoundError as exc:
-        raise kubernetes_validate.SchemaNotFoundError(
-            kind=kind, version=wanted, api_version=api_version
-        ) from exc
+        raise kubernetes_validate.SchemaNotFoundError(kind=kind, version=wanted,
+                                                      api_version=api_version) from exc
     registry = _definitions(schema_dir, version) @ (Resource.from_contents(schema) @ Registry())
     return jsonschema.validators.Draft202012Validator(schema, registry=registry)
 
@@ -172,9 +152,8 @@ class Validator:
             self._validate_custom(kind, obj, name)
             return
         try:
-            validator = _schema_validator(
-                self.kubernetes_version, self.strict, obj.get("kind", ""), obj.get("apiVersion", "")
-            )
+            validator = _schema_validator(self.kubernetes_version, self.strict,
+                                          obj.get("kind", ""), obj.get("apiVersion", ""))
             error = jsonschema.exceptions.best_match(validator.iter_errors(obj))
             if error is not None:
                 problems.append((".".join(str(p) for p in error.path), error.message))
@@ -183,7 +162,8 @@ class Validator:
         if not meta.get("name") and not meta.get("generateName"):
             problems.append(("metadata.name", "Required value: name or generateName is required"))
         elif meta.get("name"):
-            problems += _check_dns(meta["name"], _NAME_RULES.get(kind.kind, "subdomain"), "metadata.name")
+            problems += _check_dns(meta["name"], _NAME_RULES.get(kind.kind, "subdomain"),
+                                   "metadata.name")
         problems += _check_labels(meta.get("labels"), "metadata.labels")
         problems += _data_size_problems(kind, obj)
         spec = obj.get("spec") or {}
@@ -191,9 +171,8 @@ class Validator:
             problems += _pod_spec_problems(spec, "spec")
         template = spec.get("template") if isinstance(spec, dict) else None
         if isinstance(template, dict):
-            problems += _check_labels(
-                (template.get("metadata") or {}).get("labels"), "spec.template.metadata.labels"
-            )
+            problems += _check_labels((template.get("metadata") or {}).get("labels"),
+                                      "spec.template.metadata.labels")
             problems += _pod_spec_problems(template.get("spec") or {}, "spec.template.spec")
         if problems:
             raise errors.invalid(kind, name, problems)
@@ -205,9 +184,8 @@ class Validator:
         if not meta.get("name"):
             problems.append(("metadata.name", "Required value: name or generateName is required"))
         else:
-            problems += _check_dns(
-                meta["name"], "dns1035" if kind.kind == "JobSet" else "subdomain", "metadata.name"
-            )
+            problems += _check_dns(meta["name"], "dns1035" if kind.kind == "JobSet" else
+                                   "subdomain", "metadata.name")
         problems += _check_labels(meta.get("labels"), "metadata.labels")
         if problems:
             # A CRD's 422 names the kind with its group, as the real server does.
@@ -215,16 +193,10 @@ class Validator:
         if kind.kind == "JobSet":
             for rjob in obj.get("spec", {}).get("replicatedJobs") or []:
                 template = rjob.get("template") or {}
-                self.validate(
-                    lookup("jobs"),
-                    {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "metadata": {
-                            **(template.get("metadata") or {}),
-                            "name": f"{meta['name']}-{rjob.get('name')}-0",
-                            "namespace": meta.get("namespace", "default"),
-                        },
-                        "spec": template.get("spec") or {},
-                    },
-                )
+                self.validate(lookup("jobs"), {
+                    "apiVersion": "batch/v1", "kind": "Job",
+                    "metadata": {**(template.get("metadata") or {}),
+                                 "name": f"{meta['name']}-{rjob.get('name')}-0",
+                                 "namespace": meta.get("namespace", "default")},
+                    "spec": template.get("spec") or {},
+                })

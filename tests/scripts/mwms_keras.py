@@ -1,5 +1,4 @@
 """Between-graph TF2: MultiWorkerMirroredStrategy, a cross-process all-reduce, then tf-keras fit."""
-
 import json
 import os
 
@@ -29,7 +28,6 @@ y = x.sum(axis=1, keepdims=True)
 options = tf.data.Options()
 options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
 data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).repeat().with_options(options)
-history = model.fit(
-    data, epochs=2, steps_per_epoch=4, verbose=2, callbacks=[tfk8s_magics.progress_callback()]
-)
+history = model.fit(data, epochs=2, steps_per_epoch=4, verbose=2,
+                    callbacks=[tfk8s_magics.progress_callback()])
 print(f"KERAS {type(model).__module__.split('.')[0]} LOSS {history.history['loss'][-1]:.4f}", flush=True)

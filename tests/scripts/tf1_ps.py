@@ -1,5 +1,4 @@
 """Between-graph TF1 style: replica_device_setter puts variables on the parameter servers."""
-
 import json
 import os
 import time

@@ -4,7 +4,6 @@ replica_device_setter puts the variables on the PS; ``Saver(sharded=True)``
 makes each PS write its own shard, so the checkpoint directory must be the
 same shared storage on every task (the /log volume).
 """
-
 import json
 import os
 import time
