@@ -12,17 +12,22 @@ veth pair whose node end is ``eth0`` with the node's address 10.246.k.(10+i). In
   169.254.25.10 (kubespray's; :mod:`devcluster.dns`);
 - one route per other node's pod range via that node's address (pod traffic crosses nodes
   without NAT), and the service range via the host (packets for it are DNATed by the node's
-  kube-proxy before they leave; its route only lets locally made packets reach that DNAT);
-- a DNAT of the ``kubernetes`` Service (10.96.0.1:443) to the host's end, port of the API server.
+  kube-proxy before they leave; its route only lets locally made packets reach that DNAT).
 
 On the host, the API server listens on 127.0.0.1 only; a DNAT takes packets that arrive on the
 slot's bridge for its host end and the API port to 127.0.0.1 (``route_localnet`` on that bridge
-only). No namespace has a default route: an address outside the cluster is unreachable from a
-node or a pod. The fence, first in the mangle table's POSTROUTING (after every routing decision,
+only). The host's end is the API server's address as the cluster knows it: the ``kubernetes``
+Service's endpoint (:func:`api_endpoints`), as an API server's reconciler writes its advertised
+address on a production cluster. Services are translated to it as to any endpoint (kube-proxy;
+Cilium's own per-packet load balancing, which sees a pod's packets first and drops those for a
+Service without endpoints), and Cilium labels it ``reserved:kube-apiserver``.
+
+No namespace has a default route: an address outside the cluster is unreachable from a node or
+a pod. The fence, first in the mangle table's POSTROUTING (after every routing decision,
 before any address translation, in a table kube-proxy leaves alone), drops every packet of the
 clusters' ranges that would leave by an outside interface anyway.
 
-The pure builders (:func:`fence_rules`, :func:`host_api_rule`, :func:`node_api_rule`,
+The pure builders (:func:`fence_rules`, :func:`host_api_rule`, :func:`api_endpoints`,
 :func:`node_routes`, :func:`host_routes`) return data; :func:`host_up`, :func:`node_up` and the
 ``*_down`` functions perform them. Deleting a node's namespace removes everything inside it
 (devices, routes, its kube-proxy's iptables rules).
@@ -45,7 +50,6 @@ LOCAL_DNS_DEVICE = "nodelocaldns"  # inside each node's namespace, as NodeLocal 
 LOCAL_DNS_IP = "169.254.25.10"  # kubespray's node-local DNS address
 #: where the fence hangs: mangle/POSTROUTING sees every packet about to leave (forwarded or local)
 FENCE_TABLE, FENCE_HOOK = "mangle", "POSTROUTING"
-NODE_API_CHAIN = "TFK8S-API"  # inside a node: the kubernetes Service -> the host's end
 #: the ranges that must never leave by an interface other than the cluster's own
 LOCAL_RANGES = (POD_RANGE, SERVICE_CIDR, KWOK_CIDR, NODES_RANGE)
 #: sysctls set inside each node's namespace (their own copies: nothing of the host's changes)
@@ -160,13 +164,24 @@ def host_api_rule(slot: Slot, api_port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def node_api_rule(node: NodeNet, api_port: int) -> list[str]:
-    """A node's nat rule: the ``kubernetes`` Service's address (it has no endpoint: the API server
-    listens on a loopback address, which may not be one) -> the host's end of the node bridge."""
-    return [
-        "-A", NODE_API_CHAIN, "-d", API_SERVICE_IP + "/32", "-p", "tcp", "--dport", "443",
-        "-j", "DNAT", "--to-destination", f"{node.host_ip}:{api_port}",
-    ]  # fmt: skip
+def api_endpoints(slot: Slot, api_port: int) -> dict:
+    """The ``kubernetes`` Service's EndpointSlice: the host's end of the node bridge, the API port.
+
+    The API server runs without an endpoint reconciler (it listens on a loopback address, which
+    may not be an endpoint), so this is the only endpoint the Service gets, written as the
+    reconciler writes an advertised address: the same name, labels and port name."""
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": "kubernetes",
+            "namespace": "default",
+            "labels": {"kubernetes.io/service-name": "kubernetes"},
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [slot.host_ip], "conditions": {"ready": True}}],
+        "ports": [{"name": "https", "port": api_port, "protocol": "TCP"}],
+    }
 
 
 def node_routes(node: NodeNet, others: list[NodeNet]) -> list[list[str]]:
@@ -251,8 +266,8 @@ def host_up(slot: Slot, api_port: int) -> None:
     _chain("nat", slot.api_chain, "PREROUTING", [host_api_rule(slot, api_port)])
 
 
-def node_up(node: NodeNet, all_nodes: list[NodeNet], api_port: int) -> None:
-    """``node``'s namespace, its link to the node bridge, its bridges, routes, sysctls and API DNAT."""
+def node_up(node: NodeNet, all_nodes: list[NodeNet]) -> None:
+    """``node``'s namespace, its link to the node bridge, its bridges, routes and sysctls."""
     if not node.netns_path.exists():
         ip("netns", "add", node.netns)
     if ip("link", "show", node.netns, check=False).returncode:
@@ -267,9 +282,6 @@ def node_up(node: NodeNet, all_nodes: list[NodeNet], api_port: int) -> None:
         ip("route", "replace", *r, node=node)
     for k, v in NODE_SYSCTLS.items():
         _run(_in(node, ["sysctl", "-q", "-w", f"{k.replace('/', '.')}={v}"]))
-    rules = [node_api_rule(node, api_port)]
-    _chain("nat", NODE_API_CHAIN, "PREROUTING", rules, node)  # pods
-    _chain("nat", NODE_API_CHAIN, "OUTPUT", rules, node)  # the node's own processes
     for r in host_routes([node]):
         ip("route", "replace", *r)
 

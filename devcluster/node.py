@@ -271,6 +271,7 @@ def up(cluster, log=print, count: int = NODE_COUNT) -> float:
             if int(_sysctl(k)) < v:
                 _sysctl(k, str(v))
         network.host_up(slot, _api_port(cluster))
+        cluster.apply([network.api_endpoints(slot, _api_port(cluster))])
         ca = CA(cluster.root / "pki")
         # the cluster's CoreDNS, on the host
         crt, key = ca.issue("coredns", dns.COREDNS_CLIENT, client=True)
@@ -283,7 +284,7 @@ def up(cluster, log=print, count: int = NODE_COUNT) -> float:
         )
         all_nets = [n.net for n in nodes]
         for n in nodes:
-            network.node_up(n.net, all_nets, _api_port(cluster))
+            network.node_up(n.net, all_nets)
             write_configs(n, ca, POD_RANGE)
             # the enforcer's CNI plugin, chained after the pod network
             (n.cni_dir / "10-tfk8s.conflist").write_text(

@@ -136,7 +136,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 @pytest.fixture(scope="session")
-def realkube(request, tmp_path_factory):
+def realkube():
     """The running devcluster (``scripts/kube up``) as its admin; skipped (failed in CI) when none runs."""
     import sys
 
@@ -148,43 +148,8 @@ def realkube(request, tmp_path_factory):
     if isinstance(found, str):
         require_or_skip(found + (f"; scripts/kube up said:\n{started}" if started else ""))
     kube = RealKube(*found)
-    _apply_the_charts_cilium_policy(kube, request, tmp_path_factory)
     yield kube
     kube.cleanup()
-
-
-def _apply_the_charts_cilium_policy(kube, request, tmp_path_factory) -> None:
-    """On a cluster that serves Cilium's CRDs (the real nodes' enforcer), what ``helm install``
-    renders there for the user namespaces of a hub in ``default`` (the tests' bootstrap): the
-    chart's CiliumClusterwideNetworkPolicy that lets their pods reach the API server, which Cilium
-    matches against no ipBlock (cilium/cilium#20550). Without it every pod that talks to the API
-    server under the bootstrap's NetworkPolicy waits for ever, as it would in a real lab."""
-    import subprocess
-
-    import kubernetes
-    import yaml
-
-    try:
-        kubernetes.client.ApiextensionsV1Api(kube.admin).read_custom_resource_definition(
-            "ciliumclusterwidenetworkpolicies.cilium.io")
-    except kubernetes.client.ApiException as e:
-        if e.status == 404:
-            return  # no Cilium: the NetworkPolicies alone apply
-        raise
-    from tests.test_helm import CHART, JOBSET_API, helm_binary
-
-    helm = helm_binary(request, tmp_path_factory)
-    out = subprocess.run([str(helm), "template", "lab", str(CHART), "--namespace", "default",
-                          "--set", "networkPolicy.ciliumApiServer=true", *JOBSET_API],
-                         capture_output=True, text=True, check=True).stdout
-    for doc in yaml.safe_load_all(out):
-        if doc and doc["kind"] == "CiliumClusterwideNetworkPolicy":
-            try:
-                kube.custom.create_cluster_custom_object(
-                    "cilium.io", "v2", "ciliumclusterwidenetworkpolicies", doc)
-            except kubernetes.client.ApiException as e:
-                if e.status != 409:  # 409: applied already (an earlier session on this cluster)
-                    raise
 
 
 @pytest.fixture

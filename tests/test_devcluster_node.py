@@ -320,10 +320,13 @@ def test_the_api_server_is_reached_through_the_host_end_and_the_kubernetes_servi
         "-A", "TFK8S-S1-API", "-i", "tfk8s-s1", "-d", "10.246.1.1/32", "-p", "tcp", "--dport", "6443",
         "-j", "DNAT", "--to-destination", "127.0.0.1:6443",
     ]  # fmt: skip
-    assert network.node_api_rule(slot.nodes(1)[0], 6443) == [
-        "-A", "TFK8S-API", "-d", "10.96.0.1/32", "-p", "tcp", "--dport", "443",
-        "-j", "DNAT", "--to-destination", "10.246.1.1:6443",
-    ]  # fmt: skip
+    # the kubernetes Service's one endpoint, as the API server's reconciler would write it
+    eps = network.api_endpoints(slot, 6443)
+    assert (eps["kind"], eps["metadata"]["namespace"], eps["metadata"]["name"]) == (
+        "EndpointSlice", "default", "kubernetes")
+    assert eps["metadata"]["labels"] == {"kubernetes.io/service-name": "kubernetes"}
+    assert eps["endpoints"] == [{"addresses": ["10.246.1.1"], "conditions": {"ready": True}}]
+    assert eps["ports"] == [{"name": "https", "port": 6443, "protocol": "TCP"}]
 
 
 def test_pause_image_archive(node):

@@ -198,3 +198,72 @@ def test_a_default_deny_policy_drops_a_connection_between_namespaces_and_an_allo
     # listener there, so without the policy the answer would be a refusal, not silence)
     for w, pid in pids.items():
         assert _connect(pid, srv_ip, PORT + 1, timeout=2.0) == "dropped", w
+
+
+OPENS = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()
+    print("open")
+except OSError as e:
+    print("refused" if isinstance(e, ConnectionRefusedError) else "dropped", repr(e))
+"""
+
+
+def _opens(pid: int, ip: str, port: int, timeout: float = 3.0) -> str:
+    """Whether a TCP connection from the pod whose container is ``pid`` opens (the API server speaks
+    only after the client's TLS hello): ``open``, ``refused`` or ``dropped``."""
+    r = subprocess.run(
+        ["nsenter", f"--net=/proc/{pid}/ns/net", "--", sys.executable, "-c", OPENS, ip, str(port),
+         str(timeout)], capture_output=True, text=True, timeout=timeout + 30)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()[0]
+
+
+def _backends(n, ip: str, port: int) -> list[str]:
+    """The backends Cilium's load balancing on node ``n`` has for the Service address ``ip:port``."""
+    return [f"{b['ip']}:{b.get('port')}" for s in enforcer.agent_api(n, "/v1/service")
+            if (s["spec"]["frontend-address"]["ip"], s["spec"]["frontend-address"]["port"]) == (ip, port)
+            for b in s["spec"].get("backend-addresses") or []]  # fmt: skip
+
+
+def test_pods_reach_the_api_server_only_through_the_kubernetes_services_endpoint(enforcing):
+    """With no NetworkPolicy anywhere near it, a pod reaches 10.96.0.1:443 because the ``kubernetes``
+    Service has an endpoint (the host's end of the node bridge, as an API server's reconciler
+    writes its address), which Cilium labels ``reserved:kube-apiserver``. Without that endpoint
+    Cilium's own load balancing, which sees the pod's packets before any rule of the node, drops
+    them: the pod cannot reach the API server at all."""
+    from kubernetes import client
+
+    kube, (first, _) = enforcing
+    disc = client.DiscoveryV1Api(kube.admin)
+    ns = kube.namespace("apiserver")  # no NetworkPolicy in it
+    pod = _on(_restricted_pod("cli", TASK_IMAGE, ["sleep", "3600"]), first.name)
+    kube.core.create_namespaced_pod(ns, pod)
+    pid = _container_pid(first, _running(kube.core, ns, "cli", BOUND))
+    eps = disc.read_namespaced_endpoint_slice("kubernetes", "default")
+    ((address,),) = [e.addresses for e in eps.endpoints]
+    (port,) = [p.port for p in eps.ports]
+    assert address == node.slot_of(_cluster()).host_ip, address
+    endpoint = f"{address}:{port}"
+    assert _backends(first, network.API_SERVICE_IP, 443) == [endpoint]
+    (ident,) = [e["identity"] for e in enforcer.agent_api(first, "/v1/ip") if e["cidr"] == f"{address}/32"]
+    labels = enforcer.agent_api(first, f"/v1/identity/{ident}")["labels"]
+    assert "reserved:kube-apiserver" in labels, labels
+    assert _opens(pid, network.API_SERVICE_IP, 443) == "open"
+
+    body = kube.admin.sanitize_for_serialization(eps)
+    for k in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
+        body["metadata"].pop(k, None)
+    disc.delete_namespaced_endpoint_slice("kubernetes", "default")
+    try:
+        wait_for(lambda: _backends(first, network.API_SERVICE_IP, 443) == [], SETTLE, 1,
+                 "Cilium's Service 10.96.0.1:443 without a backend")  # fmt: skip
+        answers = [_opens(pid, network.API_SERVICE_IP, 443, timeout=2.0) for _ in range(3)]
+        assert "open" not in answers, answers
+        assert _opens(pid, address, port) == "open"  # the API server itself still answers the pod
+    finally:
+        disc.create_namespaced_endpoint_slice("default", body)
+    wait_for(lambda: _backends(first, network.API_SERVICE_IP, 443) == [endpoint], SETTLE, 1,
+             "the endpoint back in Cilium's Service")  # fmt: skip
+    wait_for(lambda: _opens(pid, network.API_SERVICE_IP, 443) == "open", SETTLE, 1, "10.96.0.1 open again")
