@@ -17,6 +17,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build (or find cached) every binary of the cluster")
     b.add_argument("components", nargs="*", help="which (default: the control plane, kwok, JobSet, Kueue)")
+    b.add_argument(
+        "--pods",
+        action="store_true",
+        help="every component of up --pods too (the real nodes' and Cilium's, the longest, first)",
+    )
     up = sub.add_parser("up", help="start the cluster (builds first if needed)")
     up.add_argument("--nodes", type=int, default=2, help="kwok nodes to create (default 2)")
     up.add_argument(
@@ -35,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     c = Cluster()
     try:
         if a.cmd == "build":
-            build.ensure_all(tuple(a.components) or build.TIER1)
+            pods = (*build.TIER2_FIRST, *build.TIER1, *(n for n in build.TIER2 if n not in build.TIER2_FIRST))
+            build.ensure_all(tuple(a.components) or (pods if a.pods else build.TIER1))
         elif a.cmd == "up":
             c.up(nodes=a.nodes, pods=a.pods)
         elif a.cmd == "down":

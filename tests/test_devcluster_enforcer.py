@@ -80,3 +80,20 @@ def test_each_nodes_cilium_range_is_its_own_and_clashes_with_no_cluster_range():
     for r in ranges:
         for other in (*network.LOCAL_RANGES, "10.244.0.0/24", "10.245.0.0/16"):
             assert not r.overlaps(ipaddress.ip_network(other)), (r, other)
+
+
+def test_the_suite_starts_every_go_build_cilium_first_beside_the_image_builds(monkeypatch):
+    from pathlib import Path
+
+    from devcluster import __main__ as cli
+    from devcluster import build
+
+    script = (Path(__file__).resolve().parent.parent / "scripts" / "test").read_text()
+    start = script.index("scripts/kube build --pods &")  # in the background, before the images
+    assert start < script.index("scripts/build_images.py task notebook") < script.index("kube up --pods")
+    asked = []
+    monkeypatch.setattr(build, "ensure_all", lambda names: asked.append(names) or {})
+    assert cli.main(["build", "--pods"]) == 0
+    (names,) = asked
+    assert names[0] == "cilium" and sorted(names) == sorted({*build.TIER1, *build.TIER2}), names
+    assert cli.main(["build"]) == 0 and asked[-1] == build.TIER1
