@@ -290,10 +290,13 @@ def up(cluster, nodes: list, log=print, timeout: float = 300.0) -> float:
         )
     t0 = time.monotonic()
     _crds(cluster, comp)
-    # the agents' client: the nodes' API address; the cluster's admin group (see testing.md)
-    crt, key = CA(cluster.root / "pki").issue(
-        "cilium-agent", "tfk8s:cilium-agent", org="system:masters", client=True
+    # the agents' client: the nodes' API address, as Cilium's ServiceAccount with its chart's RBAC
+    r = cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", "-f", "-", input=rbac(comp.dir), check=False
     )
+    if r.returncode:
+        raise EnforcerError(f"Cilium's RBAC was refused: {r.stderr.strip()}")
+    crt, key = CA(cluster.root / "pki").issue("cilium-agent-sa", AGENT_USER, client=True)
     kc = cluster.root / "nodes" / "cilium-agent.kubeconfig"
     kc.write_text(
         json.dumps(kubeconfig(nodes[0].server, cluster.root / "pki" / "ca.crt", crt, key, "cilium-agent"))

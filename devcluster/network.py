@@ -7,7 +7,9 @@ joined to the slot's host bridge ``tfk8s-s<k>`` (10.246.k.0/24, the host's end 1
 veth pair whose node end is ``eth0`` with the node's address 10.246.k.(10+i). Inside the namespace:
 
 - the pod bridge ``tfk8s-pods`` holding the gateway of the node's pod range 10.244.(16k+i).0/24
-  (the CNI plugin attaches each pod's veth to it);
+  (the CNI plugin attaches each pod's veth to it); its route gives what the node itself sends
+  its pods (the kubelet's probes) the node's address as source, which Cilium knows as its host
+  (always let in), not the gateway's, which it would take for the world;
 - ``nodelocaldns``, a port-less bridge holding the node-local DNS cache's link-local address
   169.254.25.10 (kubespray's; :mod:`devcluster.dns`);
 - one route per other node's pod range via that node's address (pod traffic crosses nodes
@@ -185,8 +187,11 @@ def api_endpoints(slot: Slot, api_port: int) -> dict:
 
 
 def node_routes(node: NodeNet, others: list[NodeNet]) -> list[list[str]]:
-    """``ip route replace`` arguments inside ``node``: other nodes' pods, and the services."""
-    out = [[o.pod_cidr, "via", o.ip, "dev", "eth0"] for o in others if o.index != node.index]
+    """``ip route replace`` arguments inside ``node``: its pods, other nodes' pods, the services."""
+    # the node's own pods: what the node itself sends them (the kubelet's probes) leaves with the
+    # node's address, which the enforcer knows as its host, not with the pod bridge's
+    out = [[node.pod_cidr, "dev", POD_BRIDGE, "proto", "kernel", "scope", "link", "src", node.ip]]
+    out += [[o.pod_cidr, "via", o.ip, "dev", "eth0"] for o in others if o.index != node.index]
     out.append([SERVICE_CIDR, "via", node.host_ip, "dev", "eth0", "src", node.ip])
     return out
 

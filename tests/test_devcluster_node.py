@@ -302,6 +302,9 @@ def test_routes_take_pod_traffic_across_nodes_without_nat_and_nothing_elsewhere(
 
     a, b, c = network.Slot(1).nodes(3)
     assert network.node_routes(b, [a, b, c]) == [
+        # its own pods, with the node's address as the source of what the node sends them (the
+        # kubelet's probes: Cilium knows that address as the host, not the pod bridge's)
+        ["10.244.18.0/24", "dev", "tfk8s-pods", "proto", "kernel", "scope", "link", "src", "10.246.1.12"],
         ["10.244.17.0/24", "via", "10.246.1.11", "dev", "eth0"],
         ["10.244.19.0/24", "via", "10.246.1.13", "dev", "eth0"],
         ["10.96.0.0/16", "via", "10.246.1.1", "dev", "eth0", "src", "10.246.1.12"],

@@ -532,9 +532,11 @@ def test_a_user_pod_reaches_the_hub_api_only_and_neither_metadata_nor_outside_ad
 
 
 def _base_image(kube, node_name: str) -> str:
-    """The lab images' base (Debian with python3) as the node's containerd has it ('' if not)."""
+    """The lab images' base (Debian with python3) as the node's containerd has it, else the task
+    image built on it (``scripts/kube up --pods`` imports the lab's images only); '' if neither."""
     names = [n for i in kube.core.read_node(node_name).status.images or [] for n in i.names or []]
-    return next((n for n in names if n.startswith("localhost/tfk8s/base:")), "")
+    base = next((n for n in names if n.startswith("localhost/tfk8s/base:")), "")
+    return base or (TASK_IMAGE if TASK_IMAGE in names else "")
 
 
 @pytest.fixture(scope="module")

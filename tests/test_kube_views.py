@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 import tests.test_k8s_pods as pods_tests
+from devcluster import node
 from tests.realkube import wait_for
 from tests.test_k8s_pods import BOUND, _claims, _wait
 from tests.test_tensorboard_scalars import headline_script
@@ -53,11 +54,11 @@ def _node_ready(kube) -> bool:
 
 @pytest.fixture
 def node_procs(realnode):
-    """The real node's processes; whatever the test stopped runs again, and the node is Ready."""
+    """The first real node's processes; whatever the test stopped runs again, and the node is Ready."""
     from devcluster.cluster import Cluster
-    from devcluster.procs import Procs
 
-    procs = Procs(Cluster().root / "node")
+    (first,) = [n for n in node.layouts(Cluster()) if n.name == node.NODE_NAME]
+    procs = first.procs
     yield procs
     if not procs.alive("kubelet"):
         procs.restart("kubelet")
@@ -90,7 +91,9 @@ def test_the_dashboard_goes_on_across_a_kubelet_restart(user, node_procs, realno
     backend = user.backend(request_timeout=10.0)
     dash = None
     try:
-        backend.launch(ClusterSpec(name="kubeletrun", workers=1, script=script, **_claims()), detach=True)
+        on_first = {"worker": (f"kubernetes.io/hostname={node.NODE_NAME}",)}  # the node whose kubelet stops
+        backend.launch(ClusterSpec(name="kubeletrun", workers=1, script=script, node_affinity=on_first,
+                                   **_claims()), detach=True)
         dash = _dashboard(backend, "kubeletrun")
 
         def numbered() -> list[str]:
