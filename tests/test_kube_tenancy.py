@@ -282,7 +282,7 @@ class Servers:
         nb = _running(core, ns, "notebook")
         out.append(("notebook server by address", nb.status.pod_ip, 8888))
         out += [(f"kernel {port} by address", nb.status.pod_ip, port) for port in KERNEL_PORTS]
-        tb_host = self.tb.url.split("/proxy/", 1)[1].split(":", 1)[0]
+        tb_host = self.tb.url.rstrip("/").rsplit("/", 1)[1].split(":", 1)[0]  # .../<host>:<port>/
         out.append(("tensorboard by name", tb_host, self.tb.port))
         out += [(f"served model {port} by name", f"{self.serving_service}.{ns}.svc", port)
                 for port in (8500, 8501)]

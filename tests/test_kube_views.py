@@ -21,8 +21,6 @@ import os
 import re
 import signal
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -172,15 +170,37 @@ def test_the_readme_run_ends_at_its_last_step_with_clean_logs(headline):
     assert any(t.startswith("4/4 [") and "loss:" in t for t in logged), logged
 
 
+GET = """
+import base64, json, sys, urllib.error, urllib.request
+url, token = sys.argv[1], sys.argv[2]
+request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+try:
+    with urllib.request.urlopen(request, timeout=10) as r:
+        code, body = r.status, r.read()
+except urllib.error.HTTPError as e:
+    code, body = e.code, e.read()
+except OSError as e:  # refused or unreachable: no answer
+    code, body = 0, str(e).encode()
+print(json.dumps({"code": code, "body": base64.b64encode(body).decode()}))
+"""
+
+
 def _get(url: str, token: str | None = None) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-    except OSError as e:  # refused or unreachable: no answer
-        return 0, str(e).encode()
+    """GET ``url`` from inside the first real node's network namespace (its kube-proxy translates
+    the Services' addresses; this machine itself is no node)."""
+    import base64
+    import json
+    import subprocess
+    import sys
+
+    from devcluster.cluster import Cluster
+
+    (first,) = [n for n in node.layouts(Cluster()) if n.name == node.NODE_NAME]
+    r = subprocess.run(["nsenter", f"--net={first.net.netns_path}", "--", sys.executable, "-c", GET, url,
+                        token or ""], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    return out["code"], base64.b64decode(out["body"])
 
 
 def test_tensorboard_shows_the_readme_runs_scalars_and_answers_only_its_owner(
