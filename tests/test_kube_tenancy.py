@@ -363,7 +363,7 @@ def test_what_b_launches_with_bs_own_token_reaches_none_of_as_servers(realnode, 
             for p in b.core.list_namespaced_pod(b.ns, label_selector="tfk8s.io/cluster=steal").items:
                 log = b.core.read_namespaced_pod_log(p.metadata.name, b.ns, tail_lines=20)
                 rounds = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
-                late = [set(r["open"]) for r in rounds if r["at"] > since]
+                late = [set(r["open"]) for r in rounds if r["start"] > since]
                 out.append(late[-1] if late else None)
             return out
 
