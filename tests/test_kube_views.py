@@ -172,7 +172,7 @@ def test_the_readme_run_ends_at_its_last_step_with_clean_logs(headline):
 
 GET = """
 import base64, json, sys, urllib.error, urllib.request
-url, token = sys.argv[1], sys.argv[2]
+url, token = sys.argv[1], sys.stdin.read()  # the token on stdin: no secret on a command line
 request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
 try:
     with urllib.request.urlopen(request, timeout=10) as r:
@@ -185,19 +185,35 @@ print(json.dumps({"code": code, "body": base64.b64encode(body).decode()}))
 """
 
 
-def _get(url: str, token: str | None = None) -> tuple[int, bytes]:
-    """GET ``url`` from inside the first real node's network namespace (its kube-proxy translates
-    the Services' addresses; this machine itself is no node)."""
+def _owners_pod(u, away_from: str) -> Path:
+    """The network namespace of a pod in the owner's namespace labelled as their notebook server,
+    on the real node other than ``away_from`` (TensorBoard's): the place the owner's requests come
+    from (the notebook server's proxy adds the token). The namespace's NetworkPolicy lets its own
+    pods in, so what answers a request from there is TensorBoard's guard. This machine itself is no
+    node (it has no route to the Services' range); from a node's own namespace kube-proxy would
+    masquerade the request to the pod bridge's address, which the policy drops."""
+    from devcluster.cluster import Cluster
+    from tests.test_k8s_pods import TASK_IMAGE, _restricted_pod
+    from tests.test_kube_netpol import _container_pid
+    from tests.test_kube_nodes import _on, _real_nodes, _running
+
+    other = next(n for n in _real_nodes(u.kube) if n != away_from)
+    u.core.create_namespaced_pod(u.ns, _on(_restricted_pod("owner", TASK_IMAGE, ["sleep", "3600"]), other))
+    pod = _running(u.core, u.ns, "owner")
+    (there,) = [n for n in node.layouts(Cluster()) if n.name == other]
+    return Path(f"/proc/{_container_pid(there, pod)}/ns/net")
+
+
+def _get(netns: Path, url: str, token: str | None = None) -> tuple[int, bytes]:
+    """GET ``url`` from inside the network namespace ``netns`` (a pod's: the node's kube-proxy
+    translates the Services' addresses)."""
     import base64
     import json
     import subprocess
     import sys
 
-    from devcluster.cluster import Cluster
-
-    (first,) = [n for n in node.layouts(Cluster()) if n.name == node.NODE_NAME]
-    r = subprocess.run(["nsenter", f"--net={first.net.netns_path}", "--", sys.executable, "-c", GET, url,
-                        token or ""], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(["nsenter", f"--net={netns}", "--", sys.executable, "-c", GET, url],
+                       input=token or "", capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     return out["code"], base64.b64decode(out["body"])
@@ -222,19 +238,22 @@ def test_tensorboard_shows_the_readme_runs_scalars_and_answers_only_its_owner(
     secret, token = tbtokens.load(host)
     ip = u.core.read_namespaced_service("mnist-tensorboard", u.ns).spec.cluster_ip
     base = f"http://{ip}:6006"
+    (tb_pod,) = u.core.list_namespaced_pod(u.ns, label_selector="tfk8s.io/cluster=mnist,tfk8s.io/component=tensorboard").items
+    at = _owners_pod(u, away_from=tb_pod.spec.node_name)  # across nodes, as the owner's notebook
     # Shown only once ready: the very first request after tensorboard() returned is answered.
-    code, body = _get(f"{base}/data/runs", token)
+    code, body = _get(at, f"{base}/data/runs", token)
     assert code == 200, (code, body[:300])
     # The scalars the dashboard draws: the run "progress", loss by step, to the last step.
     url = f"{base}/data/plugin/scalars/scalars?run={summaries.RUN}&tag=loss"
-    points = wait_for(lambda: (lambda r: r[0] == 200 and json.loads(r[1]))(_get(url, token)), 120, 1,
+    points = wait_for(lambda: (lambda r: r[0] == 200 and json.loads(r[1]))(_get(at, url, token)), 120, 1,
                       "the loss in TensorBoard")
     assert [int(s) for _, s, _ in points][-1] == 8, points
     assert points[-1][2] == pytest.approx(backend.status("mnist").progress.metrics["loss"], rel=1e-4)
-    # Another user's request (no token, straight to the Service): refused.
-    code, body = _get(f"{base}/data/runs")
+    # A request without the token (another user's, straight to the Service, on a cluster whose
+    # network lets it through: here from inside the owner's namespace): refused.
+    code, body = _get(at, f"{base}/data/runs")
     assert code == 401 and b"only through its owner's notebook server" in body, (code, body)
-    assert _get(f"{base}/data/runs", "someone-elses")[0] == 401
+    assert _get(at, f"{base}/data/runs", "someone-elses")[0] == 401
     # The same attack on the same TensorBoard without its token (the defence removed) succeeds.
     open_dep = m.tensorboard_deployment(backend._spec_of(backend._require_root("mnist")), backend.settings)
     open_dep["metadata"]["name"] = "open-tensorboard"
@@ -252,24 +271,38 @@ def test_tensorboard_shows_the_readme_runs_scalars_and_answers_only_its_owner(
         "metadata": {"name": "open-tensorboard"},
         "spec": {"selector": labels, "ports": [{"port": 6006, "targetPort": 6006}]}})
     open_base = f"http://{svc.spec.cluster_ip}:6006"
-    wait_for(lambda: _get(f"{open_base}/data/runs")[0] == 200, BOUND, 1, "the unguarded TensorBoard")
-    code, body = _get(f"{open_base}/data/runs")
+    wait_for(lambda: _get(at, f"{open_base}/data/runs")[0] == 200, BOUND, 1, "the unguarded TensorBoard")
+    code, body = _get(at, f"{open_base}/data/runs")
     assert code == 200 and b"progress" in body, (code, body[:300])
-    _screenshot(base, token)
+    _screenshot(at, base, token)
     backend.delete("mnist")
 
 
-def _screenshot(base: str, token: str) -> None:
-    """TensorBoard's time series of the run, as its owner's browser gets it (the token added)."""
-    from tests.browserlab import chromium
+SHOT = """
+import sys, time
+from pathlib import Path
+from tests.browserlab import chromium
+base, path, token = sys.argv[1], Path(sys.argv[2]), sys.stdin.read()
+with chromium(path.parent / ".tb-profile") as page:
+    page.context.set_extra_http_headers({"Authorization": f"Bearer {token}"})
+    page.goto(f"{base}/?darkMode=false&forceSVG=true#timeseries", wait_until="networkidle", timeout=120_000)
+    page.get_by_text("loss").first.wait_for(timeout=60_000)
+    time.sleep(3)  # the chart's lines are drawn just after its card
+    page.screenshot(path=str(path))
+"""
+
+
+def _screenshot(netns: Path, base: str, token: str) -> None:
+    """TensorBoard's time series of the run, as its owner's browser gets it (the token added), by a
+    Chromium in the network namespace ``netns`` (the owner's pod: see :func:`_owners_pod`)."""
+    import subprocess
+    import sys
 
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOT_DIR / "kube-tensorboard-headline.png"
-    with chromium(SCREENSHOT_DIR / ".tb-profile") as page:
-        page.context.set_extra_http_headers({"Authorization": f"Bearer {token}"})
-        page.goto(f"{base}/?darkMode=false&forceSVG=true#timeseries", wait_until="networkidle",
-                  timeout=120_000)
-        page.get_by_text("loss").first.wait_for(timeout=60_000)
-        time.sleep(3)  # the chart's lines are drawn just after its card
-        page.screenshot(path=str(path))
+    repo = Path(__file__).resolve().parent.parent
+    r = subprocess.run(["nsenter", f"--net={netns}", "--", sys.executable, "-c", SHOT, base, str(path)],
+                       input=token, capture_output=True, text=True, timeout=300, cwd=repo,
+                       env={**os.environ, "PYTHONPATH": str(repo)})
+    assert r.returncode == 0, r.stderr[-3000:]
     print(f"TensorBoard on Kubernetes: {path}")
