@@ -362,8 +362,14 @@ def test_a_user_logs_in_and_kubespawner_starts_their_notebook_on_the_real_node(r
     assert [(s.kind, s.name) for s in binding.subjects] == [("ServiceAccount", "tfk8s-user")]
     # the chart's backend ClusterRole, bound in this namespace only
     assert (binding.role_ref.kind, binding.role_ref.name) == ("ClusterRole", f"tfk8s-backend-{HUB_NS}")
-    (quota,) = core.list_namespaced_resource_quota(USER_NS).items
-    assert quota.spec.hard["pods"] == "40", quota.spec.hard
+    quotas = {q.metadata.name: q.spec for q in core.list_namespaced_resource_quota(USER_NS).items}
+    assert set(quotas) == {"tfk8s-quota", "tfk8s-no-cross-namespace-affinity"}, quotas
+    hard = quotas["tfk8s-quota"].hard
+    assert hard["pods"] == "40" and hard["requests.nvidia.com/gpu"] == "0", hard  # the chart's defaults
+    # no pod with an affinity term over other namespaces (it could keep other users off a node)
+    affinity = quotas["tfk8s-no-cross-namespace-affinity"]
+    assert affinity.hard == {"pods": "0"}, affinity.hard
+    assert [e.scope_name for e in affinity.scope_selector.match_expressions] == ["CrossNamespacePodAffinity"]
     (limits,) = core.list_namespaced_limit_range(USER_NS).items
     assert limits.spec.limits[0].default["memory"] == "4Gi"
 
