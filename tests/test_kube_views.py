@@ -238,7 +238,8 @@ def test_tensorboard_shows_the_readme_runs_scalars_and_answers_only_its_owner(
     secret, token = tbtokens.load(host)
     ip = u.core.read_namespaced_service("mnist-tensorboard", u.ns).spec.cluster_ip
     base = f"http://{ip}:6006"
-    (tb_pod,) = u.core.list_namespaced_pod(u.ns, label_selector="tfk8s.io/cluster=mnist,tfk8s.io/component=tensorboard").items
+    tensorboard = "tfk8s.io/cluster=mnist,tfk8s.io/component=tensorboard"
+    (tb_pod,) = u.core.list_namespaced_pod(u.ns, label_selector=tensorboard).items
     at = _owners_pod(u, away_from=tb_pod.spec.node_name)  # across nodes, as the owner's notebook
     # Shown only once ready: the very first request after tensorboard() returned is answered.
     code, body = _get(at, f"{base}/data/runs", token)
