@@ -65,6 +65,8 @@ HUB_SA = f"{RELEASE}-tfk8s-lab-hub"
 MUTATING = ("POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION")
 READ = ("GET", "LIST")
 PASSWORD = secrets.token_urlsafe(12)
+#: The control plane's processes whose CPU and memory are printed.
+PLANE = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok")
 
 
 # -- the API server's request latencies ------------------------------------------------------------
@@ -374,12 +376,12 @@ def main() -> int:
         hub = start_hub(c, kube, hub_ns, tmp, ports)
         url = f"http://127.0.0.1:{ports['proxy']}"
         pids = {"hub": hub.pid, **{x: json.loads((c.procs.pids / f"{x}.json").read_text())["pid"]
-                                   for x in ("kube-apiserver", "etcd")}}
+                                   for x in PLANE}}
         sampler = Sampler(pids)
         metrics0 = request_buckets(c)
 
         def cpu_now() -> dict[str, float]:
-            return {"hub": cpu_s(hub.pid), **{x: proc_usage(c, x)[0] for x in ("kube-apiserver", "etcd")}}
+            return {"hub": cpu_s(hub.pid), **{x: proc_usage(c, x)[0] for x in PLANE}}
 
         cpu0 = cpu_now()
         base_watches = watches(c)
@@ -406,6 +408,7 @@ def main() -> int:
         ok = [u for u, (_, err) in results.items() if not err]
         failed = {u: err for u, (_, err) in results.items() if err}
         times = [t for t, err in results.values() if not err]
+        stages = pod_stages(kube, hub_ns)
 
         # -- 2. the notebooks: an idle backend per user, as its ServiceAccount -----------------------
         from tfk8s_hub.settings import LabSettings
@@ -459,7 +462,7 @@ def main() -> int:
         metrics1 = request_buckets(c)
         cpu1 = cpu_now()
         sampler.stop()
-        rss = {"hub": sampler.peak["hub"], **{x: proc_usage(c, x)[1] for x in ("kube-apiserver", "etcd")}}
+        rss = sampler.peak
 
         # -- printed -----------------------------------------------------------------------------------
         print(f"users {n}: {len(ok)} ok, {len(failed)} failed; {pods} pods on {len(nodes) + 2} kwok nodes; "
@@ -469,6 +472,8 @@ def main() -> int:
         print(f"logins {t_login:.0f} s; spawns at concurrency {limit} (JupyterHub's concurrent_spawn_limit, "
               f"the chart's default): all in {t_spawn:.0f} s, spawn p50 {pct(times, 50):.1f} s, "
               f"p99 {pct(times, 99):.1f} s, max {max(times, default=float('nan')):.1f} s")
+        print("notebook pods, from creation: " + "; ".join(
+            f"{k} p50 {pct(v, 50):.0f} s p99 {pct(v, 99):.0f} s" for k, v in stages.items()))
         print(f"hub (with its proxy and culler): {cpu_spawn['hub']:.0f} CPU s for the spawns, "
               f"{(cpu_rest['hub'] - cpu_r0['hub']) / a.rest * 100:.1f} % of a core at rest, "
               f"peak RSS {rss['hub'] / 2**20:.0f} MiB")
@@ -493,7 +498,7 @@ def main() -> int:
               "(SLO: p99 <= 1 s each)")
         print("; ".join(
             f"{x} {cpu1[x] - cpu0[x]:.0f} CPU s ({(cpu_rest[x] - cpu_r0[x]) / a.rest * 100:.1f} % of a core "
-            f"at rest), RSS {rss[x] / 2**20:.0f} MiB" for x in ("kube-apiserver", "etcd")))
+            f"at rest), peak RSS {rss[x] / 2**20:.0f} MiB" for x in PLANE))
         print(f"launch -> all {a.clusters * a.launch_tasks} pods Running, one more user while {len(ok)} are "
               f"idle: ours {t_ours:.1f} s, kubectl apply {t_kubectl:.1f} s, ratio {t_ours / t_kubectl:.2f}")
         print(f"{n} users: {len(ok)} ok, spawn p99 {pct(times, 99):.1f} s, "
@@ -517,22 +522,48 @@ def main() -> int:
         standin.shutdown()
         kube.cleanup()
         uninstall_chart(c, hub_ns, helm)
-        delete_namespaces(kube, [hub_ns, *(f"{hub_ns}-{u}" for u in users)])
+        gone = delete_namespaces(kube, [hub_ns, *(f"{hub_ns}-{u}" for u in users)])
         for node in nodes:
             c.kubectl("delete", "node", node["metadata"]["name"], "--wait=false", check=False)
         delete_pvs(c, [p["metadata"]["name"] for p in pvs])
+        print(f"teardown: the namespaces gone after {gone():.0f} s", file=sys.stderr)
     return 0
 
 
-def delete_namespaces(kube: RealKube, names: list[str]) -> None:
+def pod_stages(kube: RealKube, hub_ns: str) -> dict[str, list[float]]:
+    """Seconds from each notebook pod's creation to its PodScheduled and Ready conditions
+    (the API's timestamps: whole seconds)."""
+    out: dict[str, list[float]] = {"scheduled": [], "ready": []}
+    for p in kube.core.list_pod_for_all_namespaces(label_selector="component=singleuser-server").items:
+        if not p.metadata.namespace.startswith(f"{hub_ns}-"):
+            continue
+        for cond in p.status.conditions or []:
+            key = {"PodScheduled": "scheduled", "Ready": "ready"}.get(cond.type)
+            if key and cond.status == "True":
+                out[key].append((cond.last_transition_time - p.metadata.creation_timestamp).total_seconds())
+    return out
+
+
+def delete_namespaces(kube: RealKube, names: list[str]):
+    """Delete ``names``; returns a wait for them to be gone (so the next run starts on a quiet
+    API server) that gives the seconds it took."""
     from kubernetes.client.rest import ApiException
 
+    t0 = time.monotonic()
     for ns in names:
         try:
             kube.core.delete_namespace(ns, propagation_policy="Background")
         except ApiException as e:
             if e.status != 404:
                 raise
+    mine = set(names)
+
+    def gone() -> float:
+        wait_for(lambda: not mine & {n.metadata.name for n in kube.core.list_namespace().items},
+                 1800, interval=5, message="the bench's namespaces to go")
+        return time.monotonic() - t0
+
+    return gone
 
 
 def delete_pvs(c: Cluster, names: list[str]) -> None:
