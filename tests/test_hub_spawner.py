@@ -197,7 +197,7 @@ def test_applier_raises_other_errors(exc_class):
 
 def test_the_bootstrap_applies_every_object_at_once():
     """A spawn waits for the slowest apply, not for the sum of them (with 100 users spawning,
-    the API server's applies take ~0.3 s each: one after the other, 6 cost 2-3 s a spawn)."""
+    the API server's applies take ~0.3 s each: one after the other, 5 cost 2-3 s a spawn)."""
     in_flight, most = [0], [0]
 
     class SlowApi:

@@ -132,7 +132,7 @@ class Applier:
 
         None of them needs another to exist first (a binding may name a ServiceAccount before it
         exists; the pod that needs them all is created after this returns), so the spawn waits
-        for the slowest apply, not for their sum (bench/hub_scale.py: 6 applies one after the
+        for the slowest apply, not for their sum (bench/hub_scale.py: 5 applies one after the
         other took 3 s of each spawn with 100 spawning). The first error is raised.
         """
         objs = list(objs)
