@@ -337,12 +337,12 @@ def _egress(spec: BootstrapSpec) -> list[dict[str, Any]]:
 
 
 def bootstrap_objects(spec: BootstrapSpec, namespace: str) -> list[Manifest]:
-    """Every object of a user namespace, in the order they must be applied.
+    """Every object of a user namespace.
 
-    The ServiceAccounts come before the pod that names them and the binding that
-    names one, the quota's LimitRange before any pod that relies on defaults.  The
-    copied Secrets are not here: they are read from the hub's namespace first
-    (:func:`copied_secret`).
+    All of them must exist before the notebook pod (which names the ServiceAccount and
+    relies on the LimitRange's defaults); none needs another to exist first, so the hub
+    applies them at once (``Applier.apply_all``).  The copied Secrets are not here: they
+    are read from the hub's namespace first (:func:`copied_secret`).
     """
     built = [
         *service_accounts(spec, namespace),
