@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import BackendError, SpecError
+from ..isolation import guard
 from ..lifeline import reap_in_background, same_process, start_time
 from ..ports import free_ports
 from . import MODELS_SUBDIR, ServingInfo
@@ -162,7 +163,8 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def stop(root: Path) -> bool:
-    """Stop the cluster's serving process and forget it; return whether one was running."""
+    """Stop the cluster's serving process and forget it, returning once its ports are closed;
+    return whether one was running."""
     rec = _read(root / "serving.json")
     try:
         (root / "serving.json").unlink()
@@ -180,4 +182,7 @@ def stop(root: Path) -> bool:
         time.sleep(0.02)
     if same_process(pid, started):
         os.kill(pid, signal.SIGKILL)
+        while same_process(pid, started) and time.monotonic() < deadline + 5:
+            time.sleep(0.02)
+    guard.wait_closed([p for p in (rec.get("rest_port"), rec.get("grpc_port")) if isinstance(p, int)])
     return True

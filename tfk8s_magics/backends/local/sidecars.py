@@ -66,7 +66,8 @@ def tensorboard(name: str, cdir: ClusterDir, record: dict) -> TensorBoardInfo:
 
 
 def stop_tensorboard(cdir: ClusterDir) -> None:
-    """End the cluster's TensorBoard, if it runs (SIGTERM, then SIGKILL after 5 s)."""
+    """End the cluster's TensorBoard, if it runs (SIGTERM, then SIGKILL after 5 s), and return once
+    its port is closed."""
     info = _tb_info(cdir)
     if info and same_process(info.get("pid"), info.get("start")):
         try:
@@ -75,6 +76,8 @@ def stop_tensorboard(cdir: ClusterDir) -> None:
             return
         if not wait_exit(info["pid"], 5) and same_process(info.get("pid"), info.get("start")):
             os.kill(info["pid"], signal.SIGKILL)
+            wait_exit(info["pid"], 5)
+        guard.wait_closed([info["port"]])
 
 # -- serving (see tfk8s_magics.serving.local) -------------------------------
 def serve(name: str, cdir: ClusterDir, model: str | None = None, source_url: str | None = None, **options):
