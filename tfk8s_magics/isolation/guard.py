@@ -18,10 +18,12 @@ server listens on the caller's loopback, as before.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
 from .. import options
+from ..lifeline import same_process, wait_exit
 from ..ports import port_open
 from . import hostside, netns, relay
 from .plan import plan_server
@@ -47,6 +49,23 @@ def wait_closed(ports: list[int], timeout: float = CLOSE_TIMEOUT) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.02)
+    return True
+
+
+def stop(pid: object, start: object, ports: list[int], grace: float = CLOSE_TIMEOUT) -> bool:
+    """End the guarded server recorded as (``pid``, ``start``): SIGTERM, then SIGKILL after
+    ``grace`` seconds; return once its ``ports`` are closed, and whether it was running (a stale
+    record is never signalled)."""
+    if not same_process(pid, start):
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    if not wait_exit(pid, grace) and same_process(pid, start):
+        os.kill(pid, signal.SIGKILL)
+        wait_exit(pid, grace)
+    wait_closed(ports)
     return True
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -170,19 +169,5 @@ def stop(root: Path) -> bool:
         (root / "serving.json").unlink()
     except FileNotFoundError:
         pass
-    pid, started = (rec or {}).get("pid"), (rec or {}).get("start")
-    if not same_process(pid, started):  # a stale pid is someone else's now: never signalled
-        return False
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + 5
-    while same_process(pid, started) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    if same_process(pid, started):
-        os.kill(pid, signal.SIGKILL)
-        while same_process(pid, started) and time.monotonic() < deadline + 5:
-            time.sleep(0.02)
-    guard.wait_closed([p for p in (rec.get("rest_port"), rec.get("grpc_port")) if isinstance(p, int)])
-    return True
+    ports = [p for p in ((rec or {}).get("rest_port"), (rec or {}).get("grpc_port")) if isinstance(p, int)]
+    return guard.stop((rec or {}).get("pid"), (rec or {}).get("start"), ports)
