@@ -60,6 +60,59 @@ def watches(c: Cluster) -> float:
     return total
 
 
+def compare_launch(c: Cluster, kube: RealKube, specs: list[ClusterSpec]):
+    """Launch ``specs`` → every pod Running through the backend, then ``kubectl apply`` of the very
+    same rendered objects (the twin namespace's token) → every pod Running.
+
+    Returns ``(backend, our namespace, the twin, ours s, kubectl s, our launch's audit records)``,
+    or None when kubectl failed (its stderr printed). The backend keeps watching: close it.
+    """
+    ours_ns = kube.user_namespace("bench")
+    twin_ns = kube.user_namespace("twin")
+    be = KubernetesBackend(
+        namespace=ours_ns.name, api_client=ours_ns.api_client, user="bench", storage_class="standard"
+    )
+    rendered = []
+    for s in specs:
+        for obj in be.render(s):
+            obj = json.loads(json.dumps(obj).replace(ours_ns.name, twin_ns.name))
+            obj.setdefault("metadata", {})["namespace"] = twin_ns.name
+            rendered.append(obj)
+    n_pods = sum(s.ps + s.workers for s in specs)
+    off = c.audit_log.stat().st_size
+    t0 = time.monotonic()
+    for s in specs:
+        be.launch(s)
+    wait_for(lambda: running(kube, ours_ns.name, n_pods), 600, interval=0.5, message="our pods")
+    t_ours = time.monotonic() - t0
+    launch_reqs = [r for r in kube.audit(off) if r.user == ours_ns.username]
+    t0 = time.monotonic()
+    token = kube.token(twin_ns.name, twin_ns.service_account)
+    proc = subprocess.run(
+        [
+            str(COMPONENTS["kubernetes"].path("kubectl")),
+            "--server",
+            c.server,
+            "--certificate-authority",
+            str(c.pki / "ca.crt"),
+            "--token",
+            token,
+            "apply",
+            "-f",
+            "-",
+        ],
+        input=yaml.safe_dump_all(rendered),
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode:
+        print(proc.stderr, file=sys.stderr)
+        be.close()
+        return None
+    wait_for(lambda: running(kube, twin_ns.name, n_pods), 600, interval=0.5, message="kubectl's pods")
+    return be, ours_ns, twin_ns, t_ours, time.monotonic() - t0, launch_reqs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     ap.add_argument("--users", type=int, default=20)
@@ -89,51 +142,13 @@ def main() -> int:
             ]
 
         # -- one user, ours vs kubectl apply of the same objects ---------------------------------
-        ours_ns = kube.user_namespace("bench")
-        twin_ns = kube.user_namespace("twin")
-        users += [ours_ns, twin_ns]
-        be = KubernetesBackend(
-            namespace=ours_ns.name, api_client=ours_ns.api_client, user="bench", storage_class="standard"
-        )
-        backends.append(be)
-        rendered = []
-        for s in specs(0):
-            for obj in be.render(s):
-                obj = json.loads(json.dumps(obj).replace(ours_ns.name, twin_ns.name))
-                obj.setdefault("metadata", {})["namespace"] = twin_ns.name
-                rendered.append(obj)
         n_pods = a.clusters * a.tasks
-        off = c.audit_log.stat().st_size
-        t0 = time.monotonic()
-        for s in specs(0):
-            be.launch(s)
-        wait_for(lambda: running(kube, ours_ns.name, n_pods), 600, interval=0.5, message="our pods")
-        t_ours = time.monotonic() - t0
-        launch_reqs = [r for r in kube.audit(off) if r.user == ours_ns.username]
-        t0 = time.monotonic()
-        token = kube.token(twin_ns.name, twin_ns.service_account)
-        proc = subprocess.run(
-            [
-                str(COMPONENTS["kubernetes"].path("kubectl")),
-                "--server",
-                c.server,
-                "--certificate-authority",
-                str(c.pki / "ca.crt"),
-                "--token",
-                token,
-                "apply",
-                "-f",
-                "-",
-            ],
-            input=yaml.safe_dump_all(rendered),
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode:
-            print(proc.stderr, file=sys.stderr)
+        launch = compare_launch(c, kube, specs(0))
+        if launch is None:
             return 1
-        wait_for(lambda: running(kube, twin_ns.name, n_pods), 600, interval=0.5, message="kubectl's pods")
-        t_kubectl = time.monotonic() - t0
+        be, ours_ns, twin_ns, t_ours, t_kubectl, launch_reqs = launch
+        backends.append(be)
+        users += [ours_ns, twin_ns]
 
         # -- the other users, then everyone at rest ---------------------------------------------
         for u in range(1, a.users):

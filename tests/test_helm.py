@@ -365,6 +365,23 @@ def test_rendered_config_loads_in_jupyterhub_with_kubespawner(helm, tmp_path, mo
     assert sp.service_account == "tfk8s-user"
     assert sp.automount_service_account_token is True
     assert sp.image == "tfk8s/notebook:0.1.0"
+    # as Zero-to-JupyterHub's hub.concurrentSpawnLimit: JupyterHub's own default is 100
+    assert app.concurrent_spawn_limit == 64
+
+
+@pytest.mark.usefixtures("kubeconfig")
+@pytest.mark.parametrize("limit", [20, 0])
+def test_concurrent_spawn_limit_reaches_jupyterhub(helm, tmp_path, monkeypatch, limit):
+    from jupyterhub.app import JupyterHub
+
+    docs = render(helm, "--set", f"hub.concurrentSpawnLimit={limit}", namespace="lab")
+    (cm,) = by_kind(docs, "ConfigMap")
+    for name, text in cm["data"].items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.setenv("TFK8S_HUB_VALUES", str(tmp_path / "values.json"))
+    app = JupyterHub()
+    app.load_config_file(str(tmp_path / "jupyterhub_config.py"))
+    assert app.concurrent_spawn_limit == limit
 
 
 def _grants(rules, group, resource, verb):

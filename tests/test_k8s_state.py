@@ -490,3 +490,18 @@ def test_a_scoped_quota_counts_only_the_pods_in_its_scope():
         },
     }
     assert quota_problems(ms, [priority]) == []
+
+
+def test_the_workload_kueue_made_for_this_jobset_is_told_from_a_namesakes_by_its_digest():
+    """Kueue judges a gang within the second its JobSet was made: the ``Pending`` Event of the
+    Workload (a uid the cluster never sees) has the cluster's creation second, which the
+    same-second rule took for a deleted namesake's, so the reason never showed. Pairs of a JobSet
+    uid and the Workload name Kueue v0.17 gave it, read from the test cluster."""
+    made = {"jobset-gang2-2ca58": ("gang2", "04b9a62b-72f0-456d-b2df-d4eba835e523"),
+            "jobset-gang-b8512": ("gang", "165bf708-f8f4-482d-9f30-b9b006be9685")}
+    for workload, (cluster, uid) in made.items():
+        involved = {"kind": "Workload", "name": workload, "uid": "wl"}
+        assert state.is_own_kueue_workload(involved, cluster, uid)
+        assert not state.is_own_kueue_workload(involved, cluster, "d3c0a1e5-0000-4000-8000-000000000000")
+        assert not state.is_own_kueue_workload(involved, cluster, None)
+        assert not state.is_own_kueue_workload({**involved, "kind": "Pod"}, cluster, uid)

@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 import pytest
-import requests
 from kubernetes.client.rest import ApiException
 from test_helm import CHART, helm_binary
 
 from devcluster import node
+from tests.hubclient import Hub
 from tests.realkube import require_or_skip, wait_for
 
 pytestmark = pytest.mark.k8s
@@ -225,45 +225,6 @@ def release(realkube, helm, lab_images, tmp_path_factory):
         for ns in (USER_NS, HUB_NS):
             if not _gone(lambda ns=ns: core.read_namespace(ns)):
                 core.delete_namespace(ns)
-
-
-class Hub:
-    """A user's session with the hub through the proxy (a browser's cookies, then an API token)."""
-
-    def __init__(self, url: str):
-        self.url = url
-        self.s = requests.Session()
-        self.token = ""
-
-    def login(self, user: str, password: str) -> requests.Response:
-        self.s.get(f"{self.url}/hub/login", timeout=60).raise_for_status()
-        xsrf = self.s.cookies.get("_xsrf")
-        r = self.s.post(
-            f"{self.url}/hub/login",
-            data={"username": user, "password": password, "_xsrf": xsrf},
-            allow_redirects=False,
-            timeout=60,
-        )
-        if r.status_code == 302:  # logged in: the hub's cookie can now make the user a token
-            # a logged-in page carries the session's xsrf token (the login's one was anonymous)
-            home = self.s.get(f"{self.url}/hub/home", timeout=60)
-            home.raise_for_status()
-            xsrf = re.search(r'name="_xsrf" value="([^"]+)"|xsrf_token: "([^"]+)"', home.text)
-            assert xsrf, home.text[-2000:]
-            t = self.s.post(
-                f"{self.url}/hub/api/users/{user}/tokens",
-                json={"note": "test_kube_hub"},
-                headers={"X-XSRFToken": xsrf.group(1) or xsrf.group(2), "Referer": f"{self.url}/hub/home"},
-                timeout=60,
-            )
-            assert t.status_code == 201, t.text
-            self.token = t.json()["token"]
-        return r
-
-    def api(self, method: str, path: str, **kw) -> requests.Response:
-        return requests.request(
-            method, f"{self.url}{path}", headers={"Authorization": f"token {self.token}"}, timeout=60, **kw
-        )
 
 
 def _in_pod(kube, namespace: str, pod: str, code: str) -> str:

@@ -229,6 +229,32 @@ def test_monitor_pushes_rows_of_clusters_launched_anywhere(state_dir, tmp_path):
         mon.close()
 
 
+def test_a_cluster_the_server_launched_stays_listed_through_a_discovery_that_began_before(monkeypatch):
+    """The sidebar's ``POST`` answered 201 while a discovery pass, whose listing was taken before
+    the launch, dropped the new row: the ``GET`` after it listed no cluster at all."""
+    listing_taken, launch_done = threading.Event(), threading.Event()
+
+    def list_before_the_launch(backend=None):  # noqa: ARG001 - list_clusters's signature
+        listing_taken.set()
+        launch_done.wait(10)
+        return []  # listed before the launch ended
+
+    monkeypatch.setattr(api, "list_clusters", list_before_the_launch)
+    mon = ClusterMonitor()
+    row = cluster_row(ClusterStatus(name="new", backend="local", mode="between", phase="succeeded",
+                                    created=100.0), now=101.0)
+    discovery = threading.Thread(target=mon.discover)
+    discovery.start()
+    assert listing_taken.wait(10)
+    mon.launched(row)
+    launch_done.set()
+    discovery.join(10)
+    assert [r["name"] for r in mon.snapshot()] == ["new"]
+    mon.discover()  # a pass that began after the launch and does not list it: it was deleted since
+    assert mon.snapshot() == []
+    mon.close()
+
+
 # -- the real server: REST, WebSocket, authentication, XSRF --------------------------------------
 
 

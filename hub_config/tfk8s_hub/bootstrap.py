@@ -459,13 +459,14 @@ def _egress(spec: BootstrapSpec, api_server: ApiServer | None) -> list[dict[str,
 def bootstrap_objects(
     spec: BootstrapSpec, namespace: str, api_server: ApiServer | None = None
 ) -> list[Manifest]:
-    """Every object of a user namespace, in the order they must be applied.
+    """Every object of a user namespace.
 
-    The ServiceAccounts come before the pod that names them and the binding that
-    names one, the quota's LimitRange before any pod that relies on defaults.  The
-    copied Secrets are not here: they are read from the hub's namespace first
-    (:func:`copied_secret`). ``api_server``: where the API server is when
-    ``spec.api_server_cidrs`` is empty (:class:`ApiServer`, read from the cluster by the hub).
+    All of them must exist before the notebook pod (which names the ServiceAccount and
+    relies on the LimitRange's defaults); none needs another to exist first, so the hub
+    applies them at once (``Applier.apply_all``).  The copied Secrets are not here: they
+    are read from the hub's namespace first (:func:`copied_secret`). ``api_server``: where the
+    API server is when ``spec.api_server_cidrs`` is empty (:class:`ApiServer`, read from the
+    cluster by the hub).
     """
     built = [
         *service_accounts(spec, namespace),

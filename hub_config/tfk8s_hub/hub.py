@@ -38,6 +38,8 @@ def configure_hub(c: Any, hub: dict[str, Any], environ: dict[str, str] | None = 
     c.JupyterHub.cleanup_servers = False
     c.JupyterHub.db_url = hub.get("dbUrl") or "sqlite:////srv/jupyterhub/jupyterhub.sqlite"
     c.JupyterHub.cookie_secret_file = "/srv/jupyterhub/jupyterhub_cookie_secret"
+    if hub.get("concurrentSpawnLimit") is not None:
+        c.JupyterHub.concurrent_spawn_limit = int(hub["concurrentSpawnLimit"])
     if hub.get("baseUrl"):
         c.JupyterHub.base_url = hub["baseUrl"]
     culler = culler_service(hub.get("cull") or {}, hub.get("baseUrl") or "/")

@@ -18,9 +18,13 @@ server listens on the caller's loopback, as before.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
 
 from .. import options
+from ..lifeline import same_process, wait_exit
+from ..ports import port_open
 from . import hostside, netns, relay
 from .plan import plan_server
 
@@ -30,6 +34,39 @@ def command(ports: list[int], tag: str, python_args: list[str]) -> list[str]:
     path) names whose relay it is in ``ps``.  The guard execs the server: same pid."""
     return [sys.executable, "-m", __spec__.name if __spec__ else "tfk8s_magics.isolation.guard",
             ",".join(map(str, ports)), tag, "--", *python_args]
+
+
+#: Seconds the relay gets to close a stopped server's ports.
+CLOSE_TIMEOUT = 5.0
+
+
+def wait_closed(ports: list[int], timeout: float = CLOSE_TIMEOUT) -> bool:
+    """After the guarded server has exited: wait until nothing accepts on ``127.0.0.1:PORT`` any
+    more (its relay dies with it by a parent-death signal, which a loaded machine delivers late);
+    return whether every port closed within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while any(port_open(port) for port in ports):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def stop(pid: object, start: object, ports: list[int], grace: float = CLOSE_TIMEOUT) -> bool:
+    """End the guarded server recorded as (``pid``, ``start``): SIGTERM, then SIGKILL after
+    ``grace`` seconds; return once its ``ports`` are closed, and whether it was running (a stale
+    record is never signalled)."""
+    if not same_process(pid, start):
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    if not wait_exit(pid, grace) and same_process(pid, start):
+        os.kill(pid, signal.SIGKILL)
+        wait_exit(pid, grace)
+    wait_closed(ports)
+    return True
 
 
 def _host_group(ports: list[int]) -> list[tuple[list, list[int]]]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import BackendError, SpecError
+from ..isolation import guard
 from ..lifeline import reap_in_background, same_process, start_time
 from ..ports import free_ports
 from . import MODELS_SUBDIR, ServingInfo
@@ -162,22 +162,12 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def stop(root: Path) -> bool:
-    """Stop the cluster's serving process and forget it; return whether one was running."""
+    """Stop the cluster's serving process and forget it, returning once its ports are closed;
+    return whether one was running."""
     rec = _read(root / "serving.json")
     try:
         (root / "serving.json").unlink()
     except FileNotFoundError:
         pass
-    pid, started = (rec or {}).get("pid"), (rec or {}).get("start")
-    if not same_process(pid, started):  # a stale pid is someone else's now: never signalled
-        return False
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + 5
-    while same_process(pid, started) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    if same_process(pid, started):
-        os.kill(pid, signal.SIGKILL)
-    return True
+    ports = [p for p in ((rec or {}).get("rest_port"), (rec or {}).get("grpc_port")) if isinstance(p, int)]
+    return guard.stop((rec or {}).get("pid"), (rec or {}).get("start"), ports)

@@ -98,7 +98,7 @@ class ClustersHandler(_Base):
             return
         ok, row = await self._call(_launch, args)
         if ok:
-            _monitor(self).refresh()
+            _monitor(self).launched(row)
             self.set_status(201)
             self.finish(json.dumps({"cluster": row}))
 

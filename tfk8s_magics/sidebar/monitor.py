@@ -46,6 +46,7 @@ class ClusterMonitor:
         self._lock = threading.Lock()
         self._rows: dict[str, Message] = {}
         self._watching: dict[str, threading.Event] = {}
+        self._launched: dict[str, float] = {}  # name → when this server launched it (monotonic)
         self._subscribers: list[Subscriber] = []
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -90,12 +91,26 @@ class ClusterMonitor:
 
         return unsubscribe
 
+    def launched(self, row: Message) -> None:
+        """Show a cluster this server has just launched at once, and watch it.
+
+        A discovery pass whose listing began before the launch ended does not drop it: the
+        ``POST`` that answered 201 and the ``GET`` after it agree.
+        """
+        with self._lock:
+            self._launched[row["name"]] = time.monotonic()
+        self._put(row)
+        if not row.get("terminal"):
+            self._ensure_watch(row["name"])
+        self.refresh()
+
     def refresh(self) -> None:
         """Discover again now (after the sidebar launched, stopped or deleted a cluster)."""
         self._wake.set()
 
     def discover(self) -> None:
         """One discovery pass: list the clusters, update every row, drop the deleted ones."""
+        began = time.monotonic()
         try:
             statuses = api.list_clusters(self.backend)
         except Exception as e:  # noqa: BLE001 - shown in the sidebar, retried at the next pass
@@ -110,7 +125,8 @@ class ClusterMonitor:
             if not st.terminal:
                 self._ensure_watch(st.name)
         with self._lock:
-            gone = [n for n in self._rows if n not in seen]
+            gone = [n for n in self._rows if n not in seen and self._launched.get(n, 0.0) < began]
+            self._launched = {n: t for n, t in self._launched.items() if t >= began}
         for name in gone:
             self._drop(name)
 

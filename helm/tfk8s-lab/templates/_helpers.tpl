@@ -42,6 +42,7 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
       "dbUrl" .Values.hub.db.url
       "baseUrl" .Values.hub.baseUrl
       "extraConfig" .Values.hub.extraConfig
+      "concurrentSpawnLimit" .Values.hub.concurrentSpawnLimit
       "cull" .Values.cull
       "auth" (dict "class" .Values.auth.class "adminUsers" .Values.auth.adminUsers "allowedUsers" .Values.auth.allowedUsers "allowAll" .Values.auth.allowAll) -}}
 {{- $lab := deepCopy .Values.lab -}}

@@ -11,6 +11,7 @@ pods' states, and explains them: pending reasons, exit codes, signals.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -271,6 +272,21 @@ def is_kueue_workload(involved: dict[str, Any], cluster: str) -> bool:
     head, _, digest = name.rpartition("-")
     return involved.get("kind") == "Workload" and head == f"jobset-{cluster}" and \
         len(digest) == 5 and all(c in "0123456789abcdef" for c in digest)
+
+
+def is_own_kueue_workload(involved: dict[str, Any], cluster: str, jobset_uid: str | None) -> bool:
+    """Whether an Event is about the Workload Kueue made for *this* JobSet (uid ``jobset_uid``).
+
+    Kueue's digest is the first 5 hex digits of SHA-1 over ``JobSet``, ``jobset.x-k8s.io``, the
+    name and the uid, joined by newlines (``jobframework.GetWorkloadNameForOwnerWithGVK``). Kueue
+    judges a workload within the second the JobSet was made, so its ``Pending`` Event often has the
+    cluster's creation second and a uid (the Workload's) the cluster never sees: the digest, not
+    the time, tells it from a deleted namesake's.
+    """
+    if not jobset_uid or not is_kueue_workload(involved, cluster):
+        return False
+    digest = hashlib.sha1(f"JobSet\njobset.x-k8s.io\n{cluster}\n{jobset_uid}".encode()).hexdigest()
+    return involved.get("name", "").rpartition("-")[2] == digest[:5]
 
 
 def admission_message(events: list[dict[str, Any]], cluster: str) -> str | None:

@@ -277,7 +277,8 @@ class ClusterWatch:
             if ((e.get("involvedObject") or {}).get("name", "") == name
                 or (e.get("involvedObject") or {}).get("name", "").startswith(prefix)
                 or state.is_kueue_workload(e.get("involvedObject") or {}, name))
-            and not state.of_another_incarnation(e, born, known)
+            and (state.is_own_kueue_workload(e.get("involvedObject") or {}, name, jobset_uid)
+                 or not state.of_another_incarnation(e, born, known))
             and not state.startup_probe_noise(e, pods.get((e.get("involvedObject") or {}).get("name", "")))
         ]
         with self._cond:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import http.client
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 from ... import storage
 from ...errors import BackendError, SpecError
 from ...isolation import guard, hostside
-from ...lifeline import reap_in_background, same_process, start_time, wait_exit
+from ...lifeline import reap_in_background, same_process, start_time
 from ...ports import port_open
 from ...serving import local as local_serving
 from ..base import TensorBoardInfo
@@ -66,15 +65,11 @@ def tensorboard(name: str, cdir: ClusterDir, record: dict) -> TensorBoardInfo:
 
 
 def stop_tensorboard(cdir: ClusterDir) -> None:
-    """End the cluster's TensorBoard, if it runs (SIGTERM, then SIGKILL after 5 s)."""
+    """End the cluster's TensorBoard, if it runs (SIGTERM, then SIGKILL after 5 s), and return once
+    its port is closed."""
     info = _tb_info(cdir)
-    if info and same_process(info.get("pid"), info.get("start")):
-        try:
-            os.kill(info["pid"], signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        if not wait_exit(info["pid"], 5) and same_process(info.get("pid"), info.get("start")):
-            os.kill(info["pid"], signal.SIGKILL)
+    if info:
+        guard.stop(info.get("pid"), info.get("start"), [info["port"]])
 
 # -- serving (see tfk8s_magics.serving.local) -------------------------------
 def serve(name: str, cdir: ClusterDir, model: str | None = None, source_url: str | None = None, **options):
