@@ -13,6 +13,7 @@ import pytest
 
 import tfk8s_magics as tk
 from tfk8s_magics.backends import Phase
+from tfk8s_magics.errors import BackendError
 from tfk8s_magics.lifeline import pid_alive
 
 pytestmark = pytest.mark.slow
@@ -185,6 +186,41 @@ def test_delete_removes_everything_unless_logs_are_kept(local, workdir, state_di
     assert "keep me" in (Path(kept) / "tasks" / "worker-0.log").read_text()
     with pytest.raises(tk.ClusterNotFound):
         tk.get("kept", local)
+
+
+def test_delete_tries_again_when_a_late_writer_keeps_a_folder_and_says_so_if_it_never_goes(
+        local, workdir, state_dir, monkeypatch):
+    """A dir left behind keeps the name taken (a re-run would be refused as if another launch had
+    it): delete tries again, and when the dir cannot go it says so instead of returning."""
+    import errno
+    import shutil
+
+    from tfk8s_magics.backends.local import backend as local_backend
+
+    real, calls = shutil.rmtree, []
+
+    def late_writer_once(path, *a, **kw):  # the first pass meets a folder a late writer refilled
+        calls.append(path)
+        if len(calls) == 1:
+            raise OSError(errno.ENOTEMPTY, "Directory not empty", str(path) + "/progress")
+        return real(path, *a, **kw)
+
+    tk.launch("late", workers=1, script="print('x')\n", backend=local).wait(timeout=120)
+    monkeypatch.setattr(local_backend.shutil, "rmtree", late_writer_once)
+    tk.get("late", local).delete()
+    assert len(calls) == 2 and not (state_dir / "clusters" / "late").exists()
+    again = tk.launch("late", workers=1, script="print('x')\n", backend=local)
+    assert again.wait(timeout=120).phase == Phase.SUCCEEDED
+
+    def never(path, *a, **kw):
+        raise OSError(errno.EBUSY, "Device or resource busy", str(path) + "/logs")
+
+    monkeypatch.setattr(local_backend.shutil, "rmtree", never)
+    with pytest.raises(BackendError, match=r"'late' was stopped but its dir .* could not be removed "
+                       r"\(.*/logs: Device or resource busy\): remove it by hand, then launch again\."):
+        again.delete()
+    monkeypatch.setattr(local_backend.shutil, "rmtree", real)
+    again.delete()
 
 
 def test_user_named_log_dir_survives_delete(local, workdir, tmp_path):

@@ -67,6 +67,8 @@ from .watchdog import CLUSTER_ID_ENV, cluster_processes, describe
 SUPERVISOR_START_TIMEOUT = 30.0
 #: Seconds to wait for a stopped cluster's processes to end.
 STOP_TIMEOUT = 20.0
+#: Times delete tries to remove a cluster's dir before it says it cannot.
+REMOVE_ATTEMPTS = 5
 #: Where a re-run keeps the previous run's logs: a folder of the new run's log dir (TensorBoard
 #: shows its runs as ``previous-run/...``).
 PREVIOUS_RUN = "previous-run"
@@ -557,8 +559,26 @@ class LocalBackend(Backend):
         # A log or data dir the user named is theirs: only the cluster dir (and what launch made) goes.
         for path in (record or {}).get("created_dirs", []):
             _remove_empty_tree(Path(path))
-        shutil.rmtree(cdir.root, ignore_errors=True)
+        self._remove_cluster_dir(cdir, (record or {}).get("id") or _salvage_id(cdir))
         return None if kept is None else LogLocation(str(kept))
+
+    def _remove_cluster_dir(self, cdir: ClusterDir, cluster_id: str | None) -> None:
+        """Remove the cluster's dir, and say so if it cannot be: a dir left behind would keep its
+        name taken, and a re-run would be refused as if another launch had taken it."""
+        problem = ""
+        for _ in range(REMOVE_ATTEMPTS):
+            try:
+                shutil.rmtree(cdir.root)
+                return
+            except FileNotFoundError:
+                if not cdir.root.exists():
+                    return
+            except OSError as e:  # e.g. a late writer's file made a folder non-empty: kill, try again
+                problem = f"{e.filename}: {e.strerror or e}"
+            self._kill_cluster(cdir, cluster_id, [])
+            time.sleep(0.1)
+        raise BackendError(f"{cdir.name!r} was stopped but its dir {cdir.root} could not be removed "
+                           f"({problem}): remove it by hand, then launch again.")
 
     def _keep_logs(self, cdir: ClusterDir, record: dict, keep_logs: bool) -> Path | None:
         """Move the default log dir out of the cluster dir when asked to keep it; a dir the user named
