@@ -255,34 +255,6 @@ def test_mwms_workers_all_reduce_across_pods_by_their_jobset_dns_names(user):
         backend.close()
 
 
-def test_tf1_parameter_servers_hold_the_variables_of_both_workers(user):
-    from tfk8s_magics.spec import ClusterSpec
-
-    backend = user.backend()
-    try:
-        spec = ClusterSpec(
-            name="tf1",
-            ps=2,
-            workers=2,
-            ps_grace_period=0,
-            script=(SCRIPTS / "tf1_ps.py").read_text(),
-            **_claims(),
-        )
-        backend.launch(spec, detach=True)
-        status = _wait(backend, "tf1", lambda s: s.terminal)
-        lines = backend.read_logs("tf1")
-        text = "\n".join(f"[{ln.task}] {ln.text}" for ln in lines)
-        assert status.phase == "succeeded", (status, text[-3000:])
-        devices = dict(re.findall(r"\[worker-0\] DEVICE (\S+) (\S+)", text))
-        assert set(devices) == {"global_step", "w", "b"}, text[-3000:]
-        assert all(d.startswith("/job:ps/task:") for d in devices.values())
-        assert {d.split("/task:")[1][0] for d in devices.values()} == {"0", "1"}
-        assert text.count("GLOBAL_STEP 40") == 2, text[-3000:]
-        backend.delete("tf1")
-    finally:
-        backend.close()
-
-
 def test_in_graph_cluster_driven_from_a_notebook_pod(user):
     from tfk8s_magics.spec import ClusterSpec
 

@@ -266,6 +266,7 @@ def test_tf1_parameter_servers_on_one_node_serve_the_workers_on_the_other(two, u
         devices = dict(re.findall(r"\[worker-0\] DEVICE (\S+) (\S+)", text))
         assert set(devices) == {"global_step", "w", "b"}, text[-3000:]
         assert all(d.startswith("/job:ps/task:") for d in devices.values())
+        assert {d.split("/task:")[1][0] for d in devices.values()} == {"0", "1"}  # both PS hold some
         assert text.count("GLOBAL_STEP 40") == 2, text[-3000:]
         pods = user.core.list_namespaced_pod(user.ns, label_selector="tfk8s.io/cluster=tf1x").items
         where = {(p.metadata.labels.get("tfk8s.io/role"), p.spec.node_name) for p in pods}
