@@ -136,19 +136,6 @@ def test_reading_never_writes(realkube, user):
         reader.close()
 
 
-def test_delete_then_relaunch_under_the_same_name(realkube, user):
-    ns, backend = user
-    backend.launch(spec(), detach=True)
-    wait_for(lambda: len(task_pods(realkube, ns.name, "mnist")) == 3, 90, message="pods")
-    done = threading.Event()
-    deleter = threading.Thread(target=lambda: (backend.delete("mnist"), done.set()), daemon=True)
-    deleter.start()
-    assert done.wait(120), "delete did not return"
-    assert objects(realkube, ns.name, "mnist", with_pods=True) == []  # delete waited for the GC
-    backend.launch(spec(), detach=True)  # the same name works at once
-    deleter.join(5)
-
-
 def test_in_graph_tensorboard_and_no_network_policy(realkube, user, monkeypatch, tmp_path):
     ns, backend = user
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))  # where TensorBoard's token is kept
