@@ -4,8 +4,8 @@
   kernel-selection dialog, and the example notebooks (the copies a new user gets) open
   unmodified;
 * the walk of issue 27's "Done when", through ``scripts/lab``: log in, run an example (every
-  example runs in test_notebooks.py), a user's own MWMS notebook, Stop, re-run, a typo, a syntax error, a notebook variable,
-  TensorBoard after stop — each point asserted in the page.
+  example runs in test_notebooks.py), a user's own MWMS notebook, Stop, re-run, a typo, a
+  syntax error, a notebook variable, TensorBoard after stop — each point asserted in the page.
 """
 
 from __future__ import annotations

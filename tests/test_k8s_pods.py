@@ -21,7 +21,6 @@ that no packet of the node's address ranges leaves by the machine's outside inte
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import os
 import re
@@ -229,30 +228,6 @@ total = strategy.reduce(tf.distribute.ReduceOp.SUM,
                         strategy.run(lambda: tf.constant(1.0)), axis=None)
 print("sum", float(total), "from", os.environ["TFK8S_TASK"], flush=True)
 """
-
-
-def test_mwms_workers_all_reduce_across_pods_by_their_jobset_dns_names(user):
-    from tfk8s_magics.spec import ClusterSpec
-
-    backend = user.backend()
-    try:
-        backend.launch(ClusterSpec(name="mwms", workers=2, script=MWMS, **_claims()), detach=True)
-        status = _wait(backend, "mwms", lambda s: s.terminal)
-        lines = [line.text for line in backend.read_logs("mwms")]
-        assert status.phase == "succeeded", (status, lines)
-        assert "sum 2.0 from worker-0" in lines and "sum 2.0 from worker-1" in lines, lines
-        # the peers were names (JobSet's headless Service), resolved by CoreDNS to pod addresses
-        resolved = [line.split() for line in lines if line.startswith("resolved ")]
-        assert len(resolved) == 4, lines  # each worker resolved both names
-        for _, host, ip in resolved:
-            assert not re.fullmatch(r"[0-9.]+", host), host
-            assert ipaddress.ip_address(ip) in ipaddress.ip_network(node.POD_RANGE), (host, ip)
-        pods = user.core.list_namespaced_pod(user.ns, label_selector="tfk8s.io/cluster=mwms").items
-        assert {p.spec.node_name for p in pods} <= set(node.NODE_NAMES)
-        backend.delete("mwms")
-        assert not user.core.list_namespaced_pod(user.ns, label_selector="tfk8s.io/cluster=mwms").items
-    finally:
-        backend.close()
 
 
 def test_in_graph_cluster_driven_from_a_notebook_pod(user):

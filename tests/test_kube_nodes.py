@@ -18,7 +18,7 @@ import pytest
 import tests.test_k8s_pods as pods_tests
 from devcluster import network, node
 from tests.realkube import require_or_skip, wait_for
-from tests.test_k8s_pods import MWMS, TASK_IMAGE, _claims, _pod_log, _restricted_pod, _wait
+from tests.test_k8s_pods import TASK_IMAGE, _claims, _pod_log, _restricted_pod, _wait
 
 user = pods_tests.user
 
@@ -214,28 +214,6 @@ def _ready(dns, address) -> bool:
         return dns.ready(address)
     except OSError:
         return False
-
-
-def test_mwms_all_reduces_with_one_worker_on_each_node(two, user):
-    from tfk8s_magics.spec import ClusterSpec
-
-    backend = user.backend()
-    try:
-        spec = ClusterSpec(name="spread", workers=2, script=MWMS, spread=("worker",), **_claims())
-        backend.launch(spec, detach=True)
-        status = _wait(backend, "spread", lambda s: s.terminal)
-        lines = [line.text for line in backend.read_logs("spread")]
-        assert status.phase == "succeeded", (status, lines)
-        assert "sum 2.0 from worker-0" in lines and "sum 2.0 from worker-1" in lines, lines
-        pods = user.core.list_namespaced_pod(user.ns, label_selector="tfk8s.io/cluster=spread").items
-        where = {p.spec.node_name for p in pods}
-        assert where == set(two), where  # one worker per node: the all-reduce crossed nodes
-        resolved = {line.split()[2] for line in lines if line.startswith("resolved ")}
-        cidrs = {str(ipaddress.ip_network(f"{ip}/24", strict=False)) for ip in resolved}
-        assert cidrs == {_nets()[n].pod_cidr for n in two}, resolved
-        backend.delete("spread")
-    finally:
-        backend.close()
 
 
 def test_tf1_parameter_servers_on_one_node_serve_the_workers_on_the_other(two, user):

@@ -406,11 +406,19 @@ def _resolv_conf(user: User, node_name: str) -> list[str]:
     return [line.split()[1] for line in log.splitlines() if line.startswith("nameserver")]
 
 
-def test_mwms_all_reduces_across_nodes_under_the_policy(realnode, two, tenants):
+def test_mwms_all_reduces_across_nodes_under_the_policy(realnode, enforcing, tenants):
+    """A's MWMS workers, one on each node, all-reduce under the bootstrap's policy and the chart's:
+    the peers are JobSet DNS names (the headless Service), resolved through the node-local cache
+    to pod addresses, one in each node's pod range; delete leaves no pod. (The one MWMS test on
+    the real nodes.)"""
+    import ipaddress
+    import re
+
     from tests.test_k8s_pods import MWMS, _wait
     from tfk8s_magics.spec import ClusterSpec
 
     a, *_, chart = tenants
+    _, layouts = enforcing
     restore_policies(realnode, [a], chart)
     backend = a.backend()
     backend.launch(ClusterSpec(name="ar", workers=2, script=MWMS, spread=("worker",), **_claims()),
@@ -420,8 +428,14 @@ def test_mwms_all_reduces_across_nodes_under_the_policy(realnode, two, tenants):
     assert status.phase == "succeeded", (status, lines)
     assert "sum 2.0 from worker-0" in lines and "sum 2.0 from worker-1" in lines, lines
     pods = a.core.list_namespaced_pod(a.ns, label_selector="tfk8s.io/cluster=ar").items
-    assert {p.spec.node_name for p in pods} == set(two)
+    assert {p.spec.node_name for p in pods} == {n.name for n in layouts}  # the all-reduce crossed nodes
+    resolved = [line.split() for line in lines if line.startswith("resolved ")]
+    assert len(resolved) == 4, lines  # each worker resolved both names
+    assert not [host for _, host, _ in resolved if re.fullmatch(r"[0-9.]+", host)], resolved
+    cidrs = {str(ipaddress.ip_network(f"{ip}/24", strict=False)) for *_, ip in resolved}
+    assert cidrs == {n.net.pod_cidr for n in layouts}, resolved
     backend.delete("ar")
+    assert not a.core.list_namespaced_pod(a.ns, label_selector="tfk8s.io/cluster=ar").items
 
 
 # -- the hub, the metadata server, private addresses outside the cluster -------------------------
