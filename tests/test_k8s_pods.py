@@ -140,6 +140,9 @@ class User:
         from kubernetes.client.rest import ApiException
 
         self.core.delete_namespace(self.ns)
+        # A terminating namespace takes no new object: its pods may go at once (the test is over),
+        # instead of each waiting out its grace period before the namespace can go.
+        self.core.delete_collection_namespaced_pod(self.ns, grace_period_seconds=0)
         deadline = time.monotonic() + BOUND
         while time.monotonic() < deadline:
             try:
