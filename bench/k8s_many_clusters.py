@@ -1,0 +1,124 @@
+"""One user with many clusters on the REAL API server: ``%tfcluster list`` and the sidebar's pass.
+
+    scripts/kube up && .venv/bin/python bench/k8s_many_clusters.py [--clusters 50] [--tasks 4]
+
+One user namespace, bootstrapped as the hub does it, and the user's own ServiceAccount token (a
+notebook's identity); the clusters run on kwok nodes. Measured twice in the same run, first with
+one running cluster (the baseline: the latency the lab has today), then with ``--clusters``:
+
+- ``list`` cold: a new backend's first ``list_clusters()`` (what ``%tfcluster list`` costs in a
+  fresh kernel: the namespace feed lists the JobSets and pods once);
+- ``list`` warm: ``list_clusters()`` again on that backend (its watches keep it current);
+- the sidebar's discovery pass (:meth:`ClusterMonitor.discover`: the listing, a row per cluster,
+  a watch per running cluster), the first pass and the passes after it.
+
+The last line: ``N clusters: list cold X ms (R x), warm Y ms (R x); sidebar pass Z ms (R x)``,
+ratios against the one-cluster baseline. Everything it makes is deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "hub_config")]
+
+from devcluster.cluster import Cluster, fake_node  # noqa: E402
+from tests.realkube import RealKube, wait_for  # noqa: E402
+from tfk8s_magics.backends.kubernetes import KubernetesBackend  # noqa: E402
+from tfk8s_magics.sidebar.monitor import ClusterMonitor  # noqa: E402
+from tfk8s_magics.spec import ClusterSpec  # noqa: E402
+
+
+def running(kube: RealKube, ns: str, n: int) -> bool:
+    return sum(1 for p in kube.core.list_namespaced_pod(ns).items if p.status.phase == "Running") >= n
+
+
+def timed(fn) -> float:
+    """Milliseconds ``fn()`` took."""
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1000
+
+
+def measure(ns, n: int, rounds: int) -> dict[str, float]:
+    """The medians (ms) of the four figures with ``n`` clusters in the namespace."""
+    cold, warm, first, passes = [], [], [], []
+    for _ in range(rounds):
+        be = KubernetesBackend(namespace=ns.name, api_client=ns.api_client, user="many",
+                               storage_class="standard")
+        try:
+            listed = []
+            cold.append(timed(lambda: listed.extend(be.list_clusters())))  # noqa: B023
+            assert len(listed) == n, f"listed {len(listed)} clusters, made {n}"
+            warm += [timed(be.list_clusters) for _ in range(10)]
+            monitor = ClusterMonitor(backend=be)
+            try:
+                first.append(timed(monitor.discover))
+                assert len(monitor.snapshot()) == n, f"the sidebar shows {len(monitor.snapshot())} of {n}"
+                passes += [timed(monitor.discover) for _ in range(5)]
+            finally:
+                monitor.close()
+        finally:
+            be.close()
+    med = statistics.median
+    return {"list cold": med(cold), "list warm": med(warm), "sidebar first pass": med(first),
+            "sidebar pass": med(passes)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    ap.add_argument("--clusters", type=int, default=50)
+    ap.add_argument("--tasks", type=int, default=4, help="tasks per cluster (1 PS + workers)")
+    ap.add_argument("--rounds", type=int, default=5, help="fresh backends measured at each size")
+    a = ap.parse_args()
+    if a.clusters < 2 or a.tasks < 2:
+        ap.error("--clusters and --tasks must be at least 2")
+    c = Cluster()
+    if not c.running():
+        print("no devcluster runs: scripts/kube up", file=sys.stderr)
+        return 2
+    kube = RealKube(str(c.kubeconfig), c.audit_log)
+    extra = [fake_node(f"kwok-many-{i}") for i in range(a.clusters * a.tasks // 100 + 1)]
+    c.apply(extra)
+    try:
+        wait_for(lambda: c._nodes_ready(len(extra)), 120, message="bench nodes")
+        ns = kube.user_namespace("many")
+        launcher = KubernetesBackend(namespace=ns.name, api_client=ns.api_client, user="many",
+                                     storage_class="standard")
+        try:
+            def spec(k: int) -> ClusterSpec:
+                return ClusterSpec(name=f"c{k}", ps=1, workers=a.tasks - 1, script="print(1)\n")
+
+            launcher.launch(spec(0), detach=True)
+            wait_for(lambda: running(kube, ns.name, a.tasks), 300, interval=0.5, message="the first pods")
+            base = measure(ns, 1, a.rounds)
+            for k in range(1, a.clusters):
+                launcher.launch(spec(k), detach=True)
+            wait_for(lambda: running(kube, ns.name, a.clusters * a.tasks), 900, interval=1,
+                     message="every pod running")
+            many = measure(ns, a.clusters, a.rounds)
+        finally:
+            launcher.close()
+        print(f"one user, {a.tasks} tasks a cluster, medians of {a.rounds} fresh backends (ms):")
+        for key in base:
+            print(f"  {key:20s} 1 cluster {base[key]:8.1f}   {a.clusters} clusters {many[key]:8.1f}   "
+                  f"{many[key] / base[key]:.2f} x")
+        r = {k: many[k] / base[k] for k in base}
+        print(f"{a.clusters} clusters: list cold {many['list cold']:.0f} ms ({r['list cold']:.2f} x), "
+              f"warm {many['list warm']:.1f} ms ({r['list warm']:.2f} x); sidebar pass "
+              f"{many['sidebar pass']:.1f} ms ({r['sidebar pass']:.2f} x), first "
+              f"{many['sidebar first pass']:.0f} ms ({r['sidebar first pass']:.2f} x)")
+    finally:
+        kube.cleanup()
+        for n in extra:
+            c.kubectl("delete", "node", n["metadata"]["name"], "--wait=false", check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
