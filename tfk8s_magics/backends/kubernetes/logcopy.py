@@ -42,13 +42,22 @@ def run(path: str, argv: list[str]) -> int:
     if copy is not None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         copy.write(f"--- tfk8s: {os.environ.get('HOSTNAME', '')} started {stamp}\n".encode())
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # The handlers come first: as a container's PID 1 a signal without a handler is dropped, so
+    # one that arrives while the task starts is kept and sent to it once it exists.
+    early: list[int] = []
+    child: subprocess.Popen | None = None
 
     def forward(signum, _frame):  # kubelet's SIGTERM must reach the task
-        child.send_signal(signum)
+        if child is None:
+            early.append(signum)
+        else:
+            child.send_signal(signum)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    for signum in early:
+        child.send_signal(signum)
     out = sys.stdout.buffer
     stream = child.stdout
     for line in iter(stream.readline if stream else bytes, b""):
