@@ -401,14 +401,16 @@ class Dashboard:
                 for t in st.tasks:
                     self.log_tabs.page(t.name)
                 self.log_tabs.prefer(default_log_task(st))
-            self.header.value = header_html(st, self.name, deleted=self.deleted,
-                                            warning=last_warning(self.events), gone_logs=gone_logs)
+            # The table before the header (each is its own message to the page): a header that
+            # says "stopped" never shows above a row that still says "running".
             # Between status changes only running durations move: redraw them every few seconds.
             now = time.monotonic()
             if dirty or ended or now - self._table_at >= TABLE_TICK_INTERVAL:
                 self._table_at = now
                 self.tasks.value = tasks_html(st, deleted=self.deleted)
                 self._draw_progress(st)
+            self.header.value = header_html(st, self.name, deleted=self.deleted,
+                                            warning=last_warning(self.events), gone_logs=gone_logs)
             if self._history is not None and (self._history.version != self._curve_version or ended):
                 self._curve_version = self._history.version
                 self.curves.value = curves_html(self._history.points(), ended=ended)
