@@ -8,9 +8,12 @@ one running cluster (the baseline: the latency the lab has today), then with ``-
 
 - ``list`` cold: a new backend's first ``list_clusters()`` (what ``%tfcluster list`` costs in a
   fresh kernel: the namespace feed lists the JobSets and pods once);
-- ``list`` warm: ``list_clusters()`` again on that backend (its watches keep it current);
+- ``list`` warm: ``list_clusters()`` again on that backend (it lists the namespace's JobSets,
+  task pods and cluster records each time: three requests whatever the number of clusters, but
+  their bytes grow with it);
 - the sidebar's discovery pass (:meth:`ClusterMonitor.discover`: the listing, a row per cluster,
-  a watch per running cluster), the first pass and the passes after it.
+  a watch per running cluster), the first pass and the passes after it (while the watches the
+  first pass started run in the same process, as in the Jupyter server).
 
 The last line: ``N clusters: list cold X ms (R x), warm Y ms (R x); sidebar pass Z ms (R x)``,
 ratios against the one-cluster baseline. Everything it makes is deleted at the end.
