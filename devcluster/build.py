@@ -230,6 +230,17 @@ COMPONENTS: dict[str, Component] = {
                 ldflags=lambda v: f"-X github.com/distribution/distribution/v3/version.version={v}",
             ),
         ),
+        # the `glusterfs` class's provisioner (devcluster/storage.py): see go/local-path-provisioner
+        Component(
+            "local-path-provisioner",
+            "LOCAL_PATH_PROVISIONER",
+            ("local-path-provisioner",),
+            _consumer(
+                "github.com/rancher/local-path-provisioner",
+                "github.com/rancher/local-path-provisioner",
+                "local-path-provisioner",
+            ),
+        ),
         # the OIDC provider (devcluster/identity.py): see go/dex/go.mod for why a consumer module
         Component(
             "dex", "DEX", ("dex",), _consumer("github.com/dexidp/dex", "github.com/dexidp/dex/cmd/dex", "dex")

@@ -218,15 +218,24 @@ class Cluster:
             self._node_up()
 
     def _node_up(self) -> None:
-        from . import node
+        from . import node, storage
+        from .images import LAB_IMAGES
+
+        def log(line: str) -> None:
+            print(line, file=sys.stderr)
 
         if node.running(self):
-            print(f"devcluster: real nodes {', '.join(node.NODE_NAMES)} already running", file=sys.stderr)
-            return
+            log(f"devcluster: real nodes {', '.join(node.NODE_NAMES)} already running")
+        else:
+            try:
+                node.up(self, log=log)
+            except node.NodeError as e:
+                raise ClusterError(f"the real nodes did not start: {e}") from e
+        # the Gluster volume after the nodes: its server listens on the node bridge they made
         try:
-            node.up(self, log=lambda line: print(line, file=sys.stderr))
-        except node.NodeError as e:
-            raise ClusterError(f"the real nodes did not start: {e}") from e
+            storage.up(self, node.slot_of(self), helper_image=LAB_IMAGES[0], log=log)
+        except storage.StorageError as e:
+            raise ClusterError(f"the glusterfs storage did not start: {e}") from e
 
     def _wait(self, pred, what: str, timeout: float, proc: str | None = None) -> None:
         deadline = time.monotonic() + timeout
@@ -722,13 +731,14 @@ class Cluster:
     # -- down --------------------------------------------------------------------------------
     def down(self, quiet: bool = False, keep_logs: bool = False) -> None:
         """Stop every process of the cluster (reverse start order) and remove its state."""
-        from . import node
+        from . import node, storage
 
         names = self.procs.names()
         if "keeper" in names:
             self.procs.stop("keeper")  # first: it would start the others again
         # the real node next: its pods, mounts and network go while the API server still answers
         node.down(self, log=(lambda *_: None) if quiet else (lambda line: print(line, file=sys.stderr)))
+        storage.down(self)  # the provisioner, the Gluster mount, its bricks and glusterd
         order = [n for n in reversed(CONTROL_PLANE_ORDER) if n in names] + [
             n for n in reversed(names) if n not in CONTROL_PLANE_ORDER
         ]

@@ -18,7 +18,8 @@ veth pair whose node end is ``eth0`` with the node's address 10.246.k.(10+i). In
 
 On the host, the API server listens on 127.0.0.1 only; a DNAT takes packets that arrive on the
 slot's bridge for its host end and the API port to 127.0.0.1 (``route_localnet`` on that bridge
-only). The host's end is the API server's address as the cluster knows it: the ``kubernetes``
+only), and the same for the port of each other server of the cluster the nodes reach (the image
+registry's, :mod:`devcluster.registry`). The host's end is the API server's address as the cluster knows it: the ``kubernetes``
 Service's endpoint (:func:`api_endpoints`), as an API server's reconciler writes its advertised
 address on a production cluster. Services are translated to it as to any endpoint (kube-proxy;
 Cilium's own per-packet load balancing, which sees a pod's packets first and drops those for a
@@ -29,7 +30,7 @@ a pod. The fence, first in the mangle table's POSTROUTING (after every routing d
 before any address translation, in a table kube-proxy leaves alone), drops every packet of the
 clusters' ranges that would leave by an outside interface anyway.
 
-The pure builders (:func:`fence_rules`, :func:`host_api_rule`, :func:`api_endpoints`,
+The pure builders (:func:`fence_rules`, :func:`host_api_rule`, :func:`host_nat_rules`, :func:`api_endpoints`,
 :func:`node_routes`, :func:`host_routes`) return data; :func:`host_up`, :func:`node_up` and the
 ``*_down`` functions perform them. Deleting a node's namespace removes everything inside it
 (devices, routes, its kube-proxy's iptables rules).
@@ -159,11 +160,17 @@ def fence_rules(slot: Slot, outside: list[str]) -> list[list[str]]:
 
 
 def host_api_rule(slot: Slot, api_port: int) -> list[str]:
-    """Host nat rule: what arrives on the node bridge for the host's end reaches the API server."""
+    """Host nat rule: what arrives on the node bridge for the host's end and ``api_port`` reaches
+    the server listening on 127.0.0.1 there (the API server's port, the registry's)."""
     return [
         "-A", slot.api_chain, "-i", slot.bridge, "-d", slot.host_ip + "/32", "-p", "tcp",
         "--dport", str(api_port), "-j", "DNAT", "--to-destination", f"127.0.0.1:{api_port}",
     ]  # fmt: skip
+
+
+def host_nat_rules(slot: Slot, api_port: int, also: tuple[int, ...] = ()) -> list[list[str]]:
+    """The slot's nat chain: the API server's port, then each of ``also`` (the registry's)."""
+    return [host_api_rule(slot, p) for p in (api_port, *also)]
 
 
 def api_endpoints(slot: Slot, api_port: int) -> dict:
@@ -263,12 +270,15 @@ def _bridge(name: str, address: str, node: NodeNet | None = None) -> None:
     ip("link", "set", name, "up", node=node)
 
 
-def host_up(slot: Slot, api_port: int) -> None:
-    """The fence (first: nothing is forwarded before it stands), the node bridge, the API DNAT."""
+def host_up(slot: Slot, api_port: int, also: tuple[int, ...] = ()) -> None:
+    """The fence (first: nothing is forwarded before it stands), the node bridge, the API DNAT.
+
+    ``also``: ports of other servers on 127.0.0.1 the nodes reach the same way (the registry's).
+    """
     _chain(FENCE_TABLE, slot.fence_chain, FENCE_HOOK, fence_rules(slot, outside_interfaces()))
     _bridge(slot.bridge, slot.host_ip + "/24")
     Path(f"/proc/sys/net/ipv4/conf/{slot.bridge}/route_localnet").write_text("1\n")  # goes with the bridge
-    _chain("nat", slot.api_chain, "PREROUTING", [host_api_rule(slot, api_port)])
+    _chain("nat", slot.api_chain, "PREROUTING", host_nat_rules(slot, api_port, also))
 
 
 def node_up(node: NodeNet, all_nodes: list[NodeNet]) -> None:

@@ -8,7 +8,9 @@ pieces, one module each:
 - :mod:`devcluster.nodes`: how one node exists (containerd, runc, a kubelet, kube-proxy; its
   directories, cgroup root, configuration; stopping only its own processes);
 - :mod:`devcluster.dns`: CoreDNS on the host and a node-local cache in every node;
-- :mod:`devcluster.images`: the pause image and the lab's images, from podman into each node.
+- :mod:`devcluster.images`: the pause image and the lab's images, from podman into each node;
+- :mod:`devcluster.registry`: the cluster's image registry, which every node reaches through the
+  slot's host address and pulls from with a pod's image pull Secret.
 
 Everything runs as host processes (there is no systemd here); a node's processes, logs and
 configuration live in ``<cluster dir>/nodes/<node>``. Several cluster directories may run real
@@ -27,7 +29,7 @@ import time
 import urllib.error
 from pathlib import Path
 
-from . import build, dns, enforcer, network
+from . import build, dns, enforcer, network, registry
 from .images import (  # noqa: F401 - the image API the tests and scripts use
     LAB_IMAGES,
     _marker,
@@ -270,7 +272,13 @@ def up(cluster, log=print, count: int = NODE_COUNT) -> float:
         for k, v in RAISED.items():
             if int(_sysctl(k)) < v:
                 _sysctl(k, str(v))
-        network.host_up(slot, _api_port(cluster))
+        # the registry first: its certificate and the nodes' hosts.toml name the slot's host address,
+        # whose DNAT takes its port to 127.0.0.1 as the API server's
+        try:
+            reg = registry.up(cluster, node_ip=slot.host_ip, log=log)
+        except registry.RegistryError as e:
+            raise NodeError(f"the image registry did not start: {e}") from e
+        network.host_up(slot, _api_port(cluster), also=(reg.port,))
         cluster.apply([network.api_endpoints(slot, _api_port(cluster))])
         ca = CA(cluster.root / "pki")
         # the cluster's CoreDNS, on the host

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import dns
+from . import dns, registry
 from .network import LOCAL_DNS_IP, NodeNet, pids_in
 from .procs import Procs
 from .versions import cache_root
@@ -156,6 +156,10 @@ state = {q(str(node.run / "containerd"))}
 
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
       sandbox = {q(PAUSE_IMAGE)}
+
+    # hosts.toml per registry name, read at each pull (devcluster/registry.py writes the cluster's)
+    [plugins.'io.containerd.cri.v1.images'.registry]
+      config_path = {q(str(registry.hosts_dir(node.cluster)))}
 
   [plugins.'io.containerd.cri.v1.runtime']
     enable_selinux = false

@@ -214,7 +214,10 @@ def up(cluster, host: str = "127.0.0.1", node_ip: str | None = None, timeout: fl
     comp = build.ensure("registry")
     old = load(cluster)
     if old and cluster.procs.alive(PROCESS):
-        return old
+        if node_ip is None or old.node_ip == node_ip:
+            return old
+        # started for no node, or another slot's: its certificate does not name this address
+        cluster.procs.stop(PROCESS)
     root = cluster.root / "registry"
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o700)

@@ -131,6 +131,8 @@ def test_containerd_config(n2):
     assert cfg["plugins"]["io.containerd.nri.v1.nri"] == {"disable": True}  # a machine-wide socket
     images = cfg["plugins"]["io.containerd.cri.v1.images"]
     assert images["pinned_images"] == {"sandbox": "localhost/tfk8s/pause:3.10-tfk8s"}
+    # hosts.toml per registry name (devcluster/registry.py writes the cluster's), read at each pull
+    assert images["registry"] == {"config_path": str(n2.cluster / "registry" / "hosts.d")}
     assert cfg["grpc"]["address"] == "/run/tfk8s-rn/tfk8s-s1n2/containerd.sock"
     assert cfg["plugins"]["io.containerd.grpc.v1.cri"]["stream_server_address"] == "127.0.0.1"
 
@@ -322,6 +324,12 @@ def test_the_api_server_is_reached_through_the_host_end_and_the_kubernetes_servi
     assert network.host_api_rule(slot, 6443) == [
         "-A", "TFK8S-S1-API", "-i", "tfk8s-s1", "-d", "10.246.1.1/32", "-p", "tcp", "--dport", "6443",
         "-j", "DNAT", "--to-destination", "127.0.0.1:6443",
+    ]  # fmt: skip
+    # the registry's port the same way, in the slot's own chain, after the API server's
+    assert network.host_nat_rules(network.Slot(3), 6443, (5000,)) == [
+        ["-A", "TFK8S-S3-API", "-i", "tfk8s-s3", "-d", "10.246.3.1/32", "-p", "tcp", "--dport", str(port),
+         "-j", "DNAT", "--to-destination", f"127.0.0.1:{port}"]
+        for port in (6443, 5000)
     ]  # fmt: skip
     # the kubernetes Service's one endpoint, as the API server's reconciler would write it
     eps = network.api_endpoints(slot, 6443)
