@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument(
         "--pods",
         action="store_true",
-        help="every component of up --pods too (the real nodes' and Cilium's, the longest, first)",
+        help="every component of up --pods too (the real nodes', Cilium's, the longest, first; the "
+        "registry's and the glusterfs class's provisioner)",
     )
     up = sub.add_parser("up", help="start the cluster (builds first if needed)")
     up.add_argument("--nodes", type=int, default=2, help="kwok nodes to create (default 2)")
@@ -29,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         default=os.environ.get("TFK8S_KUBE_PODS") == "1",
         help="also start real nodes running real pods, each in its own network namespace: containerd, "
-        "runc, kubelet, kube-proxy, a node-local DNS cache; CoreDNS (default: $TFK8S_KUBE_PODS=1; "
+        "runc, kubelet, kube-proxy, a node-local DNS cache; CoreDNS, the image registry they pull from, "
+        "the glusterfs StorageClass (default: $TFK8S_KUBE_PODS=1; "
         "how many: $TFK8S_KUBE_REAL_NODES, default 2)",
     )
     sub.add_parser("down", help="stop every process of the cluster and remove its state")
@@ -40,7 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     c = Cluster()
     try:
         if a.cmd == "build":
-            pods = (*build.TIER2_FIRST, *build.TIER1, *(n for n in build.TIER2 if n not in build.TIER2_FIRST))
+            pods = (
+                *build.TIER2_FIRST,
+                *build.TIER1,
+                *(n for n in build.TIER2 if n not in build.TIER2_FIRST),
+                *build.TIER2_PARTS,
+            )
             build.ensure_all(tuple(a.components) or (pods if a.pods else build.TIER1))
         elif a.cmd == "up":
             c.up(nodes=a.nodes, pods=a.pods)

@@ -252,6 +252,9 @@ COMPONENTS: dict[str, Component] = {
 TIER1 = ("etcd", "kubernetes", "kwok", "jobset", "kueue")
 # What `scripts/kube up --pods` adds (tier 2: a real node running real pods).
 TIER2 = ("containerd", "runc", "coredns", "kubelet", "cilium")
+# What `scripts/kube up --pods` starts beside the nodes: the registry they pull from
+# (devcluster/registry.py) and the `glusterfs` class's provisioner (devcluster/storage.py).
+TIER2_PARTS = ("registry", "local-path-provisioner")
 # Built first by `scripts/kube build --pods` (scripts/test starts it beside the image builds): the
 # longest cold build (Cilium's agent: about 23 min on 2 cores under load, see testing.md).
 TIER2_FIRST = ("cilium",)

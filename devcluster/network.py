@@ -19,21 +19,22 @@ veth pair whose node end is ``eth0`` with the node's address 10.246.k.(10+i). In
 On the host, the API server listens on 127.0.0.1 only; a DNAT takes packets that arrive on the
 slot's bridge for its host end and the API port to 127.0.0.1 (``route_localnet`` on that bridge
 only), and the same for the port of each other server of the cluster the nodes reach (the image
-registry's, :mod:`devcluster.registry`). The host's end is the API server's address as the cluster knows it: the ``kubernetes``
-Service's endpoint (:func:`api_endpoints`), as an API server's reconciler writes its advertised
-address on a production cluster. Services are translated to it as to any endpoint (kube-proxy;
-Cilium's own per-packet load balancing, which sees a pod's packets first and drops those for a
-Service without endpoints), and Cilium labels it ``reserved:kube-apiserver``.
+registry's, :mod:`devcluster.registry`). The host's end is the API server's address as the
+cluster knows it: the ``kubernetes`` Service's endpoint (:func:`api_endpoints`), as an API
+server's reconciler writes its advertised address on a production cluster. Services are
+translated to it as to any endpoint (kube-proxy; Cilium's own per-packet load balancing, which
+sees a pod's packets first and drops those for a Service without endpoints), and Cilium labels
+it ``reserved:kube-apiserver``.
 
 No namespace has a default route: an address outside the cluster is unreachable from a node or
 a pod. The fence, first in the mangle table's POSTROUTING (after every routing decision,
 before any address translation, in a table kube-proxy leaves alone), drops every packet of the
 clusters' ranges that would leave by an outside interface anyway.
 
-The pure builders (:func:`fence_rules`, :func:`host_api_rule`, :func:`host_nat_rules`, :func:`api_endpoints`,
-:func:`node_routes`, :func:`host_routes`) return data; :func:`host_up`, :func:`node_up` and the
-``*_down`` functions perform them. Deleting a node's namespace removes everything inside it
-(devices, routes, its kube-proxy's iptables rules).
+The pure builders (:func:`fence_rules`, :func:`host_api_rule`, :func:`host_nat_rules`,
+:func:`api_endpoints`, :func:`node_routes`, :func:`host_routes`) return data; :func:`host_up`,
+:func:`node_up` and the ``*_down`` functions perform them. Deleting a node's namespace removes
+everything inside it (devices, routes, its kube-proxy's iptables rules).
 """
 
 from __future__ import annotations

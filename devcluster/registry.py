@@ -224,7 +224,9 @@ def up(cluster, host: str = "127.0.0.1", node_ip: str | None = None, timeout: fl
     reg = Registry(root=root, address=f"{host}:{free_port(host)}", ca=cluster.pki / "ca.crt",
                    node_ip=node_ip)
     ips = (host, node_ip) if node_ip else (host,)
-    cert, key = CA(cluster.pki).issue("registry", NAME, dns=(NAME,), ips=ips, server=True)
+    # one certificate per address set: the CA issues a stem once, and a slot's address must be in it
+    stem = f"registry-{node_ip}" if node_ip else "registry"
+    cert, key = CA(cluster.pki).issue(stem, NAME, dns=(NAME,), ips=ips, server=True)
     if not reg.password_file.exists():
         write_private(reg.password_file, secrets.token_urlsafe(24) + "\n")
     write_private(reg.htpasswd, htpasswd_line(USER, reg.password))

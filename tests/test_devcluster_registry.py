@@ -216,3 +216,42 @@ def test_push_and_pull_need_the_credentials(reg, small_image, tmp_path):
         assert wait_for(anonymous_get, 30, message="the registry without htpasswd") == 200
     finally:
         cluster.procs.stop("registry-open")
+
+
+def test_a_registry_started_for_no_node_is_restarted_for_the_slots_address(tmp_path):
+    """``node.up`` starts the registry once the slot is known: one started before (for the host
+    only, or for another slot) is restarted with a certificate naming the slot's host address,
+    and the nodes' hosts.toml points there."""
+    import ipaddress
+
+    from cryptography import x509
+
+    from devcluster import build
+    from devcluster.cluster import Cluster
+
+    if not build.COMPONENTS["registry"].is_built() and shutil.which("go") is None:
+        pytest.skip("the registry is not built and Go is missing: scripts/kube build registry")
+    cluster = Cluster(tmp_path / "cluster")
+    try:
+        pid = lambda: json.loads((cluster.root / "procs" / "registry.json").read_text())["pid"]  # noqa: E731
+        first = registry.up(cluster, log=lambda *_: None)
+        first_pid = pid()
+        assert registry.up(cluster, log=lambda *_: None) == first and pid() == first_pid  # left alone
+        second = registry.up(cluster, node_ip="10.246.7.1", log=lambda *_: None)
+        assert second.node_ip == "10.246.7.1" and pid() != first_pid
+        assert not psutil.pid_exists(first_pid)
+        assert registry.ready(second.address, second.ca) == 401
+        served = ssl.get_server_certificate(("127.0.0.1", second.port))
+        sans = (
+            x509.load_pem_x509_certificate(served.encode())
+            .extensions.get_extension_for_class(x509.SubjectAlternativeName)
+            .value
+        )
+        assert ipaddress.ip_address("10.246.7.1") in sans.get_values_for_type(x509.IPAddress)
+        assert registry.NAME in sans.get_values_for_type(x509.DNSName)
+        hosts = (registry.hosts_dir(cluster.root) / registry.NAME / "hosts.toml").read_text()
+        assert f'server = "https://10.246.7.1:{second.port}"' in hosts
+        assert registry.up(cluster, node_ip="10.246.7.1", log=lambda *_: None) == second
+        assert pid() != first_pid and registry.load(cluster) == second
+    finally:
+        cluster.procs.stop(registry.PROCESS)

@@ -14,6 +14,7 @@ def test_the_provisioner_is_pinned_and_built_from_its_module():
 
     assert versions()["LOCAL_PATH_PROVISIONER"] == "v0.0.30"
     assert build.COMPONENTS["local-path-provisioner"].binaries == ("local-path-provisioner",)
+    assert "local-path-provisioner" in build.TIER2_PARTS  # scripts/kube build --pods builds it
 
 
 def test_glusterd_listens_on_the_slots_node_bridge_only_with_its_own_directory_and_socket(tmp_path):

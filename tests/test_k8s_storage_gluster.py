@@ -140,6 +140,9 @@ def test_glusterd_and_its_bricks_listen_on_the_slots_host_address_only(gluster):
     ]  # fmt: skip
     assert sorted(p.info["name"] for p in servers) == ["glusterd", "glusterfsd", "glusterfsd"]
     listening = {
-        (p.info["name"], c.laddr.ip) for p in servers for c in p.net_connections("inet") if c.status == "LISTEN"
+        (p.info["name"], c.laddr.ip)
+        for p in servers
+        for c in p.net_connections("inet")
+        if c.status == "LISTEN"
     }
     assert listening == {("glusterd", host_ip), ("glusterfsd", host_ip)}, listening
