@@ -135,13 +135,21 @@ def stale_records(image: str, targets: dict[str, str]) -> list[str]:
     The kubelet's image service (CRI) adds a record named by the image's id (``sha256:<config
     digest>``) beside every name it sees; that record alone keeps every blob and snapshot of
     the image alive. It goes with the name unless another name still points at the same content.
+    A pull also records the name by digest (``<repository>@sha256:<manifest digest>``): that
+    record of the same repository goes with the name too.
     """
     if image not in targets:
         return []
     target = targets[image]
-    names = [r for r, t in targets.items() if t == target and r != image and not r.startswith("sha256:")]
+    repo = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
+    own = [r for r, t in targets.items() if t == target and r.startswith(repo + "@sha256:")]
+    names = [
+        r
+        for r, t in targets.items()
+        if t == target and r != image and r not in own and not r.startswith("sha256:")
+    ]
     ids = [r for r, t in targets.items() if t == target and r.startswith("sha256:")]
-    return [image, *([] if names else sorted(ids))]
+    return [image, *sorted(own), *([] if names else sorted(ids))]
 
 
 def remove_image(lay: Node, image: str) -> bool:

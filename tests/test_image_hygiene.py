@@ -77,6 +77,26 @@ def test_a_removed_name_takes_the_kubelets_id_record_with_it_unless_another_name
     assert node.stale_records("localhost/tfk8s/absent:1", targets) == []
 
 
+def test_a_removed_pulled_name_takes_its_digest_record_with_it():
+    # a pull records the name, the name by digest and the id; the digest record of another
+    # repository (another name of the same content) keeps the id
+    pulled = {
+        "registry.tfk8s.test/tfk8s/task:0.1.0": "sha256:m1",
+        "registry.tfk8s.test/tfk8s/task@sha256:m1": "sha256:m1",
+        "sha256:id1": "sha256:m1",
+    }
+    assert node.stale_records("registry.tfk8s.test/tfk8s/task:0.1.0", pulled) == [
+        "registry.tfk8s.test/tfk8s/task:0.1.0",
+        "registry.tfk8s.test/tfk8s/task@sha256:m1",
+        "sha256:id1",
+    ]
+    shared = {**pulled, "registry.tfk8s.test/tfk8s/other@sha256:m1": "sha256:m1"}
+    assert node.stale_records("registry.tfk8s.test/tfk8s/task:0.1.0", shared) == [
+        "registry.tfk8s.test/tfk8s/task:0.1.0",
+        "registry.tfk8s.test/tfk8s/task@sha256:m1",
+    ]
+
+
 def _podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     r = subprocess.run([*build_images.podman_base(), *args], capture_output=True, text=True, timeout=300)
     if check and r.returncode:
