@@ -280,7 +280,8 @@ def _up(cluster, slot: Slot, helper_image: str, timeout: float, log) -> Path:
         )  # fmt: skip
     log(
         f"devcluster: Gluster volume {VOLUME} mounted at {mount} in {t_gluster:.1f} s; "
-        f"local-path-provisioner {comp.version} serves the {CLASS} class"
+        f"local-path-provisioner {comp.version} serves the {CLASS} class "
+        f"({time.monotonic() - t0:.1f} s in all)"
     )
     return mount
 

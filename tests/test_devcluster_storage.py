@@ -71,3 +71,19 @@ def test_objects_the_class_rbac_and_helper_pods_on_real_nodes_only():
     assert 'rm -rf "$VOL_DIR"' in cm["data"]["teardown"]
     ns = objs[("Namespace", "tfk8s-storage")]
     assert ns["metadata"]["labels"] == {"pod-security.kubernetes.io/enforce": "privileged"}
+
+
+def test_without_glusterfs_server_up_says_what_to_run_and_leaves_nothing_running(tmp_path, monkeypatch):
+    import shutil
+
+    import pytest
+
+    from devcluster.cluster import Cluster
+    from devcluster.network import Slot
+
+    monkeypatch.setattr(shutil, "which", lambda tool: None if "gluster" in tool else "/usr/bin/" + tool)
+    cluster = Cluster(tmp_path / "cluster")
+    with pytest.raises(storage.StorageError, match="^glusterd is missing: run scripts/bootstrap kube-node"):
+        storage.up(cluster, Slot(7), helper_image="localhost/tfk8s/tensorflow-task:0.1.0")
+    assert not any(cluster.procs.alive(n) for n in ("glusterd", "local-path-provisioner"))
+    assert not storage.mounted(cluster.root / "storage" / "mnt")

@@ -62,6 +62,8 @@ def cluster_registry(realkube):
     # the nodes' image stores outlive the cluster: leave no pulled copy behind in them
     for n in node.layouts(cluster):
         node.remove_image(n, image)
+        left = [r for r in node.containerd_images(n) if r.startswith(image.rsplit(":", 1)[0])]
+        assert not left, f"{n.name} still holds {left}"
 
 
 def _pod(name: str, image: str, secret: str | None, node_name: str) -> dict:
