@@ -13,7 +13,9 @@ on every real node.
 from __future__ import annotations
 
 import os
+import subprocess
 import tomllib
+import uuid
 
 import pytest
 
@@ -22,12 +24,19 @@ from devcluster import node, registry
 pytestmark = pytest.mark.k8s
 
 TASK_IMAGE = os.environ.get("TFK8S_NODE_TASK_IMAGE", "localhost/tfk8s/tensorflow-task:0.1.0")
+PODMAN = ["podman", "--runtime", "/usr/sbin/runc"]
 BOUND = 600.0  # seconds a pull of the 1.8 GB task image may take on a loaded 2-core machine
 
 
 @pytest.fixture(scope="module")
-def cluster_registry(realkube):
-    """The running cluster's registry with the task image pushed to it (a no-op when it is there)."""
+def cluster_registry(realkube, tmp_path_factory):
+    """The running cluster's registry with an image of the task image's layers pushed to it.
+
+    Not the task image itself: the kubelet records that an image id was pulled with credentials
+    and from then on refuses it, by any name, to pods without them under ``imagePullPolicy:
+    Never`` (KEP-2535) -- every later test running the imported task image would get
+    ErrImageNeverPull. A label gives this image an id of its own; its layers are the task
+    image's (nothing new to push or unpack)."""
     from devcluster.cluster import Cluster
     from tests.realkube import require_or_skip
 
@@ -57,12 +66,20 @@ def cluster_registry(realkube):
             )
     if node.podman_image_id(TASK_IMAGE) is None:
         require_or_skip(f"podman has no {TASK_IMAGE}: run scripts/build_images.py task")
-    image = registry.podman_push(reg, TASK_IMAGE, "tfk8s/tensorflow-task:0.1.0")
-    yield reg, image
+    tag = f"pull-{uuid.uuid4().hex[:8]}"
+    local = f"localhost/tfk8s-test/registry-pull:{tag}"
+    ctx = tmp_path_factory.mktemp("pull-image")
+    (ctx / "Containerfile").write_text(f"FROM {TASK_IMAGE}\nLABEL tfk8s.test={tag}\n")
+    subprocess.run([*PODMAN, "build", "-q", "-t", local, str(ctx)], check=True, capture_output=True)
+    try:
+        image = registry.podman_push(reg, local, f"tfk8s/tensorflow-task:{tag}")
+        yield reg, image
+    finally:
+        subprocess.run([*PODMAN, "rmi", local], capture_output=True)
     # the nodes' image stores outlive the cluster: leave no pulled copy behind in them
     for n in node.layouts(cluster):
         node.remove_image(n, image)
-        left = [r for r in node.containerd_images(n) if r.startswith(image.rsplit(":", 1)[0])]
+        left = [r for r in node.containerd_images(n) if r.startswith(image.rsplit(":", 1)[0] + ":" + tag)]
         assert not left, f"{n.name} still holds {left}"
 
 
@@ -106,7 +123,7 @@ def test_real_pods_pull_with_the_pull_secret_and_not_without(realkube, cluster_r
     from tests.realkube import wait_for
 
     reg, image = cluster_registry
-    assert image == "registry.tfk8s.test/tfk8s/tensorflow-task:0.1.0"
+    assert image.startswith("registry.tfk8s.test/tfk8s/tensorflow-task:pull-")
     # the nodes reach it at their slot's host address, the port DNATed to the registry's on 127.0.0.1
     hosts = tomllib.loads((registry.hosts_dir(reg.root.parent) / registry.NAME / "hosts.toml").read_text())
     assert hosts["server"] == f"https://{reg.node_ip}:{reg.port}" and reg.address.startswith("127.0.0.1:")
@@ -146,3 +163,16 @@ def test_real_pods_pull_with_the_pull_secret_and_not_without(realkube, cluster_r
         assert core.read_namespaced_pod_log(f"with-{i}", ns).strip() == "pulled from the registry"
     # the one without is still refused: nothing the other pulls left on the node lets it through
     assert waiting_reason() is not None
+    # and the imported task image still runs without a Secret on every node (its id is not the
+    # pulled one's: the kubelet's record of a pull with credentials does not reach it)
+    for i, name in enumerate(names):
+        p = _pod(f"imported-{i}", TASK_IMAGE, None, name)
+        p["spec"]["containers"][0]["imagePullPolicy"] = "Never"
+        core.create_namespaced_pod(ns, p)
+    for i, name in enumerate(names):
+
+        def imported(pod=f"imported-{i}"):
+            p = core.read_namespaced_pod(pod, ns)
+            return p.status.phase if p.status.phase in ("Succeeded", "Failed") else None
+
+        assert wait_for(imported, 120, 1, f"the imported task image to run on {name}") == "Succeeded"
