@@ -463,14 +463,20 @@ class KubernetesBackend(Backend):
         return watch.snapshot()
 
     def list_clusters(self) -> list[ClusterStatus]:
-        """This user's clusters in the namespace (three requests, whatever their number)."""
+        """This user's clusters in the namespace: their records listed, their JobSets and pods from
+        the namespace's watches when this backend holds them (a sidebar, a dashboard), else
+        listed too (three requests, whatever the number of clusters)."""
         try:
             roots = self.api.list_objects(
                 "v1", "ConfigMap", selector(None, "root", label_value(self.settings.user))
             ).get("items", [])
-            jobsets = {j["metadata"]["name"]: j for j in self.api.list_objects(
-                API_VERSION, KIND, selector(None, "jobset")).get("items", [])}
-            pods = self.api.list_objects("v1", "Pod", selector(None, "task")).get("items", [])
+            known = self._watched_objects(roots)
+            if known is not None:
+                pods, jobsets = known
+            else:
+                jobsets = {j["metadata"]["name"]: j for j in self.api.list_objects(
+                    API_VERSION, KIND, selector(None, "jobset")).get("items", [])}
+                pods = self.api.list_objects("v1", "Pod", selector(None, "task")).get("items", [])
         except ApiException as e:
             raise BackendError(
                 f"could not list clusters in namespace {self.settings.namespace!r}: "
@@ -492,6 +498,21 @@ class KubernetesBackend(Backend):
         self._explain_no_pod(out, jobsets)
         out.sort(key=lambda s: s.created, reverse=True)
         return out
+
+    def _watched_objects(self, roots: list[dict[str, Any]]):
+        """``(pods, JobSets by name)`` from the namespace feed, when it runs, has listed both and
+        knows the JobSet of every cluster not stopped (one launched a moment ago may not have
+        reached it yet: then None, and the caller lists)."""
+        feed = self._feed
+        known = feed.snapshot() if feed is not None else None
+        if known is None:
+            return None
+        _, jobsets = known
+        for root in roots:
+            stopped = (root["metadata"].get("annotations") or {}).get(STOPPED_ANNOTATION)
+            if not stopped and root["metadata"]["name"] not in jobsets:
+                return None
+        return known
 
     def _explain_no_pod(self, clusters: list[ClusterStatus], jobsets: dict[str, Any]) -> None:
         """Tasks without a pod: the Job controller's FailedCreate, from one Event listing made
