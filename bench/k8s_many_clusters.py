@@ -30,15 +30,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "hub_config")]
 
+from k8s_scale import remove_nodes, running  # noqa: E402
+
 from devcluster.cluster import Cluster, fake_node  # noqa: E402
 from tests.realkube import RealKube, wait_for  # noqa: E402
 from tfk8s_magics.backends.kubernetes import KubernetesBackend  # noqa: E402
 from tfk8s_magics.sidebar.monitor import ClusterMonitor  # noqa: E402
 from tfk8s_magics.spec import ClusterSpec  # noqa: E402
-
-
-def running(kube: RealKube, ns: str, n: int) -> bool:
-    return sum(1 for p in kube.core.list_namespaced_pod(ns).items if p.status.phase == "Running") >= n
 
 
 def timed(fn) -> float:
@@ -118,8 +116,7 @@ def main() -> int:
               f"{many['sidebar first pass']:.0f} ms ({r['sidebar first pass']:.2f} x)")
     finally:
         kube.cleanup()
-        for n in extra:
-            c.kubectl("delete", "node", n["metadata"]["name"], "--wait=false", check=False)
+        remove_nodes(c, extra)
     return 0
 
 

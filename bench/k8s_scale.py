@@ -51,6 +51,12 @@ def running(kube: RealKube, ns: str, n: int) -> bool:
     return sum(1 for p in pods if p.status.phase == "Running") >= n
 
 
+def remove_nodes(c: Cluster, nodes: list[dict]) -> None:
+    """Delete the kwok nodes a bench added (without waiting for them to go)."""
+    for n in nodes:
+        c.kubectl("delete", "node", n["metadata"]["name"], "--wait=false", check=False)
+
+
 def watches(c: Cluster) -> float:
     code, body = c.get("/metrics", timeout=10)
     total = 0.0
@@ -216,8 +222,7 @@ def main() -> int:
         for b in backends:
             b.close()
         kube.cleanup()
-        for n in extra:
-            c.kubectl("delete", "node", n["metadata"]["name"], "--wait=false", check=False)
+        remove_nodes(c, extra)
     return 0
 
 

@@ -238,6 +238,17 @@ def test_tf1_parameter_servers_on_one_node_serve_the_workers_on_the_other(two, u
             **_claims(),
         )
         backend.launch(spec, detach=True)
+        # Where each pod lands is read while they run: the PS are recycled (deleted) once the
+        # workers finish, so a listing after the end may find only the workers.
+        placed: dict[str, tuple[str, str]] = {}
+
+        def all_placed():
+            for p in user.core.list_namespaced_pod(user.ns, label_selector="tfk8s.io/cluster=tf1x").items:
+                if p.spec.node_name:
+                    placed[p.metadata.name] = (p.metadata.labels.get("tfk8s.io/role"), p.spec.node_name)
+            return len(placed) >= 4
+
+        wait_for(all_placed, BOUND, 0.5, "the four tf1x pods placed on nodes")
         status = _wait(backend, "tf1x", lambda s: s.terminal)
         text = "\n".join(f"[{ln.task}] {ln.text}" for ln in backend.read_logs("tf1x"))
         assert status.phase == "succeeded", (status, text[-3000:])
@@ -246,9 +257,8 @@ def test_tf1_parameter_servers_on_one_node_serve_the_workers_on_the_other(two, u
         assert all(d.startswith("/job:ps/task:") for d in devices.values())
         assert {d.split("/task:")[1][0] for d in devices.values()} == {"0", "1"}  # both PS hold some
         assert text.count("GLOBAL_STEP 40") == 2, text[-3000:]
-        pods = user.core.list_namespaced_pod(user.ns, label_selector="tfk8s.io/cluster=tf1x").items
-        where = {(p.metadata.labels.get("tfk8s.io/role"), p.spec.node_name) for p in pods}
-        assert where == {("ps", first), ("worker", second)}, where
+        assert len(placed) == 4, placed
+        assert set(placed.values()) == {("ps", first), ("worker", second)}, placed
         backend.delete("tf1x")
     finally:
         backend.close()
