@@ -145,6 +145,7 @@ class KubernetesBackend(Backend):
         self.request_timeout = request_timeout
         self._watches: dict[str, ClusterWatch] = {}  # cluster → its read-only watch
         self._feed: NamespaceFeed | None = None  # the namespace's shared watches (see .feed)
+        self._specs: dict[str, tuple[str, ClusterSpec]] = {}  # root uid → (its version, its spec)
         self._lock = threading.RLock()  # guards _watches and _stop_at_exit; no request under it
         self._stop_at_exit: set[str] = set()  # clusters launched here, not detached
         self._exit_hook = False
@@ -463,14 +464,16 @@ class KubernetesBackend(Backend):
         return watch.snapshot()
 
     def list_clusters(self) -> list[ClusterStatus]:
-        """This user's clusters in the namespace: their records listed, their JobSets and pods from
-        the namespace's watches when this backend holds them (a sidebar, a dashboard), else
-        listed too (three requests, whatever the number of clusters)."""
+        """This user's clusters in the namespace: their records listed, their JobSets and task
+        pods from the namespace's watches (started by the first listing, as a watch of any
+        cluster starts them), or listed too while those cannot tell (three requests, whatever
+        the number of clusters)."""
         try:
+            feed = self._namespace_feed()
             roots = self.api.list_objects(
                 "v1", "ConfigMap", selector(None, "root", label_value(self.settings.user))
             ).get("items", [])
-            known = self._watched_objects(roots)
+            known = self._watched_objects(feed, roots)
             if known is not None:
                 pods, jobsets = known
             else:
@@ -482,35 +485,58 @@ class KubernetesBackend(Backend):
                 f"could not list clusters in namespace {self.settings.namespace!r}: "
                 f"{api_reason(e)}."
             ) from e
+        by_cluster: dict[str, list[dict[str, Any]]] = {}
+        for p in pods:
+            by_cluster.setdefault((p["metadata"].get("labels") or {}).get(CLUSTER_LABEL, ""), []).append(p)
         out = []
         for root in roots:
             name = root["metadata"]["name"]
             try:
-                spec = self._spec_of(root)
+                spec = self._listed_spec(root)
             except (KeyError, ValueError):
                 continue  # not a record we can read: leave it alone
-            mine = [p for p in pods if p["metadata"]["labels"].get(CLUSTER_LABEL) == name]
+            mine = by_cluster.get(name, [])
             annotations = root["metadata"].get("annotations") or {}
             view = state.View(spec=spec, jobset=jobsets.get(name), pods=state.latest_pods(mine),
                               stopped=bool(annotations.get(STOPPED_ANNOTATION)),
                               steps=state.latest_steps(mine))
             out.append(state.cluster_status(view, root))
+        cached, listed = self._specs, {r["metadata"].get("uid") for r in roots}
+        self._specs = {uid: v for uid, v in list(cached.items()) if uid in listed}  # the deleted go
         self._explain_no_pod(out, jobsets)
         out.sort(key=lambda s: s.created, reverse=True)
         return out
 
-    def _watched_objects(self, roots: list[dict[str, Any]]):
-        """``(pods, JobSets by name)`` from the namespace feed, when it runs, has listed both and
-        knows the JobSet of every cluster not stopped (one launched a moment ago may not have
-        reached it yet: then None, and the caller lists)."""
-        feed = self._feed
-        known = feed.snapshot() if feed is not None else None
+    def _listed_spec(self, root: dict[str, Any]) -> ClusterSpec:
+        """The spec of a listed record, parsed once per version of it (a listing every two
+        seconds of fifty records would parse them all again each time)."""
+        meta = root["metadata"]
+        version = meta.get("resourceVersion", "")
+        cached = self._specs.get(meta["uid"])
+        if cached is not None and version and cached[0] == version:
+            return cached[1]
+        spec = self._spec_of(root)
+        self._specs[meta["uid"]] = (version, spec)
+        return spec
+
+    def _watched_objects(self, feed: NamespaceFeed, roots: list[dict[str, Any]]):
+        """``(pods, JobSets by name)`` from the namespace feed, once it has listed both (waiting
+        for its first listings as long as a request may take) and while it holds, for every
+        cluster not stopped, the JobSet its record owns; else None, and the caller lists (a
+        cluster launched a moment ago, or deleted and launched again under its name, may not
+        have reached the feed yet)."""
+        if not feed.wait_synced(self.api.timeout):
+            return None
+        known = feed.snapshot()
         if known is None:
             return None
         _, jobsets = known
         for root in roots:
-            stopped = (root["metadata"].get("annotations") or {}).get(STOPPED_ANNOTATION)
-            if not stopped and root["metadata"]["name"] not in jobsets:
+            meta = root["metadata"]
+            if (meta.get("annotations") or {}).get(STOPPED_ANNOTATION):
+                continue
+            owners = (jobsets.get(meta["name"]) or {}).get("metadata", {}).get("ownerReferences") or []
+            if not any(o.get("uid") == meta.get("uid") for o in owners):
                 return None
         return known
 
