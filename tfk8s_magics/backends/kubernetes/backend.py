@@ -145,7 +145,8 @@ class KubernetesBackend(Backend):
         self.request_timeout = request_timeout
         self._watches: dict[str, ClusterWatch] = {}  # cluster → its read-only watch
         self._feed: NamespaceFeed | None = None  # the namespace's shared watches (see .feed)
-        self._specs: dict[str, tuple[str, ClusterSpec]] = {}  # root uid → (its version, its spec)
+        # root uid → (the versions of its objects, its listed status): see list_clusters
+        self._listed: dict[str, tuple[tuple, ClusterStatus]] = {}
         self._lock = threading.RLock()  # guards _watches and _stop_at_exit; no request under it
         self._stop_at_exit: set[str] = set()  # clusters launched here, not detached
         self._exit_hook = False
@@ -488,36 +489,34 @@ class KubernetesBackend(Backend):
         by_cluster: dict[str, list[dict[str, Any]]] = {}
         for p in pods:
             by_cluster.setdefault((p["metadata"].get("labels") or {}).get(CLUSTER_LABEL, ""), []).append(p)
-        out = []
+        out, listed = [], {}
         for root in roots:
-            name = root["metadata"]["name"]
-            try:
-                spec = self._listed_spec(root)
-            except (KeyError, ValueError):
-                continue  # not a record we can read: leave it alone
+            meta = root["metadata"]
+            name = meta["name"]
             mine = by_cluster.get(name, [])
-            annotations = root["metadata"].get("annotations") or {}
-            view = state.View(spec=spec, jobset=jobsets.get(name), pods=state.latest_pods(mine),
-                              stopped=bool(annotations.get(STOPPED_ANNOTATION)),
-                              steps=state.latest_steps(mine))
-            out.append(state.cluster_status(view, root))
-        cached, listed = self._specs, {r["metadata"].get("uid") for r in roots}
-        self._specs = {uid: v for uid, v in list(cached.items()) if uid in listed}  # the deleted go
+            # a status is a function of these objects only: made again when one has changed
+            versions = (meta.get("resourceVersion"), _version(jobsets.get(name)),
+                        sorted(_version(p) for p in mine))
+            known = self._listed.get(meta["uid"])
+            if known is not None and known[0] == versions:
+                status = known[1]
+            else:
+                try:
+                    spec = self._spec_of(root)
+                except (KeyError, ValueError):
+                    continue  # not a record we can read: leave it alone
+                view = state.View(
+                    spec=spec, jobset=jobsets.get(name), pods=state.latest_pods(mine),
+                    stopped=bool((meta.get("annotations") or {}).get(STOPPED_ANNOTATION)),
+                    steps=state.latest_steps(mine))
+                status = state.cluster_status(view, root)
+            if not any(t.reason == "no pod" for t in status.tasks):  # explained from Events below
+                listed[meta["uid"]] = (versions, status)
+            out.append(state.copy_status(status))
+        self._listed = listed
         self._explain_no_pod(out, jobsets)
         out.sort(key=lambda s: s.created, reverse=True)
         return out
-
-    def _listed_spec(self, root: dict[str, Any]) -> ClusterSpec:
-        """The spec of a listed record, parsed once per version of it (a listing every two
-        seconds of fifty records would parse them all again each time)."""
-        meta = root["metadata"]
-        version = meta.get("resourceVersion", "")
-        cached = self._specs.get(meta["uid"])
-        if cached is not None and version and cached[0] == version:
-            return cached[1]
-        spec = self._spec_of(root)
-        self._specs[meta["uid"]] = (version, spec)
-        return spec
 
     def _watched_objects(self, feed: NamespaceFeed, roots: list[dict[str, Any]]):
         """``(pods, JobSets by name)`` from the namespace feed, once it has listed both (waiting
@@ -773,6 +772,12 @@ class KubernetesBackend(Backend):
             w.close()
         if feed is not None:
             feed.close()
+
+
+def _version(obj: dict[str, Any] | None) -> tuple[str, str] | None:
+    """``(uid, resourceVersion)`` of an object: equal only if it has not changed."""
+    meta = (obj or {}).get("metadata") or {}
+    return (meta.get("uid", ""), meta.get("resourceVersion", "")) if obj else None
 
 
 def _own_ip() -> str:
