@@ -84,6 +84,10 @@ SYSTEM_PRIORITY_CLASSES = ("system-cluster-critical", "system-node-critical")
 DELETE_TIMEOUT = 120.0
 #: Seconds ``delete`` waits beyond the longest termination grace of the cluster's pods.
 DELETE_MARGIN = 60.0
+#: Seconds between two statuses ``watch`` makes while nothing changes (what time alone changes:
+#: a stall, a grace passed, Kueue's verdict); ``stop`` is looked at every ``WATCH_TICK``.
+WATCH_IDLE = 2.0
+WATCH_TICK = 0.5
 
 
 def delete_wait(spec: ClusterSpec) -> float:
@@ -572,7 +576,15 @@ class KubernetesBackend(Backend):
                 yield snap
             if snap.terminal or stop.is_set() or watcher.deleted:
                 return
-            seen = watcher.wait_change(seen, timeout=0.5)
+            # wake for stop often, but make a status only at a change or once idle: fifty
+            # watches of a sidebar would otherwise build a hundred statuses a second
+            idle_until = time.monotonic() + WATCH_IDLE
+            while True:
+                version = watcher.wait_change(seen, timeout=WATCH_TICK)
+                if version != seen or stop.is_set() or watcher.deleted or not watcher.alive or (
+                        time.monotonic() >= idle_until):
+                    seen = version
+                    break
 
     def read_logs(self, name: str, task: str | None = None,
                   tail: int | None = None) -> list[LogLine]:
