@@ -147,14 +147,17 @@ def kubeconfig(server: str, ca: Path, token_file: Path) -> dict:
     }
 
 
-def static_config(listen_ip: str, dynamic_file: Path) -> dict:
+def static_config(listen_ip: str, dynamic_file: Path, port: int = PORT) -> dict:
     """Traefik's static configuration: one HTTPS entrypoint on ``listen_ip``, the Ingress provider
-    for :data:`CLASS`, the file of :func:`dynamic_config`; no dashboard, no outside calls."""
+    for :data:`CLASS`, the file of :func:`dynamic_config`; no dashboard, no outside calls.
+
+    The entrypoint's ``http.tls`` makes every router TLS: without it, the routers of an Ingress
+    (even one with ``spec.tls``) serve plain HTTP on the same port."""
     return {
         "global": {"checkNewVersion": False, "sendAnonymousUsage": False},
         "log": {"level": "INFO"},
         "entryPoints": {
-            ENTRYPOINT: {"address": f"{listen_ip}:{PORT}", "http": {"tls": {}}},
+            ENTRYPOINT: {"address": f"{listen_ip}:{port}", "http": {"tls": {}}},
         },
         "providers": {
             "kubernetesIngress": {"ingressClass": CLASS},

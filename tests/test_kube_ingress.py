@@ -34,6 +34,7 @@ pytestmark = pytest.mark.k8s
 HUB_NS, RELEASE, TLS_SECRET = "labingress", "lab", "lab-tls"
 FULLNAME = f"{RELEASE}-tfk8s-lab"
 BOUND = 600.0  # seconds any one wait may take on a loaded 2-core machine
+ATTACK_PORT = 8443  # the node's port of the Traefik started without TLS on its entrypoint
 
 import test_containers  # noqa: E402 - after the fixtures' imports, as test_kube_hub does
 
@@ -127,7 +128,6 @@ def release(realkube, controller, hub_images, request, tmp_path_factory):
     values = tmp_path_factory.mktemp("values") / "values.json"
     values.write_text(json.dumps(_values(hub_images, secrets.token_urlsafe(16))))
     helm_cmd = [str(helm), "--kubeconfig", kube.kubeconfig, "-n", HUB_NS]
-    audit_from = kube.audit_size()
     r = subprocess.run(
         [
             *helm_cmd,
@@ -148,7 +148,7 @@ def release(realkube, controller, hub_images, request, tmp_path_factory):
         pods = cluster.kubectl("get", "pods,events", "-n", HUB_NS, "-o", "wide", check=False).stdout
         pytest.fail(f"helm install failed: {r.stderr[-2000:]}\n{pods[-4000:]}")
     try:
-        yield {"ing": ing, "cert": x509.load_pem_x509_certificate(crt.read_bytes()), "audit_from": audit_from}
+        yield {"ing": ing, "cert": x509.load_pem_x509_certificate(crt.read_bytes())}
     finally:
         subprocess.run([*helm_cmd, "uninstall", RELEASE, "--wait"], capture_output=True, timeout=BOUND)
         if not _gone(kube, HUB_NS):
@@ -184,9 +184,10 @@ def test_https_through_traefik_reaches_the_hub_login_with_the_ingress_certificat
     # the certificate is the Ingress's Secret's (verified against the cluster CA for the host name)
     assert x509.load_der_x509_certificate(served) == release["cert"]
     print(f"routed through Traefik {time.monotonic() - t0:.1f} s after helm install --wait")
-    # the controller read the cluster with its own ServiceAccount, and nothing it asked was refused
+    # the controller read the cluster with its own ServiceAccount since it started, only listing and
+    # watching, and nothing it asked was refused
     sa = f"system:serviceaccount:{ingress.NAMESPACE}:{ingress.SERVICE_ACCOUNT}"
-    asked = [r for r in realkube.audit(release["audit_from"]) if r.user == sa]
+    asked = [r for r in realkube.audit(0) if r.user == sa and r.resource]
     assert {r.resource for r in asked} >= {"ingresses", "services", "endpointslices", "secrets"}, asked[:20]
     assert not [r for r in asked if r.code == 403], [r for r in asked if r.code == 403][:5]
     assert {r.verb for r in asked} <= {"list", "watch"}, {r.verb for r in asked}
@@ -215,6 +216,60 @@ def test_plain_http_on_the_https_port_gets_traefiks_404_never_the_hub(release):
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 404 "), answer[:300]
     assert body == b"404 page not found\n", body[:300]
+
+
+def test_without_tls_on_the_entrypoint_plain_http_would_get_the_hub(controller, release, tmp_path):
+    """The defence removed: the same Traefik, ServiceAccount and Ingress, with the entrypoint's
+    ``http.tls`` left out (on another port of the node): the Ingress's routers serve the hub's
+    login page over plain HTTP. With it (the tests above) they do not."""
+    import http.client
+
+    import yaml
+
+    from devcluster import build
+
+    cluster, ing = controller
+    cfg = ingress.static_config(ing.ip, ing.root / "dynamic.yaml", port=ATTACK_PORT)
+    del cfg["entryPoints"][ingress.ENTRYPOINT]["http"]
+    (tmp_path / "traefik.yaml").write_text(yaml.safe_dump(cfg))
+    first = node.layout(cluster)
+    traefik = build.COMPONENTS["traefik"].path("traefik")
+    argv = [
+        "nsenter",
+        f"--net={first.net.netns_path}",
+        "--",
+        str(traefik),
+        f"--configFile={tmp_path / 'traefik.yaml'}",
+    ]
+    env = {**os.environ, "KUBECONFIG": str(ing.root / "kubeconfig"), "KUBERNETES_SERVICE_HOST": ""}
+    with open(tmp_path / "traefik.log", "wb") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    got = {}
+
+    def served() -> bool:
+        conn = http.client.HTTPConnection(ing.ip, ATTACK_PORT, timeout=10)
+        try:
+            conn.request("GET", "/hub/login", headers={"Host": ingress.HOST})
+            r = conn.getresponse()
+            got["r"] = (r.status, r.read().decode(errors="replace"))
+        except OSError as e:
+            got["r"] = e
+            return False
+        finally:
+            conn.close()
+        return got["r"][0] == 200
+
+    try:
+        wait_for(
+            served,
+            120,
+            0.5,
+            f"plain HTTP to the hub through the unfenced Traefik (last: {got.get('r')!r:.300})",
+        )
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    assert 'name="password"' in got["r"][1], got["r"][1][-500:]
 
 
 def test_traefik_listens_on_the_node_address_only(controller):
