@@ -251,8 +251,12 @@ def up(cluster, log=print, timeout: float = 60.0) -> Ingress:
     :func:`ready` answers. A failed start stops it again."""
     from . import node
 
+    try:
+        node.slot_of(cluster)  # it runs in a real node's namespace: refuse before building anything
+    except node.NodeError as e:
+        raise IngressError(f"no Ingress controller without real nodes: {e}") from None
     comp = build.ensure("traefik")
-    first = node.layout(cluster)  # raises when the cluster has no real nodes
+    first = node.layout(cluster)
     old = load(cluster)
     if old and old.ip == first.net.ip and cluster.procs.alive(PROCESS):
         return old

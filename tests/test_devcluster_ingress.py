@@ -100,3 +100,17 @@ def test_tls_secret_is_what_an_ingress_names():
 
 def test_the_host_name_is_in_the_reserved_test_domain():
     assert ingress.HOST.endswith(".test")  # RFC 2606: no resolver answers it
+
+
+def test_a_cluster_without_real_nodes_is_refused_in_one_sentence_leaving_nothing(tmp_path, monkeypatch):
+    import types
+
+    import pytest
+
+    monkeypatch.setattr(build, "ensure", lambda name: pytest.fail(f"{name} was built for a refused start"))
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(ingress.IngressError) as e:
+        ingress.up(types.SimpleNamespace(root=tmp_path))
+    message = str(e.value)
+    assert message.count(". ") == 0 and "scripts/kube up --pods" in message, message
+    assert sorted(tmp_path.rglob("*")) == before
