@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument(
         "--pods",
         action="store_true",
-        help="every component of up --pods too (the real nodes' and Cilium's, the longest, first)",
+        help="every component of up --pods too (the real nodes', Cilium's, the longest, first, and the "
+        "Ingress controller's)",
     )
     up = sub.add_parser("up", help="start the cluster (builds first if needed)")
     up.add_argument("--nodes", type=int, default=2, help="kwok nodes to create (default 2)")
@@ -40,7 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     c = Cluster()
     try:
         if a.cmd == "build":
-            pods = (*build.TIER2_FIRST, *build.TIER1, *(n for n in build.TIER2 if n not in build.TIER2_FIRST))
+            pods = (
+                *build.TIER2_FIRST,
+                *build.TIER1,
+                *(n for n in build.TIER2 if n not in build.TIER2_FIRST),
+                *build.TIER2_PARTS,
+            )
             build.ensure_all(tuple(a.components) or (pods if a.pods else build.TIER1))
         elif a.cmd == "up":
             c.up(nodes=a.nodes, pods=a.pods)

@@ -218,15 +218,22 @@ class Cluster:
             self._node_up()
 
     def _node_up(self) -> None:
-        from . import node
+        from . import ingress, node
+
+        def log(line: str) -> None:
+            print(line, file=sys.stderr)
 
         if node.running(self):
             print(f"devcluster: real nodes {', '.join(node.NODE_NAMES)} already running", file=sys.stderr)
-            return
+        else:
+            try:
+                node.up(self, log=log)
+            except node.NodeError as e:
+                raise ClusterError(f"the real nodes did not start: {e}") from e
         try:
-            node.up(self, log=lambda line: print(line, file=sys.stderr))
-        except node.NodeError as e:
-            raise ClusterError(f"the real nodes did not start: {e}") from e
+            ingress.up(self, log=log)  # in the first node's namespace, on its address
+        except ingress.IngressError as e:
+            raise ClusterError(f"the Ingress controller did not start: {e}") from e
 
     def _wait(self, pred, what: str, timeout: float, proc: str | None = None) -> None:
         deadline = time.monotonic() + timeout
@@ -722,12 +729,14 @@ class Cluster:
     # -- down --------------------------------------------------------------------------------
     def down(self, quiet: bool = False, keep_logs: bool = False) -> None:
         """Stop every process of the cluster (reverse start order) and remove its state."""
-        from . import node
+        from . import ingress, node
 
         names = self.procs.names()
         if "keeper" in names:
             self.procs.stop("keeper")  # first: it would start the others again
-        # the real node next: its pods, mounts and network go while the API server still answers
+        # the Ingress controller (in the first node's namespace), then the real nodes: their pods,
+        # mounts and network go while the API server still answers
+        ingress.down(self)
         node.down(self, log=(lambda *_: None) if quiet else (lambda line: print(line, file=sys.stderr)))
         order = [n for n in reversed(CONTROL_PLANE_ORDER) if n in names] + [
             n for n in reversed(names) if n not in CONTROL_PLANE_ORDER
