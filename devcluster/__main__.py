@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
         "--pods",
         action="store_true",
         help="every component of up --pods too (the real nodes', Cilium's, the longest, first; the "
-        "registry's and the glusterfs class's provisioner)",
+        "registry's, the glusterfs class's provisioner and the Ingress controller's)",
     )
     up = sub.add_parser("up", help="start the cluster (builds first if needed)")
     up.add_argument("--nodes", type=int, default=2, help="kwok nodes to create (default 2)")

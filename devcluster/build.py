@@ -116,13 +116,16 @@ def _build_etcd(version: str, out: Path) -> None:
     )
 
 
-def _consumer(module: str, pkg: str, binary: str) -> Callable[[str, Path], None]:
+def _consumer(
+    module: str, pkg: str, binary: str, ldflags: Callable[[str], str] = lambda version: ""
+) -> Callable[[str, Path], None]:
     """Build ``pkg`` from the consumer module ``go/<binary>`` that requires ``module`` at the version."""
 
     def build(version: str, out: Path) -> None:
         mod = GO_DIR / binary
         _check_module_version(mod, module, version)
-        _run(["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out / binary), pkg], cwd=mod)
+        flags = " ".join(["-s -w", ldflags(version)]).strip()
+        _run(["go", "build", "-trimpath", "-ldflags", flags, "-o", str(out / binary), pkg], cwd=mod)
 
     return build
 
@@ -245,6 +248,18 @@ COMPONENTS: dict[str, Component] = {
         Component(
             "dex", "DEX", ("dex",), _consumer("github.com/dexidp/dex", "github.com/dexidp/dex/cmd/dex", "dex")
         ),
+        # the Ingress controller (devcluster/ingress.py): see go/traefik/go.mod for why a consumer module
+        Component(
+            "traefik",
+            "TRAEFIK",
+            ("traefik",),
+            _consumer(
+                "github.com/traefik/traefik/v3",
+                "github.com/traefik/traefik/v3/cmd/traefik",
+                "traefik",
+                ldflags=lambda v: f"-X github.com/traefik/traefik/v3/pkg/version.Version={v.lstrip('v')}",
+            ),
+        ),
     )
 }
 
@@ -252,9 +267,11 @@ COMPONENTS: dict[str, Component] = {
 TIER1 = ("etcd", "kubernetes", "kwok", "jobset", "kueue")
 # What `scripts/kube up --pods` adds (tier 2: a real node running real pods).
 TIER2 = ("containerd", "runc", "coredns", "kubelet", "cilium")
-# What `scripts/kube up --pods` starts beside the nodes: the registry they pull from
-# (devcluster/registry.py) and the `glusterfs` class's provisioner (devcluster/storage.py).
-TIER2_PARTS = ("registry", "local-path-provisioner")
+# The production-shaped parts `scripts/kube up --pods` starts beside the real nodes (the registry
+# they pull from, devcluster/registry.py; the `glusterfs` class's provisioner, devcluster/storage.py;
+# the Ingress controller, devcluster/ingress.py); built by `scripts/kube build --pods` after the
+# nodes' parts.
+TIER2_PARTS = ("registry", "local-path-provisioner", "traefik")
 # Built first by `scripts/kube build --pods` (scripts/test starts it beside the image builds): the
 # longest cold build (Cilium's agent: about 23 min on 2 cores under load, see testing.md).
 TIER2_FIRST = ("cilium",)

@@ -218,7 +218,7 @@ class Cluster:
             self._node_up()
 
     def _node_up(self) -> None:
-        from . import node, storage
+        from . import ingress, node, storage
         from .images import LAB_IMAGES
 
         def log(line: str) -> None:
@@ -236,6 +236,10 @@ class Cluster:
             storage.up(self, node.slot_of(self), helper_image=LAB_IMAGES[0], log=log)
         except storage.StorageError as e:
             raise ClusterError(f"the glusterfs storage did not start: {e}") from e
+        try:
+            ingress.up(self, log=log)  # in the first node's namespace, on its address
+        except ingress.IngressError as e:
+            raise ClusterError(f"the Ingress controller did not start: {e}") from e
 
     def _wait(self, pred, what: str, timeout: float, proc: str | None = None) -> None:
         deadline = time.monotonic() + timeout
@@ -731,12 +735,14 @@ class Cluster:
     # -- down --------------------------------------------------------------------------------
     def down(self, quiet: bool = False, keep_logs: bool = False) -> None:
         """Stop every process of the cluster (reverse start order) and remove its state."""
-        from . import node, storage
+        from . import ingress, node, storage
 
         names = self.procs.names()
         if "keeper" in names:
             self.procs.stop("keeper")  # first: it would start the others again
-        # the real node next: its pods, mounts and network go while the API server still answers
+        # the Ingress controller (in the first node's namespace), then the real nodes: their pods,
+        # mounts and network go while the API server still answers
+        ingress.down(self)
         node.down(self, log=(lambda *_: None) if quiet else (lambda line: print(line, file=sys.stderr)))
         storage.down(self)  # the provisioner, the Gluster mount, its bricks and glusterd
         order = [n for n in reversed(CONTROL_PLANE_ORDER) if n in names] + [

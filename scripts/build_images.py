@@ -282,7 +282,8 @@ def main(argv: list[str]) -> int:
     fcntl.flock(lock, fcntl.LOCK_EX)
     start = time.monotonic()
     if "notebook" in names:  # it ships the sidebar prebuilt: build it (a no-op when up to date)
-        subprocess.run([str(REPO / "scripts" / "bootstrap"), "lab"], check=True)
+        # its output goes to stderr: stdout carries only this script's "<name> <ref>" lines
+        subprocess.run([str(REPO / "scripts" / "bootstrap"), "lab"], check=True, stdout=sys.stderr)
     base = base_image()
     report = {"base": {"image": base, "seconds": round(time.monotonic() - start, 1),
                        "mb": round(size_mb(base))}}

@@ -120,6 +120,7 @@ class RealKube:
         self.admin = kubernetes.client.ApiClient(cfg)
         self.audit_log = audit_log
         self._namespaces: list[str] = []
+        self.leaving: list[str] = []  # deleted by a test's teardown; must be gone by the session's end
         self._clients: list[kubernetes.client.ApiClient] = []
         self._restricted = ""  # a namespace for restricted_refusal, made on first use
 
@@ -213,6 +214,19 @@ class RealKube:
                     raise
         self._namespaces.clear()
         self._restricted = ""
+        self.wait_gone(self.leaving)
+
+    def wait_gone(self, namespaces: list[str], timeout: float = 600) -> None:
+        """Wait until every namespace in ``namespaces`` is gone; AssertionError naming those left."""
+
+        def left() -> list[str]:
+            names = {n.metadata.name for n in self.core.list_namespace().items}
+            return [ns for ns in namespaces if ns in names]
+
+        deadline = time.monotonic() + timeout
+        while (remaining := left()) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert not remaining, f"namespaces deleted by the tests' teardowns are still there: {remaining}"
 
     def apply(self, objs: list[dict]) -> None:
         """Server-side apply ``objs`` as admin (the cluster's own kubectl)."""

@@ -505,3 +505,18 @@ def test_the_workload_kueue_made_for_this_jobset_is_told_from_a_namesakes_by_its
         assert not state.is_own_kueue_workload(involved, cluster, "d3c0a1e5-0000-4000-8000-000000000000")
         assert not state.is_own_kueue_workload(involved, cluster, None)
         assert not state.is_own_kueue_workload({**involved, "kind": "Pod"}, cluster, uid)
+
+
+def test_a_listed_status_is_handed_out_as_a_copy_its_reader_may_change():
+    """``list_clusters`` keeps each cluster's status while its objects keep their versions and
+    hands out copies: what a reader changes in one never reaches the kept one."""
+    from tfk8s_magics.backends.base import ClusterStatus, TaskStatus
+
+    kept = ClusterStatus(name="a", backend="kubernetes", mode="between", phase=Phase.RUNNING,
+                         tasks=[TaskStatus("ps-0", Phase.RUNNING), TaskStatus("worker-0", Phase.PENDING)])
+    copy = state.copy_status(kept)
+    assert copy == kept and copy is not kept
+    copy.reason = "changed"
+    copy.tasks[1].reason = "changed"
+    copy.tasks.append(TaskStatus("worker-1", Phase.RUNNING))
+    assert kept.reason == "" and kept.tasks[1].reason == "" and len(kept.tasks) == 2

@@ -417,6 +417,104 @@ def test_watch_requests_do_not_grow_with_tasks_or_clusters(realkube, user):
                    for r in reads("ResponseStarted")), n
 
 
+def pod_and_jobset_lists(ns, since: int) -> list[str]:
+    """The pod and JobSet LISTs the ServiceAccount made since request ``since`` (once the
+    records' LIST after them is in the audit log: it is written when a response completes)."""
+    wait_for(lambda: any(r.verb == "list" and r.resource == "configmaps"
+                         for r in ns.requests()[since:]), 10, message="the listing in the audit log")
+    return sorted(r.resource for r in ns.requests()[since:]
+                  if r.verb == "list" and r.resource in ("pods", "jobsets"))
+
+
+def test_a_listing_takes_jobsets_and_pods_from_the_watches_and_still_shows_a_fresh_launch(
+        realkube, user):
+    """Once the namespace's two watches have listed, ``list_clusters`` asks the API for the
+    records only. A cluster launched a moment ago, by this backend or by another process, is
+    listed at once all the same, and a cluster deleted and launched again under its name is not
+    shown with its predecessor's JobSet while the watch still holds that one."""
+    ns, backend = user
+    backend.launch(spec("one"), detach=True)
+    running(realkube, ns.name, "one")
+    wait_for(lambda: [t.phase for t in backend.list_clusters()[0].tasks] == [Phase.RUNNING] * 3, 60,
+             message="the listing to show one's tasks running")
+    before = len(ns.requests())
+    [one] = backend.list_clusters()
+    assert (one.name, one.phase) == ("one", Phase.RUNNING)
+    assert pod_and_jobset_lists(ns, before) == []  # served from the watches
+
+    other = KubernetesBackend(namespace=ns.name, api_client=ns.api_client, user="alice",
+                              storage_class="standard")
+    try:
+        other.launch(spec("two"), detach=True)  # another kernel, the CLI
+        assert [c.name for c in backend.list_clusters()] == ["two", "one"]
+        backend.launch(spec("three"), detach=True)
+        assert [c.name for c in backend.list_clusters()] == ["three", "two", "one"]
+
+        feed = backend._feed
+        wait_for(lambda: "two" in feed.snapshot()[1], 30, message="two's JobSet in the watch")
+        old = feed.snapshot()[1]["two"]
+        other.delete("two")
+        other.launch(spec("two"), detach=True)
+        running(realkube, ns.name, "two")
+        uid = realkube.core.read_namespaced_config_map("two", ns.name).metadata.uid
+        wait_for(lambda: feed.snapshot()[1].get("two", {}).get("metadata", {}).get(
+            "ownerReferences", [{}])[0].get("uid") == uid, 30, message="the new two's JobSet in the watch")
+        # the watch lags behind: it still holds the JobSet of the deleted two, which had failed,
+        # and has not seen the new one yet
+        failed = {**old, "status": {**(old.get("status") or {}), "conditions": [{
+            "type": "Failed", "status": "True", "reason": "FailedJobs", "message": "jobs failed",
+            "lastTransitionTime": old["metadata"]["creationTimestamp"]}]}}
+
+        class Lagging(dict):
+            def __setitem__(self, name, jobset):
+                if name != "two":
+                    super().__setitem__(name, jobset)
+
+            def pop(self, name, *default):
+                return self.get(name, *default) if name == "two" else super().pop(name, *default)
+
+        with feed._lock:
+            feed._jobsets = Lagging({**feed._jobsets, "two": failed})
+        before = len(ns.requests())
+        listed = {c.name: c for c in backend.list_clusters()}
+        assert listed["two"].phase != Phase.FAILED, listed["two"]
+        assert pod_and_jobset_lists(ns, before) == ["jobsets", "pods"]  # asked the API instead
+    finally:
+        other.close()
+
+
+def test_the_sidebar_discovers_from_the_watches_a_launch_and_a_delete_by_another_process(
+        realkube, user):
+    """The sidebar's discovery pass on the real API server: a cluster another process launches
+    shows at the next pass, one it deletes goes at the next pass, and once the watches have
+    listed a pass lists only the records."""
+    from tfk8s_magics.sidebar.monitor import ClusterMonitor
+
+    ns, backend = user
+    other = KubernetesBackend(namespace=ns.name, api_client=ns.api_client, user="alice",
+                              storage_class="standard")
+    monitor = ClusterMonitor(backend=backend)
+    try:
+        other.launch(spec("a"), detach=True)
+        monitor.discover()
+        assert [r["name"] for r in monitor.snapshot()] == ["a"]
+        running(realkube, ns.name, "a")
+        wait_for(lambda: monitor.discover() or monitor.snapshot()[0]["ready"] == 3, 60,
+                 message="a's row to show 3 ready tasks")
+        before = len(ns.requests())
+        monitor.discover()
+        assert pod_and_jobset_lists(ns, before) == []
+        other.launch(spec("b"), detach=True)
+        monitor.discover()
+        assert [r["name"] for r in monitor.snapshot()] == ["b", "a"]
+        other.delete("a")
+        monitor.discover()
+        assert [r["name"] for r in monitor.snapshot()] == ["b"]
+    finally:
+        monitor.close()
+        other.close()
+
+
 def test_launch_without_the_jobset_api_says_what_to_install(realkube, user, monkeypatch):
     """A cluster that does not serve the JobSet API: the real API server's discovery answers 404 for
     an API it does not serve (asked here for a JobSet version no release serves); one sentence,

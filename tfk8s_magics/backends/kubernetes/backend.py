@@ -84,6 +84,10 @@ SYSTEM_PRIORITY_CLASSES = ("system-cluster-critical", "system-node-critical")
 DELETE_TIMEOUT = 120.0
 #: Seconds ``delete`` waits beyond the longest termination grace of the cluster's pods.
 DELETE_MARGIN = 60.0
+#: Seconds between two statuses ``watch`` makes while nothing changes (what time alone changes:
+#: a stall, a grace passed, Kueue's verdict); ``stop`` is looked at every ``WATCH_TICK``.
+WATCH_IDLE = 2.0
+WATCH_TICK = 0.5
 
 
 def delete_wait(spec: ClusterSpec) -> float:
@@ -145,6 +149,8 @@ class KubernetesBackend(Backend):
         self.request_timeout = request_timeout
         self._watches: dict[str, ClusterWatch] = {}  # cluster → its read-only watch
         self._feed: NamespaceFeed | None = None  # the namespace's shared watches (see .feed)
+        # root uid → (the versions of its objects, its listed status): see list_clusters
+        self._listed: dict[str, tuple[tuple, ClusterStatus]] = {}
         self._lock = threading.RLock()  # guards _watches and _stop_at_exit; no request under it
         self._stop_at_exit: set[str] = set()  # clusters launched here, not detached
         self._exit_hook = False
@@ -463,35 +469,79 @@ class KubernetesBackend(Backend):
         return watch.snapshot()
 
     def list_clusters(self) -> list[ClusterStatus]:
-        """This user's clusters in the namespace (three requests, whatever their number)."""
+        """This user's clusters in the namespace: their records listed, their JobSets and task
+        pods from the namespace's watches (started by the first listing, as a watch of any
+        cluster starts them), or listed too while those cannot tell (three requests, whatever
+        the number of clusters)."""
         try:
+            feed = self._namespace_feed()
             roots = self.api.list_objects(
                 "v1", "ConfigMap", selector(None, "root", label_value(self.settings.user))
             ).get("items", [])
-            jobsets = {j["metadata"]["name"]: j for j in self.api.list_objects(
-                API_VERSION, KIND, selector(None, "jobset")).get("items", [])}
-            pods = self.api.list_objects("v1", "Pod", selector(None, "task")).get("items", [])
+            known = self._watched_objects(feed, roots)
+            if known is not None:
+                pods, jobsets = known
+            else:
+                jobsets = {j["metadata"]["name"]: j for j in self.api.list_objects(
+                    API_VERSION, KIND, selector(None, "jobset")).get("items", [])}
+                pods = self.api.list_objects("v1", "Pod", selector(None, "task")).get("items", [])
         except ApiException as e:
             raise BackendError(
                 f"could not list clusters in namespace {self.settings.namespace!r}: "
                 f"{api_reason(e)}."
             ) from e
-        out = []
+        by_cluster: dict[str, list[dict[str, Any]]] = {}
+        for p in pods:
+            by_cluster.setdefault((p["metadata"].get("labels") or {}).get(CLUSTER_LABEL, ""), []).append(p)
+        out, listed = [], {}
         for root in roots:
-            name = root["metadata"]["name"]
-            try:
-                spec = self._spec_of(root)
-            except (KeyError, ValueError):
-                continue  # not a record we can read: leave it alone
-            mine = [p for p in pods if p["metadata"]["labels"].get(CLUSTER_LABEL) == name]
-            annotations = root["metadata"].get("annotations") or {}
-            view = state.View(spec=spec, jobset=jobsets.get(name), pods=state.latest_pods(mine),
-                              stopped=bool(annotations.get(STOPPED_ANNOTATION)),
-                              steps=state.latest_steps(mine))
-            out.append(state.cluster_status(view, root))
+            meta = root["metadata"]
+            name = meta["name"]
+            mine = by_cluster.get(name, [])
+            # a status is a function of these objects only: made again when one has changed
+            versions = (meta.get("resourceVersion"), _version(jobsets.get(name)),
+                        sorted(_version(p) for p in mine))
+            known = self._listed.get(meta["uid"])
+            if known is not None and known[0] == versions:
+                status = known[1]
+            else:
+                try:
+                    spec = self._spec_of(root)
+                except (KeyError, ValueError):
+                    continue  # not a record we can read: leave it alone
+                view = state.View(
+                    spec=spec, jobset=jobsets.get(name), pods=state.latest_pods(mine),
+                    stopped=bool((meta.get("annotations") or {}).get(STOPPED_ANNOTATION)),
+                    steps=state.latest_steps(mine))
+                status = state.cluster_status(view, root)
+            if not any(t.reason == "no pod" for t in status.tasks):  # explained from Events below
+                listed[meta["uid"]] = (versions, status)
+            out.append(state.copy_status(status))
+        self._listed = listed
         self._explain_no_pod(out, jobsets)
         out.sort(key=lambda s: s.created, reverse=True)
         return out
+
+    def _watched_objects(self, feed: NamespaceFeed, roots: list[dict[str, Any]]):
+        """``(pods, JobSets by name)`` from the namespace feed, once it has listed both (waiting
+        for its first listings as long as a request may take) and while it holds, for every
+        cluster not stopped, the JobSet its record owns; else None, and the caller lists (a
+        cluster launched a moment ago, or deleted and launched again under its name, may not
+        have reached the feed yet)."""
+        if not feed.wait_synced(self.api.timeout):
+            return None
+        known = feed.snapshot()
+        if known is None:
+            return None
+        _, jobsets = known
+        for root in roots:
+            meta = root["metadata"]
+            if (meta.get("annotations") or {}).get(STOPPED_ANNOTATION):
+                continue
+            owners = (jobsets.get(meta["name"]) or {}).get("metadata", {}).get("ownerReferences") or []
+            if not any(o.get("uid") == meta.get("uid") for o in owners):
+                return None
+        return known
 
     def _explain_no_pod(self, clusters: list[ClusterStatus], jobsets: dict[str, Any]) -> None:
         """Tasks without a pod: the Job controller's FailedCreate, from one Event listing made
@@ -526,7 +576,15 @@ class KubernetesBackend(Backend):
                 yield snap
             if snap.terminal or stop.is_set() or watcher.deleted:
                 return
-            seen = watcher.wait_change(seen, timeout=0.5)
+            # wake for stop often, but make a status only at a change or once idle: fifty
+            # watches of a sidebar would otherwise build a hundred statuses a second
+            idle_until = time.monotonic() + WATCH_IDLE
+            while True:
+                version = watcher.wait_change(seen, timeout=WATCH_TICK)
+                if version != seen or stop.is_set() or watcher.deleted or not watcher.alive or (
+                        time.monotonic() >= idle_until):
+                    seen = version
+                    break
 
     def read_logs(self, name: str, task: str | None = None,
                   tail: int | None = None) -> list[LogLine]:
@@ -726,6 +784,12 @@ class KubernetesBackend(Backend):
             w.close()
         if feed is not None:
             feed.close()
+
+
+def _version(obj: dict[str, Any] | None) -> tuple[str, str] | None:
+    """``(uid, resourceVersion)`` of an object: equal only if it has not changed."""
+    meta = (obj or {}).get("metadata") or {}
+    return (meta.get("uid", ""), meta.get("resourceVersion", "")) if obj else None
 
 
 def _own_ip() -> str:

@@ -84,6 +84,24 @@ class NamespaceFeed:
         # the listing may have come before the subscription: hand over what is known
         self._deliver_all(only=watch.spec.name)
 
+    def wait_synced(self, timeout: float) -> bool:
+        """Whether both listings are in, waiting up to ``timeout`` s for them (False at once
+        when a watch fails or the feed has stopped)."""
+        deadline = time.monotonic() + timeout
+        for synced in self._synced.values():
+            while not synced.wait(0.05):
+                if self.error or not self.alive or time.monotonic() >= deadline:
+                    return False
+        return True
+
+    def snapshot(self) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]] | None:
+        """The task pods and the JobSets (by name) as the watches know them now; None while a
+        listing is not in yet, a watch is failing, or the feed has stopped (then ask the API)."""
+        if not self.alive or self.error or len(self._synced_names()) < len(self._synced):
+            return None
+        with self._lock:
+            return list(self._pods.values()), dict(self._jobsets)
+
     def unsubscribe(self, watch: ClusterWatch) -> None:
         """Stop feeding ``watch`` (a newer watch of the same name stays subscribed)."""
         with self._lock:

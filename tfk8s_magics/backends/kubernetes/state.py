@@ -673,3 +673,16 @@ def cluster_status(
         tasks=tasks,
         progress=progress,
     )
+
+
+def copy_status(status: ClusterStatus) -> ClusterStatus:
+    """A copy of ``status`` and of its tasks that its reader may change (a listing hands out
+    copies of the statuses it keeps)."""
+    out = object.__new__(ClusterStatus)
+    out.__dict__.update(status.__dict__)
+    out.tasks = []
+    for t in status.tasks:
+        task = object.__new__(type(t))
+        task.__dict__.update(t.__dict__)
+        out.tasks.append(task)
+    return out
