@@ -39,7 +39,7 @@ from pathlib import Path
 
 import yaml
 
-from . import build
+from . import build, nodes
 from .hostfiles import write_private
 from .pki import CA
 
@@ -128,23 +128,7 @@ def objects() -> list[dict]:
 def kubeconfig(server: str, ca: Path, token_file: Path) -> dict:
     """Traefik's kubeconfig (its ``KUBECONFIG``): the ServiceAccount's token file, the cluster CA, the
     API server's certificate checked for ``localhost`` (the name it carries for every address)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "default",
-        "clusters": [
-            {
-                "name": "devcluster",
-                "cluster": {
-                    "server": server,
-                    "certificate-authority": str(ca),
-                    "tls-server-name": "localhost",
-                },
-            }
-        ],
-        "users": [{"name": SERVICE_ACCOUNT, "user": {"tokenFile": str(token_file)}}],
-        "contexts": [{"name": "default", "context": {"cluster": "devcluster", "user": SERVICE_ACCOUNT}}],
-    }
+    return nodes.api_kubeconfig(server, ca, SERVICE_ACCOUNT, {"tokenFile": str(token_file)})
 
 
 def static_config(listen_ip: str, dynamic_file: Path, port: int = PORT) -> dict:

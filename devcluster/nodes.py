@@ -282,6 +282,12 @@ def kube_proxy_config(node: Node, cluster_cidr: str) -> dict:
 
 def kubeconfig(server: str, ca: Path, cert: Path, key: Path, user: str) -> dict:
     """A kubeconfig naming files; the API server's certificate is checked for ``localhost``."""
+    return api_kubeconfig(server, ca, user, {"client-certificate": str(cert), "client-key": str(key)})
+
+
+def api_kubeconfig(server: str, ca: Path, user: str, credentials: dict) -> dict:
+    """A kubeconfig of ``user`` with ``credentials`` (file names: a client certificate and key, or a
+    ``tokenFile``); the API server's certificate is checked against ``ca`` for ``localhost``."""
     return {
         "apiVersion": "v1",
         "kind": "Config",
@@ -296,7 +302,7 @@ def kubeconfig(server: str, ca: Path, cert: Path, key: Path, user: str) -> dict:
                 },
             }
         ],
-        "users": [{"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}],
+        "users": [{"name": user, "user": credentials}],
         "contexts": [{"name": "default", "context": {"cluster": "devcluster", "user": user}}],
     }
 

@@ -84,31 +84,19 @@ def cluster_registry(realkube, tmp_path_factory):
 
 
 def _pod(name: str, image: str, secret: str | None, node_name: str) -> dict:
-    spec = {
-        "restartPolicy": "Never",
-        "nodeSelector": {"kubernetes.io/hostname": node_name},
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 1000,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "containers": [
-            {
-                "name": "c",
-                "image": image,
-                "imagePullPolicy": "Always",  # the node asks the registry every time
-                "command": ["python", "-c", "print('pulled from the registry')"],
-                "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-                "resources": {
-                    "requests": {"cpu": "50m", "memory": "64Mi"},
-                    "limits": {"cpu": "1", "memory": "256Mi"},
-                },
-            }
-        ],
+    from tests.test_k8s_pods import _restricted_pod
+
+    pod = _restricted_pod(name, image, ["python", "-c", "print('pulled from the registry')"])
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node_name}
+    container = pod["spec"]["containers"][0]
+    container["imagePullPolicy"] = "Always"  # the node asks the registry every time
+    container["resources"] = {
+        "requests": {"cpu": "50m", "memory": "64Mi"},
+        "limits": {"cpu": "1", "memory": "256Mi"},
     }
     if secret:
-        spec["imagePullSecrets"] = [{"name": secret}]
-    return {"metadata": {"name": name}, "spec": spec}
+        pod["spec"]["imagePullSecrets"] = [{"name": secret}]
+    return pod
 
 
 def _real_nodes(kube) -> list[str]:

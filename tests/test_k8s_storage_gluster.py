@@ -14,6 +14,7 @@ import uuid
 import pytest
 
 from devcluster import storage
+from tests.realkube import require_or_skip
 
 pytestmark = pytest.mark.k8s
 
@@ -44,34 +45,16 @@ def _real_nodes(kube) -> list[str]:
 
 def _pod(name: str, node_name: str, script: str) -> dict:
     from devcluster.images import LAB_IMAGES
+    from tests.test_k8s_pods import _restricted_pod
 
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "restartPolicy": "Never",
-            "nodeSelector": {"kubernetes.io/hostname": node_name},
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": 1000,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
-            "containers": [
-                {
-                    "name": "c",
-                    "image": LAB_IMAGES[0],
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": ["sh", "-c", script],
-                    "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
-                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-                    "resources": {
-                        "requests": {"cpu": "50m", "memory": "64Mi"},
-                        "limits": {"memory": "128Mi"},
-                    },
-                }
-            ],
-            "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": "shared"}}],
-        },
-    }
+    pod = _restricted_pod(name, LAB_IMAGES[0], ["sh", "-c", script])
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node_name}
+    pod["spec"]["volumes"] = [{"name": "shared", "persistentVolumeClaim": {"claimName": "shared"}}]
+    container = pod["spec"]["containers"][0]
+    container["imagePullPolicy"] = "IfNotPresent"
+    container["volumeMounts"] = [{"name": "shared", "mountPath": "/shared"}]
+    container["resources"] = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
+    return pod
 
 
 def test_a_rwx_claim_written_on_one_node_is_read_on_the_other(realkube, gluster):
@@ -79,7 +62,7 @@ def test_a_rwx_claim_written_on_one_node_is_read_on_the_other(realkube, gluster)
 
     names = _real_nodes(realkube)
     if len(names) < 2:
-        pytest.skip(f"{len(names)} real node(s): the test needs two (scripts/kube up --pods)")
+        require_or_skip(f"{len(names)} real node(s): the test needs two (scripts/kube up --pods)")
     ns = realkube.user_namespace("gl", kwok=False).name
     core = realkube.core
     core.create_namespaced_persistent_volume_claim(
