@@ -135,16 +135,13 @@ def up(
     )
     t0 = time.monotonic()
     cluster.procs.start(PROCESS, [str(comp.path("dex")), "serve", str(root / "config.yaml")])
-    while True:
-        if not cluster.procs.alive(PROCESS):
-            raise IdentityError(f"Dex exited while starting; its last lines:\n{cluster.procs.tail(PROCESS)}")
-        try:
-            if discovery(issuer, ident.ca)["issuer"] == issuer:
-                break
-        except (OSError, ValueError):
-            pass
-        if time.monotonic() - t0 > timeout:
-            raise IdentityError(f"Dex did not answer within {timeout:.0f} s:\n{cluster.procs.tail(PROCESS)}")
-        time.sleep(0.2)
+    cluster.procs.wait_ready(
+        PROCESS,
+        lambda: discovery(issuer, ident.ca)["issuer"] == issuer,
+        timeout,
+        IdentityError,
+        "Dex",
+        tolerate=(OSError, ValueError),
+    )
     log(f"devcluster: Dex {comp.version} at {issuer} in {time.monotonic() - t0:.1f} s")
     return ident

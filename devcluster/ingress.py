@@ -263,22 +263,14 @@ def up(cluster, log=print, timeout: float = 60.0) -> Ingress:
         PROCESS, argv, env={"KUBECONFIG": str(root / "kubeconfig"), "KUBERNETES_SERVICE_HOST": ""}
     )
     try:
-        while True:
-            if not cluster.procs.alive(PROCESS):
-                raise IngressError(
-                    f"Traefik exited while starting; its last lines:\n{cluster.procs.tail(PROCESS)}"
-                )
-            try:
-                if ready(ing.ip, ing.ca) == 404:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() - t0 > timeout:
-                raise IngressError(
-                    f"Traefik did not answer on https://{ing.address} within {timeout:.0f} s:\n"
-                    f"{cluster.procs.tail(PROCESS)}"
-                )
-            time.sleep(0.2)
+        cluster.procs.wait_ready(
+            PROCESS,
+            lambda: ready(ing.ip, ing.ca) == 404,
+            timeout - (time.monotonic() - t0),  # the start's whole bound, from t0
+            IngressError,
+            "Traefik",
+            where=f"https://{ing.address}",
+        )
     except BaseException:
         cluster.procs.stop(PROCESS)
         raise

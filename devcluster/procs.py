@@ -150,6 +150,34 @@ class Procs:
                 also()
             time.sleep(period)
 
+    def wait_ready(
+        self,
+        name: str,
+        ready,
+        timeout: float,
+        error: type[Exception],
+        what: str,
+        where: str = "",
+        tolerate: tuple[type[BaseException], ...] = (OSError,),
+    ) -> None:
+        """Poll ``ready()`` until it is true, after :meth:`start` of ``name`` (``what``: how an error
+        names it; ``where``: what it should answer on, for the message). An exception in
+        ``tolerate`` counts as not yet; ``error`` with the process's last lines if it exits first
+        or ``timeout`` s pass."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.alive(name):
+                raise error(f"{what} exited while starting; its last lines:\n{self.tail(name)}")
+            try:
+                if ready():
+                    return
+            except tolerate:
+                pass
+            if time.monotonic() > deadline:
+                at = f" on {where}" if where else ""
+                raise error(f"{what} did not answer{at} within {timeout:.0f} s:\n{self.tail(name)}")
+            time.sleep(0.2)
+
     def tail(self, name: str, lines: int = 20) -> str:
         """The last lines of a process's log (for error messages)."""
         try:

@@ -244,22 +244,9 @@ def up(cluster, host: str = "127.0.0.1", node_ip: str | None = None, timeout: fl
     (root / "registry.json").write_text(json.dumps(record))
     t0 = time.monotonic()
     cluster.procs.start(PROCESS, [str(comp.path("registry")), "serve", str(root / "config.yml")])
-    deadline = t0 + timeout
-    while True:
-        if not cluster.procs.alive(PROCESS):
-            raise RegistryError(
-                f"the registry exited while starting; its last lines:\n{cluster.procs.tail(PROCESS)}"
-            )
-        try:
-            if ready(reg.address, reg.ca) == 401:
-                break
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise RegistryError(
-                f"the registry did not answer within {timeout:.0f} s:\n{cluster.procs.tail(PROCESS)}"
-            )
-        time.sleep(0.2)
+    cluster.procs.wait_ready(
+        PROCESS, lambda: ready(reg.address, reg.ca) == 401, timeout, RegistryError, "the registry"
+    )
     log(f"devcluster: registry {comp.version} on https://{reg.address} in {time.monotonic() - t0:.1f} s")
     return reg
 
