@@ -11,6 +11,7 @@ pods' states, and explains them: pending reasons, exit codes, signals.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -678,11 +679,6 @@ def cluster_status(
 def copy_status(status: ClusterStatus) -> ClusterStatus:
     """A copy of ``status`` and of its tasks that its reader may change (a listing hands out
     copies of the statuses it keeps)."""
-    out = object.__new__(ClusterStatus)
-    out.__dict__.update(status.__dict__)
-    out.tasks = []
-    for t in status.tasks:
-        task = object.__new__(type(t))
-        task.__dict__.update(t.__dict__)
-        out.tasks.append(task)
+    out = copy.copy(status)
+    out.tasks = [copy.copy(t) for t in status.tasks]
     return out
