@@ -19,7 +19,7 @@ import pytest
 import tfk8s_magics as tk
 from tests.conftest import wait_for
 from tfk8s_magics.backends import Phase
-from tfk8s_magics.backends.local.layout import read_json
+from tfk8s_magics.backends.local.layout import UnreadableState, read_json
 from tfk8s_magics.backends.local.watchdog import CLUSTER_ID_ENV
 from tfk8s_magics.errors import BackendError, SpecError
 from tfk8s_magics.lifeline import processes_marked, same_process, start_time
@@ -434,8 +434,16 @@ def test_a_full_state_disk_fails_the_cluster_saying_so_and_a_launch_refuses_in_o
         st = cluster.wait(timeout=120)
         full = f"the disk holding {be.clusters_dir / 'filler'} is full (No space left on device)"
         assert st.phase == Phase.FAILED and st.reason.startswith(full), (st.phase, st.reason)
-        raw = read_json(be.clusters_dir / "filler" / "status.json")
-        assert raw["supervisor_done"] and raw["phase"] == Phase.FAILED, raw  # the supervisor lived on
+        # The supervisor lived on to write its last status (after the tasks ended, so wait() may
+        # return just before it).
+        status_file = be.clusters_dir / "filler" / "status.json"
+        def done() -> bool:
+            try:  # on the full disk the status is written in place: a read may catch it half-written
+                return bool(read_json(status_file).get("supervisor_done"))
+            except UnreadableState:
+                return False
+        wait_for(done, 30, "the supervisor's last status")
+        assert read_json(status_file)["phase"] == Phase.FAILED
         assert all(t.phase in Phase.TERMINAL and t.pid is None for t in st.tasks), st.tasks
         wait_none_marked(cluster_id(be, "filler"))
         # The next launch on the full disk: one sentence, no OSError chained to it.
