@@ -167,9 +167,10 @@ class Lab:
 
 
 @contextlib.contextmanager
-def chromium(profile_dir: Path, height: int = 1000):
+def chromium(profile_dir: Path, height: int = 1000, args: tuple[str, ...] = ()):
     """A page of Debian's Chromium (a fresh profile in ``profile_dir``); ``page.dialogs`` records
-    every JS dialog (each is dismissed).  A missing browser is a failure, not a skip: CI has one."""
+    every JS dialog (each is dismissed).  A missing browser is a failure, not a skip: CI has one.
+    ``args``: more command-line switches (a host's address, a certificate to trust)."""
     import pytest
 
     if not Path(CHROMIUM).exists():
@@ -179,7 +180,7 @@ def chromium(profile_dir: Path, height: int = 1000):
 
     with sync_playwright() as pw:
         ctx = pw.chromium.launch_persistent_context(
-            str(profile_dir), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            str(profile_dir), executable_path=CHROMIUM, headless=True, args=[*CHROMIUM_ARGS, *args],
             viewport={"width": 1400, "height": height})
         try:
             page = ctx.pages[0] if ctx.pages else ctx.new_page()

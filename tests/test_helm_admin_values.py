@@ -98,6 +98,28 @@ def test_an_ingress_follows_the_base_url_and_serves_every_host_when_none_is_name
     assert not by_kind(render(helm), "Ingress")  # off by default
 
 
+def test_the_hub_mounts_the_admins_extra_volumes_beside_its_own(helm, tmp_path):
+    """Zero-to-JupyterHub's hub.extraVolumes / hub.extraVolumeMounts: a private OIDC provider's CA
+    from a ConfigMap, read through SSL_CERT_FILE (install.md, "Logging in once")."""
+    values = tmp_path / "ca.yaml"
+    values.write_text(yaml.safe_dump({"hub": {
+        "extraVolumes": [{"name": "sso-ca", "configMap": {"name": "sso-ca"}}],
+        "extraVolumeMounts": [{"name": "sso-ca", "mountPath": "/etc/sso-ca", "readOnly": True}],
+        "extraEnv": [{"name": "SSL_CERT_FILE", "value": "/etc/sso-ca/ca.crt"}],
+    }}))
+    hub = pod_templates(render(helm, "-f", str(values)))["Deployment/lab-tfk8s-lab-hub"]
+    assert [v["name"] for v in hub["volumes"]] == ["tmp", "config", "db", "sso-ca"]
+    assert hub["volumes"][-1] == {"name": "sso-ca", "configMap": {"name": "sso-ca"}}
+    (container,) = hub["containers"]
+    assert container["volumeMounts"][-1] == {"name": "sso-ca", "mountPath": "/etc/sso-ca", "readOnly": True}
+    assert [m["mountPath"] for m in container["volumeMounts"][:-1]] == [
+        "/tmp", "/etc/jupyterhub/jupyterhub_config.py", "/etc/jupyterhub/values.json", "/srv/jupyterhub"]
+    assert {"name": "SSL_CERT_FILE", "value": "/etc/sso-ca/ca.crt"} in container["env"]
+    # none by default
+    default = pod_templates(render(helm))["Deployment/lab-tfk8s-lab-hub"]
+    assert [v["name"] for v in default["volumes"]] == ["tmp", "config", "db"]
+
+
 def test_every_pod_template_pulls_with_the_secrets(helm, values_file):
     templates = pod_templates(render(helm, "-f", str(values_file)))
     assert sorted(templates) == [
