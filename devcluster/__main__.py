@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
         "--pods",
         action="store_true",
         help="every component of up --pods too (the real nodes', Cilium's, the longest, first; the "
-        "registry's, the glusterfs class's provisioner and the Ingress controller's)",
+        "registry's, the glusterfs class's provisioner, the Ingress controller's and Dex's)",
     )
     up = sub.add_parser("up", help="start the cluster (builds first if needed)")
     up.add_argument("--nodes", type=int, default=2, help="kwok nodes to create (default 2)")
@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("TFK8S_KUBE_PODS") == "1",
         help="also start real nodes running real pods, each in its own network namespace: containerd, "
         "runc, kubelet, kube-proxy, a node-local DNS cache; CoreDNS, the image registry they pull from, "
-        "the glusterfs StorageClass (default: $TFK8S_KUBE_PODS=1; "
-        "how many: $TFK8S_KUBE_REAL_NODES, default 2)",
+        "the glusterfs StorageClass, the Ingress controller, Dex on the slot's SSO host "
+        "(default: $TFK8S_KUBE_PODS=1; how many: $TFK8S_KUBE_REAL_NODES, default 2)",
     )
     sub.add_parser("down", help="stop every process of the cluster and remove its state")
     sub.add_parser("env", help="print the shell lines that point kubectl and the tests at the cluster")

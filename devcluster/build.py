@@ -269,9 +269,10 @@ TIER1 = ("etcd", "kubernetes", "kwok", "jobset", "kueue")
 TIER2 = ("containerd", "runc", "coredns", "kubelet", "cilium")
 # The production-shaped parts `scripts/kube up --pods` starts beside the real nodes (the registry
 # they pull from, devcluster/registry.py; the `glusterfs` class's provisioner, devcluster/storage.py;
-# the Ingress controller, devcluster/ingress.py); built by `scripts/kube build --pods` after the
-# nodes' parts.
-TIER2_PARTS = ("registry", "local-path-provisioner", "traefik")
+# the Ingress controller, devcluster/ingress.py; the OIDC provider on the slot's SSO host,
+# devcluster/identity.py); built by `scripts/kube build --pods` after the nodes' parts, so that
+# `up --pods` builds none of them.
+TIER2_PARTS = ("registry", "local-path-provisioner", "traefik", "dex")
 # Built first by `scripts/kube build --pods` (scripts/test starts it beside the image builds): the
 # longest cold build (Cilium's agent: about 23 min on 2 cores under load, see testing.md).
 TIER2_FIRST = ("cilium",)

@@ -218,7 +218,7 @@ class Cluster:
             self._node_up()
 
     def _node_up(self) -> None:
-        from . import ingress, node, storage
+        from . import identity, ingress, network, node, storage
         from .images import LAB_IMAGES
 
         def log(line: str) -> None:
@@ -240,6 +240,22 @@ class Cluster:
             ingress.up(self, log=log)  # in the first node's namespace, on its address
         except ingress.IngressError as e:
             raise ClusterError(f"the Ingress controller did not start: {e}") from e
+        # Dex on the slot's SSO host: one issuer URL for the hub's pod and a browser on this host
+        slot = node.slot_of(self)
+        try:
+            network.sso_up(slot, [n.net for n in node.layouts(self)])
+        except network.NetworkError as e:
+            raise ClusterError(f"the SSO host's network on {slot.sso_ip} was not made: {e}") from e
+        try:
+            identity.up(
+                self,
+                [f"https://{ingress.HOST}/hub/oauth_callback"],
+                host=slot.sso_ip,
+                netns=slot.sso_netns,
+                log=log,
+            )
+        except identity.IdentityError as e:
+            raise ClusterError(f"the OIDC provider (Dex) did not start: {e}") from e
 
     def _wait(self, pred, what: str, timeout: float, proc: str | None = None) -> None:
         deadline = time.monotonic() + timeout
@@ -735,14 +751,16 @@ class Cluster:
     # -- down --------------------------------------------------------------------------------
     def down(self, quiet: bool = False, keep_logs: bool = False) -> None:
         """Stop every process of the cluster (reverse start order) and remove its state."""
-        from . import ingress, node, storage
+        from . import identity, ingress, node, storage
 
         names = self.procs.names()
         if "keeper" in names:
             self.procs.stop("keeper")  # first: it would start the others again
-        # the Ingress controller (in the first node's namespace), then the real nodes: their pods,
-        # mounts and network go while the API server still answers
+        # the Ingress controller (in the first node's namespace) and Dex (in the SSO host's, which
+        # node.down removes with the nodes'), then the real nodes: their pods, mounts and network go
+        # while the API server still answers
         ingress.down(self)
+        identity.down(self)
         node.down(self, log=(lambda *_: None) if quiet else (lambda line: print(line, file=sys.stderr)))
         storage.down(self)  # the provisioner, the Gluster mount, its bricks and glusterd
         order = [n for n in reversed(CONTROL_PLANE_ORDER) if n in names] + [

@@ -26,15 +26,25 @@ translated to it as to any endpoint (kube-proxy; Cilium's own per-packet load ba
 sees a pod's packets first and drops those for a Service without endpoints), and Cilium labels
 it ``reserved:kube-apiserver``.
 
-No namespace has a default route: an address outside the cluster is unreachable from a node or
-a pod. The fence, first in the mangle table's POSTROUTING (after every routing decision,
+The slot's SSO host (:attr:`Slot.sso_netns`, :func:`sso_up`) is a namespace of its own on the
+same bridge, holding :attr:`Slot.sso_ip` (10.246.k.5) on its ``eth0``: the cluster's OIDC provider
+(:mod:`devcluster.identity`) listens there, so that a pod (through its node, which has the bridge's
+/24 on ``eth0``: no NAT) and this host (over the bridge) reach the same issuer URL. It has an
+address of its own because Cilium labels the host's end ``reserved:kube-apiserver`` and the nodes'
+addresses host/remote-node, which a NetworkPolicy's ``ipBlock`` cannot select; 10.246.k.5 is
+"world" to Cilium, and an ``ipBlock`` of it is how an administrator allows a private identity
+provider. Its routes lead each node's pod range back via that node (:func:`sso_routes`).
+
+No namespace has a default route: an address outside the cluster is unreachable from a node, a
+pod or the SSO host. The fence, first in the mangle table's POSTROUTING (after every routing decision,
 before any address translation, in a table kube-proxy leaves alone), drops every packet of the
 clusters' ranges that would leave by an outside interface anyway.
 
 The pure builders (:func:`fence_rules`, :func:`host_api_rule`, :func:`host_nat_rules`,
-:func:`api_endpoints`, :func:`node_routes`, :func:`host_routes`) return data; :func:`host_up`,
-:func:`node_up` and the ``*_down`` functions perform them. Deleting a node's namespace removes
-everything inside it (devices, routes, its kube-proxy's iptables rules).
+:func:`api_endpoints`, :func:`node_routes`, :func:`host_routes`, :func:`sso_routes`) return data;
+:func:`host_up`, :func:`node_up`, :func:`sso_up` and the ``*_down`` functions perform them.
+Deleting a node's namespace removes everything inside it (devices, routes, its kube-proxy's
+iptables rules).
 """
 
 from __future__ import annotations
@@ -86,6 +96,22 @@ class Slot:
     def host_ip(self) -> str:
         """The host's end of the node bridge: the API server's DNAT, the cluster DNS."""
         return f"10.246.{self.k}.1"
+
+    @property
+    def sso_ip(self) -> str:
+        """The SSO host's address on the node bridge, where the cluster's OIDC provider listens
+        ("world" to Cilium, so a NetworkPolicy's ``ipBlock`` selects it)."""
+        return f"10.246.{self.k}.5"
+
+    @property
+    def sso_netns(self) -> str:
+        """The SSO host's network namespace, also the host end of its veth."""
+        return f"tfk8s-s{self.k}sso"
+
+    @property
+    def sso_netns_path(self) -> Path:
+        """The SSO host's namespace file (``nsenter --net=`` takes it)."""
+        return Path("/run/netns") / self.sso_netns
 
     @property
     def fence_chain(self) -> str:
@@ -210,6 +236,12 @@ def host_routes(all_nodes: list[NodeNet]) -> list[list[str]]:
     return [[n.pod_cidr, "via", n.ip, "dev", Slot(n.slot).bridge] for n in all_nodes]
 
 
+def sso_routes(nodes: list[NodeNet]) -> list[list[str]]:
+    """``ip route replace`` arguments inside the SSO host: each node's pods via that node (its
+    answers to pods; the bridge's /24 is connected, and there is no default route)."""
+    return [[n.pod_cidr, "via", n.ip, "dev", "eth0"] for n in nodes]
+
+
 # -- performing ---------------------------------------------------------------------------------
 
 
@@ -309,6 +341,30 @@ def node_down(node: NodeNet) -> None:
     ip("link", "del", node.netns, check=False)
     if node.netns_path.exists():
         ip("netns", "del", node.netns, check=False)
+
+
+def sso_up(slot: Slot, nodes: list[NodeNet]) -> None:
+    """The SSO host's namespace, its link to the slot's node bridge with :attr:`Slot.sso_ip`, its
+    routes to ``nodes``' pods (idempotent: run again, it leaves one of each)."""
+    if not slot.sso_netns_path.exists():
+        ip("netns", "add", slot.sso_netns)
+    if ip("link", "show", slot.sso_netns, check=False).returncode:
+        ip("link", "add", slot.sso_netns, "type", "veth", "peer", "name", "eth0", "netns", slot.sso_netns)
+    ip("link", "set", slot.sso_netns, "master", slot.bridge, "up")
+    inside = ("-n", slot.sso_netns)
+    ip(*inside, "link", "set", "lo", "up")
+    ip(*inside, "addr", "replace", slot.sso_ip + "/24", "dev", "eth0")
+    ip(*inside, "link", "set", "eth0", "up")
+    for r in sso_routes(nodes):
+        ip(*inside, "route", "replace", *r)
+
+
+def sso_down(slot: Slot) -> None:
+    """Remove the SSO host's link and namespace (stop what runs inside first: a namespace a process
+    still holds outlives ``ip netns del``)."""
+    ip("link", "del", slot.sso_netns, check=False)
+    if slot.sso_netns_path.exists():
+        ip("netns", "del", slot.sso_netns, check=False)
 
 
 def host_down(slot: Slot) -> None:

@@ -359,7 +359,8 @@ def nodes_kubeconfig(cluster, crt: Path, key: Path) -> dict:
 
 
 def down(cluster, log=print) -> None:
-    """Stop every real node and remove every process, mount, namespace, cgroup, rule and route they made.
+    """Stop every real node and remove every process, mount, namespace, cgroup, rule and route they made
+    (and the slot's SSO host, :func:`devcluster.network.sso_down`).
 
     Only the cluster that started the nodes removes them (the devices, rules and namespaces are the
     machine's, and another cluster directory may own them); only processes of this cluster's nodes
@@ -379,6 +380,7 @@ def down(cluster, log=print) -> None:
     for n in nodes:
         stop(n)
     Procs(base).stop("coredns")
+    network.sso_down(slot)  # the SSO host (its Dex, a process of the cluster's, was stopped before)
     for n in nodes:
         network.node_down(n.net)
         shutil.rmtree(n.run, ignore_errors=True)

@@ -96,9 +96,9 @@ def test_the_suite_starts_every_go_build_cilium_first_beside_the_image_builds(mo
     assert cli.main(["build", "--pods"]) == 0
     (names,) = asked
     # and the parts up --pods starts beside the nodes (the registry, the glusterfs provisioner,
-    # the Ingress controller)
+    # the Ingress controller, Dex)
     assert names[0] == "cilium" and sorted(names) == sorted(
         {*build.TIER1, *build.TIER2, *build.TIER2_PARTS}
     ), names
-    assert set(build.TIER2_PARTS) == {"registry", "local-path-provisioner", "traefik"}
+    assert set(build.TIER2_PARTS) == {"registry", "local-path-provisioner", "traefik", "dex"}
     assert cli.main(["build"]) == 0 and asked[-1] == build.TIER1
