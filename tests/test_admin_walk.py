@@ -547,6 +547,7 @@ def test_a_user_signs_in_through_dex_over_https_and_runs_the_headline(installed)
     (writer,) = writers
     other = next(n for n in node.NODE_NAMES if n != writer)
     reader = _restricted_pod("reader", pushed["tensorflow-task"], ["python", "-c", READER])
+    reader["metadata"]["labels"] = {"app": "walk-reader"}  # not a notebook server's
     spec = reader["spec"]
     spec["nodeSelector"] = {"kubernetes.io/hostname": other}
     spec["securityContext"]["fsGroup"] = 100
