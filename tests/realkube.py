@@ -216,6 +216,23 @@ class RealKube:
         self._restricted = ""
         self.wait_gone(self.leaving)
 
+    def namespace_exists(self, ns: str) -> bool:
+        """Whether namespace ``ns`` exists (a terminating one too)."""
+        try:
+            self.core.read_namespace(ns)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    def clear_namespaces(self, *names: str, timeout: float = 600) -> None:
+        """Delete each of ``names`` an earlier run left behind, and wait until they are gone."""
+        left = [ns for ns in names if self.namespace_exists(ns)]
+        for ns in left:
+            self.core.delete_namespace(ns)
+        self.wait_gone(left, timeout)
+
     def wait_gone(self, namespaces: list[str], timeout: float = 600) -> None:
         """Wait until every namespace in ``namespaces`` is gone; AssertionError naming those left."""
 
@@ -226,7 +243,7 @@ class RealKube:
         deadline = time.monotonic() + timeout
         while (remaining := left()) and time.monotonic() < deadline:
             time.sleep(1)
-        assert not remaining, f"namespaces deleted by the tests' teardowns are still there: {remaining}"
+        assert not remaining, f"namespaces being deleted are still there after {timeout:g} s: {remaining}"
 
     def apply(self, objs: list[dict]) -> None:
         """Server-side apply ``objs`` as admin (the cluster's own kubectl)."""
@@ -337,6 +354,17 @@ def find_cluster() -> tuple[str, Path | None] | str:
     if not c.running():
         return f"no devcluster runs in {c.root} (start one: scripts/kube up)"
     return str(c.kubeconfig), c.audit_log
+
+
+def podman_cluster():
+    """The devcluster of this machine, once podman (which builds the lab's images) is known to be here."""
+    import shutil
+
+    from devcluster.cluster import Cluster
+
+    if not shutil.which("podman"):
+        require_or_skip("podman is not installed: run scripts/bootstrap containers")
+    return Cluster()
 
 
 def require_or_skip(reason: str) -> None:

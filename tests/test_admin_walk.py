@@ -48,7 +48,7 @@ from cryptography.hazmat.primitives import serialization
 from test_helm import CHART, helm_binary
 
 from devcluster import identity, ingress, node, registry, storage
-from tests.realkube import require_or_skip, wait_for
+from tests.realkube import podman_cluster, require_or_skip, wait_for
 from tests.test_readme_examples import blocks
 
 pytestmark = [pytest.mark.k8s, pytest.mark.admin_walk]
@@ -197,18 +197,6 @@ def _kubectl(cluster, argv: list[str]) -> None:
     assert r.returncode == 0, f"{shlex.join(argv[:6])}...: {r.stderr.strip()}"
 
 
-def _gone(kube, ns: str) -> bool:
-    from kubernetes.client.rest import ApiException
-
-    try:
-        kube.core.read_namespace(ns)
-    except ApiException as e:
-        if e.status == 404:
-            return True
-        raise
-    return False
-
-
 import test_containers  # noqa: E402 - after the fixtures' imports, as test_kube_hub does
 
 images = test_containers.images  # the lab's images, built once per session from this tree
@@ -217,13 +205,7 @@ images = test_containers.images  # the lab's images, built once per session from
 @pytest.fixture(scope="module")
 def parts(realkube):
     """The production-shaped cluster: two real nodes, the registry, Traefik, Dex, the Gluster class."""
-    import shutil
-
-    from devcluster.cluster import Cluster
-
-    if not shutil.which("podman"):
-        require_or_skip("podman is not installed: run scripts/bootstrap containers")
-    cluster = Cluster()
+    cluster = podman_cluster()
     reg, ing, ident = registry.load(cluster), ingress.load(cluster), identity.load(cluster)
     missing = [
         what
@@ -257,10 +239,7 @@ def installed(realkube, parts, images, request, tmp_path_factory):
     cluster, reg, ing, ident = parts
     kube = realkube
     tmp = tmp_path_factory.mktemp("walk")
-    for ns in (USER_NS, HUB_NS):  # a previous run's leftovers
-        if not _gone(kube, ns):
-            kube.core.delete_namespace(ns)
-            wait_for(lambda ns=ns: _gone(kube, ns), BOUND, 1, f"namespace {ns} to go")
+    kube.clear_namespaces(USER_NS, HUB_NS)  # a previous run's leftovers
     tag = f"0.1.0-walk{uuid.uuid4().hex[:8]}"
     t0 = time.monotonic()
     pods = PodmanRun(f"tfk8s-walk-{uuid.uuid4().hex[:6]}", tmp / "podman")
@@ -361,7 +340,7 @@ def installed(realkube, parts, images, request, tmp_path_factory):
             timeout=BOUND,
         )
         for ns in (USER_NS, HUB_NS):
-            if not _gone(kube, ns):
+            if kube.namespace_exists(ns):
                 kube.core.delete_namespace(ns)
                 kube.leaving.append(ns)
         for n in node.layouts(cluster):  # the nodes' image stores outlive the cluster

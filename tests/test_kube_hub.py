@@ -31,7 +31,7 @@ from test_helm import CHART, helm_binary
 
 from devcluster import node
 from tests.hubclient import Hub
-from tests.realkube import require_or_skip, wait_for
+from tests.realkube import podman_cluster, require_or_skip, wait_for
 
 pytestmark = pytest.mark.k8s
 
@@ -45,16 +45,6 @@ BOUND = 600.0  # seconds any one wait may take on a loaded 2-core machine
 EXTRA_CONFIG = "c.KubeSpawner.start_timeout = 600\nc.KubeSpawner.http_timeout = 300\n"
 
 
-def _gone(read) -> bool:
-    try:
-        read()
-    except ApiException as e:
-        if e.status == 404:
-            return True
-        raise
-    return False
-
-
 import test_containers  # noqa: E402 - after the fixtures' imports, as test_container_hub does
 
 images = test_containers.images  # the lab's images, built once per session from this tree
@@ -63,13 +53,7 @@ images = test_containers.images  # the lab's images, built once per session from
 @pytest.fixture(scope="module")
 def real_node(realkube):
     """The devcluster's real node runs (checked before any image is built)."""
-    import shutil
-
-    from devcluster.cluster import Cluster
-
-    if not shutil.which("podman"):
-        require_or_skip("podman is not installed: run scripts/bootstrap containers")
-    cluster = Cluster()
+    cluster = podman_cluster()
     if not node.running(cluster):
         require_or_skip(
             f"the real node of {cluster.root} is not running: start it with scripts/kube up --pods"
@@ -173,10 +157,7 @@ def release(realkube, helm, lab_images, tmp_path_factory):
     """The chart installed on the real node, the hub and proxy pods Ready; uninstalled afterwards."""
     kube = realkube
     core = kube.core
-    for ns in (USER_NS, HUB_NS):  # a previous run's leftovers
-        if not _gone(lambda ns=ns: core.read_namespace(ns)):
-            core.delete_namespace(ns)
-            wait_for(lambda ns=ns: _gone(lambda: core.read_namespace(ns)), BOUND, 1, f"namespace {ns} to go")
+    kube.clear_namespaces(USER_NS, HUB_NS)  # a previous run's leftovers
     core.create_namespace({"metadata": {"name": HUB_NS}})  # no kwok annotations: the real node
     password = secrets.token_urlsafe(16)
     values = tmp_path_factory.mktemp("values") / "values.json"
@@ -223,7 +204,7 @@ def release(realkube, helm, lab_images, tmp_path_factory):
         forward.close()
         subprocess.run([*helm_cmd, "uninstall", RELEASE, "--wait"], capture_output=True, timeout=BOUND)
         for ns in (USER_NS, HUB_NS):
-            if not _gone(lambda ns=ns: core.read_namespace(ns)):
+            if kube.namespace_exists(ns):
                 core.delete_namespace(ns)
 
 

@@ -27,7 +27,7 @@ from cryptography import x509
 from test_helm import CHART, helm_binary
 
 from devcluster import ingress, node
-from tests.realkube import require_or_skip, wait_for
+from tests.realkube import podman_cluster, require_or_skip, wait_for
 
 pytestmark = pytest.mark.k8s
 
@@ -44,13 +44,7 @@ images = test_containers.images  # the lab's images, built once per session from
 @pytest.fixture(scope="module")
 def controller(realkube):
     """The devcluster's real node and its Ingress controller run."""
-    import shutil
-
-    from devcluster.cluster import Cluster
-
-    if not shutil.which("podman"):
-        require_or_skip("podman is not installed: run scripts/bootstrap containers")
-    cluster = Cluster()
+    cluster = podman_cluster()
     ing = ingress.load(cluster)
     if not node.running(cluster) or ing is None or not cluster.procs.alive(ingress.PROCESS):
         require_or_skip(
@@ -99,18 +93,6 @@ def _values(refs: dict[str, str], password: str) -> dict:
     }
 
 
-def _gone(kube, ns: str) -> bool:
-    from kubernetes.client.rest import ApiException
-
-    try:
-        kube.core.read_namespace(ns)
-    except ApiException as e:
-        if e.status == 404:
-            return True
-        raise
-    return False
-
-
 @pytest.fixture(scope="module")
 def release(realkube, controller, hub_images, request, tmp_path_factory):
     """The chart installed with an Ingress of class traefik and a TLS Secret of the cluster CA."""
@@ -118,9 +100,7 @@ def release(realkube, controller, hub_images, request, tmp_path_factory):
 
     cluster, ing = controller
     kube = realkube
-    if not _gone(kube, HUB_NS):  # a previous run's leftovers
-        kube.core.delete_namespace(HUB_NS)
-        wait_for(lambda: _gone(kube, HUB_NS), BOUND, 1, f"namespace {HUB_NS} to go")
+    kube.clear_namespaces(HUB_NS)  # a previous run's leftovers
     kube.core.create_namespace({"metadata": {"name": HUB_NS}})
     crt, key = CA(cluster.pki).issue("ingress-test-lab", ingress.HOST, dns=(ingress.HOST,), server=True)
     kube.apply([ingress.tls_secret(TLS_SECRET, HUB_NS, crt.read_bytes(), key.read_bytes())])
@@ -151,7 +131,7 @@ def release(realkube, controller, hub_images, request, tmp_path_factory):
         yield {"ing": ing, "cert": x509.load_pem_x509_certificate(crt.read_bytes())}
     finally:
         subprocess.run([*helm_cmd, "uninstall", RELEASE, "--wait"], capture_output=True, timeout=BOUND)
-        if not _gone(kube, HUB_NS):
+        if kube.namespace_exists(HUB_NS):
             kube.core.delete_namespace(HUB_NS)
 
 
