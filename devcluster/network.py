@@ -314,16 +314,30 @@ def host_up(slot: Slot, api_port: int, also: tuple[int, ...] = ()) -> None:
     _chain("nat", slot.api_chain, "PREROUTING", host_nat_rules(slot, api_port, also))
 
 
+def _join_bridge(netns: str, bridge: str, address: str) -> None:
+    """Namespace ``netns`` (made if missing) joined to ``bridge`` by a veth named after it, whose
+    end inside is ``eth0`` holding ``address`` (a /24 of the bridge); ``lo`` up (idempotent)."""
+    if not (Path("/run/netns") / netns).exists():
+        ip("netns", "add", netns)
+    if ip("link", "show", netns, check=False).returncode:
+        ip("link", "add", netns, "type", "veth", "peer", "name", "eth0", "netns", netns)
+    ip("link", "set", netns, "master", bridge, "up")
+    ip("-n", netns, "link", "set", "lo", "up")
+    ip("-n", netns, "addr", "replace", address + "/24", "dev", "eth0")
+    ip("-n", netns, "link", "set", "eth0", "up")
+
+
+def _leave_bridge(netns: str) -> None:
+    """Remove what :func:`_join_bridge` made (a namespace a process still holds outlives ``ip netns
+    del``: stop what runs inside first)."""
+    ip("link", "del", netns, check=False)
+    if (Path("/run/netns") / netns).exists():
+        ip("netns", "del", netns, check=False)
+
+
 def node_up(node: NodeNet, all_nodes: list[NodeNet]) -> None:
     """``node``'s namespace, its link to the node bridge, its bridges, routes and sysctls."""
-    if not node.netns_path.exists():
-        ip("netns", "add", node.netns)
-    if ip("link", "show", node.netns, check=False).returncode:
-        ip("link", "add", node.netns, "type", "veth", "peer", "name", "eth0", "netns", node.netns)
-    ip("link", "set", node.netns, "master", Slot(node.slot).bridge, "up")
-    ip("link", "set", "lo", "up", node=node)
-    ip("addr", "replace", node.ip + "/24", "dev", "eth0", node=node)
-    ip("link", "set", "eth0", "up", node=node)
+    _join_bridge(node.netns, Slot(node.slot).bridge, node.ip)
     _bridge(POD_BRIDGE, node.pod_gateway + "/24", node)
     _bridge(LOCAL_DNS_DEVICE, LOCAL_DNS_IP + "/32", node)
     for r in node_routes(node, all_nodes):
@@ -338,33 +352,21 @@ def node_down(node: NodeNet) -> None:
     """Remove ``node``'s namespace (and with it everything inside) and its host route."""
     for r in host_routes([node]):
         ip("route", "del", r[0], check=False)
-    ip("link", "del", node.netns, check=False)
-    if node.netns_path.exists():
-        ip("netns", "del", node.netns, check=False)
+    _leave_bridge(node.netns)
 
 
 def sso_up(slot: Slot, nodes: list[NodeNet]) -> None:
     """The SSO host's namespace, its link to the slot's node bridge with :attr:`Slot.sso_ip`, its
     routes to ``nodes``' pods (idempotent: run again, it leaves one of each)."""
-    if not slot.sso_netns_path.exists():
-        ip("netns", "add", slot.sso_netns)
-    if ip("link", "show", slot.sso_netns, check=False).returncode:
-        ip("link", "add", slot.sso_netns, "type", "veth", "peer", "name", "eth0", "netns", slot.sso_netns)
-    ip("link", "set", slot.sso_netns, "master", slot.bridge, "up")
-    inside = ("-n", slot.sso_netns)
-    ip(*inside, "link", "set", "lo", "up")
-    ip(*inside, "addr", "replace", slot.sso_ip + "/24", "dev", "eth0")
-    ip(*inside, "link", "set", "eth0", "up")
+    _join_bridge(slot.sso_netns, slot.bridge, slot.sso_ip)
     for r in sso_routes(nodes):
-        ip(*inside, "route", "replace", *r)
+        ip("-n", slot.sso_netns, "route", "replace", *r)
 
 
 def sso_down(slot: Slot) -> None:
     """Remove the SSO host's link and namespace (stop what runs inside first: a namespace a process
     still holds outlives ``ip netns del``)."""
-    ip("link", "del", slot.sso_netns, check=False)
-    if slot.sso_netns_path.exists():
-        ip("netns", "del", slot.sso_netns, check=False)
+    _leave_bridge(slot.sso_netns)
 
 
 def host_down(slot: Slot) -> None:
