@@ -483,6 +483,11 @@ def main() -> int:
               f"load {' '.join(f'{x:.1f}' for x in psutil.getloadavg())}")
         for u, err in list(failed.items())[:5]:
             print(f"  failed {u}: {err}")
+        if failed:  # the hub's reasons (a spawn's 500 says nothing more)
+            said = {line.split("server: ", 1)[-1] for line in (tmp / "hub.log").read_text().splitlines()
+                    if "Unhandled error starting" in line or "Failed to start" in line}
+            for reason in sorted(said)[:5]:
+                print(f"  the hub: {reason[:300]}")
         print(f"logins {t_login:.0f} s; spawns at concurrency {limit} (the chart's concurrentSpawnLimit "
               f"default): all in {t_spawn:.0f} s, spawn p50 {pct(times, 50):.1f} s, "
               f"p99 {pct(times, 99):.1f} s, max {max(times, default=float('nan')):.1f} s")

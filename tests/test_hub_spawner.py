@@ -262,6 +262,38 @@ def test_modify_pod_hook_bootstraps_the_namespace_and_returns_the_pod():
     assert api_rule["ports"] == [{"protocol": "TCP", "port": p} for p in (443, 6443)]
 
 
+@pytest.mark.parametrize("k", [kubernetes_asyncio.client, kubernetes.client], ids=["asyncio", "sync"])
+@pytest.mark.parametrize("with_slice", [True, False], ids=["slice", "no-slice"])
+def test_the_api_servers_addresses_are_read_from_either_clients_models(k, with_slice):
+    """KubeSpawner's client answers with models, not dicts: the Service's address is read from
+    a model as from the API's JSON. (The sync client's own serializer turned an asyncio model
+    into snake_case keys, so ``clusterIP`` was never found: on a control plane without an
+    EndpointSlice for it, every spawn failed; everywhere else the Service's address was left
+    out of the user namespaces' egress rule.)"""
+    from tfk8s_hub.spawner import read_api_server
+
+    service = k.V1Service(spec=k.V1ServiceSpec(
+        cluster_ip="10.96.0.1", cluster_ips=["10.96.0.1"], ports=[k.V1ServicePort(port=443, protocol="TCP")]))
+    endpoint_slice = k.V1EndpointSlice(
+        address_type="IPv4", endpoints=[k.V1Endpoint(addresses=["10.245.0.1"])],
+        ports=[k.DiscoveryV1EndpointPort(port=6443, protocol="TCP")])
+
+    class Api:
+        async def read_namespaced_service(self, name, namespace):
+            return service
+
+        async def read_namespaced_endpoint_slice(self, name, namespace):
+            if not with_slice:
+                raise k.ApiException(status=404)
+            return endpoint_slice
+
+    found = asyncio.run(read_api_server(lambda name: Api()))
+    if with_slice:
+        assert (found.cidrs, found.ports) == (("10.96.0.1/32", "10.245.0.1/32"), (443, 6443))
+    else:
+        assert (found.cidrs, found.ports) == (("10.96.0.1/32",), (443,))
+
+
 def test_the_hook_refuses_to_spawn_when_it_cannot_find_the_api_server():
     calls: list = []
     denied = kubernetes_asyncio.client.ApiException(status=403)

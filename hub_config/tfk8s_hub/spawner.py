@@ -201,16 +201,17 @@ API_SERVICE = ("default", "kubernetes")
 
 
 def _plain(obj: Any) -> Any:
-    """A client model (either client's) or a dict, as the API's JSON dict."""
-    if obj is None or isinstance(obj, dict):
-        return obj
-    to_dict = getattr(obj, "to_dict", None)
-    if to_dict is None:
-        return obj
-    # to_dict() keys are snake_case; the builders read the API's camelCase names
-    from kubernetes.client import ApiClient
-
-    return ApiClient().sanitize_for_serialization(obj)
+    """A client model (either client's, any version), or dicts and lists of them, as the API's
+    JSON: the builders read the API's camelCase names. (The sync client's own serializer turns
+    a model it did not generate into ``to_dict()``'s snake_case keys.)"""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    names, types = getattr(obj, "attribute_map", None), getattr(obj, "openapi_types", None)
+    if isinstance(names, dict) and isinstance(types, dict):
+        return {names[a]: _plain(getattr(obj, a)) for a in types if getattr(obj, a) is not None}
+    return obj
 
 
 async def read_api_server(api: Callable[[str], Any]) -> ApiServer:
