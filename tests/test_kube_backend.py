@@ -530,3 +530,55 @@ def test_launch_without_the_jobset_api_says_what_to_install(realkube, user, monk
     assert ("get", "/apis/jobset.x-k8s.io/v1alpha9", 404) in asked, asked
     assert not [a for a in asked if a[0] == "create"]
     assert objects(realkube, ns.name, "mnist", with_pods=True) == []
+
+
+def test_the_sidebars_first_pass_watches_from_the_records_it_listed(realkube, user, monkeypatch):
+    """The sidebar's discovery pass lists the records once and watches every running cluster
+    from the record it listed: no record is read again per cluster (a fresh server's first pass
+    with 50 clusters read each twice). Without that reuse the same pass GETs each record; a
+    listing older than ``LISTED_FRESH`` is not trusted, and a cluster deleted since is not found."""
+    from tfk8s_magics import api
+    from tfk8s_magics.backends.kubernetes import backend as backend_mod
+    from tfk8s_magics.sidebar.monitor import ClusterMonitor
+
+    ns, backend = user
+    names = ("a", "b", "c")
+    fresh_for = backend_mod.LISTED_FRESH
+    for name in names:
+        backend.launch(spec(name, ps=0, workers=1), detach=True)
+
+    def record_reads(fresh_within: float) -> list[str]:
+        monkeypatch.setattr(backend_mod, "LISTED_FRESH", fresh_within)
+        fresh = KubernetesBackend(namespace=ns.name, api_client=ns.api_client, user="alice",
+                                  storage_class="standard")
+        monitor = ClusterMonitor(backend=fresh)
+        try:
+            before = len(ns.requests())
+            monitor.discover()
+            wait_for(lambda: sorted(fresh._watches) == sorted(names), 60, message="a watch per cluster")
+            fresh.list_clusters()  # its record LIST is logged after every read made before it
+            wait_for(lambda: [r.verb for r in ns.requests()[before:] if r.resource == "configmaps"
+                              ].count("list") == 2, 10, message="the second listing in the audit log")
+            return [f"{r.verb} {r.uri.split('?')[0].rsplit('/', 1)[-1]}" for r in ns.requests()[before:]
+                    if r.resource == "configmaps"]
+        finally:
+            monitor.close()
+            fresh.close()
+
+    # the defence removed: every listing is too old to stand for a read
+    reads = record_reads(-1.0)
+    assert sorted(r for r in reads if r.startswith("get")) == sorted(f"get {n}" for n in names * 2), reads
+    # the pass watches from what it listed
+    assert record_reads(fresh_for) == ["list configmaps", "list configmaps"]
+
+    # an old listing is read again: a cluster deleted since is not found
+    monkeypatch.setattr(backend_mod, "LISTED_FRESH", 0.0)
+    fresh = KubernetesBackend(namespace=ns.name, api_client=ns.api_client, user="alice",
+                              storage_class="standard")
+    try:
+        assert {c.name for c in fresh.list_clusters()} == set(names)
+        backend.delete("c")
+        with pytest.raises(ClusterNotFound, match="no cluster named 'c'"):
+            api.get("c", fresh)
+    finally:
+        fresh.close()

@@ -80,6 +80,9 @@ INSTALL_JOBSET = (
 )
 #: The PriorityClasses every cluster has (the Priority admission plugin's own).
 SYSTEM_PRIORITY_CLASSES = ("system-cluster-critical", "system-node-critical")
+#: Seconds a listing's records stand for a read of them on the read-only paths (a status, a
+#: watch: see ``KubernetesBackend._listed_root``).
+LISTED_FRESH = 5.0
 #: Least seconds ``delete`` waits for a cluster's objects to be gone.
 DELETE_TIMEOUT = 120.0
 #: Seconds ``delete`` waits beyond the longest termination grace of the cluster's pods.
@@ -151,6 +154,8 @@ class KubernetesBackend(Backend):
         self._feed: NamespaceFeed | None = None  # the namespace's shared watches (see .feed)
         # root uid → (the versions of its objects, its listed status): see list_clusters
         self._listed: dict[str, tuple[tuple, ClusterStatus]] = {}
+        # the roots the last listing read, and when (see _listed_root)
+        self._roots_listed: tuple[float, dict[str, dict[str, Any]]] = (0.0, {})
         self._lock = threading.RLock()  # guards _watches and _stop_at_exit; no request under it
         self._stop_at_exit: set[str] = set()  # clusters launched here, not detached
         self._exit_hook = False
@@ -451,13 +456,32 @@ class KubernetesBackend(Backend):
             self._watches.pop(name, None)
             self._stop_at_exit.discard(name)
 
+    def _listed_root(self, name: str) -> dict[str, Any]:
+        """The root of ``name`` as this backend's last listing read it, if that listing is at
+        most :data:`LISTED_FRESH` seconds old; else read now (raises ClusterNotFound).
+
+        Only the read-only paths use it (a status, a watch, the existence check before them):
+        the sidebar's discovery pass lists N clusters and then watches each, which would
+        otherwise read every record again, twice. A record deleted since the listing is a race
+        that a read now has too (it may be deleted a moment after it); the namespace's watches
+        then say the cluster is gone. Every change (stop, delete, scale) reads the record anew.
+        """
+        at, roots = self._roots_listed
+        root = roots.get(name)
+        if root is not None and time.monotonic() - at <= LISTED_FRESH:
+            return root
+        return self._require_root(name)
+
+    def check_exists(self, name: str) -> None:
+        self._listed_root(name)
+
     def _watcher(self, name: str) -> ClusterWatch:
         """The live (read-only) watch of ``name``, started from the API if this process has none."""
         with self._lock:
             current = self._watches.get(name)
         if current is not None and current.alive:
             return current
-        root = self._require_root(name)
+        root = self._listed_root(name)
         return self._start_watch(self._spec_of(root), root)
 
     # -- Backend --------------------------------------------------------------
@@ -518,6 +542,10 @@ class KubernetesBackend(Backend):
                 listed[meta["uid"]] = (versions, status)
             out.append(state.copy_status(status))
         self._listed = listed
+        self._roots_listed = (time.monotonic(), {
+            r["metadata"]["name"]: r for r in roots
+            if not r["metadata"].get("deletionTimestamp")
+            and (r["metadata"].get("labels") or {}).get(CLUSTER_LABEL) == r["metadata"]["name"]})
         self._explain_no_pod(out, jobsets)
         out.sort(key=lambda s: s.created, reverse=True)
         return out
