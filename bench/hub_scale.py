@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -277,12 +278,16 @@ class Sampler:
 
     def _run(self):
         while not self._stop.wait(2):
-            for n, p in self.procs.items():
+            for n, p in list(self.procs.items()):
                 try:
                     rss = p.memory_info().rss + sum(ch.memory_info().rss for ch in p.children(True))
                 except psutil.Error:
                     continue
                 self.peak[n] = max(self.peak[n], rss)
+
+    def add(self, name: str, pid: int) -> None:
+        self.peak[name] = 0
+        self.procs[name] = psutil.Process(pid)
 
     def stop(self):
         self._stop.set()
@@ -436,6 +441,7 @@ def main() -> int:
             w.stdin.write(json.dumps({"users": part, "tasks": a.tasks}) + "\n")
             w.stdin.flush()
             workers.append(w)
+            sampler.add(f"notebooks-{k}", w.pid)
         for w in workers:
             if w.stdout.readline().strip() != "launched":
                 raise AssertionError("a notebook process failed while launching (its stderr above)")
@@ -497,7 +503,9 @@ def main() -> int:
               f"{(cpu_rest['hub'] - cpu_r0['hub']) / a.rest * 100:.1f} % of a core at rest, "
               f"peak RSS {rss['hub'] / 2**20:.0f} MiB")
         print(f"notebooks: {len(ok)} clusters of {a.tasks} tasks launched by {len(workers)} processes, "
-              f"all running after {t_clusters:.0f} s")
+              f"all running after {t_clusters:.0f} s; peak RSS of a process "
+              f"{max((v for n, v in rss.items() if n.startswith('notebooks-')), default=0) / 2**20:.0f} MiB "
+              f"({len(ok) / max(len(workers), 1):.0f} notebooks each)")
         print(f"at rest ({a.rest:.0f} s): {w_rest / max(len(ok), 1):.2f} watches and "
               f"{len(nb_reqs) / max(len(ok), 1) / (a.rest / 60):.2f} requests/min per notebook "
               f"(verbs {sorted({r.verb for r in nb_reqs})}); the hub {len(hub_reqs) / (a.rest / 60):.1f} "
@@ -547,6 +555,7 @@ def main() -> int:
             c.kubectl("delete", "node", node["metadata"]["name"], "--wait=false", check=False)
         delete_pvs(c, [p["metadata"]["name"] for p in pvs])
         print(f"teardown: the namespaces gone after {gone():.0f} s", file=sys.stderr)
+        shutil.rmtree(tmp, ignore_errors=True)  # the hub's files and log, helm's cache
     return 0
 
 
