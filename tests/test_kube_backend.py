@@ -571,12 +571,18 @@ def test_the_sidebars_first_pass_watches_from_the_records_it_listed(realkube, us
     # the pass watches from what it listed
     assert record_reads(fresh_for) == ["list configmaps", "list configmaps"]
 
-    # an old listing is read again: a cluster deleted since is not found
-    monkeypatch.setattr(backend_mod, "LISTED_FRESH", 0.0)
+    # a cluster this backend changed is read again, however fresh its listing
     fresh = KubernetesBackend(namespace=ns.name, api_client=ns.api_client, user="alice",
                               storage_class="standard")
     try:
+        monkeypatch.setattr(backend_mod, "LISTED_FRESH", fresh_for)
         assert {c.name for c in fresh.list_clusters()} == set(names)
+        fresh.delete("b")
+        with pytest.raises(ClusterNotFound, match="no cluster named 'b'"):
+            api.get("b", fresh)
+        # an old listing is read again: a cluster another process deleted since is not found
+        monkeypatch.setattr(backend_mod, "LISTED_FRESH", 0.0)
+        assert {c.name for c in fresh.list_clusters()} == {"a", "c"}
         backend.delete("c")
         with pytest.raises(ClusterNotFound, match="no cluster named 'c'"):
             api.get("c", fresh)

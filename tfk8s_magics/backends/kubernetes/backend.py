@@ -222,6 +222,7 @@ class KubernetesBackend(Backend):
                 manifests[0]["metadata"]["ownerReferences"] = [owner]
         preflight(self.api, manifests, check_nodes=self.check_nodes)
         created = apply(self.api, manifests)
+        self._unlist(spec.name)
         made = next((o for o in created if o.get("kind") == KIND), None)
         watch = self._start_watch(spec, created[0], jobset=made)
         if not detach:
@@ -475,13 +476,20 @@ class KubernetesBackend(Backend):
     def check_exists(self, name: str) -> None:
         self._listed_root(name)
 
-    def _watcher(self, name: str) -> ClusterWatch:
-        """The live (read-only) watch of ``name``, started from the API if this process has none."""
+    def _unlist(self, name: str) -> None:
+        """Forget the listed record of ``name`` (this process has just changed the cluster)."""
+        at, roots = self._roots_listed
+        if name in roots:
+            self._roots_listed = (at, {k: v for k, v in roots.items() if k != name})
+
+    def _watcher(self, name: str, listed: bool = True) -> ClusterWatch:
+        """The live (read-only) watch of ``name``, started from the API if this process has none
+        (``listed``: from the record a listing has just read, see :meth:`_listed_root`)."""
         with self._lock:
             current = self._watches.get(name)
         if current is not None and current.alive:
             return current
-        root = self._listed_root(name)
+        root = self._listed_root(name) if listed else self._require_root(name)
         return self._start_watch(self._spec_of(root), root)
 
     # -- Backend --------------------------------------------------------------
@@ -656,7 +664,8 @@ class KubernetesBackend(Backend):
         resume it), and a suspended JobSet never finishes, so its TTL would
         never run.  Launch the same name again after ``delete``.
         """
-        watch = self._watcher(name)
+        watch = self._watcher(name, listed=False)
+        self._unlist(name)
         watch.mark_stopped("stopped by the user")
         with self._lock:
             self._stop_at_exit.discard(name)
@@ -681,6 +690,7 @@ class KubernetesBackend(Backend):
         """
         root = self._require_root(name)
         spec = self._spec_of(root)
+        self._unlist(name)
         with self._lock:
             watch = self._watches.pop(name, None)
             self._stop_at_exit.discard(name)
