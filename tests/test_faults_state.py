@@ -56,8 +56,21 @@ def wait_none_marked(cid: str, timeout: float = 10.0) -> None:
 
 
 def sleeper(env: dict[str, str]) -> subprocess.Popen:
-    """A process that looks like a cluster's (it carries the given environment)."""
-    return subprocess.Popen(["sleep", "600"], env={**os.environ, **env})
+    """A process that looks like a cluster's (it carries the given environment), returned once
+    ``/proc`` shows that environment: Popen returns when the child's exec has passed its point of
+    no return, a moment before the kernel has set up the new environment, and on a loaded
+    machine a scan made in that moment reads none (a long-running task is long past it)."""
+    p = subprocess.Popen(["sleep", "600"], env={**os.environ, **env})
+    mark = "\0".join(f"{k}={v}" for k, v in env.items()).encode()
+
+    def shows_env() -> bool:
+        try:
+            return mark in Path(f"/proc/{p.pid}/environ").read_bytes()
+        except OSError:
+            return False
+
+    wait_for(shows_env, 10, what="the sleeper's environment in /proc")
+    return p
 
 
 # -- process identity ------------------------------------------------------------------------
