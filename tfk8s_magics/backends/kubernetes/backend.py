@@ -102,6 +102,15 @@ def delete_wait(spec: ClusterSpec) -> float:
     return max(DELETE_TIMEOUT, max(graces) + DELETE_MARGIN)
 
 
+def _is_root_of(obj: dict[str, Any] | None, name: str, any_state: bool = False) -> bool:
+    """Whether ``obj`` is the root record of cluster ``name`` (and not being deleted, unless
+    ``any_state``)."""
+    labels = (obj or {}).get("metadata", {}).get("labels") or {}
+    if obj is None or labels.get(COMPONENT_LABEL) != "root" or labels.get(CLUSTER_LABEL) != name:
+        return False
+    return any_state or not obj["metadata"].get("deletionTimestamp")
+
+
 class KubernetesBackend(Backend):
     """Runs clusters on Kubernetes with the official ``kubernetes`` client.
 
@@ -402,14 +411,7 @@ class KubernetesBackend(Backend):
                 f"could not read cluster {name!r} in namespace {self.settings.namespace!r}: "
                 f"{api_reason(e)}."
             ) from e
-        labels = (root or {}).get("metadata", {}).get("labels") or {}
-        if root is None or labels.get(COMPONENT_LABEL) != "root" or (
-            labels.get(CLUSTER_LABEL) != name
-        ):
-            return None
-        if root["metadata"].get("deletionTimestamp") and not any_state:
-            return None
-        return root
+        return root if _is_root_of(root, name, any_state) else None
 
     def _require_root(self, name: str) -> dict[str, Any]:
         root = self._root(name)
@@ -465,7 +467,7 @@ class KubernetesBackend(Backend):
         the sidebar's discovery pass lists N clusters and then watches each, which would
         otherwise read every record again, twice. A record deleted since the listing is a race
         that a read now has too (it may be deleted a moment after it); the namespace's watches
-        then say the cluster is gone. Every change (stop, delete, scale) reads the record anew.
+        then say the cluster is gone. Every change (stop, delete, serve) reads the record anew.
         """
         at, roots = self._roots_listed
         root = roots.get(name)
@@ -482,14 +484,14 @@ class KubernetesBackend(Backend):
         if name in roots:
             self._roots_listed = (at, {k: v for k, v in roots.items() if k != name})
 
-    def _watcher(self, name: str, listed: bool = True) -> ClusterWatch:
+    def _watcher(self, name: str) -> ClusterWatch:
         """The live (read-only) watch of ``name``, started from the API if this process has none
-        (``listed``: from the record a listing has just read, see :meth:`_listed_root`)."""
+        (from the record a listing has just read, see :meth:`_listed_root`)."""
         with self._lock:
             current = self._watches.get(name)
         if current is not None and current.alive:
             return current
-        root = self._listed_root(name) if listed else self._require_root(name)
+        root = self._listed_root(name)
         return self._start_watch(self._spec_of(root), root)
 
     # -- Backend --------------------------------------------------------------
@@ -551,9 +553,7 @@ class KubernetesBackend(Backend):
             out.append(state.copy_status(status))
         self._listed = listed
         self._roots_listed = (time.monotonic(), {
-            r["metadata"]["name"]: r for r in roots
-            if not r["metadata"].get("deletionTimestamp")
-            and (r["metadata"].get("labels") or {}).get(CLUSTER_LABEL) == r["metadata"]["name"]})
+            r["metadata"]["name"]: r for r in roots if _is_root_of(r, r["metadata"]["name"])})
         self._explain_no_pod(out, jobsets)
         out.sort(key=lambda s: s.created, reverse=True)
         return out
@@ -664,8 +664,8 @@ class KubernetesBackend(Backend):
         resume it), and a suspended JobSet never finishes, so its TTL would
         never run.  Launch the same name again after ``delete``.
         """
-        watch = self._watcher(name, listed=False)
-        self._unlist(name)
+        self._unlist(name)  # its watch, if this process has none, starts from the record read now
+        watch = self._watcher(name)
         watch.mark_stopped("stopped by the user")
         with self._lock:
             self._stop_at_exit.discard(name)
