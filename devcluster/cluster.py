@@ -227,10 +227,7 @@ class Cluster:
         if node.running(self):
             log(f"devcluster: real nodes {', '.join(node.NODE_NAMES)} already running")
         else:
-            try:
-                node.up(self, log=log)
-            except node.NodeError as e:
-                raise ClusterError(f"the real nodes did not start: {e}") from e
+            self._start_nodes(log)
         # the Gluster volume after the nodes: its server listens on the node bridge they made
         try:
             storage.up(self, node.slot_of(self), helper_image=LAB_IMAGES[0], log=log)
@@ -256,6 +253,26 @@ class Cluster:
             )
         except identity.IdentityError as e:
             raise ClusterError(f"the OIDC provider (Dex) did not start: {e}") from e
+
+    def _start_nodes(self, log) -> None:
+        """:func:`devcluster.node.up`, and once more after a failure, whose lines are logged in full.
+
+        A failed start removed what it started. The second start is for a machine's passing trouble
+        (the suite starts the nodes while its other tests load both cores); scripts/test repeats the
+        first failure's lines at the end of its output, so a start that needed two is seen.
+        """
+        from . import node
+
+        try:
+            node.up(self, log=log)
+            return
+        except node.NodeError as e:
+            free = shutil.disk_usage(self.root).free / 2**30
+            log(f"devcluster: the real nodes did not start ({free:.1f} GiB free), once more: {e}")
+        try:
+            node.up(self, log=log)
+        except node.NodeError as e:
+            raise ClusterError(f"the real nodes did not start, twice: {e}") from e
 
     def _wait(self, pred, what: str, timeout: float, proc: str | None = None) -> None:
         deadline = time.monotonic() + timeout

@@ -143,10 +143,14 @@ def realkube():
     sys.path.insert(0, str(REPO / "hub_config"))
     from tests.realkube import RealKube, find_cluster, require_or_skip
 
-    started = _wait_for_kube_up()
+    import tests.realkube
+
+    started, failed = _wait_for_kube_up()
+    if failed:  # every require_or_skip says why the start failed, not only what is missing
+        tests.realkube.KUBE_UP_FAILED = started
     found = find_cluster()
     if isinstance(found, str):
-        require_or_skip(found + (f"; scripts/kube up said:\n{started}" if started else ""))
+        require_or_skip(found + (f"; scripts/kube up said:\n{started}" if started and not failed else ""))
     kube = RealKube(*found)
     yield kube
     kube.cleanup()
@@ -183,12 +187,12 @@ def kube_user(realkube):
             assert r.namespace in (ns.name, None), f"{r.verb} {r.uri} left the namespace {ns.name}"
 
 
-def _wait_for_kube_up(timeout: float = 75 * 60) -> str:
+def _wait_for_kube_up(timeout: float = 75 * 60) -> tuple[str, bool]:
     """scripts/test starts the cluster in the background: wait for that start (bounded) to end;
-    return the last lines it printed."""
+    return the last lines it printed, and whether it failed (its exit status, in ``<log>.rc``)."""
     pid = os.environ.get("TFK8S_KUBE_UP_PID")
     if not pid:
-        return ""
+        return "", False
     deadline = time.monotonic() + timeout
     while psutil.pid_exists(int(pid)) and time.monotonic() < deadline:
         try:
@@ -198,10 +202,14 @@ def _wait_for_kube_up(timeout: float = 75 * 60) -> str:
             break
         time.sleep(1)
     log = os.environ.get("TFK8S_KUBE_UP_LOG")
-    if log and os.path.exists(log):
-        with open(log, errors="replace") as f:
-            return "".join(f.readlines()[-8:])
-    return ""
+    if not log or not os.path.exists(log):
+        return "", False
+    try:
+        failed = Path(log + ".rc").read_text().strip() not in ("", "0")
+    except OSError:
+        failed = False
+    with open(log, errors="replace") as f:
+        return "".join(f.readlines()[-40 if failed else -8 :]), failed
 
 
 def pytest_collection_modifyitems(config, items):

@@ -367,10 +367,19 @@ def podman_cluster():
     return Cluster()
 
 
+# the last lines of scripts/test's background ``scripts/kube up`` when it failed (set by conftest)
+KUBE_UP_FAILED = ""
+
+
 def require_or_skip(reason: str) -> None:
-    """Skip with ``reason``; in CI (or with TFK8S_REQUIRE_K8S=1) a missing cluster is a failure."""
+    """Skip with ``reason``; in CI (or with TFK8S_REQUIRE_K8S=1) a missing cluster is a failure.
+
+    When scripts/test's start of the cluster failed, its last lines follow the reason.
+    """
     import pytest
 
+    if KUBE_UP_FAILED:
+        reason += f"\nscripts/kube up failed; its last lines:\n{KUBE_UP_FAILED}"
     if os.environ.get("TFK8S_REQUIRE_K8S") == "1" or os.environ.get("CI") == "true":
         pytest.fail(f"a real Kubernetes is required here: {reason}")
     pytest.skip(reason)

@@ -410,3 +410,31 @@ def test_the_pool_volumes_are_directories_a_non_root_pod_can_write(tmp_path):
     made = tmp_path / "volumes" / "pv-100"
     made.mkdir(mode=0o755)
     assert stat.S_IMODE(fresh_volume_dir(made).stat().st_mode) == 0o1777
+
+
+def test_a_failed_start_of_the_real_nodes_is_tried_once_more_and_said(tmp_path, monkeypatch):
+    """The first failure's message is logged in full (scripts/test repeats it at the end of its
+    output); a second failure ends the start with it."""
+    from devcluster import node
+    from devcluster.cluster import Cluster, ClusterError
+
+    outcomes = [node.NodeError("CoreDNS ready did not happen within 60 s"), None]
+    calls = []
+
+    def up(cluster, log=print):
+        calls.append(cluster)
+        if err := outcomes.pop(0):
+            raise err
+        return 1.0
+
+    monkeypatch.setattr(node, "up", up)
+    c = Cluster(tmp_path)
+    lines: list[str] = []
+    c._start_nodes(lines.append)
+    assert calls == [c, c]
+    assert len(lines) == 1 and "did not start (" in lines[0] and "CoreDNS ready did not happen" in lines[0]
+
+    outcomes[:] = [node.NodeError("first"), node.NodeError("second")]
+    with pytest.raises(ClusterError, match="did not start, twice: second"):
+        c._start_nodes(lines.append)
+    assert len(calls) == 4
