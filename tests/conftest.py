@@ -141,9 +141,8 @@ def realkube():
     import sys
 
     sys.path.insert(0, str(REPO / "hub_config"))
-    from tests.realkube import RealKube, find_cluster, require_or_skip
-
     import tests.realkube
+    from tests.realkube import RealKube, find_cluster, require_or_skip
 
     started, failed = _wait_for_kube_up()
     if failed:  # every require_or_skip says why the start failed, not only what is missing
