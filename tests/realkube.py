@@ -167,7 +167,19 @@ class RealKube:
         self._namespaces.append(name)
         self.apply(bootstrap_objects(spec, name, self.api_server() if spec.discovers_api_server else None))
         token = self.token(name, spec.service_account)
+        # a pod that names no ServiceAccount needs the namespace's "default", which the
+        # controller-manager makes a moment after the namespace: admission refuses it until then
+        wait_for(lambda: self._has_service_account(name, "default"), 60, message=f"{name}/default")
         return UserNamespace(self, name, spec.service_account, self.client_with_token(token), offset)
+
+    def _has_service_account(self, namespace: str, name: str) -> bool:
+        try:
+            self.core.read_namespaced_service_account(name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
 
     def api_server(self):
         """Where pods reach the API server, read as the hub reads it (``tfk8s_hub.spawner``)."""
